@@ -1,0 +1,407 @@
+"""Corpora: real prose that ships with Python, generated task sets with known answers, user files.
+
+``load_corpus`` returns a :class:`Corpus` (a sequence of :class:`Document`). Every analysis that
+takes a corpus also accepts a plain list of strings.
+
+Sources
+-------
+``None`` / ``"pydoc"``
+    English prose that ships with every CPython: the language-reference topics of the standard
+    library's ``pydoc_data.topics`` (79 topics, about 113k SmolLM2 tokens on Python 3.11),
+    joined in sorted topic order and cut into non-overlapping windows of ``max_tokens`` text
+    tokens; ``n_docs`` windows are drawn with ``seed``. The text differs slightly between
+    Python versions, so reports record the Python version.
+``"ioi"``
+    Indirect-object sentences ("When Mary and John went to the store, John gave a drink to"
+    -> " Mary"), 10 templates x 40 names x places x objects, seeded.
+``"arithmetic"``
+    Short GSM8K-style word problems whose last clause sets up the equation ("Tom has 3
+    apples and buys 5 more, so Tom has 3 + 5 =" -> " 8"): add, subtract, multiply.
+A ``.txt`` path
+    The file's text, windowed like ``"pydoc"``.
+A ``.jsonl`` path
+    One JSON object per line with a ``"text"`` field and an optional ``"answer"`` field.
+``"hf:NAME[:CONFIG[:SPLIT]]"``
+    A Hugging Face ``datasets`` corpus (needs internet; not available offline), windowed.
+
+Task items carry ``answer``; pass ``model=`` with ``only_correct=True`` to keep only the items the
+model completes correctly (greedy, teacher-forced over every answer token).
+
+Example::
+
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model.tokenizer)
+    ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cw_lens.errors import InputError
+
+TASKS = ("ioi", "arithmetic")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One text to analyse.
+
+    Attributes:
+        text: The text the model reads (a task prompt ends right before its answer).
+        tokens: Token ids of ``text`` without BOS, for the tokenizer the corpus was loaded
+            with; ``None`` when the corpus was loaded without one (analyses then tokenise).
+        answer: The expected continuation for task items (``" Mary"``, ``" 8"``), else ``None``.
+        meta: Provenance (topic, template, offset, ...).
+    """
+
+    text: str
+    tokens: tuple[int, ...] | None = None
+    answer: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class Corpus(Sequence):
+    """A named, ordered collection of documents (what ``load_corpus`` returns)."""
+
+    name: str
+    documents: list[Document]
+    max_tokens: int | None = None
+    seed: int = 0
+    tokenizer_fingerprint: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return Corpus(
+                self.name,
+                self.documents[index],
+                self.max_tokens,
+                self.seed,
+                self.tokenizer_fingerprint,
+            )
+        return self.documents[index]
+
+    def __iter__(self) -> Iterator[Document]:
+        return iter(self.documents)
+
+    @property
+    def texts(self) -> list[str]:
+        return [d.text for d in self.documents]
+
+    @property
+    def is_task(self) -> bool:
+        """True when every document carries an answer (a task set)."""
+        return bool(self.documents) and all(d.answer is not None for d in self.documents)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        rows = []
+        for i, d in enumerate(self.documents):
+            rows.append(
+                {
+                    "doc": i,
+                    "text": d.text,
+                    "answer": d.answer,
+                    "n_tokens": None if d.tokens is None else len(d.tokens),
+                    **d.meta,
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+def as_corpus(corpus: Any) -> Corpus:
+    """Accept a :class:`Corpus`, a string, a list of strings or of :class:`Document`."""
+    if isinstance(corpus, Corpus):
+        docs = corpus
+    elif isinstance(corpus, str):
+        docs = Corpus("text", [Document(corpus)])
+    elif isinstance(corpus, Sequence) and all(isinstance(d, (str, Document)) for d in corpus):
+        docs = Corpus("texts", [d if isinstance(d, Document) else Document(d) for d in corpus])
+    else:
+        raise InputError(
+            f"Expected a corpus from cw_lens.load_corpus(), a string or a list of strings; got "
+            f"{type(corpus).__name__}."
+        )
+    if len(docs) == 0:
+        raise InputError("The corpus is empty: pass at least one document.")
+    for i, d in enumerate(docs):
+        if not d.text.strip() and not d.tokens:
+            raise InputError(f"Document {i} of the corpus is empty (no text).")
+    return docs
+
+
+# --------------------------------------------------------------------------- prose windows
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short identity for a tokenizer: vocabulary size and the ids of a probe string."""
+    if tokenizer is None:
+        return "none"
+    probe = tokenizer("The quick brown fox, 1234!", add_special_tokens=False)["input_ids"]
+    return f"{len(tokenizer)}:{','.join(map(str, probe))}"
+
+
+def _resolve_tokenizer(tokenizer: Any) -> Any:
+    if tokenizer is None:
+        from cw_lens.models import embedded_tokenizer
+
+        return embedded_tokenizer()
+    return getattr(tokenizer, "tokenizer", None) or tokenizer
+
+
+def _windows(
+    text: str, tokenizer: Any, n_docs: int, max_tokens: int, seed: int, source: str
+) -> list[Document]:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    n_windows = len(ids) // max_tokens
+    if n_windows == 0:
+        raise InputError(
+            f"{source} has {len(ids)} tokens, fewer than max_tokens={max_tokens}; lower max_tokens."
+        )
+    if n_docs > n_windows:
+        raise InputError(
+            f"{source} holds only {n_windows} windows of {max_tokens} tokens but n_docs={n_docs} "
+            "were asked for; lower n_docs or max_tokens."
+        )
+    starts = sorted(random.Random(seed).sample(range(n_windows), n_docs))
+    docs = []
+    for w in starts:
+        window = ids[w * max_tokens : (w + 1) * max_tokens]
+        docs.append(
+            Document(
+                text=tokenizer.decode(window),
+                tokens=tuple(window),
+                meta={"source": source, "offset": w * max_tokens},
+            )
+        )
+    return docs
+
+
+def pydoc_text() -> str:
+    """The language-reference topics of ``pydoc_data.topics``, sorted and joined."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+# --------------------------------------------------------------------------- task generators
+
+NAMES = (
+    "Mary John Alice Bob Sarah Tom James Emma Michael Lisa David Anna Paul Laura Mark Kate "
+    "Peter Jessica Daniel Rachel Steven Amy Kevin Susan Brian Linda George Helen Jack Nancy "
+    "Frank Karen Eric Julia Adam Rose Chris Jane Ryan Lucy"
+).split()
+PLACES = "store park school office hospital station restaurant garden library market".split()
+OBJECTS = "drink book ring bone kiss computer basketball snack necklace letter".split()
+IOI_TEMPLATES = (
+    "When {A} and {B} went to the {P}, {B} gave a {O} to",
+    "When {A} and {B} got a {O} at the {P}, {B} decided to give it to",
+    "After {A} and {B} went to the {P}, {B} gave a {O} to",
+    "While {A} and {B} were working at the {P}, {B} gave a {O} to",
+    "Friends {A} and {B} found a {O} at the {P}. {B} gave it to",
+    "{A} and {B} were at the {P}. {B} handed the {O} to",
+    "Then, {A} and {B} went to the {P}. {B} gave a {O} to",
+    "The {P} was busy when {A} and {B} arrived. {B} passed the {O} to",
+    "After the meeting at the {P}, {A} and {B} talked. {B} gave the {O} to",
+    "When {A} and {B} visited the {P}, {B} brought a {O} for",
+)
+ITEMS = "apples pencils books cookies stickers marbles coins cards shells flowers".split()
+
+
+def ioi_items(n: int, seed: int = 0) -> list[Document]:
+    """Indirect-object sentences; the answer is the indirect object (the name said once)."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        a, b = rng.sample(NAMES, 2)
+        template = rng.randrange(len(IOI_TEMPLATES))
+        text = IOI_TEMPLATES[template].format(A=a, B=b, P=rng.choice(PLACES), O=rng.choice(OBJECTS))
+        docs.append(
+            Document(text, answer=" " + a, meta={"task": "ioi", "template": template, "subject": b})
+        )
+    return docs
+
+
+def _arithmetic_item(rng: random.Random) -> tuple[str, int, str]:
+    """One word problem whose last sentence sets up the equation the model must finish."""
+    name = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
+    kind = rng.randrange(4)
+    if kind == 0:
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        text = f"{name} has {a} {item} and buys {b} more, so {name} has {a} + {b} ="
+        return text, a + b, "add"
+    if kind == 1:
+        a = rng.randint(5, 15)
+        b = rng.randint(1, a - 1)
+        text = f"{name} had {a} {item} and gave {b} to a friend, so {name} has {a} - {b} ="
+        return text, a - b, "subtract"
+    if kind == 2:
+        a, b = rng.randint(2, 6), rng.randint(2, 5)
+        text = f"A box holds {a} {item}, so {b} boxes hold {b} * {a} ="
+        return text, a * b, "multiply"
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    text = f"There are {a} {item} on the table and {b} in the bag, so there are {a} + {b} ="
+    return text, a + b, "add"
+
+
+def arithmetic_items(n: int, seed: int = 0) -> list[Document]:
+    """GSM8K-style one-step word problems; the answer is the number that ends the equation."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        text, value, op = _arithmetic_item(rng)
+        docs.append(Document(text, answer=f" {value}", meta={"task": "arithmetic", "op": op}))
+    return docs
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _tokenised(docs: list[Document], tokenizer: Any) -> list[Document]:
+    if tokenizer is None:
+        return docs
+    out = []
+    for d in docs:
+        if d.tokens is not None:
+            out.append(d)
+            continue
+        ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]
+        out.append(Document(d.text, tuple(ids), d.answer, d.meta))
+    return out
+
+
+def _read_jsonl(path: Path) -> list[Document]:
+    docs = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{line_no} is not valid JSON ({exc}).") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise InputError(f'{path}:{line_no} needs a string "text" field.')
+            answer = row.get("answer")
+            meta = {k: v for k, v in row.items() if k not in ("text", "answer")}
+            docs.append(
+                Document(row["text"], answer=None if answer is None else str(answer), meta=meta)
+            )
+    return docs
+
+
+def _hf_text(spec: str, n_chars: int) -> str:
+    parts = spec.split(":")
+    name = parts[0]
+    config = parts[1] if len(parts) > 1 and parts[1] else None
+    split = parts[2] if len(parts) > 2 else "train"
+    try:
+        import datasets
+
+        stream = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as exc:
+        raise InputError(
+            f"Could not open the Hugging Face dataset {spec!r} ({type(exc).__name__}: {exc}). "
+            "This needs internet access (unset HF_HUB_OFFLINE); offline, use the default corpus "
+            "or a local .txt/.jsonl file."
+        ) from None
+    chunks, total = [], 0
+    for row in stream:
+        text = row.get("text") or ""
+        if text.strip():
+            chunks.append(text)
+            total += len(text)
+        if total >= n_chars:
+            break
+    return "\n\n".join(chunks)
+
+
+def load_corpus(
+    name: str | os.PathLike | None = None,
+    *,
+    n_docs: int = 8,
+    max_tokens: int = 128,
+    tokenizer: Any = None,
+    seed: int = 0,
+    model: Any = None,
+    only_correct: bool = False,
+) -> Corpus:
+    """Load a corpus of documents to analyse.
+
+    Args:
+        name: ``None``/``"pydoc"``, ``"ioi"``, ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path,
+            or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (see the module docstring).
+        n_docs: Number of documents.
+        max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
+            analyses). Task items are single short prompts and ignore it.
+        tokenizer: A tokenizer or a model whose ``.tokenizer`` to use; ``None`` uses the
+            embedded SmolLM2 tokenizer. Windows are cut in this tokenizer's tokens.
+        seed: Seed for window sampling and task generation.
+        model: For task sets, the model used to keep only correctly answered items.
+        only_correct: Keep only items ``model`` answers correctly (requires ``model``). The
+            generator draws more candidates until ``n_docs`` are found or 20x were tried.
+
+    Returns:
+        A :class:`Corpus`.
+    """
+    if n_docs < 1:
+        raise InputError(f"n_docs must be at least 1, got {n_docs}.")
+    if max_tokens < 1:
+        raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
+    if tokenizer is None and model is not None:
+        tokenizer = model
+    key = None if name is None else str(name)
+    if key in TASKS:
+        generate = ioi_items if key == "ioi" else arithmetic_items
+        if only_correct:
+            if model is None:
+                raise InputError("only_correct=True needs model= to check the answers.")
+            from cw_lens.tasks import keep_correct
+
+            pool = generate(20 * n_docs, seed)
+            docs = keep_correct(model, pool, limit=n_docs)
+            if not docs:
+                raise InputError(f"The model answered none of {len(pool)} {key} items correctly.")
+        else:
+            docs = generate(n_docs, seed)
+        tok = _resolve_tokenizer(tokenizer) if tokenizer is not None else None
+        fingerprint = None if tok is None else tokenizer_fingerprint(tok)
+        return Corpus(key, _tokenised(docs, tok), None, seed, fingerprint)
+
+    tok = _resolve_tokenizer(tokenizer)
+    if key is None or key == "pydoc":
+        text, source = pydoc_text(), "pydoc_data.topics"
+    elif key.startswith("hf:"):
+        text, source = _hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
+    else:
+        path = Path(key).expanduser()
+        if not path.is_file():
+            raise InputError(
+                f"Unknown corpus {key!r}: not a built-in name (pydoc, {', '.join(TASKS)}), not an "
+                "'hf:' dataset and not an existing .txt/.jsonl file."
+            )
+        if path.suffix == ".jsonl":
+            docs = _read_jsonl(path)[:n_docs]
+            if not docs:
+                raise InputError(f"{path} contains no documents.")
+            return Corpus(
+                path.name, _tokenised(docs, tok), max_tokens, seed, tokenizer_fingerprint(tok)
+            )
+        text, source = path.read_text(encoding="utf-8"), path.name
+    if not text.strip():
+        raise InputError(f"The corpus source {source} is empty.")
+    docs = _windows(text, tok, n_docs, max_tokens, seed, source)
+    return Corpus(
+        "pydoc" if key is None else key, docs, max_tokens, seed, tokenizer_fingerprint(tok)
+    )

@@ -1,0 +1,192 @@
+r"""The pure math of contribution weights (P1) in head space — no TransformerLens inside.
+
+Notation (SPEC §1): for one layer, query position ``i``, key position ``j``, query head ``h``
+reading key/value head ``g(h) = h // (H / H_kv)``,
+
+- projected value ``pv_j^h = v_j^{g(h)} W_O^h`` (a ``d_model`` vector);
+- head output ``o_i^h = sum_j alpha[i,j]^h pv_j^h = z_i^h W_O^h``;
+- layer output ``o_i = sum_h o_i^h``.
+
+Contribution weights (P1, Cunningham & Muca Cirone, ICML 2026, arXiv 2606.07604)::
+
+    intra:  c[i,j]^h = < alpha[i,j]^h pv_j^h , o_i^h > / ||o_i^h||^2
+                     = alpha[i,j]^h * (||pv_j^h|| / ||o_i^h||) * cos(pv_j^h, o_i^h)
+    inter:  C[i,j]^h = < alpha[i,j]^h pv_j^h , o_i > / ||o_i||^2
+
+Nothing here builds the ``[query, key, d_model]`` tensor. With the per-head Gram matrix
+``G^h = W_O^h (W_O^h)^T`` (``d_head x d_head``)::
+
+    ||pv_j^h||^2      = v_j G^h v_j^T
+    <pv_j^h, o_i^h>   = v_j G^h (z_i^h)^T
+    <pv_j^h, o_i>     = v_j (W_O^h o_i^T)          (o_i projected into each head once)
+
+and grouped-query attention is contracted against the un-repeated values
+(:func:`grouped_scores`). All functions take and return float32 tensors with a leading batch
+axis; they are tested against a dense reference that materialises every ``alpha pv_j`` vector.
+"""
+
+from __future__ import annotations
+
+import einops
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+# A query whose output norm is below this fraction of the largest projected-value norm among its
+# keys (j <= i) is numerically zero: float32 cancellation leaves no significant digit of o_i, so
+# its weights are undefined — returned as NaN and counted.
+ZERO_OUTPUT_RTOL = 1e-6
+
+
+def head_gram(W_O: Float[Tensor, "head d_head d_model"]) -> Float[Tensor, "head d_head d_head"]:
+    """Per-head Gram matrix ``G^h = W_O^h (W_O^h)^T``."""
+    return torch.einsum("hdm,hem->hde", W_O, W_O)
+
+
+def expand_kv(
+    values: Float[Tensor, "batch key kv_head d_head"], n_heads: int
+) -> Float[Tensor, "batch key head d_head"]:
+    """Repeat key/value heads so query head ``h`` sees kv head ``h // (H / H_kv)`` (a copy)."""
+    group = n_heads // values.shape[2]
+    return values.repeat_interleave(group, dim=2)
+
+
+def grouped_scores(
+    queries: Float[Tensor, "batch query head d_head"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    out: Float[Tensor, "batch head query key"] | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """``out[b,h,i,j] = <queries[b,i,h], values[b,j,g(h)]>`` without repeating the values.
+
+    The query heads of one group are stacked along the query axis, so each kv head takes part
+    in a single matrix product (the same trick attention kernels use for GQA). ``out`` (a
+    contiguous buffer) receives the result when given.
+    """
+    n_batch, n_query, n_heads, _ = queries.shape
+    n_kv = values.shape[2]
+    stacked = einops.rearrange(queries, "b q (kv g) d -> b kv (g q) d", kv=n_kv)
+    keys = einops.rearrange(values, "b k kv d -> b kv d k")
+    if out is not None:
+        flat = out.view(n_batch, n_kv, (n_heads // n_kv) * n_query, values.shape[1])
+        torch.matmul(stacked, keys, out=flat)
+        return out
+    scores = torch.matmul(stacked, keys)
+    return einops.rearrange(scores, "b kv (g q) k -> b (kv g) q k", q=n_query)
+
+
+def apply_gram(
+    vectors: Float[Tensor, "batch pos head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch pos head d_head"]:
+    """``vectors[b,p,h] @ G^h`` for every head."""
+    return torch.einsum("bphd,hde->bphe", vectors, gram)
+
+
+def projected_value_norms(
+    values: Float[Tensor, "batch key kv_head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch head key"]:
+    """``||pv_j^h|| = sqrt(v_j G^h v_j^T)`` for every query head ``h``."""
+    n_heads = gram.shape[0]
+    n_kv = values.shape[2]
+    grouped = einops.rearrange(gram, "(kv g) d e -> kv g d e", kv=n_kv)
+    sq = torch.einsum("bjkd,kgde,bjke->bkgj", values, grouped, values)
+    sq = einops.rearrange(sq, "b kv g j -> b (kv g) j")
+    assert sq.shape[1] == n_heads
+    return sq.clamp_min(0).sqrt()
+
+
+def head_output_norms(
+    z: Float[Tensor, "batch query head d_head"], gram: Float[Tensor, "head d_head d_head"]
+) -> Float[Tensor, "batch head query"]:
+    """``||o_i^h|| = sqrt(z_i^h G^h (z_i^h)^T)``."""
+    sq = torch.einsum("bqhd,hde,bqhe->bhq", z, gram, z)
+    return sq.clamp_min(0).sqrt()
+
+
+def intra_dots(
+    z: Float[Tensor, "batch query head d_head"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch head query key"]:
+    """``<pv_j^h, o_i^h> = (z_i^h G^h) . v_j`` — one ``T x T x d_head`` product per head."""
+    return grouped_scores(apply_gram(z, gram), values)
+
+
+def project_into_heads(
+    vectors: Float[Tensor, "batch pos d_model"], W_O: Float[Tensor, "head d_head d_model"]
+) -> Float[Tensor, "batch pos head d_head"]:
+    """``W_O^h x^T`` for every head: a ``d_model`` vector read in each head's value space."""
+    flat = einops.rearrange(W_O, "h d m -> m (h d)")
+    out = torch.matmul(vectors, flat)
+    return einops.rearrange(out, "b p (h d) -> b p h d", h=W_O.shape[0])
+
+
+def inter_dots(
+    layer_output: Float[Tensor, "batch query d_model"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    W_O: Float[Tensor, "head d_head d_model"],
+) -> Float[Tensor, "batch head query key"]:
+    """``<pv_j^h, o_i> = v_j (W_O^h o_i^T)``."""
+    return grouped_scores(project_into_heads(layer_output, W_O), values)
+
+
+def key_norm_scale(
+    key_norms: Float[Tensor, "batch head key"],
+) -> Float[Tensor, "batch head query"]:
+    """``max_{j <= i} ||pv_j^h||`` for every query position ``i`` (the scale of ``o_i^h``)."""
+    return key_norms.cummax(dim=-1).values
+
+
+def zero_output_rows(
+    output_norm: Float[Tensor, "*rows"], scale: Float[Tensor, "*rows"]
+) -> Bool[Tensor, "*rows"]:
+    """Queries whose output norm is numerically zero: ``||o_i|| <= 1e-6 * scale_i``.
+
+    ``scale`` is :func:`key_norm_scale` (intra) or its sum over heads (inter); NaN/inf norms
+    count as zero rows too.
+    """
+    return ~(output_norm > ZERO_OUTPUT_RTOL * scale) | ~torch.isfinite(output_norm)
+
+
+def safe_cosine(
+    dots: Float[Tensor, "batch head query key"],
+    key_norms: Float[Tensor, "batch head key"],
+    query_norms: Float[Tensor, "batch head query"],
+) -> Float[Tensor, "batch head query key"]:
+    """``dots / (||key|| ||query||)``; 0 where the key vector is zero (it contributes nothing)."""
+    denom = key_norms[:, :, None, :] * query_norms[:, :, :, None]
+    cos = dots / denom
+    return torch.where(key_norms[:, :, None, :] > 0, cos, torch.zeros_like(cos))
+
+
+def relative_norm(
+    key_norms: Float[Tensor, "batch head key"], query_norms: Float[Tensor, "batch head query"]
+) -> Float[Tensor, "batch head query key"]:
+    """``||pv_j|| / ||o_i||`` (the middle factor of a contribution weight)."""
+    return key_norms[:, :, None, :] / query_norms[:, :, :, None]
+
+
+def contribution_weights_from_dots(
+    attention: Float[Tensor, "batch head query key"],
+    dots: Float[Tensor, "batch head query key"],
+    query_norms: Float[Tensor, "batch head query"],
+) -> Float[Tensor, "batch head query key"]:
+    """``alpha[i,j] <pv_j, o> / ||o||^2`` with ``o`` the head (intra) or layer (inter) output."""
+    return attention * dots / query_norms[:, :, :, None].square()
+
+
+def value_norm(
+    attention: Float[Tensor, "batch head query key"], key_norms: Float[Tensor, "batch head key"]
+) -> Float[Tensor, "batch head query key"]:
+    """Baseline 2, value-weighted attention (Kobayashi et al. 2020): ``alpha ||pv_j||``."""
+    return attention * key_norms[:, :, None, :]
+
+
+def value_norm_output(
+    attention: Float[Tensor, "batch head query key"],
+    key_norms: Float[Tensor, "batch head key"],
+    head_norms: Float[Tensor, "batch head query"],
+) -> Float[Tensor, "batch head query key"]:
+    """Baseline 3: ``alpha ||pv_j|| / ||o_i^h||`` (always the per-head output norm)."""
+    return value_norm(attention, key_norms) / head_norms[:, :, :, None]

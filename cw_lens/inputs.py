@@ -1,0 +1,278 @@
+"""Turning what users hand in (text, lists, token tensors, corpora) into checked token batches.
+
+Every analysis goes through :func:`prepare_inputs`, so every one gives the same clear errors for
+empty text, over-long input and padding without an attention mask, and the same layout:
+
+- strings are tokenised with the model's tokenizer, BOS prepended when ``prepend_bos=True``
+  (the TransformerLens default), and **right-padded**, so position 0 is the first token (the
+  sink) in every row and padded positions sit at the end;
+- a token tensor is used as given; with an ``attention_mask`` its rows are re-aligned to the same
+  right-padded layout (left padding is moved to the end; positions then count from each row's
+  first real token, and the model sees identical position ids);
+- a token tensor whose rows begin or end with the pad token and that comes without a mask is
+  rejected: we cannot tell padding from text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+
+from cw_lens.data import Corpus, Document, as_corpus, tokenizer_fingerprint
+from cw_lens.errors import InputError
+
+
+@dataclass
+class TokenBatch:
+    """A right-padded batch of token ids with its mask.
+
+    Attributes:
+        tokens: Token ids, ``[batch, pos]``.
+        mask: True at real tokens, ``[batch, pos]``; padding is only ever at the end of a row.
+        prepend_bos: Whether position 0 of every row is the model's BOS token.
+        bos_token: The BOS token string (``None`` when the tokenizer has none).
+        documents: Indices of the documents in this batch within the whole input.
+    """
+
+    tokens: Int[torch.Tensor, "batch pos"]
+    mask: Bool[torch.Tensor, "batch pos"]
+    prepend_bos: bool
+    bos_token: str | None
+    documents: list[int]
+
+    @property
+    def lengths(self) -> Int[torch.Tensor, " batch"]:
+        return self.mask.sum(-1)
+
+    @property
+    def padded(self) -> bool:
+        return not bool(self.mask.all())
+
+    def attention_mask(self) -> torch.Tensor | None:
+        """The mask to hand the model, or ``None`` when nothing is padded."""
+        return self.mask.long() if self.padded else None
+
+    def str_tokens(self, model: Any) -> list[list[str]]:
+        """Token strings per row (padding excluded)."""
+        tok = model.tokenizer
+        out = []
+        for row, n in zip(self.tokens.tolist(), self.lengths.tolist(), strict=False):
+            ids = row[:n]
+            if tok is None:
+                out.append([str(i) for i in ids])
+            else:
+                out.append([tok.decode([i]) for i in ids])
+        return out
+
+
+def _n_ctx(model: Any) -> int:
+    return int(getattr(model.cfg, "n_ctx", 0) or 0)
+
+
+def _bos(model: Any) -> tuple[int | None, str | None]:
+    tok = model.tokenizer
+    if tok is None or tok.bos_token_id is None:
+        return None, None
+    return int(tok.bos_token_id), tok.bos_token
+
+
+def _pad_id(model: Any) -> int:
+    tok = model.tokenizer
+    if tok is not None and tok.pad_token_id is not None:
+        return int(tok.pad_token_id)
+    return 0
+
+
+def _text_ids(model: Any, text: str, prepend_bos: bool) -> list[int]:
+    if model.tokenizer is None:
+        raise InputError(
+            "This model has no tokenizer, so it cannot read text; pass token ids "
+            "(a LongTensor [batch, pos]) instead."
+        )
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos_id, _ = _bos(model)
+    if prepend_bos and bos_id is not None:
+        ids = [bos_id, *ids]
+    return ids
+
+
+def _doc_ids(model: Any, doc: Document, prepend_bos: bool, corpus: Corpus | None) -> list[int]:
+    if doc.tokens is not None and corpus is not None and corpus_matches(corpus, model):
+        bos_id, _ = _bos(model)
+        ids = list(doc.tokens)
+        return [bos_id, *ids] if prepend_bos and bos_id is not None else ids
+    return _text_ids(model, doc.text, prepend_bos)
+
+
+def corpus_matches(corpus: Corpus, model: Any) -> bool:
+    fp = getattr(corpus, "tokenizer_fingerprint", None)
+    return fp is not None and fp == tokenizer_fingerprint(model.tokenizer)
+
+
+def _pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = True
+    return tokens, mask
+
+
+def _check_length(model: Any, rows: list[list[int]]) -> None:
+    n_ctx = _n_ctx(model)
+    for i, r in enumerate(rows):
+        if len(r) == 0:
+            raise InputError(f"Input {i} is empty: there is no token to analyse.")
+        if n_ctx and len(r) > n_ctx:
+            raise InputError(
+                f"Input {i} has {len(r)} tokens but the model's context is {n_ctx} tokens. "
+                f"Shorten the text (e.g. load_corpus(max_tokens={n_ctx - 1})) or split it."
+            )
+
+
+def _from_tensor(
+    model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise InputError(f"Token ids must be an integer tensor, got dtype {tokens.dtype}.")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2:
+        raise InputError(f"Token ids must be [batch, pos], got shape {tuple(tokens.shape)}.")
+    if tokens.shape[1] == 0 or tokens.shape[0] == 0:
+        raise InputError("The token tensor is empty: there is no token to analyse.")
+    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    if vocab and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise InputError(
+            f"Token ids must lie in [0, {vocab}) for this model; got ids from {int(tokens.min())} "
+            f"to {int(tokens.max())}. Were they made with another tokenizer?"
+        )
+    tokens = tokens.detach().cpu().long()
+    if attention_mask is None:
+        tok = model.tokenizer
+        pad = None if tok is None else tok.pad_token_id
+        bos_id, _ = _bos(model)
+        if pad is not None and pad != bos_id:
+            edges = torch.cat([tokens[:, :1], tokens[:, -1:]], dim=1)
+            if bool((edges == pad).any()):
+                raise InputError(
+                    f"The token tensor has pad tokens (id {pad}) at the start or end of a row "
+                    "but no attention_mask was given, so padding cannot be told from text. Pass "
+                    "attention_mask=(1 for real tokens, 0 for padding), or pass the texts as a "
+                    "list of strings and cw_lens pads them for you."
+                )
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+    mask = torch.as_tensor(attention_mask).detach().cpu()
+    if mask.ndim == 1:
+        mask = mask[None]
+    if mask.shape != tokens.shape:
+        raise InputError(
+            f"attention_mask has shape {tuple(mask.shape)} but tokens have {tuple(tokens.shape)}."
+        )
+    mask = mask.bool()
+    rows = []
+    for i in range(tokens.shape[0]):
+        real = mask[i].nonzero().flatten()
+        if real.numel() == 0:
+            raise InputError(f"Row {i} of the batch is only padding (its mask is all zero).")
+        first, last = int(real[0]), int(real[-1])
+        if int(mask[i, first : last + 1].sum()) != last - first + 1:
+            raise InputError(
+                f"Row {i}'s attention_mask has a gap; only left or right padding is supported."
+            )
+        rows.append(tokens[i, first : last + 1].tolist())
+    return _pad_rows(rows, _pad_id(model))
+
+
+def prepare_inputs(
+    model: Any,
+    inputs: Any,
+    *,
+    prepend_bos: bool = True,
+    attention_mask: torch.Tensor | None = None,
+) -> TokenBatch:
+    """Check and tokenise ``inputs`` into a right-padded :class:`TokenBatch`.
+
+    Args:
+        model: The ``TransformerBridge``.
+        inputs: A string, a list of strings or :class:`~cw_lens.data.Document`, a
+            :class:`~cw_lens.data.Corpus`, or token ids ``[batch, pos]``.
+        prepend_bos: Prepend the tokenizer's BOS token to text (ignored for token tensors).
+        attention_mask: For token tensors only: 1 at real tokens, 0 at padding.
+    """
+    _, bos_token = _bos(model)
+    if isinstance(inputs, torch.Tensor):
+        tokens, mask = _from_tensor(model, inputs, attention_mask)
+        rows = [tokens[i, : int(mask[i].sum())].tolist() for i in range(tokens.shape[0])]
+        _check_length(model, rows)
+        bos_id, _ = _bos(model)
+        starts_with_bos = bos_id is not None and bool((tokens[:, 0] == bos_id).all())
+        return TokenBatch(tokens, mask, starts_with_bos, bos_token, list(range(len(rows))))
+    if attention_mask is not None:
+        raise InputError("attention_mask is only accepted with token-id tensors, not with text.")
+    corpus = as_corpus(inputs)
+    rows = [_doc_ids(model, d, prepend_bos, corpus) for d in corpus]
+    for i, (d, r) in enumerate(zip(corpus, rows, strict=False)):
+        if not d.text.strip() or len(r) <= int(prepend_bos and bos_token is not None):
+            raise InputError(f"Input {i} is empty text: there is no token to analyse.")
+    _check_length(model, rows)
+    tokens, mask = _pad_rows(rows, _pad_id(model))
+    return TokenBatch(
+        tokens, mask, bool(prepend_bos and bos_token is not None), bos_token, list(range(len(rows)))
+    )
+
+
+def iter_batches(batch: TokenBatch, batch_size: int | None) -> Iterator[TokenBatch]:
+    """Split a prepared batch into sub-batches of at most ``batch_size`` rows, trimming padding.
+
+    Rows are grouped in order of length so sub-batches waste little padding.
+    """
+    n = batch.tokens.shape[0]
+    if batch_size is None or batch_size >= n:
+        yield batch
+        return
+    if batch_size < 1:
+        raise InputError(f"batch_size must be at least 1, got {batch_size}.")
+    order = sorted(range(n), key=lambda i: int(batch.lengths[i]))
+    for start in range(0, n, batch_size):
+        idx = order[start : start + batch_size]
+        width = int(batch.lengths[idx].max())
+        yield TokenBatch(
+            batch.tokens[idx, :width],
+            batch.mask[idx, :width],
+            batch.prepend_bos,
+            batch.bos_token,
+            [batch.documents[i] for i in idx],
+        )
+
+
+def answer_spans(
+    model: Any, documents: Sequence[Document], prepend_bos: bool = True
+) -> tuple[TokenBatch, list[tuple[int, int]]]:
+    """Tokenise ``prompt + answer`` per task item and locate the answer tokens.
+
+    Returns the batch and, per row, the half-open position range ``[start, end)`` of the answer
+    tokens (the model predicts token ``t`` from position ``t - 1``).
+    """
+    rows, spans = [], []
+    for i, d in enumerate(documents):
+        if d.answer is None:
+            raise InputError(f"Document {i} has no answer; task metrics need task items.")
+        prompt = _text_ids(model, d.text, prepend_bos)
+        full = _text_ids(model, d.text + d.answer, prepend_bos)
+        if full[: len(prompt)] != prompt or len(full) == len(prompt):
+            raise InputError(
+                f"Item {i}: the answer {d.answer!r} does not tokenise as a continuation of the "
+                "prompt; start the answer with a space or end the prompt at a token boundary."
+            )
+        rows.append(full)
+        spans.append((len(prompt), len(full)))
+    _check_length(model, rows)
+    tokens, mask = _pad_rows(rows, _pad_id(model))
+    _, bos_token = _bos(model)
+    return TokenBatch(tokens, mask, prepend_bos, bos_token, list(range(len(rows)))), spans

@@ -1,0 +1,95 @@
+"""load_corpus: stdlib prose windows, generated task sets with answers, user files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import cw_lens
+from cw_lens.data import IOI_TEMPLATES, arithmetic_items, ioi_items, pydoc_text
+from cw_lens.errors import InputError
+from cw_lens.testing import byte_tokenizer
+
+
+def test_pydoc_windows_have_exactly_max_tokens_and_are_seeded():
+    tok = byte_tokenizer()
+    corpus = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=3)
+    assert len(corpus) == 5 and corpus.name == "pydoc"
+    for doc in corpus:
+        assert len(doc.tokens) == 64
+        assert tok(doc.text, add_special_tokens=False)["input_ids"] == list(doc.tokens)
+        assert doc.text in pydoc_text()
+    again = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=3)
+    other = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=4)
+    assert again.texts == corpus.texts and other.texts != corpus.texts
+    assert list(corpus.to_dataframe().columns[:3]) == ["doc", "text", "answer"]
+
+
+def test_task_items_carry_answers():
+    ioi = ioi_items(50, seed=0)
+    assert len({d.meta["template"] for d in ioi}) > 5
+    for d in ioi:
+        a, b = d.answer.strip(), d.meta["subject"]
+        assert d.text.count(a) == 1 and d.text.count(b) == 2 and d.answer.startswith(" ")
+    arith = arithmetic_items(50, seed=0)
+    for d in arith:
+        lhs = d.text.rsplit(",", 1)[1].split("=")[0].split("has")[-1].split("are")[-1]
+        lhs = lhs.split("hold")[-1]
+        assert eval(lhs) == int(d.answer)  # the equation in the text gives the answer
+    assert {d.meta["op"] for d in arith} == {"add", "subtract", "multiply"}
+    assert len(IOI_TEMPLATES) >= 10
+
+
+def test_user_text_and_jsonl_files(tmp_path, llama):
+    txt = tmp_path / "notes.txt"
+    txt.write_text("attention sinks everywhere. " * 40)
+    corpus = cw_lens.load_corpus(str(txt), n_docs=3, max_tokens=50, tokenizer=llama)
+    assert len(corpus) == 3 and all(len(d.tokens) == 50 for d in corpus)
+    jl = tmp_path / "items.jsonl"
+    jl.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {
+                    "text": "When Mary and John went out, John gave a drink to",
+                    "answer": " Mary",
+                    "id": 1,
+                },
+                {"text": "Plain text without answer"},
+            ]
+        )
+    )
+    items = cw_lens.load_corpus(str(jl), n_docs=10, tokenizer=llama)
+    assert [d.answer for d in items] == [" Mary", None] and items[0].meta == {"id": 1}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"txt": 1}\n')
+    with pytest.raises(InputError, match='needs a string "text" field'):
+        cw_lens.load_corpus(str(bad), tokenizer=llama)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "message"),
+    [
+        ("no-such-corpus", {}, "Unknown corpus"),
+        (None, {"n_docs": 0}, "n_docs must be at least 1"),
+        (None, {"n_docs": 10_000, "max_tokens": 512}, "holds only"),
+        ("ioi", {"only_correct": True}, "needs model="),
+        ("hf:definitely/not-a-dataset", {}, "internet"),
+    ],
+)
+def test_corpus_errors(name, kwargs, message, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(InputError, match=message):
+        cw_lens.load_corpus(name, tokenizer=byte_tokenizer(), **kwargs)
+
+
+@pytest.mark.model
+def test_only_correct_keeps_items_the_model_gets_right(smollm):
+    from cw_lens.tasks import answer_scores
+
+    for task in ("ioi", "arithmetic"):
+        kept = cw_lens.load_corpus(task, n_docs=6, model=smollm, only_correct=True)
+        assert len(kept) == 6 and kept.is_task
+        assert answer_scores(smollm, list(kept)).correct.all()
