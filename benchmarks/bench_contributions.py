@@ -221,9 +221,11 @@ def main() -> None:
         repeats,
     )
     report["stream_vs_forward"] = {**t, "ratio": t["stream"] / t["forward"]}
-    print(f"[1] {docs}x{n_tok}, 30 layers, intra+inter with decomposition: "
-          f"forward {t['forward']:.2f} s, streamed analysis {t['stream']:.2f} s, "
-          f"ratio {t['stream'] / t['forward']:.2f}")
+    print(
+        f"[1] {docs}x{n_tok}, 30 layers, intra+inter with decomposition: "
+        f"forward {t['forward']:.2f} s, streamed analysis {t['stream']:.2f} s, "
+        f"ratio {t['stream'] / t['forward']:.2f}"
+    )
 
     # 2. head space vs dense reference on the same layers (time in-process, memory per child)
     layers = "2,17" if not args.quick else "2"
@@ -235,7 +237,7 @@ def main() -> None:
         },
         max(1, repeats // 2),
     )
-    del model
+    model = None  # free the weights before the memory children run
     mem = {job: run_child(job, docs, n_tok, layers) for job in ("prefix", "stream", "dense")}
     floor = mem["prefix"]["peak_above_mb"]
     extra = {job: max(mem[job]["peak_above_mb"] - floor, 1.0) for job in ("stream", "dense")}
@@ -248,10 +250,12 @@ def main() -> None:
         "memory_ratio": extra["dense"] / extra["stream"],
     }
     d = report["dense"]
-    print(f"[2] layers {layers}: head space {t['stream']:.2f} s vs dense {t['dense']:.2f} s "
-          f"(forward included) -> {d['speedup']:.1f}x faster; peak memory above the forward "
-          f"pass {extra['stream']:.0f} MB vs {extra['dense']:.0f} MB -> "
-          f"{d['memory_ratio']:.1f}x less")
+    print(
+        f"[2] layers {layers}: head space {t['stream']:.2f} s vs dense {t['dense']:.2f} s "
+        f"(forward included) -> {d['speedup']:.1f}x faster; peak memory above the forward "
+        f"pass {extra['stream']:.0f} MB vs {extra['dense']:.0f} MB -> "
+        f"{d['memory_ratio']:.1f}x less"
+    )
 
     # 3. one long sequence
     if not args.skip_long:
@@ -263,10 +267,12 @@ def main() -> None:
             "stream": runs["stream"],
             "ratio": runs["stream"]["seconds"] / runs["forward"]["seconds"],
         }
-        print(f"[3] 1x{long_tokens}: forward {runs['forward']['seconds']:.1f} s "
-              f"(peak +{runs['forward']['peak_above_mb'] / 1024:.1f} GB), streamed analysis "
-              f"{runs['stream']['seconds']:.1f} s (peak +{runs['stream']['peak_above_mb'] / 1024:.1f}"
-              f" GB), ratio {report['long']['ratio']:.2f}")
+        fwd, ours = runs["forward"], runs["stream"]
+        print(
+            f"[3] 1x{long_tokens}: forward {fwd['seconds']:.1f} s (peak +"
+            f"{fwd['peak_above_mb'] / 1024:.1f} GB), streamed analysis {ours['seconds']:.1f} s "
+            f"(peak +{ours['peak_above_mb'] / 1024:.1f} GB), ratio {report['long']['ratio']:.2f}"
+        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "contributions.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {RESULTS / 'contributions.json'}")

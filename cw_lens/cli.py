@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,7 +14,7 @@ app = typer.Typer(
 )
 
 
-def _load(model: Optional[str], device: Optional[str]):
+def _load(model: str | None, device: str | None):
     import cw_lens
 
     return cw_lens.load_model(model, device=device)
@@ -24,12 +23,12 @@ def _load(model: Optional[str], device: Optional[str]):
 @app.command()
 def analyze(
     text: str = typer.Argument(..., help="The text to analyse."),
-    layer: Optional[int] = typer.Option(None, help="Only this layer (default: every layer)."),
-    head: Optional[int] = typer.Option(None, help="Only this head (default: summed over heads)."),
+    layer: int | None = typer.Option(None, help="Only this layer (default: every layer)."),
+    head: int | None = typer.Option(None, help="Only this head (default: summed over heads)."),
     k: int = typer.Option(5, help="Tokens to list per layer."),
-    html: Optional[Path] = typer.Option(None, help="Write the interactive HTML view here."),
-    model: Optional[str] = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, ..."),
+    html: Path | None = typer.Option(None, help="Write the interactive HTML view here."),
+    model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
+    device: str | None = typer.Option(None, help="cpu, cuda, ..."),
 ) -> None:
     """Print the tokens that contribute most to the last token's attention output per layer."""
     import cw_lens
@@ -38,22 +37,24 @@ def analyze(
     result = cw_lens.contribution_weights(
         bridge, text, kind="inter", layers=None if layer is None else [layer]
     )
-    typer.echo(f"{len(result.str_tokens[0])} tokens; query = last token {result.str_tokens[0][-1]!r}")
+    tokens = result.str_tokens[0]
+    typer.echo(f"{len(tokens)} tokens; query = last token {tokens[-1]!r}")
     for lay in result.layers:
         top = result.top(layer=lay, head=head, k=k, sum_heads=head is None)
-        cells = ", ".join(f"{t!r} {w:+.3f}" for t, w in zip(top["key_token"], top["weights"]))
+        cells = ", ".join(
+            f"{t!r} {w:+.3f}" for t, w in zip(top["key_token"], top["weights"], strict=True)
+        )
         typer.echo(f"layer {lay:>2}: {cells}")
     if html is not None:
-        result_all = result if layer is None else result
-        result_all.to_html(html)
+        result.to_html(html)
         typer.echo(f"wrote {html}")
 
 
 @app.command()
 def figures(
-    model: Optional[str] = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
+    model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     out: Path = typer.Option(Path("figures"), help="Output folder."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, ..."),
+    device: str | None = typer.Option(None, help="cpu, cuda, ..."),
 ) -> None:
     """Regenerate the figures (for now: the P1 Fig. 1 heatmaps on the embedded model)."""
     import cw_lens

@@ -114,7 +114,7 @@ def test_local_folder_without_weights(tmp_path):
     LlamaConfig(
         hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
     ).save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="needs a config.json and weights"):
+    with pytest.raises(ModelLoadError, match=r"needs a config\.json and weights"):
         cw_lens.load_model(str(tmp_path))
 
 
