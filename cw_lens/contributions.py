@@ -413,6 +413,12 @@ class StreamStats:
     n_tokens: int = 0
     n_nan_rows: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
 
+    def merge(self, other: StreamStats) -> None:
+        self.n_documents += other.n_documents
+        self.n_tokens += other.n_tokens
+        for kind, n in other.n_nan_rows.items():
+            self.n_nan_rows[kind] = self.n_nan_rows.get(kind, 0) + n
+
 
 def stream_contributions(
     model: Any,
@@ -430,6 +436,7 @@ def stream_contributions(
     progress: bool | str = False,
     count_nan: Sequence[str] = (),
     reuse_buffers: bool = True,
+    shard: tuple[int, int] | None = None,
 ) -> StreamStats:
     """Stream one layer (and one block of query rows) at a time to ``consumer``.
 
@@ -452,6 +459,8 @@ def stream_contributions(
         count_nan: Kinds (``"intra"``/``"inter"``) whose zero-norm rows to count and warn about.
         reuse_buffers: Reuse one buffer per field across blocks (fast; tensors handed to the
             consumer are then valid only during the call). ``False`` allocates fresh tensors.
+        shard: ``(rank, world)``: process only document batches ``rank, rank + world, ...`` of
+            the batch plan (the plan itself is the same on every rank).
 
     Returns:
         A :class:`StreamStats`.
@@ -464,6 +473,9 @@ def stream_contributions(
     weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
     batches = list(iter_batches(prepared, batch_size))
+    if shard is not None:
+        rank, world = shard
+        batches = batches[rank::world]
     label = progress if isinstance(progress, str) else "contributions"
     bar = tqdm(batches, desc=label, disable=not progress, leave=False)
     for batch in bar:

@@ -367,7 +367,7 @@ def load_corpus(
         if only_correct:
             if model is None:
                 raise InputError("only_correct=True needs model= to check the answers.")
-            from cw_lens.tasks import keep_correct
+            from cw_lens.scoring import keep_correct
 
             pool = generate(20 * n_docs, seed)
             docs = keep_correct(model, pool, limit=n_docs)

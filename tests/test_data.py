@@ -87,7 +87,7 @@ def test_corpus_errors(name, kwargs, message, monkeypatch):
 
 @pytest.mark.model
 def test_only_correct_keeps_items_the_model_gets_right(smollm):
-    from cw_lens.tasks import answer_scores
+    from cw_lens.scoring import answer_scores
 
     for task in ("ioi", "arithmetic"):
         kept = cw_lens.load_corpus(task, n_docs=6, model=smollm, only_correct=True)

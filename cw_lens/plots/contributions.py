@@ -1,38 +1,12 @@
-"""Every figure of cw_lens. Plotting only: each function takes computed results and returns a
-``matplotlib.figure.Figure``; nothing here runs a model or computes a statistic.
-
-Figures are named after the claim they illustrate (SPEC §6), so ``REPORT.md`` and
-``summary.json`` point at ``plot_<claim>`` outputs.
-"""
+"""Figures of contribution weights (P1 Fig. 1). Plotting only."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg") if matplotlib.get_backend().lower() == "agg" else None
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import TwoSlopeNorm  # noqa: E402
-
-SIGNED_CMAP = "RdBu_r"
-MAX_TICK_LABELS = 40
-
-
-def _token_ticks(ax: Any, tokens: list[str]) -> None:
-    if len(tokens) > MAX_TICK_LABELS:
-        return
-    labels = [repr(t)[1:-1][:12] for t in tokens]
-    ax.set_xticks(range(len(tokens)), labels, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(tokens)), labels, fontsize=7)
-
-
-def _signed_norm(values: np.ndarray) -> TwoSlopeNorm:
-    finite = values[np.isfinite(values)]
-    lim = float(np.abs(finite).max()) if finite.size else 1.0
-    lim = lim or 1.0
-    return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
+from cw_lens.plots._style import SIGNED_CMAP, plt, signed_norm, token_ticks
 
 
 def plot_attention_vs_contribution(
@@ -54,11 +28,11 @@ def plot_attention_vs_contribution(
     axes[0].set_title(f"attention  (L{layer} H{head})")
     fig.colorbar(im, ax=axes[0], shrink=0.8)
     w = np.where(causal, weights, np.nan)
-    im = axes[1].imshow(w, cmap=SIGNED_CMAP, norm=_signed_norm(w))
+    im = axes[1].imshow(w, cmap=SIGNED_CMAP, norm=signed_norm(w))
     axes[1].set_title(f"contribution weight, {result.kind}  (L{layer} H{head})")
     fig.colorbar(im, ax=axes[1], shrink=0.8)
     for ax in axes:
-        _token_ticks(ax, result.str_tokens[batch][:n])
+        token_ticks(ax, result.str_tokens[batch][:n])
         ax.set_xlabel("key")
         ax.set_ylabel("query")
     return fig

@@ -1,0 +1,210 @@
+"""Mergeable accumulators: how corpus analyses fold streamed layers into small results.
+
+Corpus analyses are map (per document batch, inside the forward pass) and reduce (merge the
+accumulators). Two building blocks make the reduce exact, whatever the order and sharding:
+
+- :class:`DocSums` keeps float64 sums *per document*; totals add the documents in index order,
+  so a corpus split over ``torchrun`` ranks gives bit-identical totals to a single process.
+- :class:`Histogram` keeps integer counts over fixed bins (quantiles, shares); integer sums are
+  exact in any order.
+
+Both have ``merge(other)``; :func:`cw_lens.distributed.merge_across_ranks` gathers and merges any
+object with a ``merge`` method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from cw_lens.errors import InputError
+
+
+class DocSums:
+    """Named float64 sums kept per document (exact to merge)."""
+
+    def __init__(self) -> None:
+        self._docs: dict[int, dict[str, Tensor]] = {}
+
+    def add(self, doc: int, name: str, value: Tensor | float) -> None:
+        value = torch.as_tensor(value).detach().to("cpu", torch.float64)
+        entry = self._docs.setdefault(int(doc), {})
+        if name in entry:
+            entry[name] = entry[name] + value
+        else:
+            entry[name] = value.clone()
+
+    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
+        """Add ``values[r]`` to document ``docs[r]`` for every row ``r``."""
+        values = values.detach().to("cpu", torch.float64)
+        for r, doc in enumerate(docs):
+            self.add(doc, name, values[r])
+
+    def merge(self, other: DocSums) -> None:
+        overlap = set(self._docs) & set(other._docs)
+        if overlap:
+            raise InputError(f"Cannot merge: documents {sorted(overlap)[:5]} were counted twice.")
+        self._docs.update(other._docs)
+
+    @property
+    def documents(self) -> list[int]:
+        return sorted(self._docs)
+
+    def total(self, name: str) -> Tensor:
+        """Sum over documents, in document order (float64)."""
+        out = None
+        for doc in self.documents:
+            value = self._docs[doc].get(name)
+            if value is None:
+                continue
+            out = value.clone() if out is None else out + value
+        if out is None:
+            raise KeyError(f"no document recorded {name!r}")
+        return out
+
+    def per_document(self, name: str) -> Tensor:
+        """``[document, ...]`` stacked in document order (documents without ``name`` skipped)."""
+        return torch.stack([self._docs[d][name] for d in self.documents if name in self._docs[d]])
+
+    def __contains__(self, name: str) -> bool:
+        return any(name in entry for entry in self._docs.values())
+
+
+class Histogram:
+    """Counts of values over ``n_bins`` equal bins on ``(lo, hi)`` per group, plus two edge
+    bins: values ``<= lo`` and values ``>= hi`` (so clamped values are counted exactly).
+
+    ``counts`` is ``[*shape, n_bins + 2]`` int64; NaN values are ignored.
+    """
+
+    def __init__(self, shape: Sequence[int], lo: float, hi: float, n_bins: int) -> None:
+        if not hi > lo or n_bins < 1:
+            raise InputError("Histogram needs hi > lo and at least one bin.")
+        self.lo, self.hi, self.n_bins = float(lo), float(hi), int(n_bins)
+        self.counts = torch.zeros((*shape, n_bins + 2), dtype=torch.int64)
+
+    @property
+    def edges(self) -> Tensor:
+        return torch.linspace(self.lo, self.hi, self.n_bins + 1, dtype=torch.float64)
+
+    def bin_index(self, values: Tensor) -> Tensor:
+        v = values.double()
+        inner = ((v - self.lo) / (self.hi - self.lo) * self.n_bins).floor().long() + 1
+        inner = inner.clamp(1, self.n_bins)
+        return torch.where(v <= self.lo, 0, torch.where(v >= self.hi, self.n_bins + 1, inner))
+
+    def add(self, values: Tensor, index: tuple | None = None) -> None:
+        """Count ``values`` ``[*shape, n]`` (or ``[n]`` into group ``index``)."""
+        values = values.detach().to("cpu")
+        if index is not None:
+            target = self.counts[index]
+            flat = values.reshape(-1)
+            flat = flat[~flat.isnan()]
+            target += torch.bincount(self.bin_index(flat), minlength=self.n_bins + 2)
+            return
+        shape = self.counts.shape[:-1]
+        values = values.reshape(*shape, -1)
+        ok = ~values.isnan()
+        bins = self.bin_index(values.nan_to_num(self.lo))
+        n_groups = int(torch.tensor(shape).prod()) if shape else 1
+        offsets = torch.arange(n_groups).reshape(*shape, 1) * (self.n_bins + 2)
+        flat = (bins + offsets)[ok]
+        self.counts += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(
+            self.counts.shape
+        )
+
+    def merge(self, other: Histogram) -> None:
+        if other.counts.shape != self.counts.shape or (other.lo, other.hi) != (self.lo, self.hi):
+            raise InputError("Cannot merge histograms with different bins.")
+        self.counts += other.counts
+
+    @property
+    def total(self) -> Tensor:
+        return self.counts.sum(-1)
+
+    def share_at_or_below_lo(self) -> Float[Tensor, "..."]:
+        return self.counts[..., 0] / self.total.clamp_min(1)
+
+    def share_at_or_above_hi(self) -> Float[Tensor, "..."]:
+        return self.counts[..., -1] / self.total.clamp_min(1)
+
+    def share_below(self, x: float) -> Float[Tensor, "..."]:
+        """Share of values ``< x`` (``x`` must be a bin edge for an exact answer)."""
+        edge = round((x - self.lo) / (self.hi - self.lo) * self.n_bins)
+        below = self.counts[..., : edge + 1].sum(-1)
+        return below / self.total.clamp_min(1)
+
+    def quantile(self, q: float) -> Float[Tensor, "..."]:
+        """Quantile with linear interpolation inside a bin; edge bins map to ``lo``/``hi``.
+
+        NaN for empty groups. Resolution is one bin width.
+        """
+        counts = self.counts.double()
+        total = counts.sum(-1, keepdim=True)
+        cum = counts.cumsum(-1)
+        target = q * total
+        idx = torch.searchsorted(cum.contiguous(), target.contiguous()).clamp_max(self.n_bins + 1)[
+            ..., 0
+        ]
+        prev = torch.where(idx > 0, cum.gather(-1, (idx - 1).clamp_min(0)[..., None])[..., 0], 0.0)
+        in_bin = counts.gather(-1, idx[..., None])[..., 0]
+        frac = ((target[..., 0] - prev) / in_bin.clamp_min(1)).clamp(0, 1)
+        width = (self.hi - self.lo) / self.n_bins
+        left = self.lo + (idx - 1).double() * width
+        value = left + frac * width
+        value = torch.where(idx == 0, torch.tensor(self.lo, dtype=torch.float64), value)
+        value = torch.where(
+            idx == self.n_bins + 1, torch.tensor(self.hi, dtype=torch.float64), value
+        )
+        return torch.where(
+            total[..., 0] > 0, value, torch.tensor(float("nan"), dtype=torch.float64)
+        )
+
+
+def merge_all(items: Iterable) -> object:
+    """Merge a sequence of accumulators of one type into the first (in order)."""
+    items = list(items)
+    first = items[0]
+    for other in items[1:]:
+        first.merge(other)
+    return first
+
+
+def stream_corpus(
+    model: object,
+    corpus: object,
+    accumulator: object,
+    *,
+    layers: object = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    fwd_hooks: Sequence = (),
+    need_logits: bool = False,
+    progress: bool | str = False,
+    count_nan: Sequence[str] = (),
+) -> tuple[object, object]:
+    """Feed a corpus through :func:`~cw_lens.contributions.stream_contributions` into an
+    accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``), sharded
+    over torchrun ranks when a process group is up; returns the merged accumulator and stats.
+    """
+    from cw_lens.contributions import stream_contributions
+    from cw_lens.distributed import current_shard, merge_across_ranks
+
+    shard = current_shard()
+    stats = stream_contributions(
+        model,
+        corpus,
+        accumulator.update,
+        layers=layers,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        fwd_hooks=fwd_hooks,
+        on_logits=accumulator.update_logits if need_logits else None,
+        progress=progress,
+        count_nan=count_nan,
+        shard=shard,
+    )
+    return merge_across_ranks(accumulator), merge_across_ranks(stats)

@@ -1,0 +1,229 @@
+r"""Interventions as hook sets: patch the sink, remove heads, mask attention pairs.
+
+Every function returns a :class:`HookSet`, which is at once
+
+- a context manager — ``with cw_lens.patch_sink(model, layers=[3]): model(tokens)``;
+- a list of ``(hook_name, fn)`` pairs — ``model.run_with_hooks(x, fwd_hooks=patch.hooks)`` or
+  ``with model.hooks(fwd_hooks=[*patch, *my_hooks]): ...``.
+
+Hooks only act during a forward pass inside the context (or the ``hooks(...)`` call) and are
+removed on exit, so the model is restored exactly. Sets compose: ``a + b`` or nested ``with``.
+
+Sink-norm ablation (P1, SPEC §3): ``pv_0^h -> lambda pv_0^h`` for every query ``i > 0`` (queries
+at sink positions are left alone), attention probabilities untouched. Because
+``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}`` is linear in the values, the exact per-query-head edit
+under grouped-query attention is on ``hook_z``::
+
+    z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}
+
+which changes only head ``h`` — not the other query heads that share ``v_0^{g(h)}``.
+``mode="norm_matched"`` picks ``lambda`` per (sequence, head) so that ``||lambda pv_0^h||``
+equals the mean norm of the head's non-sink projected values.
+
+Head removal (P2 pruning) zeroes a head's ``hook_z``. Pair masking (P1 faithfulness) sets chosen
+``alpha[i,j]^h`` to 0 on ``hook_pattern`` without renormalising, which subtracts exactly
+``alpha[i,j]^h pv_j^h`` from ``o_i``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from cw_lens.capture import LayerWeights, hook_name, resolve_heads, resolve_layers
+from cw_lens.errors import InputError
+from cw_lens.geometry import projected_value_norms
+
+Hook = tuple[str, Callable]
+
+
+class HookSet:
+    """Forward hooks that act together; a context manager and an iterable of hook pairs."""
+
+    def __init__(self, model: Any, hooks: Iterable[Hook], description: str = "") -> None:
+        self.model = model
+        self.hooks: list[Hook] = list(hooks)
+        self.description = description
+        self._contexts: list[Any] = []
+
+    def __iter__(self) -> Iterator[Hook]:
+        return iter(self.hooks)
+
+    def __len__(self) -> int:
+        return len(self.hooks)
+
+    def __add__(self, other: HookSet) -> HookSet:
+        if other.model is not self.model:
+            raise InputError("Cannot combine hook sets of two different models.")
+        desc = " + ".join(d for d in (self.description, other.description) if d)
+        return HookSet(self.model, [*self.hooks, *other.hooks], desc)
+
+    def __enter__(self) -> HookSet:
+        ctx = self.model.hooks(fwd_hooks=self.hooks)
+        ctx.__enter__()
+        self._contexts.append(ctx)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._contexts.pop().__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"HookSet({self.description or 'hooks'}, {len(self.hooks)} hooks)"
+
+
+def _per_layer_heads(
+    model: Any, layers: int | Sequence[int] | None, heads: Any
+) -> dict[int, list[int]]:
+    """``heads`` may be None (all), a list (same heads in every layer) or {layer: heads}."""
+    if isinstance(heads, dict):
+        return {
+            layer: resolve_heads(model, hs)
+            for layer in resolve_layers(model, list(heads))
+            for hs in [heads.get(layer, heads.get(layer - model.cfg.n_layers))]
+        }
+    return {layer: resolve_heads(model, heads) for layer in resolve_layers(model, layers)}
+
+
+def patch_sink(
+    model: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: Any = None,
+    scale: float = 0.0,
+    mode: Literal["scale", "norm_matched"] = "scale",
+    sink_positions: Sequence[int] = (0,),
+) -> HookSet:
+    """Scale the sink's projected value in chosen layers and heads (P1's sink-norm ablation).
+
+    Args:
+        model: The bridge.
+        layers: Layers to patch (``None`` = all).
+        heads: Query heads (``None`` = all; a list, or ``{layer: [heads]}``).
+        scale: ``lambda`` in [0, 1]: 0 removes the sink's value, 1 is the identity.
+        mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
+            the mean norm of the head's non-sink projected values (``scale`` is ignored).
+        sink_positions: Positions treated as sinks (each is patched; its own query row is not).
+
+    Returns:
+        A :class:`HookSet` (context manager / hook list).
+
+    Example::
+
+        with cw_lens.patch_sink(model, layers=[5], heads=[0, 3]):
+            patched = model(tokens)
+    """
+    if mode not in ("scale", "norm_matched"):
+        raise InputError(f"mode must be 'scale' or 'norm_matched', got {mode!r}.")
+    if mode == "scale" and not 0.0 <= float(scale) <= 1.0:
+        raise InputError(f"scale must lie in [0, 1], got {scale}.")
+    sinks = sorted({int(p) for p in sink_positions})
+    if not sinks or min(sinks) < 0:
+        raise InputError(f"sink_positions must be non-negative positions, got {sink_positions}.")
+    plan = _per_layer_heads(model, layers, heads)
+    hooks: list[Hook] = []
+    for layer, head_list in plan.items():
+        hooks += _sink_hooks(model, layer, head_list, float(scale), mode, sinks)
+    desc = f"patch_sink({mode}, scale={scale}, layers={list(plan)})"
+    return HookSet(model, hooks, desc)
+
+
+def _sink_hooks(
+    model: Any, layer: int, heads: list[int], scale: float, mode: str, sinks: list[int]
+) -> list[Hook]:
+    store: dict[str, Tensor] = {}
+    n_heads = model.cfg.n_heads
+    weights: dict[str, LayerWeights] = {}
+
+    def keep(name: str) -> Callable:
+        def fn(t: Tensor, hook: Any) -> None:
+            store[name] = t
+
+        return fn
+
+    def patch_z(z: Tensor, hook: Any) -> Tensor:
+        pattern, values = store.pop("pattern"), store.pop("values")
+        n_pos = z.shape[1]
+        group = n_heads // values.shape[2]
+        head_idx = torch.tensor(heads, device=z.device)
+        kv_idx = head_idx // group
+        out = z.clone()
+        present = [s for s in sinks if s < n_pos]
+        for s in present:
+            if mode == "scale":
+                factor = torch.full((z.shape[0], len(heads)), 1.0 - scale, device=z.device)
+            else:
+                if "w" not in weights:
+                    weights["w"] = LayerWeights.of(model, layer)
+                gram = weights["w"].gram.to(z.device)
+                norms = projected_value_norms(values.float(), gram)[:, heads]  # [b, h, pos]
+                tail = torch.ones(n_pos, dtype=torch.bool, device=z.device)
+                tail[present] = False
+                target = norms[:, :, tail].mean(-1) if bool(tail.any()) else norms[:, :, s]
+                lam = target / norms[:, :, s].clamp_min(1e-30)
+                factor = 1.0 - lam
+            alpha = pattern[:, head_idx, :, s]  # [batch, head, query]
+            alpha = alpha.clone()
+            alpha[:, :, present] = 0.0  # sink queries keep their own value
+            v0 = values[:, s, kv_idx, :]  # [batch, head, d_head]
+            delta = (factor[:, :, None] * alpha).to(z.dtype)  # [batch, head, query]
+            out[:, :, head_idx, :] -= torch.einsum("bhq,bhd->bqhd", delta, v0.to(z.dtype))
+        return out
+
+    return [
+        (hook_name("pattern", layer), keep("pattern")),
+        (hook_name("values", layer), keep("values")),
+        (hook_name("z", layer), patch_z),
+    ]
+
+
+def remove_heads(model: Any, heads: Any) -> HookSet:
+    """Zero the output (``hook_z``) of the given heads: ``[(layer, head), ...]`` or
+    ``{layer: [heads]}``.
+
+    Example::
+
+        with cw_lens.remove_heads(model, [(0, 3), (5, 1)]):
+            loss = model(tokens, return_type="loss")
+    """
+    if isinstance(heads, dict):
+        pairs = [(layer, h) for layer, hs in heads.items() for h in hs]
+    else:
+        pairs = [tuple(p) for p in heads]
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        (layer,) = resolve_layers(model, [layer])
+        by_layer.setdefault(layer, []).extend(resolve_heads(model, [head]))
+    hooks: list[Hook] = []
+    for layer, hs in sorted(by_layer.items()):
+        idx = sorted(set(hs))
+
+        def zero(z: Tensor, hook: Any, idx: list[int] = idx) -> Tensor:
+            z = z.clone()
+            z[:, :, idx, :] = 0.0
+            return z
+
+        hooks.append((hook_name("z", layer), zero))
+    return HookSet(model, hooks, f"remove_heads({len(pairs)} heads)")
+
+
+def mask_attention(model: Any, masks: dict[int, Tensor | Callable[[Tensor], Tensor]]) -> HookSet:
+    """Set chosen attention probabilities to 0 (no renormalisation) in several layers at once.
+
+    Args:
+        masks: ``{layer: mask}`` where ``mask`` is a bool tensor broadcastable to the pattern
+            ``[batch, head, query, key]`` (True = remove), or a function of the pattern that
+            returns one.
+    """
+    hooks: list[Hook] = []
+    for layer, mask in masks.items():
+        (layer,) = resolve_layers(model, [layer])
+
+        def apply(pattern: Tensor, hook: Any, mask: Any = mask) -> Tensor:
+            m = mask(pattern) if callable(mask) else mask
+            return pattern.masked_fill(m.to(pattern.device), 0.0)
+
+        hooks.append((hook_name("pattern", layer), apply))
+    return HookSet(model, hooks, f"mask_attention({len(masks)} layers)")

@@ -1,0 +1,143 @@
+"""Scoring what the model predicts: next-token NLL on text, answer log-probability on tasks.
+
+Language-model text: the mean next-token negative log-likelihood over the scored positions
+(every real position that has a real successor), and ``PPL = exp(mean NLL)``; per-document sums
+are kept in a :class:`~cw_lens.accumulate.DocSums` so sharded runs merge exactly.
+
+Task items (a prompt with a known answer): the answer ``a_1 .. a_m`` (its tokens after the
+prompt) is scored teacher-forced: its log-probability is ``sum_t log p(a_t | prompt, a_<t)``
+and the item counts as correct when every ``a_t`` is the model's greedy choice. Used to keep
+only correctly answered items
+(``load_corpus(..., only_correct=True)``) and by the faithfulness protocol on task corpora.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from cw_lens.accumulate import DocSums
+from cw_lens.data import Document
+from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+
+HookSource = Sequence | Callable[[TokenBatch], Sequence]
+
+
+@dataclass
+class AnswerScores:
+    """Per item: ``logprob`` of the whole answer and ``correct`` (greedy on every token)."""
+
+    logprob: Float[Tensor, " item"]
+    correct: Bool[Tensor, " item"]
+
+
+def score_answers(
+    logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, spans: Sequence[tuple[int, int]]
+) -> AnswerScores:
+    """Teacher-forced answer log-probability and greedy correctness from a forward's logits."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    lp, ok = [], []
+    for row, (start, end) in enumerate(spans):
+        positions = torch.arange(start - 1, end - 1, device=logits.device)
+        targets = tokens[row, start:end].to(logits.device)
+        step = logprobs[row, positions, targets]
+        lp.append(step.sum())
+        ok.append(bool((logits[row, positions].argmax(-1) == targets).all()))
+    return AnswerScores(torch.stack(lp).cpu(), torch.tensor(ok))
+
+
+def answer_scores(
+    model: Any,
+    documents: Sequence[Document],
+    *,
+    prepend_bos: bool = True,
+    batch_size: int = 16,
+    run: Callable[[TokenBatch], Tensor] | None = None,
+) -> AnswerScores:
+    """Score every task item with the model (``run`` may replace the plain forward pass)."""
+    batch, spans = answer_spans(model, documents, prepend_bos)
+    logprob = torch.empty(len(documents))
+    correct = torch.zeros(len(documents), dtype=torch.bool)
+    device = torch.device(model.cfg.device or "cpu")
+    for sub in iter_batches(batch, batch_size):
+        if run is None:
+            with torch.inference_mode():
+                logits = model(sub.tokens.to(device), attention_mask=sub.attention_mask())
+        else:
+            logits = run(sub)
+        scores = score_answers(logits, sub.tokens, [spans[i] for i in sub.documents])
+        logprob[sub.documents] = scores.logprob
+        correct[sub.documents] = scores.correct
+    return AnswerScores(logprob, correct)
+
+
+def keep_correct(model: Any, documents: Sequence[Document], limit: int) -> list[Document]:
+    """The first ``limit`` items the model answers correctly (in order)."""
+    scores = answer_scores(model, documents)
+    return [d for d, ok in zip(documents, scores.correct.tolist(), strict=False) if ok][:limit]
+
+
+def token_nll(
+    logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, mask: Tensor
+) -> Float[Tensor, "batch pos_minus_1"]:
+    """NLL of token ``t+1`` given ``..t`` at every position; NaN where either is padding."""
+    logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    targets = tokens[:, 1:].to(logits.device)
+    nll = -logprobs.gather(-1, targets[..., None])[..., 0]
+    valid = (mask[:, 1:] & mask[:, :-1]).to(logits.device)
+    return nll.masked_fill(~valid, float("nan"))
+
+
+@dataclass
+class NLLResult:
+    """Per-document NLL sums and counts; ``mean_nll`` and ``ppl`` over all scored positions."""
+
+    sums: DocSums
+
+    @property
+    def mean_nll(self) -> float:
+        return float(self.sums.total("nll") / self.sums.total("count"))
+
+    @property
+    def ppl(self) -> float:
+        return float(torch.exp(torch.tensor(self.mean_nll)))
+
+    def merge(self, other: NLLResult) -> None:
+        self.sums.merge(other.sums)
+
+
+def run_logits(model: Any, batch: TokenBatch, hooks: HookSource = ()) -> Tensor:
+    """Logits of one batch with interventions (a hook list, or a function of the batch)."""
+    from cw_lens.capture import run_layers
+
+    fwd_hooks = hooks(batch) if callable(hooks) else hooks
+    return run_layers(model, batch, None, layers=[], fwd_hooks=fwd_hooks, need_logits=True)
+
+
+def corpus_nll(
+    model: Any,
+    corpus: Any,
+    *,
+    hooks: HookSource = (),
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+) -> NLLResult:
+    """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun)."""
+    from cw_lens.distributed import current_shard, merge_across_ranks
+
+    prepared = prepare_inputs(model, corpus, prepend_bos=prepend_bos)
+    batches = list(iter_batches(prepared, batch_size))
+    shard = current_shard()
+    if shard is not None:
+        batches = batches[shard[0] :: shard[1]]
+    sums = DocSums()
+    for batch in batches:
+        nll = token_nll(run_logits(model, batch, hooks), batch.tokens, batch.mask)
+        sums.add_rows(batch.documents, "nll", nll.nansum(-1))
+        sums.add_rows(batch.documents, "count", (~nll.isnan()).sum(-1))
+    return merge_across_ranks(NLLResult(sums))
