@@ -6,6 +6,9 @@ Public API (re-exports only; each function's module docstring states its formula
 - data: :func:`load_corpus`, :class:`Corpus`, :class:`Document`
 - contributions (P1): :func:`contribution_weights`, :func:`contribution_weights_from_cache`,
   :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributions`
+- sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
+  :func:`detect_sinks`
+- interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
 from cw_lens.contributions import (
@@ -23,7 +26,16 @@ from cw_lens.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
+from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
 from cw_lens.models import load_model
+from cw_lens.sinks import (
+    SinkAblation,
+    SinkStatistics,
+    detect_sinks,
+    sink_ablation,
+    sink_rates,
+    sink_statistics,
+)
 
 __version__ = "0.1.0"
 
@@ -33,13 +45,23 @@ __all__ = [
     "CwLensError",
     "Document",
     "EmbeddedModelMissing",
+    "HookSet",
     "InputError",
     "LayerContributions",
     "ModelLoadError",
+    "SinkAblation",
+    "SinkStatistics",
     "UnsupportedModelError",
     "contribution_weights",
     "contribution_weights_from_cache",
+    "detect_sinks",
     "load_corpus",
     "load_model",
+    "mask_attention",
+    "patch_sink",
+    "remove_heads",
+    "sink_ablation",
+    "sink_rates",
+    "sink_statistics",
     "stream_contributions",
 ]

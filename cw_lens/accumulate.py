@@ -73,6 +73,38 @@ class DocSums:
         return any(name in entry for entry in self._docs.values())
 
 
+class DocSamples:
+    """Per-document sample rows (``[n, n_columns]`` float32) under named groups.
+
+    For statistics that need raw samples (rank correlations). Which entries are sampled must be
+    decided per document (e.g. a generator seeded by the document index), so the union over
+    shards equals a single-process run; :meth:`table` concatenates in document order.
+    """
+
+    def __init__(self, columns: Sequence[str]) -> None:
+        self.columns = list(columns)
+        self._docs: dict[int, dict[str, list[Tensor]]] = {}
+
+    def add(self, doc: int, group: str, rows: Tensor) -> None:
+        if rows.ndim != 2 or rows.shape[1] != len(self.columns):
+            raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}")
+        entry = self._docs.setdefault(int(doc), {})
+        entry.setdefault(group, []).append(rows.detach().to("cpu", torch.float32))
+
+    def merge(self, other: DocSamples) -> None:
+        overlap = set(self._docs) & set(other._docs)
+        if overlap:
+            raise InputError(f"Cannot merge: documents {sorted(overlap)[:5]} were sampled twice.")
+        self._docs.update(other._docs)
+
+    def table(self, group: str) -> Tensor:
+        """All rows of ``group`` in document order, ``[n, n_columns]``."""
+        parts = [r for d in sorted(self._docs) for r in self._docs[d].get(group, [])]
+        if not parts:
+            return torch.zeros(0, len(self.columns))
+        return torch.cat(parts)
+
+
 class Histogram:
     """Counts of values over ``n_bins`` equal bins on ``(lo, hi)`` per group, plus two edge
     bins: values ``<= lo`` and values ``>= hi`` (so clamped values are counted exactly).
@@ -96,25 +128,20 @@ class Histogram:
         inner = inner.clamp(1, self.n_bins)
         return torch.where(v <= self.lo, 0, torch.where(v >= self.hi, self.n_bins + 1, inner))
 
-    def add(self, values: Tensor, index: tuple | None = None) -> None:
-        """Count ``values`` ``[*shape, n]`` (or ``[n]`` into group ``index``)."""
-        values = values.detach().to("cpu")
-        if index is not None:
-            target = self.counts[index]
-            flat = values.reshape(-1)
-            flat = flat[~flat.isnan()]
-            target += torch.bincount(self.bin_index(flat), minlength=self.n_bins + 2)
-            return
-        shape = self.counts.shape[:-1]
-        values = values.reshape(*shape, -1)
+    def add(self, values: Tensor, index: int | tuple | None = None) -> None:
+        """Count ``values`` ``[*groups, n]`` into ``counts[index]`` (all groups when None).
+
+        ``values`` has the group axes of ``counts[index]`` followed by one axis of samples.
+        """
+        target = self.counts if index is None else self.counts[index]
+        shape = target.shape[:-1]
+        values = values.detach().to("cpu").reshape(*shape, -1)
         ok = ~values.isnan()
         bins = self.bin_index(values.nan_to_num(self.lo))
-        n_groups = int(torch.tensor(shape).prod()) if shape else 1
+        n_groups = int(torch.tensor(shape).prod()) if len(shape) else 1
         offsets = torch.arange(n_groups).reshape(*shape, 1) * (self.n_bins + 2)
         flat = (bins + offsets)[ok]
-        self.counts += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(
-            self.counts.shape
-        )
+        target += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(target.shape)
 
     def merge(self, other: Histogram) -> None:
         if other.counts.shape != self.counts.shape or (other.lo, other.hi) != (self.lo, self.hi):

@@ -100,7 +100,7 @@ def head_output_norms(
     z: Float[Tensor, "batch query head d_head"], gram: Float[Tensor, "head d_head d_head"]
 ) -> Float[Tensor, "batch head query"]:
     """``||o_i^h|| = sqrt(z_i^h G^h (z_i^h)^T)``."""
-    sq = torch.einsum("bqhd,hde,bqhe->bhq", z, gram, z)
+    sq = (apply_gram(z, gram) * z).sum(-1).transpose(1, 2)
     return sq.clamp_min(0).sqrt()
 
 
@@ -190,3 +190,107 @@ def value_norm_output(
 ) -> Float[Tensor, "batch head query key"]:
     """Baseline 3: ``alpha ||pv_j|| / ||o_i^h||`` (always the per-head output norm)."""
     return value_norm(attention, key_norms) / head_norms[:, :, :, None]
+
+
+# ---------------------------------------------------------------------------- sinks (P1, SPEC §3)
+# Head-space forms: a value-space vector a (d_head) of head h stands for the d_model vector
+# a W_O^h, so <a W_O^h, b W_O^h> = a G^h b^T.
+
+
+def gram_inner(
+    a: Float[Tensor, "batch pos head d_head"],
+    b: Float[Tensor, "batch pos head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch head pos"]:
+    """``<a W_O^h, b W_O^h> = a G^h b^T`` per (batch, head, position)."""
+    return (apply_gram(a, gram) * b).sum(-1).transpose(1, 2)
+
+
+def values_per_head(
+    values: Float[Tensor, "batch key kv_head d_head"], n_heads: int
+) -> Float[Tensor, "batch head key d_head"]:
+    """The value each query head reads (a small gather; the ``[query, key]`` products never
+    repeat values)."""
+    return einops.rearrange(expand_kv(values, n_heads), "b k h d -> b h k d")
+
+
+def sink_rate(
+    attention: Float[Tensor, "batch head query key"], sink_mask: Bool[Tensor, "batch key"]
+) -> Float[Tensor, "batch head query"]:
+    """``s_i^h = sum_{j in sinks} alpha[i,j]^h``."""
+    return (attention * sink_mask[:, None, None, :].to(attention.dtype)).sum(-1)
+
+
+def sink_term(
+    attention: Float[Tensor, "batch head query key"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    sink_mask: Bool[Tensor, "batch key"],
+) -> Float[Tensor, "batch query head d_head"]:
+    """``sum_{j in sinks} alpha[i,j] v_j`` — the sink's share of ``z_i`` (value space).
+
+    Only the (few) sink columns are read: the positions that are a sink in any row.
+    """
+    cols = sink_mask.any(0).nonzero().flatten()
+    cols = cols[cols < attention.shape[-1]]
+    if cols.numel() == 0:
+        b, h, q, _ = attention.shape
+        return attention.new_zeros(b, q, h, values.shape[-1])
+    alpha = attention[..., cols] * sink_mask[:, None, None, cols].to(attention.dtype)
+    per_head = values_per_head(values[:, cols], attention.shape[1])  # [b, h, s, d]
+    return torch.einsum("bhqs,bhsd->bqhd", alpha, per_head)
+
+
+def counterfactual_sink_rate(
+    tail_mixture: Float[Tensor, "batch query head d_head"],
+    sink_value: Float[Tensor, "batch query head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch head query"]:
+    """``s* = clamp(<m, m - pv_0> / ||m - pv_0||^2, 0, 1)``: the sink rate minimising
+    ``||s pv_0 + (1 - s) m||`` along the convex curve ``o(s) = s pv_0 + (1 - s) m`` (SPEC §3).
+
+    ``tail_mixture`` is ``m_i = sum_{j not sink} alpha[i,j] v_j / (1 - s_i)`` and ``sink_value``
+    the (attention-weighted) sink value, both in value space. NaN where ``m = pv_0``.
+    """
+    u = tail_mixture - sink_value
+    num = gram_inner(tail_mixture, u, gram)
+    den = gram_inner(u, u, gram)
+    s_star = num / den
+    return torch.where(den > 0, s_star.clamp(0.0, 1.0), torch.full_like(s_star, float("nan")))
+
+
+def weak_tail(
+    attention: Float[Tensor, "batch head query key"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    tail_mask: Bool[Tensor, "batch head query key"],
+    k: int = 4,
+) -> tuple[Float[Tensor, "batch query head d_head"], Bool[Tensor, "batch head query"]]:
+    """Semantic drift of the weakly attended tokens: ``d_i = sum_{weak} alpha[i,j] v_j``.
+
+    The tail (``tail_mask``: real, non-sink keys ``j <= i``) is split into its ``k`` most
+    attended tokens and the rest (the weak tokens). Returns ``d_i`` in value space and whether
+    query ``i`` has any weak token (a tail longer than ``k``).
+    """
+    alpha = attention.masked_fill(~tail_mask, 0.0)
+    n_tail = tail_mask.sum(-1)
+    k_eff = min(k, attention.shape[-1])
+    top_alpha, top_idx = alpha.topk(k_eff, dim=-1)  # [b, h, q, k]
+    per_head = values_per_head(values, attention.shape[1])  # [b, h, key, d]
+    top_values = torch.gather(
+        per_head[:, :, None].expand(-1, -1, top_idx.shape[2], -1, -1),
+        3,
+        top_idx[..., None].expand(-1, -1, -1, -1, per_head.shape[-1]),
+    )  # [b, h, q, k, d]
+    strong = torch.einsum("bhqk,bhqkd->bqhd", top_alpha, top_values)
+    tail = grouped_scores_values(alpha, values)
+    return tail - strong, n_tail > k_eff
+
+
+def grouped_scores_values(
+    weights: Float[Tensor, "batch head query key"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+) -> Float[Tensor, "batch query head d_head"]:
+    """``sum_j weights[b,h,i,j] v_j^{g(h)}`` (an attention-weighted value sum, GQA-grouped)."""
+    n_kv = values.shape[2]
+    stacked = einops.rearrange(weights, "b (kv g) q k -> b kv (g q) k", kv=n_kv)
+    out = torch.matmul(stacked, einops.rearrange(values, "b k kv d -> b kv k d"))
+    return einops.rearrange(out, "b kv (g q) d -> b q (kv g) d", q=weights.shape[2])

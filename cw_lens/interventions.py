@@ -104,7 +104,9 @@ def patch_sink(
         heads: Query heads (``None`` = all; a list, or ``{layer: [heads]}``).
         scale: ``lambda`` in [0, 1]: 0 removes the sink's value, 1 is the identity.
         mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
-            the mean norm of the head's non-sink projected values (``scale`` is ignored).
+            the mean norm of the head's non-sink projected values (``scale`` is ignored; with
+            several sinks, relative to their mean norm; every non-sink position of the row
+            counts, so pass unpadded texts for an exact tail mean).
         sink_positions: Positions treated as sinks (each is patched; its own query row is not).
 
     Returns:
@@ -130,11 +132,38 @@ def patch_sink(
     return HookSet(model, hooks, desc)
 
 
+def sink_scale(
+    mode: str,
+    scale: float,
+    norms: Tensor,
+    sink_mask: Tensor,
+    real_mask: Tensor | None = None,
+) -> Tensor:
+    """``1 - lambda`` per (batch, head): the share of the sink term that the patch removes.
+
+    Args:
+        mode: ``"scale"`` (``lambda = scale``) or ``"norm_matched"`` (``lambda`` = mean norm of
+            the head's non-sink projected values / mean norm of its sink projected values).
+        norms: ``||pv_j^h||`` ``[batch, head, pos]``.
+        sink_mask: ``[batch, pos]`` True at sinks; ``real_mask``: True at real tokens.
+    """
+    n_batch, n_heads, _ = norms.shape
+    if mode == "scale":
+        return torch.full((n_batch, n_heads), 1.0 - scale, device=norms.device)
+    real = torch.ones_like(sink_mask) if real_mask is None else real_mask
+    tail = (real & ~sink_mask).to(norms.dtype)[:, None, :]
+    sinks = sink_mask.to(norms.dtype)[:, None, :]
+    tail_mean = (norms * tail).sum(-1) / tail.sum(-1).clamp_min(1)
+    sink_mean = (norms * sinks).sum(-1) / sinks.sum(-1).clamp_min(1)
+    return 1.0 - tail_mean / sink_mean.clamp_min(1e-30)
+
+
 def _sink_hooks(
     model: Any, layer: int, heads: list[int], scale: float, mode: str, sinks: list[int]
 ) -> list[Hook]:
+    from cw_lens.geometry import sink_term
+
     store: dict[str, Tensor] = {}
-    n_heads = model.cfg.n_heads
     weights: dict[str, LayerWeights] = {}
 
     def keep(name: str) -> Callable:
@@ -145,32 +174,25 @@ def _sink_hooks(
 
     def patch_z(z: Tensor, hook: Any) -> Tensor:
         pattern, values = store.pop("pattern"), store.pop("values")
-        n_pos = z.shape[1]
-        group = n_heads // values.shape[2]
-        head_idx = torch.tensor(heads, device=z.device)
-        kv_idx = head_idx // group
-        out = z.clone()
-        present = [s for s in sinks if s < n_pos]
-        for s in present:
-            if mode == "scale":
-                factor = torch.full((z.shape[0], len(heads)), 1.0 - scale, device=z.device)
-            else:
-                if "w" not in weights:
-                    weights["w"] = LayerWeights.of(model, layer)
-                gram = weights["w"].gram.to(z.device)
-                norms = projected_value_norms(values.float(), gram)[:, heads]  # [b, h, pos]
-                tail = torch.ones(n_pos, dtype=torch.bool, device=z.device)
-                tail[present] = False
-                target = norms[:, :, tail].mean(-1) if bool(tail.any()) else norms[:, :, s]
-                lam = target / norms[:, :, s].clamp_min(1e-30)
-                factor = 1.0 - lam
-            alpha = pattern[:, head_idx, :, s]  # [batch, head, query]
-            alpha = alpha.clone()
-            alpha[:, :, present] = 0.0  # sink queries keep their own value
-            v0 = values[:, s, kv_idx, :]  # [batch, head, d_head]
-            delta = (factor[:, :, None] * alpha).to(z.dtype)  # [batch, head, query]
-            out[:, :, head_idx, :] -= torch.einsum("bhq,bhd->bqhd", delta, v0.to(z.dtype))
-        return out
+        n_batch, n_pos = z.shape[0], z.shape[1]
+        sink_mask = torch.zeros(n_batch, n_pos, dtype=torch.bool, device=z.device)
+        sink_mask[:, [s for s in sinks if s < n_pos]] = True
+        if not bool(sink_mask.any()):
+            return z
+        norms = None
+        if mode == "norm_matched":
+            if "w" not in weights:
+                weights["w"] = LayerWeights.of(model, layer)
+            norms = projected_value_norms(values.float(), weights["w"].gram.to(z.device))
+        else:
+            norms = torch.zeros(n_batch, z.shape[2], 1, device=z.device)
+        factor = sink_scale(mode, scale, norms, sink_mask)  # [batch, head]
+        keep_heads = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
+        keep_heads[heads] = True
+        factor = torch.where(keep_heads[None], factor, torch.zeros_like(factor))
+        term = sink_term(pattern.float(), values.float(), sink_mask)  # [batch, query, head, d]
+        term = term.masked_fill(sink_mask[:, :, None, None], 0.0)  # sink queries keep theirs
+        return z - (factor[:, None, :, None] * term).to(z.dtype)
 
     return [
         (hook_name("pattern", layer), keep("pattern")),

@@ -1,0 +1,1031 @@
+r"""Attention sinks (P1): geometry, convex sink-rate curves, semantic drift, sink-norm ablation.
+
+P1 (Cunningham & Muca Cirone, ICML 2026) argues that the first token — the attention sink — is
+not a passive store of spare attention but an active part of the head's computation. With the
+sink position(s) ``S`` (position 0, the BOS token, by default), per head ``h`` and query ``i``
+(SPEC §3)::
+
+    sink rate        s_i = sum_{j in S} alpha[i,j]          sink head: mean_{i >= 16} s_i > 0.3
+    decomposition    o_i = s_i p_i + (1 - s_i) m_i          p_i: the sink's projected value
+                     m_i = sum_{j not in S} alpha[i,j] pv_j / (1 - s_i)   (the tail mixture)
+    convex curve     ||o(s)|| = ||s p + (1 - s) m||  is convex in s; its minimiser
+                     s* = clamp(<m, m - p> / ||m - p||^2, 0, 1)   (P1: interior, s* < 1)
+    semantic drift   d_i = sum_{weak j} alpha[i,j] pv_j   (tail minus its k = 4 top tokens)
+                     cos(alpha_i0 pv_0, d_i) < 0 and the cancelled share
+                     -<alpha_i0 pv_0, d_i> / ||d_i||^2   (P1: the sink opposes the drift)
+    value geometry   ||pv_j|| / ||pv_0||  (P1/P2: 3-10x),  cos(pv_0, pv_j), cos(pv_0, m_i) < 0
+
+All of it is computed in head space with the Gram matrices (``pv_j = v_j W_O`` is never built)
+and streamed one layer at a time over a corpus, into mergeable accumulators.
+
+Sink-norm ablation (the intervention, :func:`cw_lens.patch_sink`): ``pv_0 -> lambda pv_0`` for
+queries after the sink, attention untouched; :func:`sink_ablation` measures the change in
+perplexity, each head's output norm, and its alignment with the head's semantic cone (axis
+``u^h`` = normalised mean of the head's non-sink projected values): ``cos(o_i^h, u^h)``.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    stats = cw_lens.sink_statistics(model, corpus)
+    stats.heads().query("sink_head")            # per-head sink geometry
+    stats.claims()                              # P1's sink claims, measured
+    with cw_lens.patch_sink(model, layers=[10]):
+        patched_logits = model("The first token is a sink.")
+    ablation = cw_lens.sink_ablation(model, corpus, layers=[10])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from cw_lens import geometry as geo
+from cw_lens.accumulate import DocSamples, DocSums, Histogram, stream_corpus
+from cw_lens.capture import resolve_heads, resolve_layers
+from cw_lens.contributions import LayerContributions
+from cw_lens.data import as_corpus
+from cw_lens.errors import InputError
+from cw_lens.inputs import TokenBatch
+from cw_lens.interventions import patch_sink, sink_scale
+from cw_lens.scoring import corpus_nll
+
+SINK_RATE_THRESHOLD = 0.3
+MIN_QUERY = 16
+RATE_BINS = 20
+FACTOR_COLUMNS = (
+    "layer",
+    "head",
+    "query",
+    "key",
+    "attention",
+    "relative_norm",
+    "cosine",
+    "contribution",
+)
+
+SinkPositions = Sequence[int] | Literal["detect"]
+
+
+# --------------------------------------------------------------------------- sink positions
+
+
+class SinkSpec:
+    """Sink positions per document: the same tuple for all, or one tuple per document."""
+
+    def __init__(self, positions: Sequence[int] | dict[int, Sequence[int]]) -> None:
+        if isinstance(positions, dict):
+            self.per_doc = {
+                int(d): tuple(sorted(int(p) for p in ps)) for d, ps in positions.items()
+            }
+            self.default: tuple[int, ...] | None = None
+        else:
+            ps = tuple(sorted({int(p) for p in positions}))
+            if not ps or min(ps) < 0:
+                raise InputError(f"sink_positions must be non-negative positions, got {positions}.")
+            self.per_doc, self.default = {}, ps
+
+    def positions(self, doc: int) -> tuple[int, ...]:
+        return self.per_doc.get(doc, self.default or ())
+
+    def mask(self, batch: TokenBatch, device: torch.device) -> Bool[Tensor, "batch pos"]:
+        n_pos = batch.tokens.shape[1]
+        mask = torch.zeros(len(batch.documents), n_pos, dtype=torch.bool)
+        for row, doc in enumerate(batch.documents):
+            ps = [p for p in self.positions(doc) if p < int(batch.lengths[row])]
+            mask[row, ps] = True
+        return mask.to(device)
+
+    def describe(self) -> str:
+        if self.default is not None:
+            return ",".join(map(str, self.default))
+        return "detected per document"
+
+
+def _resolve_sinks(model: Any, corpus: Any, sink_positions: Any, **kw: Any) -> SinkSpec:
+    if isinstance(sink_positions, SinkSpec):
+        return sink_positions
+    if isinstance(sink_positions, str):
+        if sink_positions != "detect":
+            raise InputError(
+                f"sink_positions must be positions or 'detect', got {sink_positions!r}"
+            )
+        return SinkSpec(dict(enumerate(detect_sinks(model, corpus, **kw))))
+    return SinkSpec(sink_positions)
+
+
+class _MaxAttention:
+    """Per document: max over (layer, head) of each key's mean attention from later queries."""
+
+    def __init__(self) -> None:
+        self.docs: dict[int, Tensor] = {}
+
+    def update(self, lc: LayerContributions) -> None:
+        if lc.queries.start != 0:
+            return
+        acts = lc.acts
+        n_pos = acts.pattern.shape[-1]
+        later = torch.ones(n_pos, n_pos, dtype=torch.bool, device=acts.mask.device).tril(-1)
+        real = acts.mask[:, :, None] & acts.mask[:, None, :]
+        weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
+        mean = (acts.pattern * weight[:, None]).sum(2) / weight.sum(1)[:, None].clamp_min(1)
+        best = mean.amax(1).cpu()  # [batch, key]
+        for row, doc in enumerate(lc.batch.documents):
+            n = int(lc.batch.lengths[row])
+            prev = self.docs.get(doc)
+            cur = best[row, :n]
+            self.docs[doc] = cur if prev is None else torch.maximum(prev, cur)
+
+    def merge(self, other: _MaxAttention) -> None:
+        self.docs.update(other.docs)
+
+
+def detect_sinks(
+    model: Any,
+    corpus: Any,
+    *,
+    threshold: float = SINK_RATE_THRESHOLD,
+    layers: Any = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+) -> list[tuple[int, ...]]:
+    """Sink positions per document: keys whose mean attention from later queries exceeds
+    ``threshold`` in at least one head (of the given layers). The last position of a document
+    is never a sink (no later query)."""
+    acc, _ = stream_corpus(
+        model,
+        corpus,
+        _MaxAttention(),
+        layers=layers,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+    )
+    docs = as_corpus(corpus)
+    out = []
+    for doc in range(len(docs)):
+        best = acc.docs[doc]
+        out.append(tuple(int(p) for p in (best[:-1] > threshold).nonzero().flatten()))
+    return out
+
+
+# --------------------------------------------------------------------------- accumulation
+
+
+class _SinkAccumulator:
+    """Folds streamed layers into per-document sums, histograms and factor samples."""
+
+    def __init__(
+        self,
+        layers: list[int],
+        n_heads: int,
+        sinks: SinkSpec,
+        *,
+        min_query: int,
+        drift_k: int,
+        samples_per_doc: int,
+        seed: int,
+    ) -> None:
+        self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
+        self.pos = {layer: i for i, layer in enumerate(layers)}
+        self.min_query, self.drift_k = min_query, drift_k
+        self.samples_per_doc, self.seed = samples_per_doc, seed
+        n = len(layers)
+        self.sums = DocSums()
+        self.samples = DocSamples(FACTOR_COLUMNS)
+        self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
+        self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
+        self.drift_share = Histogram((n, n_heads), -2.0, 2.0, 200)
+
+    def merge(self, other: _SinkAccumulator) -> None:
+        self.sums.merge(other.sums)
+        self.samples.merge(other.samples)
+        for name in ("s_star", "drift_cos", "drift_share"):
+            getattr(self, name).merge(getattr(other, name))
+
+    def _add(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
+        self.sums.add_rows(docs, f"{name}@{layer}", per_row)
+
+    def update(self, lc: LayerContributions) -> None:
+        acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
+        device = acts.pattern.device
+        sink_full = self.sinks.mask(lc.batch, device)  # [batch, pos]
+        q, n_keys = lc.queries, lc.keys.stop
+        qpos = lc.query_positions
+        first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), n_keys + 10**6)
+        valid_q = lc.query_mask & ~sink_full[:, q] & (qpos[None, :] > first_sink[:, None])
+        sink_mask = sink_full[:, :n_keys]
+        att = lc.attention
+        gram = acts.weights.gram
+        values = acts.values[:, :n_keys]
+        s = geo.sink_rate(att, sink_mask)  # [b, h, q]
+        st = geo.sink_term(att, values, sink_mask)  # [b, q, h, d]
+        z = acts.z[:, q]
+        tail = z - st
+        o_norm = lc.head_output_norm
+        vq = valid_q[:, None, :].expand_as(s)
+
+        if q.start == 0:
+            self._value_geometry(lc, sink_full, docs, layer)
+
+        # sink rate (sink-head criterion) and the empirical curve, queries i >= min_query
+        late = vq & (qpos[None, None, :] >= self.min_query)
+        self._add(docs, "rate_sum", layer, (s * late).sum(-1))
+        self._add(docs, "rate_count", layer, late.sum(-1))
+        self._add(docs, "rate_all_sum", layer, (s * vq).sum(-1))
+        self._add(docs, "rate_all_count", layer, vq.sum(-1))
+        self._add(docs, "norm_sum", layer, (o_norm * vq).sum(-1))
+        bins = (s * RATE_BINS).floor().clamp(0, RATE_BINS - 1).long()
+        onehot = torch.nn.functional.one_hot(bins, RATE_BINS).to(s.dtype) * late[..., None]
+        self._add(docs, "curve_norm", layer, (onehot * o_norm[..., None]).sum(2))
+        self._add(docs, "curve_count", layer, onehot.sum(2))
+
+        # tail mixture and sink direction
+        has_sink = vq & (s > 1e-6)
+        has_tail = has_sink & (s <= 0.999)
+        nt2 = geo.gram_inner(tail, tail, gram)
+        ns2 = geo.gram_inner(st, st, gram)
+        cross = geo.gram_inner(st, tail, gram)
+        ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
+        cos_mix = cross / (nt2 * ns2).clamp_min(1e-30).sqrt()
+        self._add(docs, "cos_mixture_sum", layer, torch.where(ok_mix, cos_mix, 0.0).sum(-1))
+        self._add(docs, "cos_mixture_count", layer, ok_mix.sum(-1))
+
+        # counterfactual minimiser s* of the convex curve
+        s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
+        m = tail / (1 - s_t).clamp_min(1e-12)
+        p = st / s_t.clamp_min(1e-12)
+        s_star = geo.counterfactual_sink_rate(m, p, gram).masked_fill(~has_tail, math.nan)
+        self.s_star.add(s_star.permute(1, 0, 2).reshape(self.n_heads, -1), index=self.pos[layer])
+
+        # semantic drift of the weak tokens
+        keys = torch.arange(n_keys, device=device)
+        causal = keys[None, :] <= qpos[:, None]
+        tail_keys = acts.mask[:, None, :n_keys] & ~sink_mask[:, None, :] & causal[None]
+        tail_mask = (tail_keys & valid_q[:, :, None])[:, None].expand_as(att)
+        drift, has_weak = geo.weak_tail(att, values, tail_mask, self.drift_k)
+        nd2 = geo.gram_inner(drift, drift, gram)
+        sd = geo.gram_inner(st, drift, gram)
+        ok_drift = has_sink & has_weak & (nd2 > 0) & (ns2 > 0)
+        cos_drift = (sd / (nd2 * ns2).clamp_min(1e-30).sqrt()).masked_fill(~ok_drift, math.nan)
+        share = (-sd / nd2.clamp_min(1e-30)).masked_fill(~ok_drift, math.nan)
+        li = self.pos[layer]
+        self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self._add(docs, "drift_neg", layer, ((cos_drift < 0) & ok_drift).sum(-1))
+        self._add(docs, "drift_count", layer, ok_drift.sum(-1))
+
+        self._factors(lc, sink_mask, tail_keys, valid_q, docs, layer)
+
+    def _value_geometry(
+        self, lc: LayerContributions, sink_full: Tensor, docs: list[int], layer: int
+    ) -> None:
+        acts = lc.acts
+        gram = acts.weights.gram
+        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
+        tail = acts.mask & ~sink_full
+        cols = sink_full.any(0).nonzero().flatten()
+        sink_v = per_head[:, :, cols]  # [b, h, s, d]
+        dots = torch.einsum("bhsd,hde,bhte->bhst", sink_v, gram, per_head)
+        sink_norm = norms[:, :, cols]  # [b, h, s]
+        use = sink_full[:, cols][:, None, :, None] & tail[:, None, None, :]  # [b, 1, s, t]
+        use = use & (sink_norm[..., None] > 0)
+        ratio = norms[:, :, None, :] / sink_norm[..., None].clamp_min(1e-30)
+        cos = dots / (sink_norm[..., None] * norms[:, :, None, :]).clamp_min(1e-30)
+        use = use.expand_as(ratio)
+        self._add(docs, "ratio_sum", layer, torch.where(use, ratio, 0.0).sum((2, 3)))
+        self._add(
+            docs,
+            "log_ratio_sum",
+            layer,
+            torch.where(use, ratio.clamp_min(1e-30).log(), 0.0).sum((2, 3)),
+        )
+        self._add(docs, "cos_token_sum", layer, torch.where(use, cos, 0.0).sum((2, 3)))
+        self._add(docs, "geometry_count", layer, use.sum((2, 3)))
+
+    def _factors(
+        self,
+        lc: LayerContributions,
+        sink_mask: Tensor,
+        tail_keys: Tensor,
+        valid_q: Tensor,
+        docs: list[int],
+        layer: int,
+    ) -> None:
+        """The three factors of the intra weight, for sink entries and tail entries."""
+        fields = {
+            "attention": lc.attention,
+            "relative_norm": lc.relative_norm("intra"),
+            "cosine": lc.cosine("intra"),
+            "contribution": lc.weights("intra"),
+        }
+        sink_entries = (sink_mask[:, None, :] & valid_q[:, :, None])[:, None].expand_as(
+            lc.attention
+        )
+        tail_entries = (tail_keys & valid_q[:, :, None])[:, None].expand_as(lc.attention)
+        for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
+            entries = entries & ~fields["contribution"].isnan()
+            for name, t in fields.items():
+                self._add(
+                    docs, f"{group}_{name}_sum", layer, torch.where(entries, t, 0.0).sum((2, 3))
+                )
+            self._add(docs, f"{group}_count", layer, entries.sum((2, 3)))
+            self._sample(lc, entries, fields, docs, layer, group)
+
+    def _sample(
+        self,
+        lc: LayerContributions,
+        entries: Tensor,
+        fields: dict[str, Tensor],
+        docs: list[int],
+        layer: int,
+        group: str,
+    ) -> None:
+        if self.samples_per_doc <= 0:
+            return
+        per_block = max(1, self.samples_per_doc // max(1, len(self.layers)))
+        for row, doc in enumerate(docs):
+            idx = entries[row].nonzero()  # [n, 3] = head, query-in-block, key
+            if idx.numel() == 0:
+                continue
+            key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
+            gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
+            pick = torch.randperm(idx.shape[0], generator=gen)[:per_block].to(idx.device)
+            idx = idx[pick]
+            h, qi, k = idx.unbind(1)
+            cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
+            cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
+            self.samples.add(doc, group, torch.stack([c.float() for c in cols], 1))
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 3:
+        return float("nan")
+    ra = pd.Series(a).rank().to_numpy()
+    rb = pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+@dataclass
+class SinkStatistics:
+    """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
+
+    Use :meth:`heads` for the per-head table, :meth:`curve` for the empirical sink-rate curves,
+    :meth:`decomposition` for the factor analysis, :meth:`claims` for P1's claims as measured,
+    and the ``plot_*`` methods for figures.
+    """
+
+    layers: list[int]
+    n_heads: int
+    sinks: str
+    n_documents: int
+    n_tokens: int
+    acc: Any = field(repr=False)
+    min_query: int = MIN_QUERY
+    threshold: float = SINK_RATE_THRESHOLD
+
+    def _total(self, name: str) -> Tensor:
+        rows = []
+        for layer in self.layers:
+            key = f"{name}@{layer}"
+            rows.append(
+                self.acc.sums.total(key)
+                if key in self.acc.sums
+                else torch.zeros(self.n_heads, dtype=torch.float64)
+            )
+        return torch.stack(rows)  # [layer, head, ...]
+
+    def _mean(self, name: str, count: str) -> Tensor:
+        return self._total(name) / self._total(count).clamp_min(1)
+
+    @property
+    def sink_rate(self) -> Float[Tensor, "layer head"]:
+        """Mean sink rate over queries ``i >= min_query``."""
+        return self._mean("rate_sum", "rate_count")
+
+    @property
+    def sink_heads(self) -> Bool[Tensor, "layer head"]:
+        return self.sink_rate > self.threshold
+
+    def heads(self) -> pd.DataFrame:
+        """One row per (layer, head): rates, value geometry, factors, s*, drift."""
+        rate = self.sink_rate
+        data = {
+            "layer": np.repeat(self.layers, self.n_heads),
+            "head": np.tile(np.arange(self.n_heads), len(self.layers)),
+            "sink_rate": rate.flatten(),
+            "sink_head": self.sink_heads.flatten(),
+            "sink_rate_all_queries": self._mean("rate_all_sum", "rate_all_count").flatten(),
+            "output_norm": self._mean("norm_sum", "rate_all_count").flatten(),
+            "norm_ratio": self._mean("ratio_sum", "geometry_count").flatten(),
+            "norm_ratio_geomean": self._mean("log_ratio_sum", "geometry_count").exp().flatten(),
+            "cos_sink_token": self._mean("cos_token_sum", "geometry_count").flatten(),
+            "cos_sink_mixture": self._mean("cos_mixture_sum", "cos_mixture_count").flatten(),
+        }
+        for group in ("sink", "tail"):
+            for name in FACTOR_COLUMNS[4:]:
+                data[f"{group}_{name}"] = self._mean(
+                    f"{group}_{name}_sum", f"{group}_count"
+                ).flatten()
+        data["s_star_median"] = self.acc.s_star.quantile(0.5).flatten()
+        data["s_star_at_0"] = self.acc.s_star.share_at_or_below_lo().flatten()
+        data["s_star_at_1"] = self.acc.s_star.share_at_or_above_hi().flatten()
+        data["s_star_count"] = self.acc.s_star.total.flatten()
+        data["drift_cos_median"] = self.acc.drift_cos.quantile(0.5).flatten()
+        data["drift_negative_share"] = self._mean("drift_neg", "drift_count").flatten()
+        data["drift_cancelled_median"] = self.acc.drift_share.quantile(0.5).flatten()
+        data["drift_count"] = self._total("drift_count").flatten()
+        df = pd.DataFrame({k: np.asarray(v) for k, v in data.items()})
+        df["s_star_interior"] = (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
+        return df
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.heads()
+
+    def top(self, k: int = 10, by: str = "sink_rate") -> pd.DataFrame:
+        """The ``k`` heads with the largest ``by``."""
+        return self.heads().nlargest(k, by).reset_index(drop=True)
+
+    def curve(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
+        """Empirical curve: mean ``||o_i^h||`` per sink-rate bin (queries ``i >= min_query``)."""
+        norm, count = self._total("curve_norm"), self._total("curve_count")
+        rows = []
+        heads = self.sink_heads
+        for li, layer in enumerate(self.layers):
+            for h in range(self.n_heads):
+                if sink_heads_only and not heads[li, h]:
+                    continue
+                for b in range(RATE_BINS):
+                    n = int(count[li, h, b])
+                    if n:
+                        rows.append((layer, h, (b + 0.5) / RATE_BINS, float(norm[li, h, b]) / n, n))
+        return pd.DataFrame(rows, columns=["layer", "head", "sink_rate", "output_norm", "count"])
+
+    def s_star_distribution(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
+        """Histogram of the counterfactual minimiser ``s*`` pooled over (sink) heads."""
+        hist = self.acc.s_star
+        sel = self.sink_heads if sink_heads_only else torch.ones_like(self.sink_heads)
+        counts = hist.counts[sel].sum(0).double()
+        edges = hist.edges.numpy()
+        centres = np.concatenate([[0.0], (edges[:-1] + edges[1:]) / 2, [1.0]])
+        return pd.DataFrame(
+            {
+                "s_star": centres,
+                "count": counts.numpy(),
+                "edge": ["=0"] + ["interior"] * hist.n_bins + ["=1"],
+            }
+        )
+
+    def decomposition(self) -> pd.DataFrame:
+        """Per group (sink / tail entries of sink heads): each factor's mean and its Spearman
+        rank correlation with the contribution weight."""
+        heads = set(map(tuple, self.sink_heads.nonzero().tolist()))
+        rows = []
+        for group in ("sink", "tail"):
+            table = self.acc.samples.table(group).numpy()
+            if len(table):
+                li = np.array([self.layers.index(int(x)) for x in table[:, 0]])
+                keep = np.array(
+                    [(a, int(h)) in heads for a, h in zip(li, table[:, 1], strict=True)]
+                )
+                table = table[keep] if keep.size else table
+            contribution = table[:, 7] if len(table) else np.zeros(0)
+            for ci, name in enumerate(FACTOR_COLUMNS[4:7], start=4):
+                vals = table[:, ci] if len(table) else np.zeros(0)
+                rows.append(
+                    {
+                        "group": group,
+                        "factor": name,
+                        "mean": float(np.nanmean(vals)) if len(vals) else float("nan"),
+                        "median": float(np.nanmedian(vals)) if len(vals) else float("nan"),
+                        "spearman_with_contribution": _spearman(vals, contribution),
+                        "n_samples": len(vals),
+                    }
+                )
+            rows.append(
+                {
+                    "group": group,
+                    "factor": "contribution",
+                    "mean": float(np.nanmean(contribution)) if len(contribution) else float("nan"),
+                    "median": float(np.nanmedian(contribution))
+                    if len(contribution)
+                    else float("nan"),
+                    "spearman_with_contribution": 1.0,
+                    "n_samples": len(contribution),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def claims(self) -> dict[str, dict[str, Any]]:
+        """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold."""
+        df = self.heads()
+        sink = df[df["sink_head"]]
+        dec = self.decomposition().set_index(["group", "factor"])
+        n_sink = len(sink)
+
+        def med(col: str) -> float:
+            return float(sink[col].median()) if n_sink else float("nan")
+
+        att, contrib = float(sink["sink_attention"].mean()), float(sink["sink_contribution"].mean())
+        rho = {
+            f: float(dec.loc[("sink", f), "spearman_with_contribution"])
+            for f in ("attention", "relative_norm", "cosine")
+        }
+        rho_tail = {
+            f: float(dec.loc[("tail", f), "spearman_with_contribution"])
+            for f in ("attention", "relative_norm", "cosine")
+        }
+        ratio = med("norm_ratio")
+        interior = float(sink["s_star_interior"].mean()) if n_sink else float("nan")
+        neg_heads = float((sink["drift_cos_median"] < 0).mean()) if n_sink else float("nan")
+        cancelled = med("drift_cancelled_median")
+        return {
+            "sink_attention_vs_contribution": {
+                "paper": "the first token takes much attention but little contribution (P1 Fig. 1)",
+                "measured": {
+                    "n_sink_heads": n_sink,
+                    "mean_sink_attention": att,
+                    "mean_sink_contribution_intra": contrib,
+                    "contribution_over_attention": contrib / att if att else math.nan,
+                },
+                "holds": bool(n_sink and contrib < 0.5 * att),
+                "criterion": "mean intra contribution of the sink < half its mean attention "
+                "(sink heads)",
+            },
+            "sink_value_norm_ratio": {
+                "paper": "sink value norm 3-10x smaller than non-sink (P2)",
+                "measured": {
+                    "median_ratio_sink_heads": ratio,
+                    "median_ratio_all_heads": float(df["norm_ratio"].median()),
+                    "median_geomean_ratio_sink_heads": med("norm_ratio_geomean"),
+                },
+                "holds": bool(ratio >= 3.0),
+                "criterion": "median over sink heads of mean ||pv_j|| / ||pv_0|| >= 3",
+            },
+            "sink_anti_alignment": {
+                "paper": "sink projected value anti-aligned with the rest (P1, P2)",
+                "measured": {
+                    "median_cos_sink_tail_mixture": med("cos_sink_mixture"),
+                    "median_cos_sink_token": med("cos_sink_token"),
+                    "share_sink_heads_negative_mixture": float(
+                        (sink["cos_sink_mixture"] < 0).mean()
+                    )
+                    if n_sink
+                    else math.nan,
+                },
+                "holds": bool(med("cos_sink_mixture") < 0),
+                "criterion": "median over sink heads of cos(pv_0, m_i) < 0",
+            },
+            "sink_contribution_drivers": {
+                "paper": "sink contribution driven by norm and cosine, not attention (P1)",
+                "measured": {
+                    "spearman_sink": rho,
+                    "spearman_tail": rho_tail,
+                    "mean_sink_factors": {f: float(dec.loc[("sink", f), "mean"]) for f in rho},
+                    "mean_tail_factors": {f: float(dec.loc[("tail", f), "mean"]) for f in rho},
+                },
+                "holds": bool(
+                    abs(rho["attention"]) < min(abs(rho["relative_norm"]), abs(rho["cosine"]))
+                ),
+                "criterion": "|rho(attention, c)| < |rho(relative norm, c)| and < "
+                "|rho(cosine, c)| over sink entries of sink heads",
+            },
+            "convex_sink_curve": {
+                "paper": "output norm convex in sink rate, minimum at s* < 1 (P1)",
+                "measured": {
+                    "share_sink_heads_interior_median_s_star": interior,
+                    "median_of_median_s_star": med("s_star_median"),
+                    "pooled_share_s_star_at_1": float(
+                        self.s_star_distribution()["count"].iloc[-1]
+                        / max(1.0, self.s_star_distribution()["count"].sum())
+                    ),
+                },
+                "holds": bool(interior > 0.5),
+                "criterion": "more than half the sink heads have a median s* in (0, 1)",
+            },
+            "sink_cancels_drift": {
+                "paper": "the sink opposes the drift of weakly attended tokens (P1)",
+                "measured": {
+                    "share_sink_heads_negative_cosine": neg_heads,
+                    "median_cancelled_share": cancelled,
+                },
+                "holds": bool(neg_heads > 0.5 and cancelled > 0),
+                "criterion": "median cos(alpha_0 pv_0, d_i) < 0 in most sink heads and a "
+                "positive median cancelled share",
+            },
+        }
+
+    # plots
+    def plot_value_geometry(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_value_geometry
+
+        return plot_sink_value_geometry(self.heads(), **kw)
+
+    def plot_drivers(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_contribution_drivers
+
+        return plot_sink_contribution_drivers(self.heads(), self.decomposition(), **kw)
+
+    def plot_curve(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_convex_sink_curve
+
+        return plot_convex_sink_curve(self.curve(), self.s_star_distribution(), self.heads(), **kw)
+
+    def plot_drift(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_cancels_drift
+
+        return plot_sink_cancels_drift(self.heads(), **kw)
+
+    def plot(self, **kw: Any) -> Any:
+        """The attention-versus-contribution overview per layer (sink heads highlighted)."""
+        from cw_lens.plots.sinks import plot_sink_attention_vs_contribution
+
+        return plot_sink_attention_vs_contribution(self.heads(), **kw)
+
+
+def sink_statistics(
+    model: Any,
+    corpus: Any,
+    *,
+    sink_positions: SinkPositions = (0,),
+    layers: Any = None,
+    batch_size: int | None = 8,
+    min_query: int = MIN_QUERY,
+    drift_k: int = 4,
+    samples_per_doc: int = 3000,
+    seed: int = 0,
+    prepend_bos: bool = True,
+    progress: bool | str = False,
+) -> SinkStatistics:
+    """Sink geometry over a corpus in one streamed pass (SPEC §3).
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: ``load_corpus(...)`` output or a list of strings.
+        sink_positions: Sink positions (default BOS, position 0) or ``"detect"`` (per document,
+            keys whose mean attention exceeds 0.3 in some head).
+        layers: Layers (``None`` = all).
+        batch_size: Documents per forward pass.
+        min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
+        drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
+        samples_per_doc: Factor samples per document and group for rank correlations.
+        seed: Seed of the factor sampling (per document, so sharded runs sample the same).
+        prepend_bos: Prepend BOS to text.
+        progress: Show a progress bar.
+    """
+    layer_list = resolve_layers(model, layers)
+    sinks = _resolve_sinks(
+        model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
+    )
+    acc = _SinkAccumulator(
+        layer_list,
+        model.cfg.n_heads,
+        sinks,
+        min_query=min_query,
+        drift_k=drift_k,
+        samples_per_doc=samples_per_doc,
+        seed=seed,
+    )
+    acc, stats = stream_corpus(
+        model,
+        corpus,
+        acc,
+        layers=layer_list,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        progress=progress and "sink statistics",
+    )
+    return SinkStatistics(
+        layer_list,
+        model.cfg.n_heads,
+        sinks.describe(),
+        stats.n_documents,
+        stats.n_tokens,
+        acc,
+        min_query,
+    )
+
+
+def sink_rates(
+    model: Any,
+    inputs: Any,
+    *,
+    sink_positions: Sequence[int] = (0,),
+    layers: Any = None,
+    prepend_bos: bool = True,
+) -> Float[Tensor, "batch layer head query"]:
+    """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries)."""
+    from cw_lens.contributions import stream_contributions
+    from cw_lens.inputs import prepare_inputs
+
+    layer_list = resolve_layers(model, layers)
+    batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
+    sinks = SinkSpec(sink_positions)
+    n_pos = batch.tokens.shape[1]
+    out = torch.full((batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan)
+
+    def fill(lc: LayerContributions) -> None:
+        mask = sinks.mask(lc.batch, lc.attention.device)
+        s = geo.sink_rate(lc.attention, mask[:, : lc.keys.stop])
+        ok = lc.query_mask & ~mask[:, lc.queries]
+        rows = torch.tensor(lc.batch.documents)
+        out[rows, layer_list.index(lc.layer), :, lc.queries] = s.masked_fill(
+            ~ok[:, None, :], math.nan
+        ).cpu()
+
+    stream_contributions(
+        model,
+        batch.tokens,
+        fill,
+        layers=layer_list,
+        attention_mask=batch.mask.long() if batch.padded else None,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- ablation
+
+
+class _AblationAccumulator:
+    """Per head: output norm and semantic-cone alignment before and after removing the sink."""
+
+    def __init__(
+        self,
+        plan: dict[int, list[int]],
+        n_heads: int,
+        sinks: SinkSpec,
+        scale: float,
+        mode: str,
+        measure_after: bool,
+    ) -> None:
+        self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
+        self.scale, self.mode, self.measure_after = scale, mode, measure_after
+        self.sums = DocSums()
+
+    def merge(self, other: _AblationAccumulator) -> None:
+        self.sums.merge(other.sums)
+
+    def update(self, lc: LayerContributions) -> None:
+        if lc.layer not in self.plan:
+            return
+        acts, docs = lc.acts, lc.batch.documents
+        gram = acts.weights.gram
+        device = acts.pattern.device
+        sink_full = self.sinks.mask(lc.batch, device)
+        q, n_keys = lc.queries, lc.keys.stop
+        qpos = lc.query_positions
+        first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), n_keys + 10**6)
+        valid = lc.query_mask & ~sink_full[:, q] & (qpos[None] > first_sink[:, None])
+        z = acts.z[:, q]
+        # cone axis: mean non-sink value of the head over the whole sequence (value space)
+        tail = (acts.mask & ~sink_full).to(acts.values.dtype)
+        per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
+        axis = (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
+        axis = axis[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
+        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
+        layer = lc.layer
+        self._record(docs, layer, "before", z, axis, gram, valid, mean_pv)
+        if self.measure_after:
+            st = geo.sink_term(lc.attention, acts.values[:, :n_keys], sink_full[:, :n_keys])
+            factor = sink_scale(self.mode, self.scale, norms, sink_full, acts.mask)  # [b, h]
+            heads = torch.zeros(self.n_heads, dtype=torch.bool, device=device)
+            heads[self.plan[layer]] = True
+            factor = torch.where(heads[None], factor, torch.zeros_like(factor))
+            st = st.masked_fill(sink_full[:, q][:, :, None, None], 0.0)
+            after = z - factor[:, None, :, None] * st
+            self._record(docs, layer, "after", after, axis, gram, valid, mean_pv)
+
+    def _record(
+        self,
+        docs: list[int],
+        layer: int,
+        tag: str,
+        z: Tensor,
+        axis: Tensor,
+        gram: Tensor,
+        valid: Tensor,
+        mean_pv: Tensor,
+    ) -> None:
+        zz = geo.gram_inner(z, z, gram)
+        aa = geo.gram_inner(axis, axis, gram)
+        za = geo.gram_inner(z, axis, gram)
+        ok = valid[:, None, :] & (zz > 0) & (aa > 0)
+        cos = za / (zz * aa).clamp_min(1e-30).sqrt()
+        norm = zz.clamp_min(0).sqrt()
+        add = self.sums.add_rows
+        add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
+        add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
+        add(docs, f"count_{tag}@{layer}", ok.sum(-1))
+        if tag == "before":
+            add(
+                docs,
+                f"rel_norm@{layer}",
+                torch.where(ok, norm / mean_pv[..., None].clamp_min(1e-30), 0.0).sum(-1),
+            )
+
+
+@dataclass
+class SinkAblation:
+    """Result of :func:`sink_ablation`.
+
+    Attributes:
+        clean_nll, patched_nll: Mean next-token NLL without / with the sink patched.
+        per_head: One row per patched (layer, head): output norm and cone alignment before and
+            after, the head's relative output norm, and ``low_norm`` (the quarter of heads with
+            the smallest ``mean ||o_i^h|| / mean_j ||pv_j^h||``).
+        effect: ``"direct"`` (after = the same layer's output with the sink removed, same input)
+            or ``"total"`` (after = measured in the patched run, upstream patches included).
+    """
+
+    clean_nll: float
+    patched_nll: float
+    per_head: pd.DataFrame
+    scale: float
+    mode: str
+    effect: str
+    layers: list[int]
+
+    @property
+    def delta_nll(self) -> float:
+        return self.patched_nll - self.clean_nll
+
+    @property
+    def clean_ppl(self) -> float:
+        return math.exp(self.clean_nll)
+
+    @property
+    def patched_ppl(self) -> float:
+        return math.exp(self.patched_nll)
+
+    @property
+    def delta_ppl(self) -> float:
+        return self.patched_ppl - self.clean_ppl
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.per_head
+
+    def summary(self) -> pd.DataFrame:
+        """Mean cone alignment and norm before/after for low-norm heads versus the rest."""
+        df = self.per_head.copy()
+        df["group"] = np.where(df["low_norm"], "low-norm heads", "other heads")
+        cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
+        return df.groupby("group")[cols].mean()
+
+    def claims(self) -> dict[str, dict[str, Any]]:
+        s = self.summary()
+        low = s.loc["low-norm heads"] if "low-norm heads" in s.index else None
+        other = s.loc["other heads"] if "other heads" in s.index else None
+        rise_low = float(low["cone_after"] - low["cone_before"]) if low is not None else math.nan
+        rise_other = (
+            float(other["cone_after"] - other["cone_before"]) if other is not None else math.nan
+        )
+        return {
+            "sink_ablation_cone": {
+                "paper": "removing the sink norm collapses low-norm heads into the semantic "
+                "cone, PPL up (P1)",
+                "measured": {
+                    "low_norm_cone_before": float(low["cone_before"])
+                    if low is not None
+                    else math.nan,
+                    "low_norm_cone_after": float(low["cone_after"])
+                    if low is not None
+                    else math.nan,
+                    "other_cone_before": float(other["cone_before"])
+                    if other is not None
+                    else math.nan,
+                    "other_cone_after": float(other["cone_after"])
+                    if other is not None
+                    else math.nan,
+                    "clean_ppl": self.clean_ppl,
+                    "patched_ppl": self.patched_ppl,
+                    "delta_ppl": self.delta_ppl,
+                    "delta_nll": self.delta_nll,
+                    "effect": self.effect,
+                    "layers": self.layers,
+                    "scale": self.scale,
+                    "mode": self.mode,
+                },
+                "holds": bool(rise_low > rise_other and self.delta_nll > 0),
+                "criterion": "cone alignment rises more in low-norm heads than in the others, "
+                "and PPL rises",
+            }
+        }
+
+    def plot(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_ablation_cone
+
+        return plot_sink_ablation_cone(self, **kw)
+
+
+def sink_ablation(
+    model: Any,
+    corpus: Any,
+    *,
+    layers: Any = None,
+    heads: Any = None,
+    scale: float = 0.0,
+    mode: Literal["scale", "norm_matched"] = "scale",
+    sink_positions: Sequence[int] = (0,),
+    effect: Literal["direct", "total"] = "direct",
+    low_norm_quantile: float = 0.25,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    progress: bool | str = False,
+) -> SinkAblation:
+    """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).
+
+    ΔPPL comes from the real intervention (:func:`cw_lens.patch_sink` on all chosen layers and
+    heads at once). Per head, ``||o_i^h||`` and ``cos(o_i^h, u^h)`` are measured before and
+    after over queries after the sink: with ``effect="direct"`` the "after" output is the same
+    layer's output with the sink's term removed (same input — exact, from the clean pass); with
+    ``effect="total"`` it is measured in the patched run.
+
+    Args:
+        layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
+        scale: ``lambda``: the sink's projected value becomes ``lambda pv_0`` (0 removes it).
+        mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
+        sink_positions: Sink positions (default BOS).
+        effect: ``"direct"`` or ``"total"`` (see above).
+        low_norm_quantile: Share of heads called "low-norm" (SPEC: a quarter).
+    """
+    if effect not in ("direct", "total"):
+        raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
+    if not 0 < low_norm_quantile < 1:
+        raise InputError(f"low_norm_quantile must lie in (0, 1), got {low_norm_quantile}.")
+    patch = patch_sink(
+        model, layers=layers, heads=heads, scale=scale, mode=mode, sink_positions=sink_positions
+    )
+    plan = {layer: resolve_heads(model, None) for layer in resolve_layers(model, layers)}
+    if heads is not None:
+        from cw_lens.interventions import _per_layer_heads
+
+        plan = _per_layer_heads(model, layers, heads)
+    sinks = SinkSpec(sink_positions)
+    n_heads = model.cfg.n_heads
+    kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
+    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, effect == "direct")
+    before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
+    sums = before.sums
+    if effect == "total":
+        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, False)
+        after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch.hooks, **kw)
+        renamed = DocSums()
+        for doc in after.sums.documents:
+            for name, value in after.sums._docs[doc].items():
+                renamed.add(doc, name.replace("_before", "_after"), value)
+        for doc in renamed.documents:
+            for name, value in renamed._docs[doc].items():
+                if "_after" in name:
+                    sums.add(doc, name, value)
+    clean = corpus_nll(model, corpus, batch_size=batch_size, prepend_bos=prepend_bos)
+    patched = corpus_nll(
+        model, corpus, hooks=patch.hooks, batch_size=batch_size, prepend_bos=prepend_bos
+    )
+    rows = []
+    for layer, hs in sorted(plan.items()):
+        total = {
+            n: sums.total(f"{n}@{layer}")
+            for n in (
+                "norm_before",
+                "cone_before",
+                "count_before",
+                "norm_after",
+                "cone_after",
+                "count_after",
+                "rel_norm",
+            )
+        }
+        for h in hs:
+            nb = max(float(total["count_before"][h]), 1.0)
+            na = max(float(total["count_after"][h]), 1.0)
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": h,
+                    "relative_output_norm": float(total["rel_norm"][h]) / nb,
+                    "norm_before": float(total["norm_before"][h]) / nb,
+                    "norm_after": float(total["norm_after"][h]) / na,
+                    "cone_before": float(total["cone_before"][h]) / nb,
+                    "cone_after": float(total["cone_after"][h]) / na,
+                }
+            )
+    df = pd.DataFrame(rows)
+    cut = df["relative_output_norm"].quantile(low_norm_quantile)
+    df["low_norm"] = df["relative_output_norm"] <= cut
+    return SinkAblation(clean.mean_nll, patched.mean_nll, df, scale, mode, effect, sorted(plan))

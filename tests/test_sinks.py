@@ -1,0 +1,216 @@
+"""Sink analyses: the patch_sink intervention, s*, and statistics on planted sinks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cw_lens
+from cw_lens import geometry as geo
+from cw_lens.interventions import HookSet
+from cw_lens.testing import random_tokens
+
+
+def logits(model, tokens, hooks=()):
+    with torch.inference_mode():
+        return model.run_with_hooks(tokens, fwd_hooks=list(hooks))
+
+
+def independent_sink_removal(model, layer, tokens):
+    """Remove sum_h alpha[i,0]^h v_0 W_O^h from hook_attn_out for queries i > 0 (not hook_z)."""
+    store = {}
+
+    def keep(t, hook):
+        store[hook.name.split(".")[-1]] = t
+
+    def fix_out(out, hook):
+        pattern, values = store["hook_pattern"], store["hook_out"]
+        W_O = model.blocks[layer].attn.W_O.detach()
+        group = model.cfg.n_heads // values.shape[2]
+        pv0 = torch.stack(
+            [values[:, 0, h // group] @ W_O[h] for h in range(model.cfg.n_heads)], 1
+        )  # [batch, head, d_model]
+        alpha0 = pattern[:, :, :, 0].clone()  # [batch, head, query]
+        alpha0[:, :, 0] = 0.0  # the sink's own query is left alone
+        return out - torch.einsum("bhq,bhm->bqm", alpha0, pv0)
+
+    return [
+        (f"blocks.{layer}.attn.hook_pattern", keep),
+        (f"blocks.{layer}.attn.v.hook_out", keep),
+        (f"blocks.{layer}.hook_attn_out", fix_out),
+    ]
+
+
+def test_patch_sink_equals_independent_removal(tiny):
+    tokens = random_tokens(tiny, 2, 12, seed=1)
+    for layer in range(tiny.cfg.n_layers):
+        patched = logits(tiny, tokens, cw_lens.patch_sink(tiny, layers=[layer]).hooks)
+        reference = logits(tiny, tokens, independent_sink_removal(tiny, layer, tokens))
+        clean = logits(tiny, tokens)
+        assert (patched - clean).abs().max() > 1e-3
+        assert torch.allclose(patched, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_patch_one_head_leaves_its_gqa_partner_untouched(llama):
+    tokens = random_tokens(llama, 1, 10, seed=2)
+    captured = {}
+
+    def keep_z(z, hook):
+        captured.setdefault("z", []).append(z.clone())
+
+    hooks = [*cw_lens.patch_sink(llama, layers=[0], heads=[0]), ("blocks.0.attn.hook_z", keep_z)]
+    logits(llama, tokens, [("blocks.0.attn.hook_z", keep_z)])
+    logits(llama, tokens, hooks)
+    clean, patched = captured["z"]
+    # heads 0 and 1 read kv head 0; only head 0 may change
+    assert not torch.allclose(clean[:, 1:, 0], patched[:, 1:, 0])
+    assert torch.equal(clean[:, :, 1:], patched[:, :, 1:])
+    assert torch.equal(clean[:, 0], patched[:, 0])  # the sink's own query
+
+
+def test_scale_one_is_identity_and_context_restores(tiny):
+    tokens = random_tokens(tiny, 2, 9, seed=3)
+    clean = logits(tiny, tokens)
+    assert torch.equal(logits(tiny, tokens, cw_lens.patch_sink(tiny, scale=1.0).hooks), clean)
+    with cw_lens.patch_sink(tiny, scale=0.0):
+        inside = logits(tiny, tokens)
+    assert not torch.allclose(inside, clean)
+    assert torch.equal(logits(tiny, tokens), clean)
+    half = logits(tiny, tokens, cw_lens.patch_sink(tiny, scale=0.5).hooks)
+    assert not torch.allclose(half, clean) and not torch.allclose(half, inside)
+
+
+def test_hook_sets_compose_with_user_hooks_and_nest(llama):
+    tokens = random_tokens(llama, 1, 8, seed=4)
+    a = cw_lens.patch_sink(llama, layers=[0])
+    b = cw_lens.remove_heads(llama, [(1, 2)])
+    combined = logits(llama, tokens, (a + b).hooks)
+    with a, b:
+        nested = logits(llama, tokens)
+    assert torch.equal(combined, nested)
+    seen = []
+    with a:
+        logits(llama, tokens, [("blocks.0.attn.hook_z", lambda z, hook: seen.append(z))])
+    assert len(seen) == 1 and isinstance(a, HookSet)
+
+
+def test_bad_patch_arguments(llama):
+    with pytest.raises(cw_lens.InputError, match="scale must lie"):
+        cw_lens.patch_sink(llama, scale=1.5)
+    with pytest.raises(cw_lens.InputError, match="mode must be"):
+        cw_lens.patch_sink(llama, mode="zero")
+    with pytest.raises(cw_lens.InputError, match="out of range"):
+        cw_lens.patch_sink(llama, layers=[7])
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 6))
+def test_counterfactual_sink_rate_equals_brute_force(seed, d_head):
+    gen = torch.Generator().manual_seed(seed)
+    m = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64)
+    p = torch.randn(1, 1, 1, d_head, generator=gen, dtype=torch.float64) * 0.5
+    W = torch.randn(1, d_head, d_head + 3, generator=gen, dtype=torch.float64)
+    gram = geo.head_gram(W)
+    s_star = float(geo.counterfactual_sink_rate(m, p, gram))
+    grid = torch.linspace(0, 1, 20001, dtype=torch.float64)
+    o = grid[:, None] * (p[0, 0, 0] @ W[0]) + (1 - grid[:, None]) * (m[0, 0, 0] @ W[0])
+    brute = float(grid[o.norm(dim=-1).argmin()])
+    assert abs(s_star - brute) <= 1e-4
+
+
+def planted_sink_hooks(model, sink_mass=0.6, sink_scale=-0.2):
+    """Every head puts ``sink_mass`` on position 0; tail values share one direction c and the
+    sink's value is ``sink_scale * c`` (anti-aligned and 5x smaller)."""
+    gen = torch.Generator().manual_seed(0)
+    d_head = model.cfg.d_head
+    n_kv = model.cfg.n_key_value_heads or model.cfg.n_heads
+    common = torch.randn(n_kv, d_head, generator=gen) * 3.0
+
+    def values(v, hook):
+        noise = torch.randn(v.shape, generator=gen) * 0.3
+        out = common[None, None] + noise
+        out[:, 0] = sink_scale * common
+        return out.to(v.dtype)
+
+    def pattern(p, hook):
+        n = p.shape[-1]
+        causal = torch.ones(n, n).tril()
+        tail = causal.clone()
+        tail[:, 0] = 0
+        rows = tail.sum(-1, keepdim=True).clamp_min(1)
+        out = tail / rows * (1 - sink_mass)
+        out[:, 0] = sink_mass
+        out[0, 0] = 1.0
+        weights = torch.rand(p.shape, generator=gen) * 0.5 + 0.75  # uneven tail
+        out = out * torch.where(torch.arange(n) == 0, 1.0, weights)
+        out[..., 1:] = (
+            out[..., 1:] / out[..., 1:].sum(-1, keepdim=True).clamp_min(1e-9) * (1 - sink_mass)
+        )
+        out[..., 0, :] = 0
+        out[..., 0, 0] = 1.0
+        return (out * causal).to(p.dtype)
+
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        hooks += [
+            (f"blocks.{layer}.attn.v.hook_out", values),
+            (f"blocks.{layer}.attn.hook_pattern", pattern),
+        ]
+    return HookSet(model, hooks, "planted sink")
+
+
+def test_statistics_on_a_planted_anti_aligned_sink(llama):
+    texts = ["an attention sink is planted in every head of this model " * 2] * 3
+    with planted_sink_hooks(llama):
+        stats = cw_lens.sink_statistics(llama, texts, min_query=4)
+    heads = stats.heads()
+    assert heads["sink_head"].all()
+    assert heads["sink_rate"].between(0.59, 0.61).all()
+    assert (heads["norm_ratio"] > 4).all()  # tail ~ ||c||, sink 0.2 ||c||
+    assert (heads["cos_sink_mixture"] < -0.9).all()
+    assert (heads["cos_sink_token"] < -0.9).all()
+    # o(s) = s(-0.2c) + (1-s)c is smallest at s = 1/1.2
+    assert heads["s_star_median"].between(0.78, 0.88).all()
+    assert heads["s_star_interior"].all()
+    assert (heads["drift_cos_median"] < -0.9).all()
+    assert (heads["drift_cancelled_median"] > 0).all()
+    claims = stats.claims()
+    for claim in (
+        "sink_value_norm_ratio",
+        "sink_anti_alignment",
+        "convex_sink_curve",
+        "sink_cancels_drift",
+    ):
+        assert claims[claim]["holds"], claim
+
+
+def test_sink_rates_and_detection(llama):
+    texts = ["hello attention", "a second, longer text here"]
+    rates = cw_lens.sink_rates(llama, texts)
+    full = cw_lens.contribution_weights(llama, texts)
+    real = full.mask[:, None, None, :].expand_as(rates).clone()
+    real[..., 0] = False
+    assert torch.allclose(rates[real], full.attention[..., 0][real])
+    assert rates[~real].isnan().all()
+    with planted_sink_hooks(llama):
+        found = cw_lens.detect_sinks(llama, texts)
+    assert all(ps and ps[0] == 0 for ps in found)
+
+
+def test_ablation_direct_equals_total_for_one_layer_and_identity_at_scale_one(llama):
+    texts = ["the sink holds the rest in check", "semantic cones and drift"]
+    direct = cw_lens.sink_ablation(llama, texts, layers=[1])
+    total = cw_lens.sink_ablation(llama, texts, layers=[1], effect="total")
+    cols = ["norm_before", "norm_after", "cone_before", "cone_after"]
+    assert torch.allclose(
+        torch.tensor(direct.per_head[cols].to_numpy()),
+        torch.tensor(total.per_head[cols].to_numpy()),
+        atol=1e-5,
+    )
+    assert direct.delta_nll == pytest.approx(total.delta_nll)
+    same = cw_lens.sink_ablation(llama, texts, layers=[1], scale=1.0)
+    assert same.delta_nll == 0.0
+    assert (same.per_head["cone_after"] == same.per_head["cone_before"]).all()
+    assert direct.per_head["low_norm"].sum() == 1  # a quarter of 4 heads
