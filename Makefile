@@ -12,7 +12,10 @@ STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install test figures lint bench clean
+CHROMIUM ?= /usr/bin/chromium
+SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install test figures lint bench clean browser-deps
 
 install: $(STAMP)
 
@@ -28,7 +31,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check cw_lens tests benchmarks
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
 
-test: lint
+# the HTML view is tested in a real headless browser: Debian's chromium
+browser-deps:
+	@test -x $(CHROMIUM) || { echo "[setup] installing Debian chromium for the browser tests"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	  --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
+
+test: lint browser-deps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 figures: $(STAMP)

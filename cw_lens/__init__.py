@@ -8,6 +8,7 @@ Public API (re-exports only; each function's module docstring states its formula
   :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributions`
 - sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
   :func:`detect_sinks`
+- faithfulness (P1): :func:`faithfulness`, :class:`FaithfulnessResult`
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
@@ -26,6 +27,7 @@ from cw_lens.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
+from cw_lens.faithfulness import FaithfulnessResult, faithfulness
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
 from cw_lens.models import load_model
 from cw_lens.sinks import (
@@ -45,6 +47,7 @@ __all__ = [
     "CwLensError",
     "Document",
     "EmbeddedModelMissing",
+    "FaithfulnessResult",
     "HookSet",
     "InputError",
     "LayerContributions",
@@ -55,6 +58,7 @@ __all__ = [
     "contribution_weights",
     "contribution_weights_from_cache",
     "detect_sinks",
+    "faithfulness",
     "load_corpus",
     "load_model",
     "mask_attention",

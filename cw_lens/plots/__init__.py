@@ -5,5 +5,24 @@ statistic. Figures are named after the claim they illustrate (SPEC §6).
 
 from cw_lens.plots._style import save_figure
 from cw_lens.plots.contributions import plot_attention_vs_contribution
+from cw_lens.plots.faithfulness import plot_faithfulness_curves
+from cw_lens.plots.sinks import (
+    plot_convex_sink_curve,
+    plot_sink_ablation_cone,
+    plot_sink_attention_vs_contribution,
+    plot_sink_cancels_drift,
+    plot_sink_contribution_drivers,
+    plot_sink_value_geometry,
+)
 
-__all__ = ["plot_attention_vs_contribution", "save_figure"]
+__all__ = [
+    "plot_attention_vs_contribution",
+    "plot_convex_sink_curve",
+    "plot_faithfulness_curves",
+    "plot_sink_ablation_cone",
+    "plot_sink_attention_vs_contribution",
+    "plot_sink_cancels_drift",
+    "plot_sink_contribution_drivers",
+    "plot_sink_value_geometry",
+    "save_figure",
+]

@@ -1,0 +1,479 @@
+r"""Faithfulness (P1's causal test): do the tokens a metric ranks highest really matter?
+
+Protocol (SPEC §5; Cunningham & Muca Cirone, ICML 2026, and the comprehensiveness/sufficiency
+tests of DeYoung et al. 2020):
+
+1. A clean pass scores every (head, key) pair of every query at every layer with each metric —
+   ``attention`` alpha, ``value_norm`` alpha ||pv_j||, ``value_norm_output``
+   alpha ||pv_j|| / ||o_i^h||, ``contribution`` (inter-head C[i,j]^h), and a seeded ``random``
+   score — streamed one layer at a time.
+2. Per (layer, query ``i``) the ``H (i + 1)`` pairs ``(h, j <= i)`` are ranked by importance
+   ``|score|`` (``ranking="signed"``: by the score itself; ties go to the lower head, then key).
+   *Comprehensiveness* removes the top ``k`` share, *sufficiency* the bottom ``k`` share, for
+   ``k`` in {1, 2, 5, 10, 20, 50}% (at least one pair when ``k`` rounds to zero).
+3. Removal sets ``alpha[i,j]^h = 0`` for the chosen pairs in every layer at once, without
+   renormalising — exactly subtracting ``alpha[i,j]^h pv_j^h`` from ``o_i``.
+4. On text: the change of the mean next-token NLL over scored positions (``delta_nll``; the
+   perplexity change ``delta_ppl = PPL' - PPL``). On task items: the drop of the correct
+   answer's log-probability and the accuracy.
+5. Curves per metric and mode, and the area over them — AOPC, the mean change over the
+   fraction grid — with the clean PPL and the random ranking as controls.
+6. ``granularity="tokens"``: per (layer, query) each metric is summed over heads into one score
+   per key token (for the inter contribution, the token's share of the layer output), and the
+   chosen tokens are removed from every head.
+
+P1's claim: comprehensiveness attention < value_norm < value_norm_output < contribution, and
+contribution best (lowest) on sufficiency.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    result = cw_lens.faithfulness(model, corpus, granularity=("pairs", "tokens"))
+    result.aopc()
+    result.plot()
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from cw_lens.accumulate import DocSums
+from cw_lens.capture import check_model, hook_name
+from cw_lens.contributions import METRICS, LayerContributions, stream_contributions
+from cw_lens.data import as_corpus
+from cw_lens.distributed import current_shard, merge_across_ranks
+from cw_lens.errors import InputError
+from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.scoring import run_logits, score_answers, token_nll
+
+ALL_METRICS = (*METRICS, "random")
+MODES = ("comprehensiveness", "sufficiency")
+GRANULARITIES = ("pairs", "tokens")
+FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+# --------------------------------------------------------------------------- ranking (pure)
+
+
+def rank_candidates(
+    scores: Tensor, valid: Bool[Tensor, "..."], *, signed: bool = False
+) -> Int[Tensor, "..."]:
+    """Rank of every candidate along the last axis (0 = most important), vectorised.
+
+    Invalid candidates rank after every valid one. Importance is ``|score|`` (``signed``: the
+    score). Ties keep the candidate order (a stable sort), so the lower index ranks first.
+    """
+    key = scores if signed else scores.abs()
+    key = torch.nan_to_num(key.float(), nan=0.0)
+    key = key.masked_fill(~valid, float("-inf"))
+    order = torch.argsort(key, dim=-1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    return ranks
+
+
+def n_removed(n_valid: Tensor, fraction: float) -> Tensor:
+    """How many candidates a fraction removes: ``round(fraction * n)``, at least 1 when
+    ``fraction > 0`` and there is a candidate, never more than ``n``."""
+    if fraction <= 0:
+        return torch.zeros_like(n_valid)
+    n = torch.floor(fraction * n_valid.double() + 0.5).long()
+    return torch.minimum(torch.maximum(n, (n_valid > 0).long()), n_valid)
+
+
+def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> Bool[Tensor, "..."]:
+    """Which candidates to remove: the top (comprehensiveness) or bottom (sufficiency) share.
+
+    ``ranks`` ``[..., candidates]``; ``n_valid`` ``[...]`` candidates per row.
+    """
+    n = n_removed(n_valid, fraction)[..., None]
+    if mode == "comprehensiveness":
+        return ranks < n
+    if mode == "sufficiency":
+        return (ranks >= n_valid[..., None] - n) & (ranks < n_valid[..., None])
+    raise InputError(f"mode must be one of {MODES}, got {mode!r}.")
+
+
+def _random_scores(seed: int, doc: int, layer: int, shape: tuple[int, ...]) -> Tensor:
+    key = f"{seed}/{doc}/{layer}".encode()
+    gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
+    return torch.rand(shape, generator=gen)
+
+
+# --------------------------------------------------------------------------- clean-pass scores
+
+
+class _Ranks:
+    """Per layer and metric, the ranks of one document batch (filled block by block)."""
+
+    def __init__(
+        self,
+        batch: TokenBatch,
+        layers: list[int],
+        n_heads: int,
+        metrics: Sequence[str],
+        granularities: Sequence[str],
+        signed: bool,
+        seed: int,
+        first_query: int = 0,
+    ) -> None:
+        self.batch, self.n_heads, self.metrics = batch, n_heads, list(metrics)
+        self.granularities, self.signed, self.seed = list(granularities), signed, seed
+        n_batch, n_pos = batch.tokens.shape
+        self.pairs: dict[tuple[str, int], Tensor] = {}
+        self.tokens: dict[tuple[str, int], Tensor] = {}
+        dtype = torch.int16 if n_heads * n_pos < 2**15 else torch.int32
+        for metric in self.metrics:
+            for layer in layers:
+                if "pairs" in self.granularities:
+                    self.pairs[metric, layer] = torch.empty(
+                        n_batch, n_pos, n_heads * n_pos, dtype=dtype
+                    )
+                if "tokens" in self.granularities:
+                    self.tokens[metric, layer] = torch.empty(n_batch, n_pos, n_pos, dtype=dtype)
+        positions = torch.arange(n_pos)
+        real = batch.mask
+        self.valid_keys = (positions[None, :, None] >= positions[None, None, :]) & real[:, None, :]
+        self.valid_keys &= real[:, :, None]  # [batch, query, key]
+        self.valid_keys[:, :first_query] = False  # queries left intact
+        self.n_valid_tokens = self.valid_keys.sum(-1)  # [batch, query]
+        self.n_valid_pairs = self.n_valid_tokens * n_heads
+
+    def _scores(self, lc: LayerContributions, metric: str) -> Tensor:
+        if metric == "random":
+            b, h, q, k = lc.shape
+            n_pos = self.batch.tokens.shape[1]
+            out = torch.empty(b, h, q, k)
+            for row, doc in enumerate(self.batch.documents):
+                full = _random_scores(self.seed, doc, lc.layer, (h, n_pos, n_pos))
+                out[row] = full[:, lc.queries, lc.keys]
+            return out
+        return lc.metric(metric, kind="inter").float().cpu()
+
+    def update(self, lc: LayerContributions) -> None:
+        n_pos = self.batch.tokens.shape[1]
+        q = lc.queries
+        valid = self.valid_keys[:, q]  # [batch, query, key(all)]
+        for metric in self.metrics:
+            scores = torch.zeros(lc.shape[0], lc.shape[1], lc.shape[2], n_pos)
+            scores[..., : lc.keys.stop] = self._scores(lc, metric)
+            if "pairs" in self.granularities:
+                flat = scores.permute(0, 2, 1, 3).reshape(lc.shape[0], lc.shape[2], -1)
+                pair_valid = valid[:, :, None, :].expand(-1, -1, self.n_heads, -1)
+                ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
+                self.pairs[metric, lc.layer][:, q] = ranks.to(self.pairs[metric, lc.layer].dtype)
+            if "tokens" in self.granularities:
+                summed = scores.nansum(1)  # [batch, query, key]
+                ranks = rank_candidates(summed, valid, signed=self.signed)
+                self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
+
+    def hooks(
+        self, granularity: str, metric: str, mode: str, fraction: float, layers: list[int]
+    ) -> list:
+        """Pattern-masking hooks for one configuration, all layers at once."""
+        hooks = []
+        n_heads = self.n_heads
+        for layer in layers:
+            if granularity == "pairs":
+                ranks, n_valid = self.pairs[metric, layer], self.n_valid_pairs
+            else:
+                ranks, n_valid = self.tokens[metric, layer], self.n_valid_tokens
+            remove = removal_mask(ranks.long(), n_valid, fraction, mode)
+            if granularity == "pairs":
+                b, q, _ = remove.shape
+                remove = remove.reshape(b, q, n_heads, -1).permute(0, 2, 1, 3)
+            else:
+                remove = remove[:, None]
+
+            def apply(pattern: Tensor, hook: Any, remove: Tensor = remove) -> Tensor:
+                return pattern.masked_fill(remove.to(pattern.device), 0.0)
+
+            hooks.append((hook_name("pattern", layer), apply))
+        return hooks
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class FaithfulnessResult:
+    """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).
+
+    Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on
+    task corpora, ``logprob, delta_logprob, accuracy`` (the clean values are in ``clean``).
+    ``delta_nll`` is the change of the mean next-token NLL (what SPEC §5 calls ΔPPL);
+    ``delta_ppl`` is the change of ``exp(mean NLL)``.
+    """
+
+    curves: pd.DataFrame
+    clean: dict[str, float]
+    task: bool
+    n_documents: int
+    n_tokens: int
+    ranking: str
+    seed: int
+    first_query: int = 0
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.curves.copy()
+
+    @property
+    def value_column(self) -> str:
+        """The main damage measure: ``delta_logprob`` on tasks (a drop), else ``delta_nll``."""
+        return "delta_logprob" if self.task else "delta_nll"
+
+    def aopc(self, column: str | None = None) -> pd.DataFrame:
+        """Area over the perturbation curve: the mean of ``column`` over the fraction grid, per
+        (granularity, metric, mode). Comprehensiveness: higher = more faithful; sufficiency:
+        lower = more faithful. (For ``delta_logprob`` the drop is counted, so the same holds.)"""
+        column = column or self.value_column
+        values = self.curves[column]
+        if column == "delta_logprob":
+            values = -values
+        frame = self.curves.assign(value=values)
+        table = frame.groupby(["granularity", "mode", "metric"])["value"].mean()
+        return table.unstack("metric").reindex(
+            columns=[m for m in ALL_METRICS if m in frame["metric"].unique()]
+        )
+
+    def top(self, k: int = 5, mode: str = "comprehensiveness") -> pd.DataFrame:
+        """Metrics ranked by AOPC for one mode (best first)."""
+        table = self.aopc().xs(mode, level="mode").T
+        ascending = mode == "sufficiency"
+        return table.sort_values(table.columns[0], ascending=ascending).head(k)
+
+    def claims(self, granularity: str = "pairs") -> dict[str, dict[str, Any]]:
+        """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``)."""
+        table = self.aopc()
+        measured: dict[str, Any] = {"value": self.value_column, "clean": self.clean}
+        holds = True
+        for g in table.index.get_level_values("granularity").unique():
+            comp = table.loc[(g, "comprehensiveness")].to_dict()
+            suff = (
+                table.loc[(g, "sufficiency")].to_dict() if (g, "sufficiency") in table.index else {}
+            )
+            measured[f"aopc_comprehensiveness_{g}"] = comp
+            measured[f"aopc_sufficiency_{g}"] = suff
+            order = [m for m in METRICS if m in comp]
+            increasing = all(comp[a] < comp[b] for a, b in itertools.pairwise(order))
+            best_suff = (
+                bool(suff)
+                and min((m for m in METRICS if m in suff), key=lambda m: suff[m]) == "contribution"
+            )
+            measured[f"order_holds_{g}"] = increasing
+            measured[f"contribution_best_sufficiency_{g}"] = best_suff
+            if g == granularity:
+                holds = increasing and best_suff
+        return {
+            "faithfulness_order": {
+                "paper": "contribution most faithful: comprehensiveness attention < value_norm < "
+                "value_norm_output < contribution; contribution best on sufficiency (P1)",
+                "measured": measured,
+                "holds": bool(holds),
+                "criterion": f"strict AOPC ordering on comprehensiveness and the lowest "
+                f"sufficiency AOPC for contribution, {granularity} granularity",
+            }
+        }
+
+    def plot(self, **kw: Any) -> Any:
+        from cw_lens.plots.faithfulness import plot_faithfulness_curves
+
+        return plot_faithfulness_curves(self, **kw)
+
+
+class _Outcomes:
+    """Per-document NLL / answer sums for the clean run and every configuration."""
+
+    def __init__(self) -> None:
+        self.sums = DocSums()
+        self.tokens = 0
+
+    def merge(self, other: _Outcomes) -> None:
+        self.sums.merge(other.sums)
+        self.tokens += other.tokens
+
+    def record(
+        self, tag: str, batch: TokenBatch, logits: Tensor, docs: list[int], spans: list | None
+    ) -> None:
+        if spans is None:
+            nll = token_nll(logits, batch.tokens, batch.mask)
+            self.sums.add_rows(docs, f"nll|{tag}", nll.nansum(-1))
+            self.sums.add_rows(docs, f"count|{tag}", (~nll.isnan()).sum(-1))
+        else:
+            scores = score_answers(logits, batch.tokens, spans)
+            self.sums.add_rows(docs, f"logprob|{tag}", scores.logprob)
+            self.sums.add_rows(docs, f"correct|{tag}", scores.correct.double())
+            self.sums.add_rows(docs, f"count|{tag}", torch.ones(len(docs)))
+
+
+def faithfulness(
+    model: Any,
+    corpus: Any,
+    *,
+    metrics: Sequence[str] = ALL_METRICS,
+    fractions: Sequence[float] = FRACTIONS,
+    modes: Sequence[str] = MODES,
+    ranking: Literal["abs", "signed"] = "abs",
+    granularity: str | Sequence[str] = "pairs",
+    batch_size: int | None = 8,
+    seed: int = 0,
+    first_query: int = 0,
+    prepend_bos: bool = True,
+    progress: bool = True,
+) -> FaithfulnessResult:
+    """Run the faithfulness protocol of SPEC §5 on a corpus.
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: Text (``load_corpus()``, a list of strings) — measured by the NLL change — or a
+            task corpus (``load_corpus("ioi")``, items with ``answer``) — measured by the answer
+            log-probability and accuracy.
+        metrics: Any of ``attention``, ``value_norm``, ``value_norm_output``, ``contribution``
+            (inter-head), ``random``.
+        fractions: Shares of candidates removed (each in [0, 1]).
+        modes: ``comprehensiveness`` (remove the top) and/or ``sufficiency`` (the bottom).
+        ranking: ``"abs"`` ranks by ``|score|``; ``"signed"`` by the score.
+        granularity: ``"pairs"``, ``"tokens"`` or both (``("pairs", "tokens")``): they share
+            the clean pass.
+        batch_size: Documents per pass. One clean (streamed) pass per batch, then one
+            intervened pass per (granularity, metric, mode, fraction).
+        seed: Seed of the ``random`` ranking (per document and layer, so it is reproducible).
+        first_query: Queries ``i < first_query`` are never intervened on (SPEC: 0, every
+            query). With ``granularity="tokens"`` query 0 has a single candidate (BOS reading
+            itself), so the at-least-one rule removes it in every layer even in sufficiency;
+            ``first_query=1`` leaves it intact.
+
+    Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
+    per batch (61 for one granularity with the defaults); ranks are kept as int16.
+    """
+    check_model(model)
+    metrics = list(metrics)
+    for m in metrics:
+        if m not in ALL_METRICS:
+            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
+    for mode in modes:
+        if mode not in MODES:
+            raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
+    grans = [granularity] if isinstance(granularity, str) else list(granularity)
+    for g in grans:
+        if g not in GRANULARITIES:
+            raise InputError(f"granularity must be 'pairs' or 'tokens', got {g!r}.")
+    if ranking not in ("abs", "signed"):
+        raise InputError(f"ranking must be 'abs' or 'signed', got {ranking!r}.")
+    fractions = [float(f) for f in fractions]
+    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise InputError(f"fractions must lie in [0, 1], got {fractions}.")
+    if not metrics or not modes:
+        raise InputError("Pass at least one metric and one mode.")
+
+    docs = as_corpus(corpus)
+    task = docs.is_task
+    if task:
+        prepared, all_spans = answer_spans(model, list(docs), prepend_bos)
+    else:
+        prepared, all_spans = prepare_inputs(model, docs, prepend_bos=prepend_bos), None
+    batches = list(iter_batches(prepared, batch_size))
+    shard = current_shard()
+    if shard is not None:
+        batches = batches[shard[0] :: shard[1]]
+    layers = list(range(model.cfg.n_layers))
+    configs = [(g, m, mode, f) for g in grans for m in metrics for mode in modes for f in fractions]
+    outcomes = _Outcomes()
+    bar = tqdm(
+        total=len(batches) * (1 + len(configs)),
+        desc="faithfulness",
+        disable=not progress,
+        leave=False,
+    )
+    for batch in batches:
+        spans = None if all_spans is None else [all_spans[d] for d in batch.documents]
+        ranks = _Ranks(
+            batch, layers, model.cfg.n_heads, metrics, grans, ranking == "signed", seed, first_query
+        )
+        local = TokenBatch(
+            batch.tokens,
+            batch.mask,
+            batch.prepend_bos,
+            batch.bos_token,
+            list(range(len(batch.documents))),
+        )
+
+        def on_logits(
+            _: TokenBatch, logits: Tensor, batch: TokenBatch = batch, spans: list | None = spans
+        ) -> None:
+            outcomes.record("clean", batch, logits, batch.documents, spans)
+
+        stream_contributions(
+            model,
+            local.tokens,
+            ranks.update,
+            layers=layers,
+            batch_size=None,
+            attention_mask=local.mask.long() if local.padded else None,
+            on_logits=on_logits,
+        )
+        outcomes.tokens += int(batch.mask.sum())
+        bar.update(1)
+        for config in configs:
+            logits = run_logits(model, local, ranks.hooks(*config, layers))
+            outcomes.record("|".join(map(str, config)), batch, logits, batch.documents, spans)
+            bar.update(1)
+    bar.close()
+    outcomes = merge_across_ranks(outcomes)
+    return _result(outcomes, configs, task, len(docs), ranking, seed, first_query)
+
+
+def _result(
+    outcomes: _Outcomes,
+    configs: list,
+    task: bool,
+    n_docs: int,
+    ranking: str,
+    seed: int,
+    first_query: int,
+) -> FaithfulnessResult:
+    sums = outcomes.sums
+
+    def mean(name: str, tag: str) -> float:
+        return float(sums.total(f"{name}|{tag}") / sums.total(f"count|{tag}"))
+
+    if task:
+        clean = {"logprob": mean("logprob", "clean"), "accuracy": mean("correct", "clean")}
+    else:
+        nll = mean("nll", "clean")
+        clean = {"nll": nll, "ppl": math.exp(nll)}
+    rows = []
+    for g, m, mode, f in configs:
+        tag = "|".join(map(str, (g, m, mode, f)))
+        row: dict[str, Any] = {"granularity": g, "metric": m, "mode": mode, "fraction": f}
+        if task:
+            lp = mean("logprob", tag)
+            row.update(
+                logprob=lp, delta_logprob=lp - clean["logprob"], accuracy=mean("correct", tag)
+            )
+        else:
+            nll = mean("nll", tag)
+            row.update(
+                nll=nll,
+                delta_nll=nll - clean["nll"],
+                ppl=math.exp(nll),
+                delta_ppl=math.exp(nll) - clean["ppl"],
+            )
+        rows.append(row)
+    curves = pd.DataFrame(rows)
+    return FaithfulnessResult(
+        curves, clean, task, n_docs, outcomes.tokens, ranking, seed, first_query
+    )

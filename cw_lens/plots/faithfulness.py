@@ -1,0 +1,59 @@
+"""Figures of the faithfulness protocol (P1). Plotting only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cw_lens.plots._style import plt
+
+METRIC_COLOURS = {
+    "attention": "tab:gray",
+    "value_norm": "tab:blue",
+    "value_norm_output": "tab:green",
+    "contribution": "tab:red",
+    "random": "black",
+}
+
+
+def plot_faithfulness_curves(
+    result: Any, *, column: str | None = None, figsize_per_panel: tuple = (4.2, 3.2)
+) -> Any:
+    """``faithfulness_order``: damage versus the share of removed pairs/tokens, one line per
+    metric; columns = comprehensiveness / sufficiency, rows = granularity. AOPC in the legend."""
+    column = column or result.value_column
+    curves = result.curves
+    grans = list(dict.fromkeys(curves["granularity"]))
+    modes = list(dict.fromkeys(curves["mode"]))
+    aopc = result.aopc(column)
+    fig, axes = plt.subplots(
+        len(grans),
+        len(modes),
+        squeeze=False,
+        constrained_layout=True,
+        figsize=(figsize_per_panel[0] * len(modes), figsize_per_panel[1] * len(grans)),
+    )
+    for r, g in enumerate(grans):
+        for c, mode in enumerate(modes):
+            ax = axes[r][c]
+            part = curves[(curves["granularity"] == g) & (curves["mode"] == mode)]
+            for metric, rows in part.groupby("metric", sort=False):
+                rows = rows.sort_values("fraction")
+                area = aopc.loc[(g, mode), metric]
+                ax.plot(
+                    rows["fraction"] * 100,
+                    rows[column],
+                    "-o",
+                    ms=3,
+                    color=METRIC_COLOURS.get(metric),
+                    ls="--" if metric == "random" else "-",
+                    label=f"{metric} ({area:.2f})",
+                )
+            ax.set_xscale("log")
+            ax.set_xlabel(f"% of {g} removed")
+            ax.set_ylabel(column)
+            ax.set_title(f"{mode} — {g}", fontsize=10)
+            ax.axhline(0, color="k", lw=0.5)
+            ax.legend(fontsize=7, title="metric (AOPC)", title_fontsize=7)
+    clean = ", ".join(f"{k} {v:.3g}" for k, v in result.clean.items())
+    fig.suptitle(f"Faithfulness ({result.n_documents} documents; clean {clean})", fontsize=10)
+    return fig

@@ -1,0 +1,179 @@
+"""The faithfulness protocol: ranking, removal, and the intervention against slow references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cw_lens
+from cw_lens.faithfulness import (
+    _Ranks,
+    faithfulness,
+    n_removed,
+    rank_candidates,
+    removal_mask,
+)
+from cw_lens.inputs import prepare_inputs
+from cw_lens.scoring import run_logits, token_nll
+
+TEXTS = ["attention is not explanation, says one paper", "contribution weights project values"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0]), min_size=1, max_size=12),
+    st.data(),
+    st.booleans(),
+)
+def test_rank_candidates_equals_python_sort(scores, data, signed):
+    valid = data.draw(st.lists(st.booleans(), min_size=len(scores), max_size=len(scores)))
+    t = torch.tensor(scores)
+    v = torch.tensor(valid)
+    ranks = rank_candidates(t, v, signed=signed).tolist()
+    key = [(s if signed else abs(s)) for s in scores]
+    # valid first by importance; invalid ones tie with each other (index order)
+    order = sorted(range(len(scores)), key=lambda i: (not valid[i], -key[i] if valid[i] else 0, i))
+    assert [order.index(i) for i in range(len(scores))] == ranks
+
+
+def test_removal_counts_and_modes():
+    n_valid = torch.tensor([0, 1, 9, 40, 100])
+    assert n_removed(n_valid, 0.01).tolist() == [0, 1, 1, 1, 1]
+    assert n_removed(n_valid, 0.05).tolist() == [0, 1, 1, 2, 5]
+    assert n_removed(n_valid, 0.0).tolist() == [0, 0, 0, 0, 0]
+    assert n_removed(n_valid, 1.0).tolist() == n_valid.tolist()
+    ranks = torch.arange(10)[None].expand(2, 10)
+    nv = torch.tensor([10, 6])
+    comp = removal_mask(ranks, nv, 0.2, "comprehensiveness")
+    suff = removal_mask(ranks, nv, 0.2, "sufficiency")
+    assert comp[0].nonzero().flatten().tolist() == [0, 1]
+    assert suff[0].nonzero().flatten().tolist() == [8, 9]
+    assert suff[1].nonzero().flatten().tolist() == [5]  # round(1.2) = 1 of the 6 valid
+
+
+def test_fraction_zero_changes_nothing(llama):
+    result = faithfulness(
+        llama, TEXTS, fractions=(0.0,), granularity=("pairs", "tokens"), progress=False
+    )
+    assert (result.curves["delta_nll"] == 0).all()
+    assert (result.curves["delta_ppl"] == 0).all()
+
+
+def test_removing_every_pair_equals_zeroing_the_attention_output(tiny):
+    batch = prepare_inputs(tiny, TEXTS)
+    ranks = _Ranks(
+        batch,
+        list(range(tiny.cfg.n_layers)),
+        tiny.cfg.n_heads,
+        ["attention"],
+        ["pairs", "tokens"],
+        False,
+        0,
+    )
+    cw_lens.stream_contributions(tiny, batch.tokens, ranks.update, attention_mask=batch.mask.long())
+    layers = list(range(tiny.cfg.n_layers))
+    zero_z = [
+        (f"blocks.{layer}.attn.hook_z", lambda z, hook: torch.zeros_like(z)) for layer in layers
+    ]
+    expected = run_logits(tiny, batch, zero_z)
+    for granularity in ("pairs", "tokens"):
+        got = run_logits(
+            tiny, batch, ranks.hooks(granularity, "attention", "comprehensiveness", 1.0, layers)
+        )
+        real = batch.mask
+        assert torch.allclose(got[real], expected[real], atol=1e-5)
+
+
+def slow_reference_masks(model, text, fraction, mode):
+    """Python loops over (layer, query): sort the (head, key) pairs by |C| (ties: lower head,
+    then lower key) and mark the chosen ones."""
+    result = cw_lens.contribution_weights(model, text, kind="inter")
+    n = result.tokens.shape[1]
+    heads = model.cfg.n_heads
+    masks = {}
+    for li, layer in enumerate(result.layers):
+        mask = torch.zeros(1, heads, n, n, dtype=torch.bool)
+        for i in range(n):
+            pairs = [(h, j) for h in range(heads) for j in range(i + 1)]
+            score = {p: abs(float(result.weights[0, li, p[0], i, p[1]])) for p in pairs}
+            order = sorted(pairs, key=lambda p: (-score[p], p[0], p[1]))
+            k = max(1, int(fraction * len(pairs) + 0.5))
+            chosen = order[:k] if mode == "comprehensiveness" else order[len(order) - k :]
+            for h, j in chosen:
+                mask[0, h, i, j] = True
+        masks[layer] = mask
+    return masks
+
+
+@pytest.mark.parametrize("mode", ["comprehensiveness", "sufficiency"])
+def test_intervention_equals_slow_reference(llama, mode):
+    text = TEXTS[0]
+    masks = slow_reference_masks(llama, text, 0.1, mode)
+    batch = prepare_inputs(llama, text)
+    logits = run_logits(llama, batch, cw_lens.mask_attention(llama, masks).hooks)
+    nll_ref = token_nll(logits, batch.tokens, batch.mask).nanmean()
+    clean = token_nll(run_logits(llama, batch), batch.tokens, batch.mask).nanmean()
+    result = faithfulness(
+        llama, [text], metrics=("contribution",), fractions=(0.1,), modes=(mode,), progress=False
+    )
+    assert result.clean["nll"] == pytest.approx(float(clean), abs=1e-6)
+    assert result.curves["delta_nll"].iloc[0] == pytest.approx(float(nll_ref - clean), abs=1e-5)
+    assert abs(float(nll_ref - clean)) > 1e-4  # the removal really changed something
+
+
+def test_random_ranking_is_seeded(llama):
+    kw = dict(metrics=("random",), fractions=(0.2,), progress=False)
+    a = faithfulness(llama, TEXTS, seed=1, **kw).curves
+    b = faithfulness(llama, TEXTS, seed=1, **kw).curves
+    c = faithfulness(llama, TEXTS, seed=2, **kw).curves
+    assert a.equals(b)
+    assert not a["delta_nll"].equals(c["delta_nll"])
+
+
+def test_task_corpus_reports_answer_logprob_and_accuracy(llama):
+    items = cw_lens.load_corpus("ioi", n_docs=3, seed=0)
+    result = faithfulness(
+        llama,
+        items,
+        metrics=("attention", "contribution"),
+        fractions=(0.0, 0.5),
+        modes=("comprehensiveness",),
+        progress=False,
+    )
+    df = result.to_dataframe()
+    assert {"delta_logprob", "accuracy", "logprob"} <= set(df.columns)
+    zero = df[df["fraction"] == 0.0]
+    assert (zero["delta_logprob"] == 0).all()
+    assert (zero["accuracy"] == result.clean["accuracy"]).all()
+    assert result.value_column == "delta_logprob"
+    aopc = result.aopc()
+    assert aopc.shape == (1, 2)
+
+
+def test_aopc_and_claims_structure(llama):
+    result = faithfulness(llama, TEXTS, fractions=(0.1, 0.5), progress=False)
+    aopc = result.aopc()
+    manual = result.curves.groupby(["mode", "metric"])["delta_nll"].mean()
+    for (mode, metric), value in manual.items():
+        assert aopc.loc[("pairs", mode), metric] == pytest.approx(value)
+    claim = result.claims()["faithfulness_order"]
+    assert isinstance(claim["holds"], bool) and "aopc_comprehensiveness_pairs" in claim["measured"]
+    fig = result.plot()
+    assert len(fig.axes) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metrics": ("saliency",)}, "Unknown metric"),
+        ({"modes": ("both",)}, "Unknown mode"),
+        ({"granularity": "heads"}, "granularity must be"),
+        ({"fractions": (1.5,)}, r"fractions must lie in \[0, 1\]"),
+        ({"ranking": "rank"}, "ranking must be"),
+    ],
+)
+def test_bad_arguments(llama, kwargs, message):
+    with pytest.raises(cw_lens.InputError, match=message):
+        faithfulness(llama, TEXTS, progress=False, **kwargs)
