@@ -9,6 +9,8 @@ Public API (re-exports only; each function's module docstring states its formula
 - sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
   :func:`detect_sinks`
 - faithfulness (P1): :func:`faithfulness`, :class:`FaithfulnessResult`
+- selection (P2): :func:`geometric_prf`, :func:`selection_geometry`, :func:`head_taxonomy`,
+  :func:`prune_heads`, :func:`lone_head_costs`
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
@@ -30,6 +32,17 @@ from cw_lens.errors import (
 from cw_lens.faithfulness import FaithfulnessResult, faithfulness
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
 from cw_lens.models import load_model
+from cw_lens.selection import (
+    HeadTaxonomyResult,
+    PruningResult,
+    SelectionGeometryResult,
+    geometric_prf,
+    geometric_prf_batched,
+    head_taxonomy,
+    lone_head_costs,
+    prune_heads,
+    selection_geometry,
+)
 from cw_lens.sinks import (
     SinkAblation,
     SinkStatistics,
@@ -48,10 +61,13 @@ __all__ = [
     "Document",
     "EmbeddedModelMissing",
     "FaithfulnessResult",
+    "HeadTaxonomyResult",
     "HookSet",
     "InputError",
     "LayerContributions",
     "ModelLoadError",
+    "PruningResult",
+    "SelectionGeometryResult",
     "SinkAblation",
     "SinkStatistics",
     "UnsupportedModelError",
@@ -59,11 +75,17 @@ __all__ = [
     "contribution_weights_from_cache",
     "detect_sinks",
     "faithfulness",
+    "geometric_prf",
+    "geometric_prf_batched",
+    "head_taxonomy",
     "load_corpus",
     "load_model",
+    "lone_head_costs",
     "mask_attention",
     "patch_sink",
+    "prune_heads",
     "remove_heads",
+    "selection_geometry",
     "sink_ablation",
     "sink_rates",
     "sink_statistics",

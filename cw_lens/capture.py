@@ -167,6 +167,17 @@ def resolve_heads(model: Any, heads: int | Sequence[int] | None) -> list[int]:
     return sorted(set(out))
 
 
+def _check_finite(layer: int, *tensors: Tensor) -> None:
+    """Fail loudly on NaN/inf activations (a NaN pattern shows up in z, which is small)."""
+    for t in tensors:
+        if not bool(torch.isfinite(t).all()):
+            raise InputError(
+                f"Layer {layer} produced NaN or inf activations (dtype {t.dtype}); contribution "
+                "weights would be meaningless. A float16 model often overflows: load it in "
+                "bfloat16 or float32 (cw_lens.load_model(..., dtype=torch.float32))."
+            )
+
+
 class _StreamDone(Exception):
     """Raised from the last requested layer's hook to end a pass whose logits are not needed."""
 
@@ -221,6 +232,7 @@ def run_layers(
                 if layer not in weights:
                     weights[layer] = LayerWeights.of(model, layer)
                 w = weights[layer]
+                _check_finite(layer, got["values"], got["z"])
                 out = t.float()
                 if w.b_O is not None:
                     out = out - w.b_O

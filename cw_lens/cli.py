@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -53,20 +52,50 @@ def analyze(
 @app.command()
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
+    corpus: str | None = typer.Option(None, help="Corpus (default: pydoc prose; a .txt/.jsonl)."),
+    n_docs: int = typer.Option(8, help="Documents."),
+    max_tokens: int = typer.Option(128, help="Tokens per document (BOS added on top)."),
     out: Path = typer.Option(Path("figures"), help="Output folder."),
-    device: str | None = typer.Option(None, help="cpu, cuda, ..."),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: TransformerLens')."),
+    dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
+    seed: int = typer.Option(0, help="Seed for windows, random baselines and sampling."),
+    batch_size: int = typer.Option(8, help="Documents per forward pass."),
+    task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
+    task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
+    force: bool = typer.Option(False, "--force", help="Recompute every step."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
 ) -> None:
-    """Regenerate the figures (for now: the P1 Fig. 1 heatmaps on the embedded model)."""
-    import cw_lens
+    """Run every analysis and write figures (PNG + PDF), summary.json and REPORT.md.
 
-    os.makedirs(out, exist_ok=True)
-    bridge = _load(model, device)
-    corpus = cw_lens.load_corpus(n_docs=1, max_tokens=24, tokenizer=bridge)
-    result = cw_lens.contribution_weights(bridge, list(corpus), layers=[5, 15, 25])
-    for layer in result.layers:
-        fig = result.plot(layer=layer, head=0)
-        fig.savefig(out / f"sink_attention_vs_contribution_L{layer}.png", dpi=120)
-    typer.echo(f"wrote {len(result.layers)} figures to {out}")
+    Resumable: finished steps are stored and skipped on a rerun (--force recomputes). On a GPU:
+    --device cuda --dtype bfloat16 --n-docs 256 --max-tokens 1024 --batch-size 16. Under
+    torchrun the documents are sharded over ranks and the results merged exactly.
+    """
+    from cw_lens.report import JobConfig, run_figures
+
+    config = JobConfig(
+        model=model,
+        corpus=corpus,
+        n_docs=n_docs,
+        max_tokens=max_tokens,
+        seed=seed,
+        batch_size=batch_size,
+        task=None if task.lower() == "none" else task,
+        task_docs=task_docs,
+        device=device,
+        dtype=dtype,
+    )
+    summary = run_figures(config, out, force=force, progress=not quiet)
+    from cw_lens.distributed import is_main_process
+
+    if is_main_process():
+        held = sum(c["holds"] for c in summary["claims"].values())
+        typer.echo(
+            f"{held}/{len(summary['claims'])} claims hold; wrote {out}/REPORT.md, "
+            f"{out}/summary.json and the figures"
+        )
+        for cid, claim in summary["claims"].items():
+            typer.echo(f"  {'holds ' if claim['holds'] else 'FAILS '} {cid}")
 
 
 if __name__ == "__main__":

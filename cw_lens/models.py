@@ -250,7 +250,9 @@ def load_model(
     Args:
         name: ``None`` or ``"smollm2-135m"`` for the embedded SmolLM2-135M-Instruct; a path to a
             ``.gguf`` file (any Llama-family GGUF); a Hugging Face id or local model folder
-            (needs the hub or local files); or an existing ``TransformerBridge``, returned as is.
+            (needs the hub or local files); ``"testing:tiny-llama"`` / ``"testing:tiny-gpt2"``
+            for the random test models of :mod:`cw_lens.testing`; or an existing
+            ``TransformerBridge``, returned as is.
         device: Device for the weights (``"cpu"``, ``"cuda"``). ``None`` lets TransformerLens pick.
         dtype: Parameter dtype. cw_lens accumulates in float32 whatever the model runs in.
         **boot_kwargs: Passed to ``TransformerBridge.boot_transformers`` for Hugging Face names
@@ -275,6 +277,16 @@ def load_model(
             "TransformerBridge.boot_transformers(name, hf_model=model) first."
         )
     start = time.perf_counter()
+    if isinstance(name, str) and name.startswith("testing:"):
+        from cw_lens import testing
+
+        builders = {
+            "testing:tiny-llama": testing.tiny_llama,
+            "testing:tiny-gpt2": testing.tiny_gpt2,
+        }
+        if name not in builders:
+            raise ModelLoadError(f"Unknown test model {name!r}; use one of {sorted(builders)}.")
+        return builders[name](dtype=dtype)
     if name is None or (isinstance(name, str) and name.lower() == EMBEDDED_NAME):
         bridge = _load_gguf(embedded_gguf_path(), device, dtype, EMBEDDED_HF_ID)
     elif isinstance(name, (str, os.PathLike)) and str(name).endswith(".gguf"):

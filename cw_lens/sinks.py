@@ -351,21 +351,37 @@ class _SinkAccumulator:
         layer: int,
         group: str,
     ) -> None:
+        """Keep a seeded random subset of the valid entries of each row (seeded per document,
+        layer and block, so any sharding samples the same entries)."""
         if self.samples_per_doc <= 0:
             return
         per_block = max(1, self.samples_per_doc // max(1, len(self.layers)))
         for row, doc in enumerate(docs):
-            idx = entries[row].nonzero()  # [n, 3] = head, query-in-block, key
-            if idx.numel() == 0:
-                continue
             key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
             gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-            pick = torch.randperm(idx.shape[0], generator=gen)[:per_block].to(idx.device)
-            idx = idx[pick]
+            idx = _draw_valid(entries[row], per_block, gen)
+            if idx.numel() == 0:
+                continue
             h, qi, k = idx.unbind(1)
             cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
             cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
             self.samples.add(doc, group, torch.stack([c.float() for c in cols], 1))
+
+
+def _draw_valid(valid: Bool[Tensor, "head query key"], n: int, gen: torch.Generator) -> Tensor:
+    """Up to ``n`` distinct random indices ``[m, 3]`` of the True entries of ``valid``.
+
+    Draws candidates uniformly and keeps the valid ones (cheap when many entries are valid, as
+    for tail tokens); enumerates the valid entries when few are (as for the sink column).
+    """
+    flat = valid.reshape(-1)
+    picks = torch.randint(0, flat.numel(), (8 * n,), generator=gen).to(valid.device)
+    picks = picks[flat[picks]].unique()
+    if picks.numel() < n:
+        picks = flat.nonzero().flatten()
+    order = torch.randperm(picks.numel(), generator=gen).to(valid.device)
+    picks = picks[order[:n]]
+    return torch.stack(torch.unravel_index(picks, valid.shape), 1)
 
 
 # --------------------------------------------------------------------------- results

@@ -6,6 +6,12 @@ statistic. Figures are named after the claim they illustrate (SPEC §6).
 from cw_lens.plots._style import save_figure
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
+from cw_lens.plots.selection import (
+    plot_pruning_signal,
+    plot_retriever_share,
+    plot_sink_lowers_fn,
+    plot_topn_beats_random,
+)
 from cw_lens.plots.sinks import (
     plot_convex_sink_curve,
     plot_sink_ablation_cone,
@@ -19,10 +25,14 @@ __all__ = [
     "plot_attention_vs_contribution",
     "plot_convex_sink_curve",
     "plot_faithfulness_curves",
+    "plot_pruning_signal",
+    "plot_retriever_share",
     "plot_sink_ablation_cone",
     "plot_sink_attention_vs_contribution",
     "plot_sink_cancels_drift",
     "plot_sink_contribution_drivers",
+    "plot_sink_lowers_fn",
     "plot_sink_value_geometry",
+    "plot_topn_beats_random",
     "save_figure",
 ]

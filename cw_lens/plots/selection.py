@@ -112,7 +112,7 @@ def plot_retriever_share(result: Any, *, figsize: tuple = (11, 4)) -> Any:
     axes[0].set_ylabel("share of heads")
     axes[0].set_ylim(0, 1)
     axes[0].set_title("Head regimes by layer (source winner)")
-    axes[0].legend(fontsize=8, loc="upper right")
+    axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     for category, regime in zip(("current", "sink", "other"), REGIME_COLORS, strict=True):
         axes[1].plot(
             table.index,
@@ -140,7 +140,7 @@ def plot_pruning_signal(result: Any, *, k: int = 10, figsize: tuple = (11, 4)) -
         1, 2 if has_lone else 1, figsize=figsize if has_lone else (6, 4), constrained_layout=True
     )
     ax = axes[0] if has_lone else axes
-    summary = result.summary()
+    summary = result.by_retention()
     for order in result.orders:
         ax.plot(
             summary.index,
@@ -158,7 +158,7 @@ def plot_pruning_signal(result: Any, *, k: int = 10, figsize: tuple = (11, 4)) -
     ax.set_ylabel(f"ΔPPL (clean PPL {result.clean_ppl:.2f})")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.invert_xaxis()
-    ax.set_title("Structured head pruning")
+    ax.set_title(f"Structured head pruning ({result.scope} ranking)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     if has_lone:

@@ -1,0 +1,604 @@
+"""The main job: run every analysis on one model and corpus, store, plot, summarise.
+
+``cw-lens figures`` (``make figures``) calls :func:`run_figures`. Each step stores its result
+atomically (``<out>/.state/<fingerprint>/<step>.pkl``, written to a temporary file and renamed)
+and a rerun skips the finished steps, so an interrupted job resumes where it stopped;
+``force=True`` recomputes everything. The fingerprint covers the model, corpus, sizes, seed and
+cw_lens version, so changing any of them starts afresh. The figures (one PNG and one PDF each),
+``summary.json`` and ``REPORT.md`` are rebuilt from the stored results on every run, also
+atomically. With the same seed two runs give identical numbers in ``summary.json`` (floats are
+rounded to 6 significant digits).
+
+Under ``torchrun`` every rank computes its shard of each analysis, the accumulators are merged
+exactly, and rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pickle
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from cw_lens.distributed import barrier, init_from_env, is_main_process
+
+CLAIM_ORDER = (
+    "sink_attention_vs_contribution",
+    "faithfulness_order",
+    "sink_value_norm_ratio",
+    "sink_anti_alignment",
+    "sink_contribution_drivers",
+    "convex_sink_curve",
+    "sink_cancels_drift",
+    "sink_ablation_cone",
+    "topn_beats_random",
+    "sink_lowers_fn",
+    "retriever_share",
+    "pruning_signal",
+)
+CLAIM_FIGURES = {
+    "sink_attention_vs_contribution": "sink_attention_vs_contribution",
+    "faithfulness_order": "faithfulness_order",
+    "sink_value_norm_ratio": "sink_value_geometry",
+    "sink_anti_alignment": "sink_value_geometry",
+    "sink_contribution_drivers": "sink_contribution_drivers",
+    "convex_sink_curve": "convex_sink_curve",
+    "sink_cancels_drift": "sink_cancels_drift",
+    "sink_ablation_cone": "sink_ablation_cone",
+    "topn_beats_random": "topn_beats_random",
+    "sink_lowers_fn": "sink_lowers_fn",
+    "retriever_share": "retriever_share",
+    "pruning_signal": "pruning_signal",
+}
+
+
+@dataclass
+class JobConfig:
+    """Everything that decides the numbers of a run (and so its fingerprint)."""
+
+    model: str | None = None
+    corpus: str | None = None
+    n_docs: int = 8
+    max_tokens: int = 128
+    seed: int = 0
+    batch_size: int = 8
+    task: str | None = "ioi"
+    task_docs: int = 24
+    faithfulness_docs: int | None = None
+    lone_docs: int = 2
+    device: str | None = None
+    dtype: str = "float32"
+
+    def fingerprint(self) -> str:
+        from cw_lens import __version__
+
+        keys = {k: v for k, v in self.__dict__.items() if k != "device"}
+        keys["version"] = __version__
+        blob = json.dumps(keys, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+@dataclass
+class Job:
+    """A running job: config, model, corpus, output folder and stored step results."""
+
+    config: JobConfig
+    out: Path
+    force: bool = False
+    progress: bool = True
+    model: Any = None
+    corpus: Any = None
+    results: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out / ".state" / self.config.fingerprint()
+
+    def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
+        """Load step ``name`` if stored (and not forced), else compute and store atomically."""
+        path = self.state_dir / f"{name}.pkl"
+        if path.exists() and not self.force:
+            try:
+                with open(path, "rb") as f:
+                    self.results[name] = pickle.load(f)
+                self._log(f"[{name}] loaded from {path}")
+                return self.results[name]
+            except Exception:  # a corrupt state file is recomputed, never used
+                self._log(f"[{name}] stored result unreadable; recomputing")
+        start = time.perf_counter()
+        self._log(f"[{name}] computing")
+        value = fn(self)
+        self.timings[name] = time.perf_counter() - start
+        if is_main_process():
+            atomic_write_bytes(path, pickle.dumps(value))
+        barrier()
+        self.results[name] = value
+        self._log(f"[{name}] done in {self.timings[name]:.1f} s")
+        return value
+
+    def _log(self, message: str) -> None:
+        if self.progress and is_main_process():
+            print(message, file=sys.stderr, flush=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def clean_partial_files(out: Path) -> int:
+    """Remove temporary files a killed run left behind; returns how many."""
+    n = 0
+    if out.exists():
+        for tmp in list(out.rglob(".*.tmp*")):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def step_sinks(job: Job) -> dict[str, Any]:
+    from cw_lens.sinks import sink_statistics
+
+    stats = sink_statistics(
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        seed=job.config.seed,
+        progress=job.progress,
+    )
+    return {
+        "heads": stats.heads(),
+        "curve": stats.curve(),
+        "s_star": stats.s_star_distribution(),
+        "decomposition": stats.decomposition(),
+        "claims": stats.claims(),
+    }
+
+
+def step_heatmaps(job: Job) -> dict[str, Any]:
+    """P1 Fig. 1: attention and contribution matrices of two strong sink heads on one text."""
+    import cw_lens
+
+    heads = job.results["sinks"]["heads"]
+    sink = heads[heads["sink_head"]].sort_values("sink_rate", ascending=False)
+    picks = []
+    for _, row in sink.iterrows():
+        if all(abs(int(row["layer"]) - p[0]) > 3 for p in picks):
+            picks.append((int(row["layer"]), int(row["head"])))
+        if len(picks) == 2:
+            break
+    if not picks:
+        picks = [(job.model.cfg.n_layers // 2, 0)]
+    doc = job.corpus[0]
+    text_tokens = list(doc.tokens[:31]) if doc.tokens is not None else None
+    inputs = doc.text[:160] if text_tokens is None else job.model.tokenizer.decode(text_tokens)
+    result = cw_lens.contribution_weights(
+        job.model, inputs, layers=sorted({p[0] for p in picks}), kind="intra"
+    )
+    return {"result": result, "picks": picks}
+
+
+def step_ablation(job: Job) -> dict[str, Any]:
+    from cw_lens.sinks import sink_ablation
+
+    ablation = sink_ablation(
+        job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
+    )
+    return {"ablation": ablation, "claims": ablation.claims()}
+
+
+def step_faithfulness(job: Job) -> dict[str, Any]:
+    from cw_lens.faithfulness import faithfulness
+
+    corpus = job.corpus
+    if job.config.faithfulness_docs:
+        corpus = corpus[: job.config.faithfulness_docs]
+    result = faithfulness(
+        job.model,
+        corpus,
+        granularity=("pairs", "tokens"),
+        batch_size=job.config.batch_size,
+        seed=job.config.seed,
+        progress=job.progress,
+    )
+    return {"result": result, "claims": result.claims()}
+
+
+def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
+    import cw_lens
+    from cw_lens.faithfulness import faithfulness
+
+    if not job.config.task:
+        return None
+    items = cw_lens.load_corpus(
+        job.config.task,
+        n_docs=job.config.task_docs,
+        model=job.model,
+        only_correct=True,
+        seed=job.config.seed,
+    )
+    result = faithfulness(
+        job.model,
+        items,
+        fractions=(0.02, 0.1, 0.5),
+        granularity="pairs",
+        batch_size=16,
+        seed=job.config.seed,
+        progress=job.progress,
+    )
+    return {"result": result, "n_items": len(items), "task": job.config.task}
+
+
+def step_selection(job: Job) -> dict[str, Any]:
+    from cw_lens.selection import selection_geometry
+
+    result = selection_geometry(
+        job.model, job.corpus, seed=job.config.seed, batch_size=job.config.batch_size
+    )
+    return {"result": result}
+
+
+def step_taxonomy(job: Job) -> dict[str, Any]:
+    from cw_lens.selection import head_taxonomy
+
+    result = head_taxonomy(job.model, job.corpus, batch_size=job.config.batch_size)
+    return {"result": result}
+
+
+def step_pruning(job: Job) -> dict[str, Any]:
+    """P2 pruning with the global ranking (SPEC's reading) and, for comparison, per layer."""
+    from cw_lens.selection import prune_heads
+
+    orders = ("taxonomy", "magnitude", "entropy", "random")
+    common = dict(
+        order=orders,
+        seed=job.config.seed,
+        batch_size=job.config.batch_size,
+        taxonomy=job.results["taxonomy"]["result"],
+        progress=job.progress,
+    )
+    result = prune_heads(job.model, job.corpus, lone_docs=job.config.lone_docs, **common)
+    per_layer = prune_heads(job.model, job.corpus, scope="layer", lone=False, **common)
+    return {"result": result, "per_layer": per_layer}
+
+
+STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
+    ("sinks", step_sinks),
+    ("heatmaps", step_heatmaps),
+    ("ablation", step_ablation),
+    ("faithfulness", step_faithfulness),
+    ("task_faithfulness", step_task_faithfulness),
+    ("selection", step_selection),
+    ("taxonomy", step_taxonomy),
+    ("pruning", step_pruning),
+)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def make_figures(job: Job) -> dict[str, list[Path]]:
+    """Every figure, named after its claim; returns ``{name: [png, pdf]}``."""
+    from cw_lens import plots
+
+    r = job.results
+    sinks = r["sinks"]
+    figures: dict[str, Any] = {}
+    heat = r["heatmaps"]
+    for i, (layer, head) in enumerate(heat["picks"]):
+        figures[f"contribution_heatmap_{i + 1}"] = plots.plot_attention_vs_contribution(
+            heat["result"], layer=layer, head=head
+        )
+    figures["sink_attention_vs_contribution"] = plots.plot_sink_attention_vs_contribution(
+        sinks["heads"]
+    )
+    figures["sink_value_geometry"] = plots.plot_sink_value_geometry(sinks["heads"])
+    figures["sink_contribution_drivers"] = plots.plot_sink_contribution_drivers(
+        sinks["heads"], sinks["decomposition"]
+    )
+    figures["convex_sink_curve"] = plots.plot_convex_sink_curve(
+        sinks["curve"], sinks["s_star"], sinks["heads"]
+    )
+    figures["sink_cancels_drift"] = plots.plot_sink_cancels_drift(sinks["heads"])
+    figures["sink_ablation_cone"] = plots.plot_sink_ablation_cone(r["ablation"]["ablation"])
+    figures["faithfulness_order"] = plots.plot_faithfulness_curves(r["faithfulness"]["result"])
+    if r.get("task_faithfulness"):
+        figures["faithfulness_task"] = plots.plot_faithfulness_curves(
+            r["task_faithfulness"]["result"]
+        )
+    figures["topn_beats_random"] = r["selection"]["result"].plot()
+    figures["sink_lowers_fn"] = r["selection"]["result"].plot_sink_effect()
+    figures["retriever_share"] = r["taxonomy"]["result"].plot()
+    figures["pruning_signal"] = r["pruning"]["result"].plot()
+    figures["pruning_signal_per_layer"] = r["pruning"]["per_layer"].plot()
+    written = {}
+    for name, fig in figures.items():
+        written[name] = plots.save_figure(fig, job.out / name)
+    return written
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _round(value: Any, digits: int = 6) -> Any:
+    """JSON-ready: floats to ``digits`` significant digits, NaN/inf to None, recursively."""
+    if isinstance(value, dict):
+        return {str(k): _round(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_round(v, digits) for v in value]
+    if isinstance(value, torch.Tensor):
+        return _round(value.tolist(), digits)
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.{digits}g}")
+    return str(value)
+
+
+def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
+    r = job.results
+    claims: dict[str, dict[str, Any]] = {}
+    claims.update(r["sinks"]["claims"])
+    claims.update(r["ablation"]["claims"])
+    claims.update(r["faithfulness"]["claims"])
+    if r.get("task_faithfulness"):
+        task = r["task_faithfulness"]
+        task_claim = task["result"].claims()["faithfulness_order"]
+        claims["faithfulness_order"]["measured"][f"task_{task['task']}"] = {
+            "n_items": task["n_items"],
+            **task_claim["measured"],
+        }
+    claims.update(r["selection"]["result"].claims())
+    claims.update(r["taxonomy"]["result"].claims())
+    claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["per_layer"]))
+    for cid, claim in claims.items():
+        claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
+    missing = [c for c in CLAIM_ORDER if c not in claims]
+    if missing:
+        raise RuntimeError(f"claims not measured: {missing}")
+    return {cid: claims[cid] for cid in CLAIM_ORDER}
+
+
+def versions() -> dict[str, str]:
+    import transformer_lens
+    import transformers
+
+    from cw_lens import __version__
+
+    return {
+        "cw_lens": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"),
+        "python": platform.python_version(),
+    }
+
+
+def build_summary(job: Job) -> dict[str, Any]:
+    from cw_lens.models import model_name
+
+    cfg = job.config
+    corpus = job.corpus
+    n_tokens = sum(len(d.tokens) for d in corpus if d.tokens is not None)
+    summary = {
+        "model": model_name(job.model),
+        "corpus": corpus.name,
+        "n_documents": len(corpus),
+        "n_tokens": n_tokens + len(corpus),  # text tokens plus one BOS per document
+        "max_tokens": cfg.max_tokens,
+        "seed": cfg.seed,
+        "prepend_bos": True,
+        "bos_token": job.model.tokenizer.bos_token if job.model.tokenizer else None,
+        "versions": versions(),
+        "claims": collect_claims(job),
+    }
+    return _round(summary)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        inner = ", ".join(f"{k}: {_fmt(v)}" for k, v in list(value.items())[:6])
+        return "{" + inner + "}"
+    return str(value)
+
+
+def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
+    """REPORT.md: the claims table and every figure with a one-line reading."""
+    lines = [
+        f"# cw_lens report — {summary['model']}",
+        "",
+        f"Corpus `{summary['corpus']}`: {summary['n_documents']} documents, "
+        f"{summary['n_tokens']} tokens (BOS `{summary['bos_token']}` prepended; it is the sink "
+        f"at position 0); seed {summary['seed']}. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
+        + ".",
+        "",
+        "## Claims",
+        "",
+        "| claim | paper says | we measured | holds |",
+        "|---|---|---|---|",
+    ]
+    for cid, claim in summary["claims"].items():
+        measured = claim["measured"]
+        key_numbers = {k: v for k, v in measured.items() if not isinstance(v, dict)}
+        text = "; ".join(f"{k} = {_fmt(v)}" for k, v in list(key_numbers.items())[:5])
+        mark = "yes" if claim["holds"] else "**no**"
+        lines.append(f"| `{cid}` | {claim['paper']} | {text} | {mark} |")
+    lines += ["", "Criteria (what `holds` tests):", ""]
+    for cid, claim in summary["claims"].items():
+        lines.append(f"- `{cid}`: {claim.get('criterion', '')}")
+    lines += ["", "## Figures", ""]
+    readings = figure_readings(summary)
+    for name, paths in figures.items():
+        png = paths[0].name
+        lines += [f"### {name}", "", f"![{name}]({png})", "", readings.get(name, ""), ""]
+    if job.timings:
+        lines += [
+            "## Run",
+            "",
+            "Step timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
+    """One line per figure, written from the measured numbers."""
+    c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
+    held = {
+        cid: "holds" if claim["holds"] else "does not hold"
+        for cid, claim in summary["claims"].items()
+    }
+    sink = c["sink_attention_vs_contribution"]
+    ratio = c["sink_value_norm_ratio"]
+    anti = c["sink_anti_alignment"]
+    convex = c["convex_sink_curve"]
+    drift = c["sink_cancels_drift"]
+    cone = c["sink_ablation_cone"]
+    comp = c["faithfulness_order"].get("aopc_comprehensiveness_pairs", {})
+    best = max(comp, key=lambda k: comp[k] if comp[k] is not None else -1) if comp else "?"
+    topn = c["topn_beats_random"]
+    sink_fn = c["sink_lowers_fn"]
+    tax = c["retriever_share"]
+    heat = (
+        "Attention (left) versus intra-head contribution weights (right) of a strong sink "
+        "head on one text (P1, Fig. 1)."
+    )
+    return {
+        "contribution_heatmap_1": heat,
+        "contribution_heatmap_2": heat,
+        "sink_attention_vs_contribution": (
+            f"Over {sink['n_sink_heads']} sink heads the sink takes "
+            f"{_fmt(sink['mean_sink_attention'])} of the attention and contributes "
+            f"{_fmt(sink['mean_sink_contribution_intra'])} of the head output (ratio "
+            f"{_fmt(sink['contribution_over_attention'])}): the claim "
+            f"{held['sink_attention_vs_contribution']}."
+        ),
+        "sink_value_geometry": (
+            f"Median norm ratio ||pv_j||/||pv_0|| over sink heads "
+            f"{_fmt(ratio['median_ratio_sink_heads'])}; median cos(pv_0, m_i) "
+            f"{_fmt(anti['median_cos_sink_tail_mixture'])}."
+        ),
+        "sink_contribution_drivers": (
+            "Spearman correlation of each factor with the sink's contribution: "
+            f"{_fmt(c['sink_contribution_drivers']['spearman_sink'])}; the claim "
+            f"{held['sink_contribution_drivers']}."
+        ),
+        "convex_sink_curve": (
+            f"{_fmt(convex['share_sink_heads_interior_median_s_star'])} of sink heads have an "
+            f"interior median s* (median of medians {_fmt(convex['median_of_median_s_star'])})."
+        ),
+        "sink_cancels_drift": (
+            f"The sink term opposes the weak-token drift in "
+            f"{_fmt(drift['share_sink_heads_negative_cosine'])} of sink heads; median cancelled "
+            f"share {_fmt(drift['median_cancelled_share'])}."
+        ),
+        "sink_ablation_cone": (
+            "Removing the sink: low-norm heads' cone alignment "
+            f"{_fmt(cone['low_norm_cone_before'])} -> {_fmt(cone['low_norm_cone_after'])}, others "
+            f"{_fmt(cone['other_cone_before'])} -> {_fmt(cone['other_cone_after'])}; PPL "
+            f"{_fmt(cone['clean_ppl'])} -> {_fmt(cone['patched_ppl'])}."
+        ),
+        "faithfulness_order": (
+            f"Comprehensiveness AOPC (mean NLL change, pairs): {_fmt(comp)}; most faithful: "
+            f"{best}; P1's full ordering {held['faithfulness_order']}."
+        ),
+        "faithfulness_task": "Faithfulness on the task items: drop of the answer log-probability.",
+        "topn_beats_random": (
+            f"F_N of top-N over random: {_fmt(topn.get('top_over_random', {}))}; the largest gap "
+            f"is at N = {topn.get('n_with_largest_gap')}."
+        ),
+        "sink_lowers_fn": (
+            f"F_N without the sink over F_N with it: {_fmt(sink_fn['no_sink_over_sink'])}."
+        ),
+        "retriever_share": (
+            f"Regime shares {_fmt(tax['regime_shares'])}; Retrievers "
+            f"{_fmt(tax['retriever_share'])} of heads."
+        ),
+        "pruning_signal": (
+            "ΔPPL per order and retention, heads ranked globally (SPEC's reading); the claim "
+            f"{held['pruning_signal']}."
+        ),
+        "pruning_signal_per_layer": "The same with the same share of heads removed per layer.",
+    }
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def run_figures(
+    config: JobConfig, out: Path | str = "figures", *, force: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Run (or resume) the main job and write figures, ``summary.json`` and ``REPORT.md``."""
+    import cw_lens
+
+    out = Path(out)
+    init_from_env(config.device)
+    if is_main_process():
+        removed = clean_partial_files(out)
+        if removed and progress:
+            print(f"removed {removed} partial file(s) of an interrupted run", file=sys.stderr)
+    barrier()
+    torch.manual_seed(config.seed)
+    dtype = getattr(torch, config.dtype)
+    job = Job(config, out, force=force, progress=progress)
+    job.model = cw_lens.load_model(config.model, device=config.device, dtype=dtype)
+    job.corpus = cw_lens.load_corpus(
+        config.corpus,
+        n_docs=config.n_docs,
+        max_tokens=config.max_tokens,
+        tokenizer=job.model,
+        seed=config.seed,
+    )
+    for name, fn in STEPS:
+        job.step(name, fn)
+    summary = build_summary(job)
+    if is_main_process():
+        figures = make_figures(job)
+        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(out / "REPORT.md", build_report(job, summary, figures))
+    barrier()
+    return summary
+
+
+def claims_table(summary: dict[str, Any]) -> pd.DataFrame:
+    """The claims of a summary as a table (paper, holds, figure)."""
+    rows = [
+        {"claim": cid, "holds": c["holds"], "paper": c["paper"], "figure": c["figure"]}
+        for cid, c in summary["claims"].items()
+    ]
+    return pd.DataFrame(rows)

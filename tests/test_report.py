@@ -1,0 +1,136 @@
+"""The main job: every figure and claim, determinism, resuming, interruption, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cw_lens.report import CLAIM_ORDER, STEPS, JobConfig, run_figures
+
+pytestmark = pytest.mark.slow
+
+# the same job as CLI_ARGS (defaults elsewhere), so CLI runs and in-process runs compare
+TINY = dict(model="testing:tiny-llama", n_docs=4, max_tokens=24, task=None, batch_size=2)
+CLI_ARGS = [
+    "--model",
+    "testing:tiny-llama",
+    "--n-docs",
+    "4",
+    "--max-tokens",
+    "24",
+    "--task",
+    "none",
+    "--batch-size",
+    "2",
+    "--quiet",
+]
+
+
+def claims_of(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    summary = run_figures(JobConfig(**TINY), out, progress=False)
+    return out, summary
+
+
+def test_job_writes_every_figure_claim_and_report(tiny_run):
+    out, summary = tiny_run
+    assert list(summary["claims"]) == list(CLAIM_ORDER)
+    for key in ("model", "corpus", "n_documents", "n_tokens", "seed", "versions"):
+        assert key in summary
+    assert summary["n_documents"] == 4 and summary["n_tokens"] == 4 * 25
+    for cid, claim in summary["claims"].items():
+        assert set(claim) >= {"paper", "measured", "holds", "figure"}, cid
+        assert isinstance(claim["holds"], bool)
+        stem = out / Path(claim["figure"]).stem
+        assert stem.with_suffix(".png").stat().st_size > 1000, cid
+        assert stem.with_suffix(".pdf").stat().st_size > 1000, cid
+    report = (out / "REPORT.md").read_text()
+    assert "| claim | paper says | we measured | holds |" in report
+    for cid in CLAIM_ORDER:
+        assert f"`{cid}`" in report
+    assert not list(out.rglob(".*.tmp*"))
+
+
+def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_path, monkeypatch):
+    out, summary = tiny_run
+    fresh = run_figures(JobConfig(**TINY), tmp_path / "again", progress=False)
+    assert fresh["claims"] == summary["claims"]
+    assert (tmp_path / "again" / "summary.json").read_text() == (out / "summary.json").read_text()
+
+    import cw_lens.report as report
+
+    def fail(job):
+        raise AssertionError("a finished step was recomputed")
+
+    monkeypatch.setattr(report, "STEPS", tuple((name, fail) for name, _ in STEPS))
+    resumed = run_figures(JobConfig(**TINY), out, progress=False)
+    assert resumed["claims"] == summary["claims"]
+    with pytest.raises(AssertionError, match="recomputed"):
+        run_figures(JobConfig(**TINY), out, progress=False, force=True)
+
+
+def _cli(*args: str, env: dict | None = None) -> list[str]:
+    return [sys.executable, "-m", "cw_lens.cli", "figures", *CLI_ARGS, *args]
+
+
+def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
+    out = tmp_path / "killed"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        _cli("--out", str(out)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 300
+    state = None
+    while time.time() < deadline:
+        found = list(out.glob(".state/*/*.pkl"))
+        if found:
+            state = found
+            break
+        time.sleep(0.05)
+    assert state, "the job stored no step before the deadline"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists()
+    done = subprocess.run(_cli("--out", str(out)), env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(out.rglob(".*.tmp*"))
+    assert claims_of(out)["claims"] == claims_of(tiny_run[0])["claims"]
+
+
+def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    single = subprocess.run(
+        _cli("--out", str(tmp_path / "one")), env=env, capture_output=True, text=True
+    )
+    assert single.returncode == 0, single.stderr[-2000:]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "cw_lens.cli",
+        "figures",
+        *CLI_ARGS,
+        "--out",
+        str(tmp_path / "two"),
+    ]
+    double = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert double.returncode == 0, double.stderr[-3000:]
+    one, two = claims_of(tmp_path / "one"), claims_of(tmp_path / "two")
+    assert one["claims"] == two["claims"]
+    assert one["n_documents"] == two["n_documents"] == 4

@@ -1,0 +1,558 @@
+"""P2: selection geometry (P/R/F), head taxonomy and head pruning — against hand-worked cases,
+per-query references built from ``run_with_cache``, and direct recomputation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cw_lens import selection as sel
+from cw_lens.errors import InputError
+from cw_lens.inputs import prepare_inputs
+from cw_lens.interventions import HookSet, remove_heads
+from cw_lens.scoring import corpus_nll, run_logits, token_nll
+from cw_lens.testing import tiny_llama
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention heads select tokens; some of them mostly look at the first one.",
+    "Short text here",
+]
+
+
+def t64(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# =========================================================================== geometric_prf by hand
+
+
+def test_ties_go_to_the_smaller_index():
+    # all attention equal: top-2 must be keys {0, 1}. By hand: s = 10, D = [10, 0, 9, 1],
+    # rho_max = 10, rho_min = 1 -> P = 2/4, R = 1/2, F = 1/2. ({2, 3} would give P = 2/3,
+    # F = 4/7; {0, 2} would give 1, 1, 1.)
+    values = t64([[0.0], [10.0], [1.0], [11.0]])
+    attention = t64([1.0, 1.0, 1.0, 1.0])
+    assert sel.geometric_prf(values, attention, 2) == (0.5, 0.5, 0.5)
+    assert sel.geometric_prf(values, attention, 2, ranking=[2, 3, 0, 1]) == pytest.approx(
+        (2 / 3, 0.5, 4 / 7)
+    )
+    batched = sel.geometric_prf_batched(values, attention, [2])
+    assert [float(t[0]) for t in batched] == [0.5, 0.5, 0.5]
+
+
+def test_f1_is_one_for_any_rule_with_euclidean_distance():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        values = torch.randn(9, 4, generator=gen, dtype=torch.float64)
+        attention = torch.softmax(torch.randn(9, generator=gen, dtype=torch.float64), 0)
+        ranking = torch.randperm(9, generator=gen).tolist()
+        assert sel.geometric_prf(values, attention, 1) == (1.0, 1.0, 1.0)
+        assert sel.geometric_prf(values, attention, 1, ranking=ranking) == (1.0, 1.0, 1.0)
+
+
+def test_separable_selection_scores_one():
+    values = t64([[10, 0], [10, 0.1], [0, 1], [0, -1], [1, 0], [-1, 0]])
+    attention = t64([0.4, 0.4, 0.05, 0.05, 0.05, 0.05])
+    assert sel.geometric_prf(values, attention, 2) == (1.0, 1.0, 1.0)
+
+
+def test_contaminated_selection_by_hand():
+    # y = [4, 3, 3.5, -1]; S = {0, 1}, s = 7, D = [3, 4, 3.5, 8]; rho_max = 4, rho_min = 3.5
+    # P = 2 / (2 + 1) (key 2 inside), R = 1 / 2 (key 1 is not closer than key 2), F = 4/7
+    attention = t64([0.4, 0.3, 0.2, 0.1])
+    values = t64([[4.0], [3.0], [3.5], [-1.0]]) / attention[:, None]
+    p, r, f = sel.geometric_prf(values, attention, 2)
+    assert (p, r) == pytest.approx((2 / 3, 1 / 2)) and f == pytest.approx(4 / 7)
+    # N = 3: S = {0, 1, 2}, s = 10.5, D = [6.5, 7.5, 7, 11.5] -> P = 1, R = 1
+    assert sel.geometric_prf(values, attention, 3) == (1.0, 1.0, 1.0)
+
+
+def test_cosine_distance_by_hand():
+    # y0 = (.4, 0), y1 = (0, .3), y2 = .2 (1, 1), y3 = .1 (10, 7.5) — y3 points along s = (.4, .3)
+    attention = t64([0.4, 0.3, 0.2, 0.1])
+    y = t64([[0.4, 0.0], [0.0, 0.3], [0.2, 0.2], [1.0, 0.75]])
+    values = y / attention[:, None]
+    # cosine: D = [0.2, 0.4, 1 - 0.7/(0.5 sqrt 2) ~ 0.0101, 0] -> P = 2/4, R = 0, F = 0
+    assert sel.geometric_prf(values, attention, 2, distance="cosine") == (0.5, 0.0, 0.0)
+    d = sel.selection_distance(y, y[:2].sum(0), "cosine")
+    expected = t64([0.2, 0.4, 1 - 0.7 / (0.5 * math.sqrt(2)), 0.0])
+    assert torch.allclose(d, expected, atol=1e-12)
+    # euclidean: D = [0.3, 0.4, 0.2236, 0.75] -> P = 2/3, R = 0
+    assert sel.geometric_prf(values, attention, 2) == (2 / 3, 0.0, 0.0)
+    # a zero value vector gets distance 1 (the 1e-12 guard), never NaN
+    values[3] = 0.0
+    d = sel.selection_distance(attention[:, None] * values, y[:2].sum(0), "cosine")
+    assert float(d[3]) == 1.0
+
+
+def test_exclude_equals_removing_the_key():
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randn(8, 3, generator=gen, dtype=torch.float64)
+    attention = torch.softmax(torch.randn(8, generator=gen, dtype=torch.float64), 0)
+    attention[0] = 0.9  # the "sink" has the most attention
+    for n in (1, 2, 3, 7):
+        for distance in ("euclidean", "cosine"):
+            got = sel.geometric_prf(values, attention, n, exclude=[0], distance=distance)
+            assert got == sel.geometric_prf(values[1:], attention[1:], n, distance=distance)
+    with pytest.raises(InputError, match="between 1 and the number of candidate keys"):
+        sel.geometric_prf(values, attention, 8, exclude=[0])
+
+
+# =========================================================================== invariants
+
+
+@st.composite
+def query_cases(draw):
+    n_keys = draw(st.integers(2, 10))
+    d = draw(st.integers(1, 4))
+    coord = st.floats(-3, 3, allow_nan=False, width=64)
+    values = t64(
+        draw(st.lists(st.lists(coord, min_size=d, max_size=d), min_size=n_keys, max_size=n_keys))
+    )
+    levels = st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.5, 1.0])  # few levels: many ties
+    attention = t64(draw(st.lists(levels, min_size=n_keys, max_size=n_keys)))
+    exclude = draw(st.sampled_from([[], [0], [n_keys - 1]]))
+    distance = draw(st.sampled_from(sel.DISTANCES))
+    return values, attention, exclude, distance
+
+
+@settings(max_examples=150, deadline=None)
+@given(query_cases())
+def test_prf_invariants_and_batched_equals_single(case):
+    values, attention, exclude, distance = case
+    n_cand = len(attention) - len(exclude)
+    grid = list(range(1, n_cand + 1))
+    batched = sel.geometric_prf_batched(values, attention, grid, distance=distance, exclude=exclude)
+    candidates = [j for j in range(len(attention)) if j not in exclude]
+    ranked = sorted(candidates, key=lambda j: (-float(attention[j]), j))
+    y = attention[:, None] * values
+    for k, n in enumerate(grid):
+        prf = sel.geometric_prf(values, attention, n, distance=distance, exclude=exclude)
+        assert all(0.0 <= x <= 1.0 for x in prf)
+        assert prf == tuple(float(t[k]) for t in batched)  # exactly
+        d = sel.selection_distance(y, y[ranked[:n]].cumsum(0)[-1], distance)
+        rho_max = float(d[ranked[:n]].max())
+        rho_min = float(d[ranked[n:]].min()) if n < n_cand else math.inf
+        assert (prf == (1.0, 1.0, 1.0)) == (rho_min > rho_max)
+
+
+@settings(max_examples=30, deadline=None)
+@given(query_cases(), st.integers(0, 2**31 - 1))
+def test_random_rankings_are_nested_and_match_the_single_form(case, seed):
+    values, attention, _, distance = case
+    n_keys = len(attention)
+    orders = sel.random_order(
+        torch.ones(1, n_keys, dtype=torch.bool), 3, torch.Generator().manual_seed(seed)
+    )[0]
+    grid = list(range(1, n_keys + 1))
+    y = (attention[:, None] * values).expand(3, -1, -1)
+    batched = sel.prf_of_ranking(y, orders, torch.ones(3, n_keys, dtype=torch.bool), grid, distance)
+    for r, order in enumerate(orders.tolist()):
+        assert sorted(order) == list(range(n_keys))
+        for k, n in enumerate(grid):  # each N uses the first N keys of one permutation
+            single = sel.geometric_prf(values, attention, n, distance=distance, ranking=order)
+            assert single == tuple(float(t[r, k]) for t in batched)
+
+
+def test_random_rankings_are_seeded():
+    a = sel.random_rankings(0, 3, 1, 20, n_heads=4, n_random=16)
+    assert torch.equal(a, sel.random_rankings(0, 3, 1, 20, n_heads=4, n_random=16))
+    assert a.shape == (4, 16, 21)
+    assert torch.equal(a.sort(-1).values, torch.arange(21).expand(4, 16, -1))
+    for other in [(1, 3, 1, 20), (0, 4, 1, 20), (0, 3, 2, 20)]:
+        assert not torch.equal(a, sel.random_rankings(*other, n_heads=4, n_random=16))
+    # non-candidates always come last
+    cand = torch.tensor([[True, False, True, True, False]])
+    order = sel.random_order(cand, 5, torch.Generator().manual_seed(0))[0]
+    assert (order[:, 3:].sort(-1).values == torch.tensor([1, 4])).all()
+
+
+def test_power_grid():
+    assert sel.power_grid(129) == [1, 2, 4, 8, 16, 32, 64]
+    assert sel.power_grid(8) == [1, 2, 4]
+    assert sel.power_grid(1) == []
+
+
+# =========================================================================== tiny-model pipeline
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=0, n_layers=2)
+
+
+def run_cached(model, texts):
+    batch = prepare_inputs(model, texts)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask())
+    return batch, cache
+
+
+def reference_geometry(model, batch, cache, grid, query, n_random, seed):
+    """Per-query loops over geometric_prf: mean F per (layer, rule, head, n)."""
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    group = n_heads // cache["blocks.0.attn.hook_v"].shape[2]
+    sums = torch.zeros(n_layers, 3, n_heads, len(grid), 2, dtype=torch.float64)
+    for layer in range(n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        values = cache[f"blocks.{layer}.attn.hook_v"]
+        for b, length in enumerate(batch.lengths.tolist()):
+            queries = [length - 1] if query == "last" else range(1, length)
+            for q in queries:
+                rankings = sel.random_rankings(seed, b, layer, q, n_heads, n_random)
+                for h in range(n_heads):
+                    v, a = values[b, : q + 1, h // group], pattern[b, h, q, : q + 1]
+                    for k, n in enumerate(grid):
+                        if 2 * n > q + 1:
+                            continue
+                        rules = [
+                            sel.geometric_prf(v, a, n)[2],
+                            sum(
+                                sel.geometric_prf(v, a, n, ranking=r)[2]
+                                for r in rankings[h].tolist()
+                            )
+                            / n_random,
+                            sel.geometric_prf(v, a, n, exclude=[0])[2],
+                        ]
+                        for r, f in enumerate(rules):
+                            sums[layer, r, h, k] += torch.tensor([f, 1.0], dtype=torch.float64)
+    return sums[..., 0] / sums[..., 1]
+
+
+@pytest.mark.parametrize("query", ["last", "all"])
+def test_selection_geometry_matches_per_query_reference(model, query):
+    texts = TEXTS if query == "last" else ["Short text here", "Hello, small world!"]
+    batch, cached = run_cached(model, texts)
+    result = sel.selection_geometry(
+        model, texts, query=query, n_random=4, seed=7, batch_size=2, progress=False
+    )
+    assert sel.RULES == ("top", "random", "top_no_sink")
+    expected = reference_geometry(model, batch, cached, result.n_grid, query, 4, 7)
+    got = result.mean("f")
+    assert torch.allclose(got, expected, atol=1e-12, equal_nan=True)
+    assert result.n_grid == sel.power_grid(int(batch.lengths.max()))
+    assert (result.mean("f")[..., 0] == 1.0).all()  # F_1 = 1 for every rule
+
+
+def test_selection_geometry_tables_and_reproducibility(model):
+    a = sel.selection_geometry(model, TEXTS, n_random=4, batch_size=1, progress=False)
+    b = sel.selection_geometry(model, TEXTS, n_random=4, batch_size=3, progress=False)
+    assert torch.allclose(a.sums, b.sums, atol=1e-9)  # batching does not change the draws
+    c = sel.selection_geometry(model, TEXTS, n_random=4, seed=1, batch_size=3, progress=False)
+    assert torch.equal(b.sums[:, 0], c.sums[:, 0]) and not torch.equal(b.sums[:, 1], c.sums[:, 1])
+    df = a.to_dataframe()
+    assert set(df["rule"]) == {"top", "random", "top_no_sink"}
+    row = df.set_index(["layer", "head", "n", "rule"]).loc[(1, 2, 2, "top")]
+    assert row["f"] == pytest.approx(float(a.mean("f")[1, 0, 2, 1]))
+    table = a.f_by_n()
+    means = df.groupby(["rule", "n"])["f"].mean()
+    assert table.loc[4, "top"] == pytest.approx(means["top", 4])
+    assert table.loc[4, "top_over_random"] == pytest.approx(means["top", 4] / means["random", 4])
+    effect = a.sink_effect()
+    assert effect.loc[2, "ratio"] == pytest.approx(means["top_no_sink", 2] / means["top", 2])
+
+
+def test_several_sink_positions_never_give_nan(model):
+    # "abc" has 4 keys (with BOS): N = 2 is scored, but with sinks 0, 1, 2 removed only key 3
+    # is left, so the sink-free rule is undefined there and that query is not counted
+    result = sel.selection_geometry(
+        model, ["abc", "abcdefgh"], sink_positions=(0, 1, 2), n_random=0, progress=False
+    )
+    df = result.to_dataframe().set_index(["rule", "n"])
+    assert not df[["precision", "recall", "f"]].isna().any().any()
+    assert (df.loc[("top", 2), "n_queries"] == 2).all()
+    assert (df.loc[("top_no_sink", 2), "n_queries"] == 1).all()
+
+
+def test_selection_geometry_rejects_bad_input(model):
+    with pytest.raises(InputError, match="longest document"):
+        sel.selection_geometry(model, ["ab"], n_grid=[4], progress=False)
+    with pytest.raises(InputError, match="query must be"):
+        sel.selection_geometry(model, TEXTS, query="first", progress=False)
+    with pytest.raises(InputError, match="n_random"):
+        sel.selection_geometry(model, TEXTS, n_random=-1, progress=False)
+    with pytest.raises(InputError, match="distance"):
+        sel.geometric_prf(t64([[1.0]]), t64([1.0]), 1, distance="manhattan")
+    with pytest.raises(InputError, match="finite"):
+        sel.geometric_prf(t64([[1.0], [math.nan]]), t64([0.5, 0.5]), 1)
+
+
+# =========================================================================== taxonomy
+
+
+def built_heads(model, layer):
+    """Head 0 attends to itself, head 1 to position 0, head 2 uniformly (causal); the value of
+    kv head 1 (read by heads 2 and 3) at position 1 is scaled up 100x, so under uniform attention
+    the winner argmax_j ||v_j|| is key 1 for every query i >= 2 — neither current nor sink."""
+
+    def pattern(p, hook):
+        p = p.clone()
+        n = p.shape[-1]
+        causal = torch.ones(n, n).tril()
+        p[:, 0] = torch.eye(n)
+        p[:, 1] = 0.0
+        p[:, 1, :, 0] = 1.0
+        p[:, 2] = causal / causal.sum(-1, keepdim=True)
+        return p
+
+    def values(v, hook):
+        v = v.clone()
+        v[:, 1, 1] *= 100.0
+        return v
+
+    return HookSet(
+        model,
+        [(f"blocks.{layer}.attn.hook_v", values), (f"blocks.{layer}.attn.hook_pattern", pattern)],
+    )
+
+
+def test_taxonomy_of_built_heads(model):
+    lengths = prepare_inputs(model, TEXTS).lengths
+    with built_heads(model, 1) as hooks:
+        tax = sel.head_taxonomy(model, TEXTS, batch_size=2, progress=False)
+        batch = prepare_inputs(model, TEXTS)
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask())
+    assert len(hooks) == 2
+    row = tax.table.set_index(["layer", "head"])
+    counted = int((lengths - 1).sum())  # every real query but position 0 (the sink)
+    assert (row["n_queries"] == counted).all()
+    assert row.loc[(1, 0), "share_current"] == 1.0 and row.loc[(1, 0), "regime"] == "Retriever"
+    assert row.loc[(1, 1), "share_sink"] == 1.0 and row.loc[(1, 1), "regime"] == "Mixer"
+    # uniform head: query 1 wins itself, every later query wins key 1 ("other")
+    assert row.loc[(1, 2), "share_current"] == pytest.approx(len(TEXTS) / counted)
+    assert row.loc[(1, 2), "share_other"] == pytest.approx(1 - len(TEXTS) / counted)
+    assert row.loc[(1, 2), "regime"] == "Reset"
+    # the capture saw the replaced pattern (user hooks run first); output norms follow it
+    reference = reference_taxonomy(model, batch, cache, 1)
+    for h in range(model.cfg.n_heads):
+        for column, value in reference[h].items():
+            assert row.loc[(1, h), column] == pytest.approx(value, rel=1e-5), (h, column)
+
+
+def reference_taxonomy(model, batch, cache, layer):
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+    values = cache[f"blocks.{layer}.attn.hook_v"]
+    z = cache[f"blocks.{layer}.attn.hook_z"]
+    W_O = model.blocks[layer].attn.W_O.detach()
+    group = model.cfg.n_heads // values.shape[2]
+    out = {}
+    for h in range(model.cfg.n_heads):
+        counts, norms, entropy = [0, 0, 0], [], []
+        for b, length in enumerate(batch.lengths.tolist()):
+            for i in range(1, length):
+                a = pattern[b, h, i, : i + 1]
+                winner = int((a * values[b, : i + 1, h // group].norm(dim=-1)).argmax())
+                counts[0 if winner == i else 1 if winner == 0 else 2] += 1
+                norms.append(float((z[b, i, h] @ W_O[h]).norm()))
+                entropy.append(float(-(a * a.clamp_min(1e-30).log()).sum()))
+        n = sum(counts)
+        out[h] = {
+            "share_current": counts[0] / n,
+            "share_sink": counts[1] / n,
+            "share_other": counts[2] / n,
+            "mean_output_norm": sum(norms) / n,
+            "mean_entropy": sum(entropy) / n,
+        }
+    return out
+
+
+def test_taxonomy_summaries(model):
+    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    table = tax.to_dataframe()
+    assert len(table) == model.cfg.n_layers * model.cfg.n_heads
+    shares = table[["share_current", "share_sink", "share_other"]]
+    assert torch.allclose(
+        torch.tensor(shares.sum(1).values), torch.ones(len(table), dtype=torch.float64)
+    )
+    first = shares.values.argmax(1)  # ties go to Retriever, then Mixer
+    assert list(table["regime"]) == [sel.REGIMES[k] for k in first]
+    assert tax.regime_shares().sum() == pytest.approx(1.0)
+    by_layer = tax.shares_by_layer()
+    assert by_layer.loc[0, list(sel.REGIMES)].sum() == pytest.approx(1.0)
+    with pytest.raises(InputError, match="sink_positions"):
+        sel.head_taxonomy(model, TEXTS, sink_positions=(), progress=False)
+
+
+# =========================================================================== pruning
+
+
+@pytest.fixture(scope="module")
+def pruned(model):
+    return sel.prune_heads(
+        model, TEXTS, retention=(1.0, 0.75, 0.5), lone_docs=2, lone_tokens=16, progress=False
+    )
+
+
+def test_pruning_levels_are_exact(model, pruned):
+    table = pruned.to_dataframe()
+    assert set(table["order"]) == set(sel.ORDERS)
+    assert len(table) == (3 + 3) * 3  # three deterministic orders + three random draws
+    full = table[table["retention"] == 1.0]
+    assert (full["n_removed"] == 0).all() and (full["delta_ppl"] == 0.0).all()
+    assert corpus_nll(model, TEXTS, hooks=remove_heads(model, []).hooks).ppl == pruned.clean_ppl
+    assert set(table.loc[table["retention"] == 0.75, "n_removed"]) == {2}  # 8 heads
+    for name, draws in pruned.rankings.items():
+        for draw, ranking in enumerate(draws):
+            row = table[(table.order == name) & (table.draw == draw) & (table.retention == 0.5)]
+            hooks = remove_heads(model, ranking[:4]).hooks
+            assert float(row["ppl"].iloc[0]) == corpus_nll(model, TEXTS, hooks=hooks).ppl
+            assert float(row["delta_ppl"].iloc[0]) != 0.0
+
+
+def test_pruning_orders(model, pruned):
+    stats = pruned.head_stats.set_index(["layer", "head"])
+    magnitude = [
+        (layer, h, float(attn.W_V[h // 2].detach().norm() * attn.W_O[h].detach().norm()))
+        for layer in range(2)
+        for attn in [model.blocks[layer].attn]
+        for h in range(4)
+    ]
+    direct = [(layer, h) for layer, h, _ in sorted(magnitude, key=lambda t: (t[2], t[0], t[1]))]
+    assert pruned.rankings["magnitude"][0] == direct
+    rank = {"Reset": 0, "Mixer": 1, "Retriever": 2}
+    keys = [
+        (rank[stats.loc[h, "regime"]], stats.loc[h, "mean_output_norm"])
+        for h in pruned.rankings["taxonomy"][0]
+    ]
+    assert keys == sorted(keys)
+    entropy = [stats.loc[h, "mean_entropy"] for h in pruned.rankings["entropy"][0]]
+    assert entropy == sorted(entropy, reverse=True)
+    again = sel.prune_heads(model, TEXTS, order="random", retention=0.5, lone=False, progress=False)
+    assert again.rankings["random"] == pruned.rankings["random"]
+    assert (
+        again.table["ppl"].tolist()
+        == pruned.table.query("order == 'random' and retention == 0.5")["ppl"].tolist()
+    )
+    other = sel.prune_heads(
+        model, TEXTS, order="random", retention=0.5, seed=1, lone=False, progress=False
+    )
+    assert other.rankings["random"] != pruned.rankings["random"]
+    assert len({tuple(r) for r in pruned.rankings["random"]}) == 3
+
+
+def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
+    ranking = [(1, 2), (0, 3), (1, 0), (0, 1), (1, 1), (0, 0), (0, 2), (1, 3)]
+    assert sel.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]
+    assert sel.removed_heads(ranking, 0.5, "layer") == [(1, 2), (1, 0), (0, 3), (0, 1)]
+    assert sel.removed_heads(ranking, 0.75, "layer") == [(1, 2), (0, 3)]  # 1 of 4 per layer
+    layered = sel.prune_heads(
+        model, TEXTS, order="entropy", retention=0.5, scope="layer", lone=False, progress=False
+    )
+    removed = sel.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
+    expected = corpus_nll(model, TEXTS, hooks=remove_heads(model, removed).hooks).ppl
+    assert layered.table["ppl"].tolist() == [expected]
+    assert layered.scope == "layer" and layered.table["n_removed"].tolist() == [4]
+
+
+def test_lone_head_costs_match_direct_removal(model, pruned):
+    batch = prepare_inputs(model, TEXTS[:2])
+    batch.tokens, batch.mask = batch.tokens[:, :17], batch.mask[:, :17]
+
+    def ppl(hooks):
+        nll = token_nll(run_logits(model, batch, hooks), batch.tokens, batch.mask)
+        return math.exp(float(nll.nansum() / (~nll.isnan()).sum()))
+
+    clean = ppl([])
+    assert pruned.lone_clean_ppl == pytest.approx(clean, rel=1e-5)
+    lone = pruned.lone.set_index(["layer", "head"])
+    assert len(lone) == 8 and pruned.lone["delta_ppl"].is_monotonic_decreasing
+    for head in [(0, 0), (1, 3)]:
+        direct = ppl(remove_heads(model, [head]).hooks) - clean
+        assert lone.loc[head, "delta_ppl"] == pytest.approx(direct, rel=1e-4, abs=1e-6)
+    assert pruned.top(1)[["layer", "head"]].values.tolist() == [list(lone.index[0])]
+
+
+def test_magnitude_on_gpt2(gpt2):
+    got = sel.head_magnitudes(gpt2, [1])[0]
+    attn = gpt2.blocks[1].attn
+    expected = torch.stack([attn.W_V[h].norm() * attn.W_O[h].norm() for h in range(4)])
+    assert torch.allclose(got, expected.detach())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"retention": (0.9, 90)}, "fractions, not percentages"),
+        ({"retention": ()}, "retention is empty"),
+        ({"order": ("taxonomy", "size")}, "unknown: \\['size'\\]"),
+        ({"n_draws": 0}, "n_draws"),
+        ({"lone_heads": [(0, 9)]}, "out of range"),
+        ({"lone_tokens": 0}, "lone_tokens"),
+    ],
+)
+def test_pruning_rejects_bad_input(model, kwargs, match):
+    with pytest.raises(InputError, match=match):
+        sel.prune_heads(model, TEXTS, progress=False, **kwargs)
+
+
+def test_summaries_are_json_ready(model, pruned):
+    import json
+
+    geo = sel.selection_geometry(model, TEXTS, n_random=2, progress=False)
+    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    out = json.loads(json.dumps([geo.summary(), tax.summary(), pruned.summary()]))
+    assert out[0]["top_over_random"]["2"] == pytest.approx(
+        geo.f_by_n().loc[2, "top_over_random"], abs=1e-4
+    )
+    assert out[1]["retriever_share"] == tax.regime_shares()["Retriever"]
+    assert out[2]["delta_ppl"]["0.5"]["taxonomy"] == pytest.approx(
+        pruned.by_retention().loc[0.5, "taxonomy"], abs=1e-4
+    )
+    assert out[2]["top_lone_heads"][0]["layer"] == int(pruned.lone["layer"].iloc[0])
+
+
+# =========================================================================== plots
+
+
+def test_plots_draw_the_result_tables(model, pruned):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    geo = sel.selection_geometry(model, TEXTS, n_random=2, progress=False)
+    fig = geo.plot()
+    top = fig.axes[0].lines[0]
+    assert list(top.get_ydata()) == pytest.approx(list(geo.f_by_n()["top"]))
+    fig = geo.plot_sink_effect()
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx(list(geo.sink_effect()["ratio"]))
+    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    fig = tax.plot()
+    heights = [p.get_height() for p in fig.axes[0].patches[: model.cfg.n_layers]]
+    assert heights == pytest.approx(list(tax.shares_by_layer()["Retriever"]))
+    fig = pruned.plot()
+    assert list(fig.axes[0].lines[0].get_ydata()) == pytest.approx(
+        list(pruned.by_retention()["taxonomy"])
+    )
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+# =========================================================================== embedded model
+
+
+@pytest.mark.model
+def test_embedded_model_selection_and_taxonomy(smollm, prose):
+    layers = [0, 9]
+    geo = sel.selection_geometry(smollm, prose, layers=layers, n_random=4, progress=False)
+    assert (geo.mean("f")[..., 0] == 1.0).all()
+    table = geo.f_by_n()
+    assert (table.loc[[2, 4], "top_over_random"] > 1).all()
+    tax = sel.head_taxonomy(smollm, prose, layers=[9], progress=False)
+    batch = prepare_inputs(smollm, prose)
+    _, cache = smollm.run_with_cache(
+        batch.tokens,
+        attention_mask=batch.attention_mask(),
+        names_filter=lambda name: (
+            name in {f"blocks.9.attn.hook_{k}" for k in ("pattern", "v", "z")}
+        ),
+        stop_at_layer=10,
+    )
+    reference = reference_taxonomy(smollm, batch, cache, 9)
+    row = tax.table.set_index("head")
+    for h in range(smollm.cfg.n_heads):
+        for column in ("share_current", "share_sink", "share_other"):
+            assert row.loc[h, column] == pytest.approx(reference[h][column], abs=1e-12)
