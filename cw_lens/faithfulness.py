@@ -258,25 +258,26 @@ class FaithfulnessResult:
     def claims(self, granularity: str = "pairs") -> dict[str, dict[str, Any]]:
         """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``)."""
         table = self.aopc()
-        measured: dict[str, Any] = {"value": self.value_column, "clean": self.clean}
+        measured: dict[str, Any] = {}
         holds = True
         for g in table.index.get_level_values("granularity").unique():
             comp = table.loc[(g, "comprehensiveness")].to_dict()
             suff = (
                 table.loc[(g, "sufficiency")].to_dict() if (g, "sufficiency") in table.index else {}
             )
-            measured[f"aopc_comprehensiveness_{g}"] = comp
-            measured[f"aopc_sufficiency_{g}"] = suff
             order = [m for m in METRICS if m in comp]
             increasing = all(comp[a] < comp[b] for a, b in itertools.pairwise(order))
-            best_suff = (
-                bool(suff)
-                and min((m for m in METRICS if m in suff), key=lambda m: suff[m]) == "contribution"
-            )
+            scored = [m for m in METRICS if m in suff]
+            best_suff = bool(scored) and min(scored, key=lambda m: suff[m]) == "contribution"
+            measured[f"aopc_comprehensiveness_{g}"] = comp
+            measured[f"aopc_sufficiency_{g}"] = suff
             measured[f"order_holds_{g}"] = increasing
             measured[f"contribution_best_sufficiency_{g}"] = best_suff
+            measured[f"most_faithful_comprehensiveness_{g}"] = max(order, key=lambda m: comp[m])
             if g == granularity:
                 holds = increasing and best_suff
+        measured["value"] = self.value_column
+        measured["clean"] = self.clean
         return {
             "faithfulness_order": {
                 "paper": "contribution most faithful: comprehensiveness attention < value_norm < "

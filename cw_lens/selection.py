@@ -1186,15 +1186,22 @@ class PruningResult:
         table = self.by_retention()
         moderate = [r for r in table.index if r >= 0.75]
         aggressive = [r for r in table.index if r <= 0.5]
-        measured: dict[str, Any] = {self.scope: self.summary()}
-        if other_scope is not None:
-            measured[other_scope.scope] = other_scope.summary()
-        ok = "taxonomy" in table and "random" in table and bool(moderate)
-        beats = ok and bool((table.loc[moderate, "taxonomy"] < table.loc[moderate, "random"]).all())
+        beats = _taxonomy_beats_random(table, moderate)
         others = [o for o in self.orders if o != "taxonomy"]
         best_aggr = {str(r): str(table.loc[r, list(self.orders)].idxmin()) for r in aggressive}
-        measured["taxonomy_beats_random_at_moderate_retention"] = beats
-        measured["best_order_when_aggressive"] = best_aggr
+        measured: dict[str, Any] = {
+            "taxonomy_beats_random_at_moderate_retention": beats,
+            "best_order_when_aggressive": best_aggr,
+            f"delta_ppl_{self.scope}": self.summary()["delta_ppl"],
+        }
+        if other_scope is not None:
+            other = other_scope.by_retention()
+            measured[f"taxonomy_beats_random_{other_scope.scope}_ranking"] = _taxonomy_beats_random(
+                other, moderate
+            )
+            measured[f"delta_ppl_{other_scope.scope}"] = other_scope.summary()["delta_ppl"]
+        if self.lone is not None:
+            measured["top_lone_heads"] = self.summary()["top_lone_heads"]
         return {
             "pruning_signal": {
                 "paper": "taxonomy order is a useful pruning signal at moderate retention, not "
@@ -1395,6 +1402,13 @@ def _head_statistics(
             "prune only its layers."
         )
     return stats.merge(taxonomy.table, on=["layer", "head"], how="left")
+
+
+def _taxonomy_beats_random(table: pd.DataFrame, levels: list[float]) -> bool:
+    """Whether the taxonomy order costs less ΔPPL than the mean random order at ``levels``."""
+    if "taxonomy" not in table or "random" not in table or not levels:
+        return False
+    return bool((table.loc[levels, "taxonomy"] < table.loc[levels, "random"]).all())
 
 
 def prune_heads(

@@ -42,7 +42,7 @@ def plot_faithfulness_curves(
                 ax.plot(
                     rows["fraction"] * 100,
                     rows[column],
-                    "-o",
+                    marker="o",
                     ms=3,
                     color=METRIC_COLOURS.get(metric),
                     ls="--" if metric == "random" else "-",
