@@ -45,6 +45,7 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_long_context.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

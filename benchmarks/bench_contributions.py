@@ -14,8 +14,8 @@ Measured (embedded SmolLM2-135M, CPU, float32):
 2. ``dense``: the same fields on the same batch for a few layers, head space versus the dense
    reference that materialises every ``alpha[i,j] pv_j`` as a ``d_model`` vector (one head at
    a time, float32, the way attention-attribution tools do it): time and peak memory.
-3. ``long``: one 8,192-token sequence through all 30 layers (streamed, both kinds); peak RSS
-   and time divided by a forward pass.
+3. One 8,192-token sequence through all 30 layers: ``benchmarks/bench_long_context.py`` (it
+   also runs the sink and selection analyses at that length).
 """
 
 from __future__ import annotations
@@ -197,7 +197,6 @@ def timed_pairs(fns: dict, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    parser.add_argument("--skip-long", action="store_true", help="skip the 8,192-token run")
     parser.add_argument("--child", default=None)
     parser.add_argument("--docs", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=512)
@@ -257,22 +256,6 @@ def main() -> None:
         f"{d['memory_ratio']:.1f}x less"
     )
 
-    # 3. one long sequence
-    if not args.skip_long:
-        long_tokens = 2048 if args.quick else 8192
-        runs = {job: run_child(job, 1, long_tokens) for job in ("forward", "stream")}
-        report["long"] = {
-            "tokens": long_tokens,
-            "forward": runs["forward"],
-            "stream": runs["stream"],
-            "ratio": runs["stream"]["seconds"] / runs["forward"]["seconds"],
-        }
-        fwd, ours = runs["forward"], runs["stream"]
-        print(
-            f"[3] 1x{long_tokens}: forward {fwd['seconds']:.1f} s (peak +"
-            f"{fwd['peak_above_mb'] / 1024:.1f} GB), streamed analysis {ours['seconds']:.1f} s "
-            f"(peak +{ours['peak_above_mb'] / 1024:.1f} GB), ratio {report['long']['ratio']:.2f}"
-        )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "contributions.json").write_text(json.dumps(report, indent=2))
     print(f"wrote {RESULTS / 'contributions.json'}")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
@@ -124,47 +125,44 @@ def _has_alias(model: Any, name: str) -> bool:
         return False
 
 
-def resolve_layers(model: Any, layers: int | Sequence[int] | None) -> list[int]:
-    """Normalise a layer selection (``None`` = all; negative indices count from the end)."""
-    n = model.cfg.n_layers
-    if layers is None:
+def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
+    """Normalise an index selection (``None`` = all; negative counts from the end)."""
+    if values is None:
         return list(range(n))
-    if isinstance(layers, int):
-        layers = [layers]
+    if isinstance(values, (int, np.integer)) or (
+        isinstance(values, torch.Tensor) and values.ndim == 0
+    ):
+        values = [values]
     out = []
-    for layer in layers:
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise InputError(f"Layers must be integers, got {layer!r}.")
-        if not -n <= layer < n:
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"{what.capitalize()}s must be integers, got {value!r}.")
+        value = int(value)
+        if not -n <= value < n:
             raise InputError(
-                f"Layer {layer} is out of range: this model has {n} layers (0..{n - 1})."
-            )
-        out.append(layer % n)
-    if not out:
-        raise InputError("The layer selection is empty; pass layers=None for all layers.")
-    return sorted(set(out))
-
-
-def resolve_heads(model: Any, heads: int | Sequence[int] | None) -> list[int]:
-    """Normalise a head selection (``None`` = all query heads)."""
-    n = model.cfg.n_heads
-    if heads is None:
-        return list(range(n))
-    if isinstance(heads, int):
-        heads = [heads]
-    out = []
-    for head in heads:
-        if not isinstance(head, int) or isinstance(head, bool):
-            raise InputError(f"Heads must be integers, got {head!r}.")
-        if not -n <= head < n:
-            raise InputError(
-                f"Head {head} is out of range: this model has {n} query heads per layer "
+                f"{what.capitalize()} {value} is out of range: this model has {n} {unit} "
                 f"(0..{n - 1})."
             )
-        out.append(head % n)
+        out.append(value % n)
     if not out:
-        raise InputError("The head selection is empty; pass heads=None for all heads.")
+        raise InputError(f"The {what} selection is empty; pass {what}s=None for all {what}s.")
     return sorted(set(out))
+
+
+def resolve_layers(model: Any, layers: Any) -> list[int]:
+    """Normalise a layer selection (``None`` = all; negative indices count from the end)."""
+    return _resolve_indices(layers, model.cfg.n_layers, "layer", "layers")
+
+
+def resolve_heads(model: Any, heads: Any) -> list[int]:
+    """Normalise a head selection (``None`` = all query heads)."""
+    return _resolve_indices(heads, model.cfg.n_heads, "head", "query heads per layer")
+
+
+def model_device(model: Any) -> torch.device:
+    return torch.device(model.cfg.device or "cpu")
 
 
 def _check_finite(layer: int, *tensors: Tensor) -> None:
@@ -180,10 +178,6 @@ def _check_finite(layer: int, *tensors: Tensor) -> None:
 
 class _StreamDone(Exception):
     """Raised from the last requested layer's hook to end a pass whose logits are not needed."""
-
-
-def model_device(model: Any) -> torch.device:
-    return torch.device(model.cfg.device or "cpu")
 
 
 def run_layers(

@@ -171,13 +171,7 @@ def step_sinks(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         progress=job.progress,
     )
-    return {
-        "heads": stats.heads(),
-        "curve": stats.curve(),
-        "s_star": stats.s_star_distribution(),
-        "decomposition": stats.decomposition(),
-        "claims": stats.claims(),
-    }
+    return {"stats": stats}
 
 
 def step_heatmaps(job: Job) -> dict[str, Any]:
@@ -185,7 +179,7 @@ def step_heatmaps(job: Job) -> dict[str, Any]:
     heads (in different layers) whose sink attention exceeds the sink's contribution most."""
     import cw_lens
 
-    heads = job.results["sinks"]["heads"]
+    heads = job.results["sinks"]["stats"].heads()
     gap = heads["sink_attention"] - heads["sink_contribution"]
     sink = heads.assign(gap=gap)[heads["sink_head"]].sort_values("gap", ascending=False)
     picks = []
@@ -211,7 +205,7 @@ def step_ablation(job: Job) -> dict[str, Any]:
     ablation = sink_ablation(
         job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
     )
-    return {"ablation": ablation, "claims": ablation.claims()}
+    return {"ablation": ablation}
 
 
 def step_faithfulness(job: Job) -> dict[str, Any]:
@@ -228,7 +222,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         progress=job.progress,
     )
-    return {"result": result, "claims": result.claims()}
+    return {"result": result}
 
 
 def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
@@ -309,7 +303,13 @@ def make_figures(job: Job) -> dict[str, list[Path]]:
     from cw_lens import plots
 
     r = job.results
-    sinks = r["sinks"]
+    stats = r["sinks"]["stats"]
+    sinks = {
+        "heads": stats.heads(),
+        "curve": stats.curve(),
+        "s_star": stats.s_star_distribution(),
+        "decomposition": stats.decomposition(),
+    }
     figures: dict[str, Any] = {}
     heat = r["heatmaps"]
     for i, (layer, head) in enumerate(heat["picks"]):
@@ -372,9 +372,9 @@ def _round(value: Any, digits: int = 6) -> Any:
 def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
     r = job.results
     claims: dict[str, dict[str, Any]] = {}
-    claims.update(r["sinks"]["claims"])
-    claims.update(r["ablation"]["claims"])
-    claims.update(r["faithfulness"]["claims"])
+    claims.update(r["sinks"]["stats"].claims())
+    claims.update(r["ablation"]["ablation"].claims())
+    claims.update(r["faithfulness"]["result"].claims())
     if r.get("task_faithfulness"):
         task = r["task_faithfulness"]
         task_claim = task["result"].claims()["faithfulness_order"]

@@ -124,6 +124,14 @@ def _resolve_sinks(model: Any, corpus: Any, sink_positions: Any, **kw: Any) -> S
     return SinkSpec(sink_positions)
 
 
+def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch pos"]) -> Tensor:
+    """Queries of this block that count: real, not a sink, after the row's first sink."""
+    qpos = lc.query_positions
+    none = lc.keys.stop + 10**6
+    first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), none)
+    return lc.query_mask & ~sink_full[:, lc.queries] & (qpos[None, :] > first_sink[:, None])
+
+
 class _MaxAttention:
     """Per document: max over (layer, head) of each key's mean attention from later queries."""
 
@@ -221,8 +229,7 @@ class _SinkAccumulator:
         sink_full = self.sinks.mask(lc.batch, device)  # [batch, pos]
         q, n_keys = lc.queries, lc.keys.stop
         qpos = lc.query_positions
-        first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), n_keys + 10**6)
-        valid_q = lc.query_mask & ~sink_full[:, q] & (qpos[None, :] > first_sink[:, None])
+        valid_q = queries_after_sink(lc, sink_full)
         sink_mask = sink_full[:, :n_keys]
         att = lc.attention
         gram = acts.weights.gram
@@ -804,9 +811,7 @@ class _AblationAccumulator:
         device = acts.pattern.device
         sink_full = self.sinks.mask(lc.batch, device)
         q, n_keys = lc.queries, lc.keys.stop
-        qpos = lc.query_positions
-        first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), n_keys + 10**6)
-        valid = lc.query_mask & ~sink_full[:, q] & (qpos[None] > first_sink[:, None])
+        valid = queries_after_sink(lc, sink_full)
         z = acts.z[:, q]
         # cone axis: mean non-sink value of the head over the whole sequence (value space)
         tail = (acts.mask & ~sink_full).to(acts.values.dtype)
@@ -904,30 +909,24 @@ class SinkAblation:
         return df.groupby("group")[cols].mean()
 
     def claims(self) -> dict[str, dict[str, Any]]:
-        s = self.summary()
-        low = s.loc["low-norm heads"] if "low-norm heads" in s.index else None
-        other = s.loc["other heads"] if "other heads" in s.index else None
-        rise_low = float(low["cone_after"] - low["cone_before"]) if low is not None else math.nan
-        rise_other = (
-            float(other["cone_after"] - other["cone_before"]) if other is not None else math.nan
-        )
+        summary = self.summary()
+
+        def mean(group: str, column: str) -> float:
+            return float(summary.loc[group, column]) if group in summary.index else math.nan
+
+        cone = {
+            f"{prefix}_cone_{when}": mean(group, f"cone_{when}")
+            for prefix, group in (("low_norm", "low-norm heads"), ("other", "other heads"))
+            for when in ("before", "after")
+        }
+        rise_low = cone["low_norm_cone_after"] - cone["low_norm_cone_before"]
+        rise_other = cone["other_cone_after"] - cone["other_cone_before"]
         return {
             "sink_ablation_cone": {
                 "paper": "removing the sink norm collapses low-norm heads into the semantic "
                 "cone, PPL up (P1)",
                 "measured": {
-                    "low_norm_cone_before": float(low["cone_before"])
-                    if low is not None
-                    else math.nan,
-                    "low_norm_cone_after": float(low["cone_after"])
-                    if low is not None
-                    else math.nan,
-                    "other_cone_before": float(other["cone_before"])
-                    if other is not None
-                    else math.nan,
-                    "other_cone_after": float(other["cone_after"])
-                    if other is not None
-                    else math.nan,
+                    **cone,
                     "clean_ppl": self.clean_ppl,
                     "patched_ppl": self.patched_ppl,
                     "delta_ppl": self.delta_ppl,
