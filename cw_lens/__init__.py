@@ -9,8 +9,8 @@ Public API (re-exports only; each function's module docstring states its formula
 - sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
   :func:`detect_sinks`
 - faithfulness (P1): :func:`faithfulness`, :class:`FaithfulnessResult`
-- selection (P2): :func:`geometric_prf`, :func:`selection_geometry`, :func:`head_taxonomy`,
-  :func:`prune_heads`, :func:`lone_head_costs`
+- selection (P2): :func:`geometric_prf`, :func:`selection_geometry`; taxonomy:
+  :func:`head_taxonomy`; pruning: :func:`prune_heads`, :func:`lone_head_costs`
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
@@ -32,15 +32,11 @@ from cw_lens.errors import (
 from cw_lens.faithfulness import FaithfulnessResult, faithfulness
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
 from cw_lens.models import load_model
+from cw_lens.pruning import PruningResult, lone_head_costs, prune_heads
 from cw_lens.selection import (
-    HeadTaxonomyResult,
-    PruningResult,
     SelectionGeometryResult,
     geometric_prf,
     geometric_prf_batched,
-    head_taxonomy,
-    lone_head_costs,
-    prune_heads,
     selection_geometry,
 )
 from cw_lens.sinks import (
@@ -51,6 +47,7 @@ from cw_lens.sinks import (
     sink_rates,
     sink_statistics,
 )
+from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
 
 __version__ = "0.1.0"
 

@@ -260,7 +260,7 @@ def step_selection(job: Job) -> dict[str, Any]:
 
 
 def step_taxonomy(job: Job) -> dict[str, Any]:
-    from cw_lens.selection import head_taxonomy
+    from cw_lens.taxonomy import head_taxonomy
 
     result = head_taxonomy(job.model, job.corpus, batch_size=job.config.batch_size)
     return {"result": result}
@@ -268,7 +268,7 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 
 def step_pruning(job: Job) -> dict[str, Any]:
     """P2 pruning with the global ranking (SPEC's reading) and, for comparison, per layer."""
-    from cw_lens.selection import prune_heads
+    from cw_lens.pruning import prune_heads
 
     orders = ("taxonomy", "magnitude", "entropy", "random")
     common = dict(

@@ -1,4 +1,4 @@
-r"""Token-selection geometry, head taxonomy and structured head pruning (P2).
+r"""Token-selection geometry (P2): precision, recall and F_N of top-N attention selections.
 
 Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
@@ -29,35 +29,6 @@ Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
   with ``(seed, d, l, i)``, so results do not depend on batching, sharding or the other documents;
 - ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
 
-**Head taxonomy** (parameter-free "source winner"). For every counted query ``i`` the winner is
-``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (value norm before ``W_O``, of the kv head the query
-head reads; ties to the smaller index); its category is ``current`` (``j* = i``), ``sink`` (``j*``
-a sink position) or ``other``. Counted queries: real (non-padding) positions that are not sink
-positions (a query at the sink would be both ``current`` and ``sink``). A head is a
-**Retriever** / **Mixer** / **Reset** when ``current`` / ``sink`` / ``other`` is its most frequent
-category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform attention the winner
-is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
-values sit at the current token or the sink.
-
-**Head pruning.** Heads are removed by zeroing their ``hook_z``
-(:func:`cw_lens.interventions.remove_heads`) at retention levels (the fraction of heads kept;
-``floor((1 - r) n + 1/2)`` of the ``n`` heads are removed) in four orders:
-
-- ``taxonomy`` — Resets first, then Mixers, Retrievers last; within a class the smallest mean
-  head-output norm ``||o_i^h||`` first;
-- ``magnitude`` — ``||W_V^h||_F ||W_O^h||_F`` smallest first (``W_V`` of a query head is its kv
-  head's);
-- ``entropy`` — mean attention entropy ``-sum_j alpha log alpha`` over the counted queries,
-  highest first;
-- ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
-
-Ties in every order go to the smaller (layer, head). ``scope="global"`` (default) removes the
-first heads of one ranking of all heads; ``scope="layer"`` removes the same fraction from every
-layer. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
-``ΔNLL``, the change of the mean next-token NLL) on the same corpus. The cost of removing each
-head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
-tokens), several heads per forward pass (each on its own copy of the rows).
-
 Everything streams layer by layer (:func:`cw_lens.accumulate.stream_corpus`) into per-document
 float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
 model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
@@ -69,11 +40,7 @@ Example::
     corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
     geo = cw_lens.selection_geometry(model, corpus)
     geo.f_by_n()                  # mean F_N per N: top vs random, and the sink effect
-    tax = cw_lens.head_taxonomy(model, corpus)
-    tax.regime_shares()           # Retriever / Mixer / Reset shares of heads
-    pruned = cw_lens.prune_heads(model, corpus, taxonomy=tax)
-    pruned.by_retention()         # ΔPPL per retention (rows) and order (columns)
-    pruned.top(5)                 # the heads whose lone removal costs most
+    geo.sink_effect()             # F_N without the sink over F_N with it
 """
 
 from __future__ import annotations
@@ -89,24 +56,17 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from cw_lens.accumulate import DocSums, stream_corpus
-from cw_lens.capture import check_model, hook_name, resolve_heads, resolve_layers, run_layers
-from cw_lens.data import Corpus, as_corpus
+from cw_lens.capture import check_model, resolve_layers
+from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.interventions import remove_heads
-from cw_lens.scoring import NLLResult, corpus_nll, token_nll
+from cw_lens.inputs import prepare_inputs
 
 Distance = Literal["euclidean", "cosine"]
 DISTANCES = ("euclidean", "cosine")
 COSINE_EPS = 1e-12
 RULES = ("top", "random", "top_no_sink")
-CATEGORIES = ("current", "sink", "other")
-REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
-ORDERS = ("taxonomy", "magnitude", "entropy", "random")
-RETENTION = (0.9, 0.75, 0.5, 0.25)
 # Memory for one chunk of selection-geometry rows (float32 temporaries).
 ROW_BUDGET_BYTES = 256e6
 
@@ -315,44 +275,6 @@ def geometric_prf(
     return p, r, f
 
 
-def source_winners(
-    attention: Float[Tensor, "*rows query key"],
-    value_norms: Float[Tensor, "*rows key"],
-    query_positions: Int[Tensor, " query"],
-) -> Int[Tensor, "*rows query"]:
-    """``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (ties: the smaller index)."""
-    score = attention * value_norms[..., None, :]
-    keys = torch.arange(attention.shape[-1], device=attention.device)
-    later = keys[None, :] > query_positions[:, None]
-    return score.masked_fill(later, -math.inf).argmax(-1)
-
-
-def winner_categories(
-    winners: Int[Tensor, "*rows query"],
-    query_positions: Int[Tensor, " query"],
-    sink_positions: Sequence[int],
-) -> Int[Tensor, "*rows query"]:
-    """0 = ``current`` (``j* = i``), 1 = ``sink`` (``j*`` a sink position), 2 = ``other``."""
-    sinks = torch.tensor(list(sink_positions), device=winners.device)
-    current = winners == query_positions
-    sink = torch.isin(winners, sinks) & ~current
-    return torch.where(current, 0, torch.where(sink, 1, 2))
-
-
-def attention_entropy(attention: Float[Tensor, "*rows key"]) -> Float[Tensor, "*rows"]:
-    """``-sum_j alpha log alpha`` in nats (``0 log 0 = 0``)."""
-    return -torch.special.xlogy(attention, attention).sum(-1)
-
-
-def weight_magnitude(
-    W_V: Float[Tensor, "kv_head d_model d_head"], W_O: Float[Tensor, "head d_head d_model"]
-) -> Float[Tensor, " head"]:
-    """``||W_V^h||_F ||W_O^h||_F`` per query head (head h reads kv head ``h // (H / H_kv)``)."""
-    group = W_O.shape[0] // W_V.shape[0]
-    v_norms = torch.linalg.matrix_norm(W_V.float()).repeat_interleave(group)
-    return v_norms * torch.linalg.matrix_norm(W_O.float())
-
-
 # ---------------------------------------------------------------------- input checks
 
 
@@ -411,7 +333,7 @@ def _index_mask(indices: Sequence[int] | None, n: int, device: Any) -> Tensor:
     return mask
 
 
-def _check_count(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> None:
+def check_count(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -419,7 +341,7 @@ def _check_count(value: Any, name: str, *, minimum: int = 1, allow_none: bool = 
         raise InputError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}.")
 
 
-def _check_sinks(sink_positions: Sequence[int]) -> tuple[int, ...]:
+def check_sinks(sink_positions: Sequence[int]) -> tuple[int, ...]:
     sinks = tuple(sorted({int(p) for p in sink_positions})) if sink_positions else ()
     bad = [p for p in sink_positions or () if isinstance(p, bool) or int(p) != p]
     if not sinks or bad or min(sinks) < 0:
@@ -435,7 +357,7 @@ def _seeded_generator(*key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
-def _kv_of_heads(n_heads: int, n_kv: int, device: Any) -> Tensor:
+def kv_of_heads(n_heads: int, n_kv: int, device: Any) -> Tensor:
     return torch.arange(n_heads, device=device) // (n_heads // n_kv)
 
 
@@ -480,7 +402,7 @@ class _SelectionAccumulator:
         """``[pair, rule, head, n, (P, R, F, count)]`` sums for (batch row, query) pairs."""
         n_heads, n_keys = acts.pattern.shape[1], acts.pattern.shape[-1]
         attention = acts.pattern[rows, :, queries, :]  # [pair, head, key]
-        kv = _kv_of_heads(n_heads, acts.values.shape[2], attention.device)
+        kv = kv_of_heads(n_heads, acts.values.shape[2], attention.device)
         values = einops.rearrange(acts.values[rows][:, :, kv], "p k h d -> p h k d")
         keys = torch.arange(n_keys, device=attention.device)
         causal = (keys[None, :] <= queries[:, None])[:, None, :].expand_as(attention)
@@ -548,7 +470,7 @@ def _query_pairs(lengths: list[int], query: str, sinks: tuple[int, ...]) -> Tens
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
 
 
-def _rounded(series: pd.Series) -> dict[Any, float]:
+def rounded_dict(series: pd.Series) -> dict[Any, float]:
     """A series as a JSON-ready dict (plain keys, floats rounded to 4 digits)."""
     return {k.item() if hasattr(k, "item") else k: round(float(v), 4) for k, v in series.items()}
 
@@ -676,13 +598,13 @@ class SelectionGeometryResult:
             "query": self.query,
             "n_documents": self.n_documents,
             "n_grid": self.n_grid,
-            "f_top": _rounded(table["top"]),
-            "f_top_no_sink": _rounded(table["top_no_sink"]),
-            "no_sink_over_sink": _rounded(table["no_sink_over_sink"]),
+            "f_top": rounded_dict(table["top"]),
+            "f_top_no_sink": rounded_dict(table["top_no_sink"]),
+            "no_sink_over_sink": rounded_dict(table["no_sink_over_sink"]),
         }
         if "random" in table:
-            out["f_random"] = _rounded(table["random"])
-            out["top_over_random"] = _rounded(table["top_over_random"])
+            out["f_random"] = rounded_dict(table["random"])
+            out["top_over_random"] = rounded_dict(table["top_over_random"])
             out["top_beats_random_at_small_n"] = bool(
                 (table.loc[small, "top_over_random"] > 1).all()
             )
@@ -703,9 +625,9 @@ class SelectionGeometryResult:
             out["topn_beats_random"] = {
                 "paper": "top-N selections more separable than random, most at small N (P2)",
                 "measured": {
-                    "f_top": _rounded(table.loc[grid, "top"]),
-                    "f_random": _rounded(table.loc[grid, "random"]),
-                    "top_over_random": _rounded(table.loc[grid, "top_over_random"]),
+                    "f_top": rounded_dict(table.loc[grid, "top"]),
+                    "f_random": rounded_dict(table.loc[grid, "random"]),
+                    "top_over_random": rounded_dict(table.loc[grid, "top_over_random"]),
                     "beats_random_at_every_n": beats,
                     "n_with_largest_ratio": peak_ratio_n,
                     "n_with_largest_gap": peak_gap_n,
@@ -719,9 +641,9 @@ class SelectionGeometryResult:
         out["sink_lowers_fn"] = {
             "paper": "including the sink in top-N lowers F_N (often about 2x) (P2)",
             "measured": {
-                "no_sink_over_sink": _rounded(ratio),
+                "no_sink_over_sink": rounded_dict(ratio),
                 "max_ratio": float(ratio.max()),
-                "ratio_at_small_n": _rounded(table.loc[small, "no_sink_over_sink"]),
+                "ratio_at_small_n": rounded_dict(table.loc[small, "no_sink_over_sink"]),
             },
             "holds": bool((table.loc[small, "no_sink_over_sink"] > 1).all()),
             "criterion": f"F_N without the sink / F_N with it > 1 at small N ({small})",
@@ -787,9 +709,9 @@ def selection_geometry(
     check_model(model)
     if query not in ("last", "all"):
         raise InputError(f"query must be 'last' or 'all', got {query!r}.")
-    _check_count(n_random, "n_random (16 in P2)", minimum=0)
+    check_count(n_random, "n_random (16 in P2)", minimum=0)
     _check_distance(distance)
-    sinks = _check_sinks(sink_positions)
+    sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
     longest = int(prepare_inputs(model, docs, prepend_bos=prepend_bos).lengths.max())
     grid = power_grid(longest) if n_grid is None else _check_grid(n_grid)
@@ -823,752 +745,3 @@ def selection_geometry(
         n_documents=len(accumulator.sums.documents),
         model_name=str(getattr(model.cfg, "model_name", "")),
     )
-
-
-# =========================================================================== head taxonomy
-
-# per (document, head): counts of current / sink / other, counted queries, sums of ||o_i^h||
-# and of the attention entropy
-_TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "entropy")
-
-
-class _TaxonomyAccumulator:
-    def __init__(self, sinks: tuple[int, ...]) -> None:
-        self.sinks = sinks
-        self.sums = DocSums()
-
-    def merge(self, other: _TaxonomyAccumulator) -> None:
-        self.sums.merge(other.sums)
-
-    def update(self, lc: Any) -> None:
-        acts = lc.acts
-        positions = lc.query_positions
-        kv = _kv_of_heads(acts.n_heads, acts.values.shape[2], positions.device)
-        norms = einops.rearrange(acts.values[:, lc.keys].norm(dim=-1)[..., kv], "b k h -> b h k")
-        categories = winner_categories(
-            source_winners(lc.attention, norms, positions), positions, self.sinks
-        )
-        sinks = torch.tensor(self.sinks, device=positions.device)
-        counted = (lc.query_mask & ~torch.isin(positions, sinks))[:, None, :]
-        counted = counted.expand(-1, acts.n_heads, -1)
-        per_category = torch.nn.functional.one_hot(categories, len(CATEGORIES)) * counted[..., None]
-        stats = [
-            per_category.sum(2).double(),
-            counted.sum(-1, keepdim=True).double(),
-            torch.where(counted, lc.head_output_norm, 0.0).sum(-1, keepdim=True).double(),
-            torch.where(counted, attention_entropy(lc.attention), 0.0)
-            .sum(-1, keepdim=True)
-            .double(),
-        ]
-        self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", torch.cat(stats, -1))
-
-
-@dataclass
-class HeadTaxonomyResult:
-    """P2's source-winner taxonomy: one row per (layer, head) in ``table``.
-
-    Columns: ``layer``, ``head``, ``n_queries`` (counted queries), ``share_current``,
-    ``share_sink``, ``share_other`` (shares of those queries whose winner is the current token,
-    a sink, another token), ``regime`` (Retriever / Mixer / Reset), ``mean_output_norm``
-    (mean ``||o_i^h||``) and ``mean_entropy`` (mean attention entropy, nats), over the counted
-    queries.
-    """
-
-    table: pd.DataFrame
-    sink_positions: tuple[int, ...]
-    n_documents: int
-    model_name: str = ""
-
-    @property
-    def layers(self) -> list[int]:
-        return sorted(self.table["layer"].unique().tolist())
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return self.table.copy()
-
-    def regime_shares(self) -> pd.Series:
-        """Share of heads in each regime (claim ``retriever_share``: Retrievers 5.8–17.2%)."""
-        shares = self.table["regime"].value_counts(normalize=True)
-        return shares.reindex(REGIMES, fill_value=0.0).rename("share")
-
-    def shares_by_layer(self) -> pd.DataFrame:
-        """Per layer: the share of heads in each regime and the mean category shares."""
-        counts = pd.crosstab(self.table["layer"], self.table["regime"], normalize="index")
-        counts = counts.reindex(columns=list(REGIMES), fill_value=0.0)
-        categories = [f"share_{c}" for c in CATEGORIES]
-        out = counts.join(self.table.groupby("layer")[categories].mean())
-        out.columns.name = None
-        return out
-
-    def heads(self, regime: str) -> list[tuple[int, int]]:
-        """The (layer, head) pairs of one regime."""
-        if regime not in REGIMES:
-            raise InputError(f"regime must be one of {REGIMES}, got {regime!r}.")
-        rows = self.table[self.table["regime"] == regime]
-        return list(zip(rows["layer"].tolist(), rows["head"].tolist(), strict=True))
-
-    def top(self, k: int = 10, *, by: str = "share_current") -> pd.DataFrame:
-        """The ``k`` heads with the largest ``by`` (e.g. the clearest Retrievers)."""
-        if by not in self.table.columns:
-            raise InputError(f"by must be a column of the table, got {by!r}.")
-        return self.table.sort_values(by, ascending=False, kind="stable").head(k)
-
-    def summary(self) -> dict[str, Any]:
-        shares = self.regime_shares()
-        return {
-            "n_heads": len(self.table),
-            "n_documents": self.n_documents,
-            "regime_shares": _rounded(shares),
-            "retriever_share": float(shares["Retriever"]),
-            "dominant_regime": str(shares.idxmax()),
-        }
-
-    def claims(self) -> dict[str, dict[str, Any]]:
-        """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured."""
-        shares = self.regime_shares()
-        share = float(shares["Retriever"])
-        return {
-            "retriever_share": {
-                "paper": "Retrievers are a minority, 5.8-17.2% of heads (P2)",
-                "measured": {
-                    "regime_shares": _rounded(shares),
-                    "retriever_share": share,
-                    "dominant_regime": str(shares.idxmax()),
-                    "n_heads": len(self.table),
-                },
-                "holds": bool(0.058 <= share <= 0.172),
-                "criterion": "share of Retriever heads within P2's range 5.8-17.2%",
-            }
-        }
-
-    def plot(self, **kwargs: Any) -> Any:
-        """Regimes over depth: stacked shares of heads per layer (claim ``retriever_share``)."""
-        from cw_lens.plots.selection import plot_retriever_share
-
-        return plot_retriever_share(self, **kwargs)
-
-
-def head_taxonomy(
-    model: Any,
-    corpus: Any,
-    *,
-    sink_positions: Sequence[int] = (0,),
-    layers: int | Sequence[int] | None = None,
-    batch_size: int | None = 8,
-    prepend_bos: bool = True,
-    progress: bool = True,
-) -> HeadTaxonomyResult:
-    """P2's parameter-free head taxonomy (source winner ``argmax_j alpha[i,j] ||v_j||``).
-
-    Every real query that is not a sink position is counted; each head's regime is its most
-    frequent winner category (ties: Retriever, then Mixer, then Reset).
-
-    Args:
-        model: A ``TransformerBridge``.
-        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings.
-        sink_positions: Positions whose winning makes a query ``sink`` (and that are not
-            counted as queries).
-        layers: Layers to classify (``None`` = all).
-        batch_size: Documents per forward pass.
-        prepend_bos: Prepend BOS (position 0 is then the usual sink).
-        progress: Show a progress bar over document batches.
-
-    Returns:
-        A :class:`HeadTaxonomyResult`.
-
-    Example::
-
-        tax = cw_lens.head_taxonomy(model, corpus)
-        tax.regime_shares()          # Retriever / Mixer / Reset
-        tax.plot()
-    """
-    check_model(model)
-    sinks = _check_sinks(sink_positions)
-    docs = as_corpus(corpus)
-    layer_list = resolve_layers(model, layers)
-    accumulator, _ = stream_corpus(
-        model,
-        docs,
-        _TaxonomyAccumulator(sinks),
-        layers=layer_list,
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        progress="head taxonomy" if progress else False,
-    )
-    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layer_list])
-    return HeadTaxonomyResult(
-        table=_taxonomy_table(sums, layer_list),
-        sink_positions=sinks,
-        n_documents=len(accumulator.sums.documents),
-        model_name=str(getattr(model.cfg, "model_name", "")),
-    )
-
-
-def _taxonomy_table(sums: Float[Tensor, "layer head 6"], layers: list[int]) -> pd.DataFrame:
-    """The per-(layer, head) table from the summed ``_TAXONOMY_FIELDS``."""
-    field = {name: sums[..., k] for k, name in enumerate(_TAXONOMY_FIELDS)}
-    n_queries = field["n_queries"]
-    if bool((n_queries == 0).any()):
-        raise InputError(
-            "No query could be classified: every position of the corpus is a sink position or "
-            "padding. Use longer documents or fewer sink_positions."
-        )
-    counts = torch.stack([field[c] for c in CATEGORIES], dim=-1)
-    layer, head = np.meshgrid(layers, range(n_queries.shape[1]), indexing="ij")
-    columns = {
-        "layer": layer,
-        "head": head,
-        "n_queries": n_queries.long(),
-        **{f"share_{c}": field[c] / n_queries for c in CATEGORIES},
-        "regime": np.array(REGIMES)[counts.argmax(-1).numpy()],
-        "mean_output_norm": field["output_norm"] / n_queries,
-        "mean_entropy": field["entropy"] / n_queries,
-    }
-    return pd.DataFrame({k: np.asarray(v).ravel() for k, v in columns.items()})
-
-
-# =========================================================================== head pruning
-
-Head = tuple[int, int]
-_REGIME_RANK = {"Reset": 0, "Mixer": 1, "Retriever": 2}  # taxonomy order: removed first -> last
-
-
-def n_removed(retention: float, n_heads: int) -> int:
-    """Heads removed at a retention level: ``floor((1 - retention) * n_heads + 1/2)``."""
-    return math.floor((1.0 - retention) * n_heads + 0.5)
-
-
-def removed_heads(
-    ranking: Sequence[Head], retention: float, scope: Literal["global", "layer"] = "global"
-) -> list[Head]:
-    """The heads a ranking removes at one retention level.
-
-    ``scope="global"``: the first ``n_removed(retention, n)`` heads of the whole ranking;
-    ``"layer"``: in every layer, its first ``n_removed(retention, n_layer)`` heads in ranking
-    order (each layer keeps the same fraction).
-    """
-    if scope == "global":
-        return list(ranking[: n_removed(retention, len(ranking))])
-    by_layer: dict[int, list[Head]] = {}
-    for head in ranking:
-        by_layer.setdefault(head[0], []).append(head)
-    return [h for heads in by_layer.values() for h in heads[: n_removed(retention, len(heads))]]
-
-
-def head_magnitudes(model: Any, layers: Sequence[int]) -> Float[Tensor, "layer head"]:
-    """``||W_V^h||_F ||W_O^h||_F`` for every query head of the given layers."""
-    with torch.no_grad():
-        return torch.stack(
-            [
-                weight_magnitude(model.blocks[layer].attn.W_V, model.blocks[layer].attn.W_O).cpu()
-                for layer in layers
-            ]
-        )
-
-
-def pruning_rankings(
-    head_stats: pd.DataFrame, orders: Sequence[str], n_draws: int = 3, seed: int = 0
-) -> dict[str, list[list[Head]]]:
-    """Removal orders (first = removed first) from a head table; one ranking per order, and
-    ``n_draws`` seeded permutations for ``random``. Ties go to the smaller (layer, head).
-
-    ``head_stats`` needs ``layer``, ``head`` and, per order, ``regime`` and
-    ``mean_output_norm`` (taxonomy), ``magnitude``, ``mean_entropy``.
-    """
-    table = head_stats.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
-    keys = {
-        "taxonomy": (["regime_rank", "mean_output_norm"], [True, True]),
-        "magnitude": (["magnitude"], [True]),
-        "entropy": (["mean_entropy"], [False]),
-    }
-    if "taxonomy" in orders:
-        table = table.assign(regime_rank=table["regime"].map(_REGIME_RANK))
-    heads = list(zip(table["layer"].tolist(), table["head"].tolist(), strict=True))
-    out: dict[str, list[list[Head]]] = {}
-    for name in orders:
-        if name == "random":
-            draws = [
-                np.random.default_rng([seed, draw]).permutation(len(heads))
-                for draw in range(n_draws)
-            ]
-            out[name] = [[heads[i] for i in perm] for perm in draws]
-            continue
-        columns, ascending = keys[name]
-        ranked = table.sort_values(
-            [*columns, "layer", "head"], ascending=[*ascending, True, True], kind="stable"
-        )
-        out[name] = [list(zip(ranked["layer"].tolist(), ranked["head"].tolist(), strict=True))]
-    return out
-
-
-@dataclass
-class PruningResult:
-    """ΔPPL of structured head pruning (P2) per order and retention level.
-
-    Attributes:
-        table: One row per (order, draw, retention): ``n_removed``, ``n_heads``, ``ppl``,
-            ``delta_ppl``, ``nll``, ``delta_nll`` (``draw`` is 0 for the deterministic orders).
-        head_stats: One row per prunable head: ``magnitude`` and, when computed, the taxonomy
-            columns (``regime``, ``mean_output_norm``, ``mean_entropy``, shares) and the lone
-            removal cost ``lone_delta_ppl``.
-        rankings: The removal order(s) per order name (first = removed first).
-        clean_ppl, clean_nll: The unpruned model on the corpus.
-        lone: Lone-removal costs (``layer``, ``head``, ``ppl``, ``delta_ppl``, ``nll``,
-            ``delta_nll``), most costly first, on the small lone corpus; ``None`` if skipped.
-        lone_clean_ppl: The unpruned PPL on the lone corpus.
-        lone_shape: (documents, tokens per document incl. BOS) of the lone corpus.
-        scope: ``"global"`` or ``"layer"`` (see :func:`removed_heads`).
-    """
-
-    table: pd.DataFrame
-    head_stats: pd.DataFrame
-    rankings: dict[str, list[list[Head]]]
-    clean_ppl: float
-    clean_nll: float
-    retention: tuple[float, ...]
-    orders: tuple[str, ...]
-    seed: int
-    n_documents: int
-    scope: str = "global"
-    lone: pd.DataFrame | None = None
-    lone_clean_ppl: float | None = None
-    lone_shape: tuple[int, int] | None = None
-    model_name: str = ""
-
-    def to_dataframe(self) -> pd.DataFrame:
-        return self.table.copy()
-
-    def by_retention(self, value: str = "delta_ppl") -> pd.DataFrame:
-        """``value`` per retention (rows, descending) and order (columns; ``random`` = the mean
-        over draws, with ``random_min`` / ``random_max``)."""
-        if value not in ("delta_ppl", "delta_nll", "ppl", "nll"):
-            raise InputError(f"value must be delta_ppl, delta_nll, ppl or nll, got {value!r}.")
-        table = self.table.pivot_table(index="retention", columns="order", values=value)
-        table = table[list(self.orders)].sort_index(ascending=False)
-        if "random" in self.orders:
-            draws = self.table[self.table["order"] == "random"].groupby("retention")[value]
-            table["random_min"] = draws.min()
-            table["random_max"] = draws.max()
-        table.columns.name = None
-        return table
-
-    def top(self, k: int = 10) -> pd.DataFrame:
-        """The ``k`` heads whose lone removal raises the PPL most."""
-        if self.lone is None:
-            raise InputError("This result has no lone-head costs; rerun prune_heads(lone=True).")
-        return self.lone.head(k).reset_index(drop=True)
-
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers of the claim ``pruning_signal`` (JSON-ready)."""
-        table = self.by_retention()
-        out: dict[str, Any] = {
-            "scope": self.scope,
-            "n_documents": self.n_documents,
-            "clean_ppl": round(self.clean_ppl, 4),
-            "delta_ppl": {
-                str(r): {k: round(float(v), 4) for k, v in row.items()}
-                for r, row in table.iterrows()
-            },
-            "best_order": {
-                str(r): str(row[list(self.orders)].idxmin()) for r, row in table.iterrows()
-            },
-        }
-        if self.lone is not None:
-            out["top_lone_heads"] = [
-                {"layer": int(r.layer), "head": int(r.head), "delta_ppl": round(r.delta_ppl, 4)}
-                for r in self.top(5).itertuples()
-            ]
-        return out
-
-    def claims(self, other_scope: PruningResult | None = None) -> dict[str, dict[str, Any]]:
-        """P2's pruning claim (SPEC §6 ``pruning_signal``), measured on this scope; a result of
-        the other ranking scope can be added to the measured numbers."""
-        table = self.by_retention()
-        moderate = [r for r in table.index if r >= 0.75]
-        aggressive = [r for r in table.index if r <= 0.5]
-        beats = _taxonomy_beats_random(table, moderate)
-        others = [o for o in self.orders if o != "taxonomy"]
-        best_aggr = {str(r): str(table.loc[r, list(self.orders)].idxmin()) for r in aggressive}
-        measured: dict[str, Any] = {
-            "taxonomy_beats_random_at_moderate_retention": beats,
-            "best_order_when_aggressive": best_aggr,
-            f"delta_ppl_{self.scope}": self.summary()["delta_ppl"],
-        }
-        if other_scope is not None:
-            other = other_scope.by_retention()
-            measured[f"taxonomy_beats_random_{other_scope.scope}_ranking"] = _taxonomy_beats_random(
-                other, moderate
-            )
-            measured[f"delta_ppl_{other_scope.scope}"] = other_scope.summary()["delta_ppl"]
-        if self.lone is not None:
-            measured["top_lone_heads"] = self.summary()["top_lone_heads"]
-        return {
-            "pruning_signal": {
-                "paper": "taxonomy order is a useful pruning signal at moderate retention, not "
-                "always best when aggressive (P2)",
-                "measured": measured,
-                "holds": bool(beats),
-                "criterion": f"ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at retention "
-                f"{moderate} with {self.scope} ranking (other orders: {others})",
-            }
-        }
-
-    def plot(self, **kwargs: Any) -> Any:
-        """ΔPPL against retention per order (claim ``pruning_signal``)."""
-        from cw_lens.plots.selection import plot_pruning_signal
-
-        return plot_pruning_signal(self, **kwargs)
-
-
-def _check_orders(order: str | Sequence[str]) -> tuple[str, ...]:
-    orders = (order,) if isinstance(order, str) else tuple(order)
-    unknown = [o for o in orders if o not in ORDERS]
-    if not orders or unknown:
-        raise InputError(
-            f"order must be one or several of {', '.join(ORDERS)}; got {order!r}"
-            + (f" (unknown: {unknown})." if unknown else ".")
-        )
-    return tuple(dict.fromkeys(orders))
-
-
-def _check_retention(retention: float | Sequence[float]) -> tuple[float, ...]:
-    levels = (retention,) if isinstance(retention, (int, float)) else tuple(retention)
-    if not levels:
-        raise InputError("retention is empty; pass fractions of heads to keep, e.g. (0.9, 0.5).")
-    for r in levels:
-        ok = not isinstance(r, bool) and isinstance(r, (int, float, np.floating))
-        if not ok or not math.isfinite(r) or not 0 <= r <= 1:
-            hint = " Use fractions, not percentages (0.9, not 90)." if ok and 1 < r <= 100 else ""
-            raise InputError(
-                f"retention levels are the fractions of heads kept, in [0, 1] (0.9 keeps 90%); "
-                f"got {r!r}.{hint}"
-            )
-    return tuple(sorted({float(r) for r in levels}, reverse=True))
-
-
-def _check_lone_heads(model: Any, heads: Sequence[Head] | None, layers: list[int]) -> list[Head]:
-    if heads is None:
-        return [(layer, h) for layer in layers for h in range(model.cfg.n_heads)]
-    out = []
-    for pair in heads:
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise InputError(f"lone_heads must be (layer, head) pairs, got {pair!r}.")
-        layer, head = (int(x) if isinstance(x, np.integer) else x for x in pair)
-        (layer,) = resolve_layers(model, [layer])
-        (head,) = resolve_heads(model, [head])
-        out.append((layer, head))
-    if not out:
-        raise InputError("lone_heads is empty; pass None for every head or lone=False to skip.")
-    return sorted(set(out))
-
-
-def _row_group_removal(
-    groups: Sequence[Head | None], n_rows: int, n_heads: int
-) -> list[tuple[str, Any]]:
-    """Hooks that zero ``hook_z`` of head ``groups[g]`` in rows ``g*n_rows .. (g+1)*n_rows``."""
-    masks: dict[int, Tensor] = {}
-    for g, head in enumerate(groups):
-        if head is None:
-            continue
-        layer, h = head
-        shape = (len(groups) * n_rows, 1, n_heads, 1)
-        mask = masks.setdefault(layer, torch.zeros(shape, dtype=torch.bool))
-        mask[g * n_rows : (g + 1) * n_rows, :, h] = True
-
-    def zero(z: Tensor, hook: Any, mask: Tensor) -> Tensor:
-        return z.masked_fill(mask.to(z.device), 0.0)
-
-    return [
-        (hook_name("z", layer), lambda z, hook, mask=mask: zero(z, hook, mask))
-        for layer, mask in sorted(masks.items())
-    ]
-
-
-def lone_head_costs(
-    model: Any,
-    corpus: Any,
-    heads: Sequence[Head] | None = None,
-    *,
-    n_docs: int | None = 2,
-    n_tokens: int | None = 32,
-    heads_per_pass: int = 8,
-    prepend_bos: bool = True,
-    progress: bool = True,
-) -> tuple[float, pd.DataFrame]:
-    """ΔPPL of removing each head alone (zeroing its ``hook_z``) on a small corpus.
-
-    All documents go in one batch; ``heads_per_pass`` heads share a forward pass, each on its
-    own copy of the rows. With the defaults (2 documents x 32 tokens) the 270 heads of
-    SmolLM2-135M take about 25 s on two CPU cores; ``n_tokens=64`` doubles that and ranks the
-    heads more reliably. To re-measure a few candidates on a whole corpus, pass
-    ``heads=[...], n_docs=None, n_tokens=None``.
-
-    Args:
-        model: A ``TransformerBridge``.
-        corpus: Documents; the first ``n_docs`` (``None`` = all) are used, each cut to
-            ``n_tokens`` text tokens (``None`` = whole).
-        heads: Candidate ``(layer, head)`` pairs (``None`` = every head).
-        heads_per_pass: Heads measured per forward pass (memory grows with it: the logits of
-            ``heads_per_pass * n_docs`` rows).
-
-    Returns:
-        ``(clean_ppl, table)``; the table has ``layer``, ``head``, ``ppl``, ``delta_ppl``,
-        ``nll``, ``delta_nll``, most costly first.
-    """
-    check_model(model)
-    _check_count(heads_per_pass, "heads_per_pass")
-    candidates = _check_lone_heads(model, heads, list(range(model.cfg.n_layers)))
-    batch = _lone_batch(model, as_corpus(corpus), n_docs, n_tokens, prepend_bos)
-    groups: list[Head | None] = [None, *candidates]
-    nll: list[float] = []
-    passes = range(0, len(groups), heads_per_pass)
-    for start in tqdm(passes, desc="lone heads", disable=not progress, leave=False):
-        nll += _grouped_nll(model, batch, groups[start : start + heads_per_pass])
-    clean = nll[0]
-    table = pd.DataFrame(candidates, columns=["layer", "head"])
-    table["nll"] = nll[1:]
-    table["ppl"] = np.exp(table["nll"])
-    table["delta_ppl"] = table["ppl"] - math.exp(clean)
-    table["delta_nll"] = table["nll"] - clean
-    table = table.sort_values("delta_ppl", ascending=False, kind="stable")
-    return math.exp(clean), table[["layer", "head", "ppl", "delta_ppl", "nll", "delta_nll"]]
-
-
-def _lone_batch(
-    model: Any, docs: Corpus, n_docs: int | None, n_tokens: int | None, prepend_bos: bool
-) -> TokenBatch:
-    _check_count(n_docs, "lone_docs", allow_none=True)
-    _check_count(n_tokens, "lone_tokens", allow_none=True)
-    batch = prepare_inputs(
-        model, docs if n_docs is None else docs[:n_docs], prepend_bos=prepend_bos
-    )
-    width = batch.tokens.shape[1]
-    if n_tokens is not None:
-        width = min(width, n_tokens + int(batch.prepend_bos))
-    if width < 2:
-        raise InputError("The lone-head corpus needs at least two tokens per document.")
-    return TokenBatch(
-        batch.tokens[:, :width],
-        batch.mask[:, :width],
-        batch.prepend_bos,
-        batch.bos_token,
-        batch.documents,
-    )
-
-
-def _grouped_nll(model: Any, batch: TokenBatch, groups: Sequence[Head | None]) -> list[float]:
-    """Mean next-token NLL of ``batch`` with each group's head removed (``None`` = none)."""
-    n_rows = batch.tokens.shape[0]
-    copies = TokenBatch(
-        batch.tokens.repeat(len(groups), 1),
-        batch.mask.repeat(len(groups), 1),
-        batch.prepend_bos,
-        batch.bos_token,
-        list(range(n_rows * len(groups))),
-    )
-    hooks = _row_group_removal(groups, n_rows, model.cfg.n_heads)
-    logits = run_layers(model, copies, None, layers=[], fwd_hooks=hooks, need_logits=True)
-    nll = token_nll(logits, copies.tokens, copies.mask).double()
-    per_group = einops.rearrange(nll, "(g r) p -> g (r p)", g=len(groups))
-    return (per_group.nansum(-1) / (~per_group.isnan()).sum(-1)).tolist()
-
-
-def _head_statistics(
-    model: Any,
-    docs: Corpus,
-    layers: list[int],
-    orders: tuple[str, ...],
-    taxonomy: HeadTaxonomyResult | None,
-    stream_args: dict[str, Any],
-) -> pd.DataFrame:
-    """One row per prunable head: magnitude, and the taxonomy statistics when needed."""
-    n_heads = model.cfg.n_heads
-    layer, head = np.meshgrid(layers, range(n_heads), indexing="ij")
-    stats = pd.DataFrame(
-        {
-            "layer": layer.ravel(),
-            "head": head.ravel(),
-            "magnitude": head_magnitudes(model, layers).numpy().ravel(),
-        }
-    )
-    if taxonomy is None and not {"taxonomy", "entropy"} & set(orders):
-        return stats
-    if taxonomy is None:
-        taxonomy = head_taxonomy(model, docs, layers=layers, **stream_args)
-    missing = sorted(set(layers) - set(taxonomy.layers))
-    if missing:
-        raise InputError(
-            f"The taxonomy passed in lacks layers {missing}; compute it with layers=None or "
-            "prune only its layers."
-        )
-    return stats.merge(taxonomy.table, on=["layer", "head"], how="left")
-
-
-def _taxonomy_beats_random(table: pd.DataFrame, levels: list[float]) -> bool:
-    """Whether the taxonomy order costs less ΔPPL than the mean random order at ``levels``."""
-    if "taxonomy" not in table or "random" not in table or not levels:
-        return False
-    return bool((table.loc[levels, "taxonomy"] < table.loc[levels, "random"]).all())
-
-
-def prune_heads(
-    model: Any,
-    corpus: Any,
-    *,
-    order: str | Sequence[str] = ORDERS,
-    retention: float | Sequence[float] = RETENTION,
-    scope: Literal["global", "layer"] = "global",
-    layers: int | Sequence[int] | None = None,
-    n_draws: int = 3,
-    seed: int = 0,
-    sink_positions: Sequence[int] = (0,),
-    taxonomy: HeadTaxonomyResult | None = None,
-    lone: bool = True,
-    lone_corpus: Any = None,
-    lone_docs: int | None = 2,
-    lone_tokens: int | None = 32,
-    lone_heads: Sequence[Head] | None = None,
-    lone_heads_per_pass: int = 8,
-    batch_size: int | None = 8,
-    prepend_bos: bool = True,
-    progress: bool = True,
-) -> PruningResult:
-    """P2's structured head pruning: ΔPPL per removal order and retention level.
-
-    The clean PPL and the head statistics are computed once for all orders; a set of removed
-    heads met twice (e.g. by two orders) is evaluated once.
-
-    Args:
-        model: A ``TransformerBridge``.
-        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings; PPL and the
-            head statistics are measured on it.
-        order: One or several of ``"taxonomy"``, ``"magnitude"``, ``"entropy"``, ``"random"``
-            (default: all four).
-        retention: Fractions of heads kept (default 0.9, 0.75, 0.5, 0.25); 1.0 removes
-            nothing (ΔPPL 0 exactly).
-        scope: ``"global"`` ranks all heads in one order and removes the first ones (SPEC's
-            reading); ``"layer"`` removes the same fraction in every layer, in the order's
-            ranking within the layer (norms and magnitudes grow with depth, so global orders
-            by them concentrate removal in the first layers).
-        layers: Layers whose heads may be removed (``None`` = all); retention counts them.
-        n_draws: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
-        seed: Seed of the random orders.
-        sink_positions: For the taxonomy (see :func:`head_taxonomy`).
-        taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
-        lone: Also measure each head's lone removal (:func:`lone_head_costs`).
-        lone_corpus: Corpus for the lone costs (default: ``corpus``).
-        lone_docs, lone_tokens: Its first ``lone_docs`` documents cut to ``lone_tokens``
-            tokens (``None`` = all / whole); the defaults (2 x 32) take about 25 s for the 270
-            heads of SmolLM2-135M on two CPU cores.
-        lone_heads: Candidate heads for the lone costs (default: every prunable head).
-        lone_heads_per_pass: Heads per forward pass in the lone costs.
-        batch_size: Documents per forward pass.
-        prepend_bos: Prepend BOS.
-        progress: Show progress bars.
-
-    Returns:
-        A :class:`PruningResult`.
-
-    Example::
-
-        pruned = cw_lens.prune_heads(model, corpus, order=("taxonomy", "random"))
-        pruned.by_retention()     # ΔPPL: rows = retention, columns = order
-        pruned.top(5)             # heads whose lone removal costs most
-    """
-    check_model(model)
-    orders = _check_orders(order)
-    levels = _check_retention(retention)
-    if scope not in ("global", "layer"):
-        raise InputError(f"scope must be 'global' or 'layer', got {scope!r}.")
-    _check_count(n_draws, "n_draws (3 in P2)")
-    _check_count(lone_heads_per_pass, "lone_heads_per_pass")
-    sinks = _check_sinks(sink_positions)
-    docs = as_corpus(corpus)
-    layer_list = resolve_layers(model, layers)
-    lone_list = _check_lone_heads(model, lone_heads, layer_list) if lone else []
-    lone_source = docs if lone_corpus is None else as_corpus(lone_corpus)
-    lone_batch = (
-        _lone_batch(model, lone_source, lone_docs, lone_tokens, prepend_bos) if lone else None
-    )
-    stream_args = {
-        "sink_positions": sinks,
-        "batch_size": batch_size,
-        "prepend_bos": prepend_bos,
-        "progress": progress,
-    }
-    stats = _head_statistics(model, docs, layer_list, orders, taxonomy, stream_args)
-    rankings = pruning_rankings(stats, orders, n_draws, seed)
-    nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos}
-    clean = corpus_nll(model, docs, **nll_args)
-    table = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
-    result = PruningResult(
-        table=table,
-        head_stats=stats,
-        rankings=rankings,
-        clean_ppl=clean.ppl,
-        clean_nll=clean.mean_nll,
-        retention=levels,
-        orders=orders,
-        scope=scope,
-        seed=seed,
-        n_documents=len(docs),
-        model_name=str(getattr(model.cfg, "model_name", "")),
-    )
-    if lone_batch is not None:
-        result.lone_clean_ppl, result.lone = lone_head_costs(
-            model,
-            lone_source,
-            lone_list,
-            n_docs=lone_docs,
-            n_tokens=lone_tokens,
-            heads_per_pass=lone_heads_per_pass,
-            prepend_bos=prepend_bos,
-            progress=progress,
-        )
-        result.lone_shape = tuple(lone_batch.tokens.shape)
-        lone_cost = result.lone[["layer", "head", "delta_ppl"]].rename(
-            columns={"delta_ppl": "lone_delta_ppl"}
-        )
-        result.head_stats = stats.merge(lone_cost, on=["layer", "head"], how="left")
-    return result
-
-
-def _pruning_table(
-    model: Any,
-    docs: Corpus,
-    rankings: dict[str, list[list[Head]]],
-    levels: tuple[float, ...],
-    scope: str,
-    clean: NLLResult,
-    nll_args: dict[str, Any],
-    progress: bool,
-) -> pd.DataFrame:
-    plan = [
-        (name, draw, level, frozenset(removed_heads(ranking, level, scope)), len(ranking))
-        for name, draws in rankings.items()
-        for draw, ranking in enumerate(draws)
-        for level in levels
-    ]
-    scores: dict[frozenset, NLLResult] = {frozenset(): clean}
-    rows = []
-    for name, draw, level, removed, n_total in tqdm(
-        plan, desc="pruning", disable=not progress, leave=False
-    ):
-        if removed not in scores:
-            hooks = remove_heads(model, sorted(removed)).hooks
-            scores[removed] = corpus_nll(model, docs, hooks=hooks, **nll_args)
-        score = scores[removed]
-        rows.append(
-            {
-                "order": name,
-                "draw": draw,
-                "retention": level,
-                "n_removed": len(removed),
-                "n_heads": n_total,
-                "ppl": score.ppl,
-                "delta_ppl": score.ppl - clean.ppl,
-                "nll": score.mean_nll,
-                "delta_nll": score.mean_nll - clean.mean_nll,
-            }
-        )
-    return pd.DataFrame(rows)

@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cw_lens import pruning as prn
 from cw_lens import selection as sel
+from cw_lens import taxonomy as taxo
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
 from cw_lens.interventions import HookSet, remove_heads
@@ -313,7 +315,7 @@ def built_heads(model, layer):
 def test_taxonomy_of_built_heads(model):
     lengths = prepare_inputs(model, TEXTS).lengths
     with built_heads(model, 1) as hooks:
-        tax = sel.head_taxonomy(model, TEXTS, batch_size=2, progress=False)
+        tax = taxo.head_taxonomy(model, TEXTS, batch_size=2, progress=False)
         batch = prepare_inputs(model, TEXTS)
         _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask())
     assert len(hooks) == 2
@@ -361,7 +363,7 @@ def reference_taxonomy(model, batch, cache, layer):
 
 
 def test_taxonomy_summaries(model):
-    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    tax = taxo.head_taxonomy(model, TEXTS, progress=False)
     table = tax.to_dataframe()
     assert len(table) == model.cfg.n_layers * model.cfg.n_heads
     shares = table[["share_current", "share_sink", "share_other"]]
@@ -369,12 +371,12 @@ def test_taxonomy_summaries(model):
         torch.tensor(shares.sum(1).values), torch.ones(len(table), dtype=torch.float64)
     )
     first = shares.values.argmax(1)  # ties go to Retriever, then Mixer
-    assert list(table["regime"]) == [sel.REGIMES[k] for k in first]
+    assert list(table["regime"]) == [taxo.REGIMES[k] for k in first]
     assert tax.regime_shares().sum() == pytest.approx(1.0)
     by_layer = tax.shares_by_layer()
-    assert by_layer.loc[0, list(sel.REGIMES)].sum() == pytest.approx(1.0)
+    assert by_layer.loc[0, list(taxo.REGIMES)].sum() == pytest.approx(1.0)
     with pytest.raises(InputError, match="sink_positions"):
-        sel.head_taxonomy(model, TEXTS, sink_positions=(), progress=False)
+        taxo.head_taxonomy(model, TEXTS, sink_positions=(), progress=False)
 
 
 # =========================================================================== pruning
@@ -382,14 +384,14 @@ def test_taxonomy_summaries(model):
 
 @pytest.fixture(scope="module")
 def pruned(model):
-    return sel.prune_heads(
+    return prn.prune_heads(
         model, TEXTS, retention=(1.0, 0.75, 0.5), lone_docs=2, lone_tokens=16, progress=False
     )
 
 
 def test_pruning_levels_are_exact(model, pruned):
     table = pruned.to_dataframe()
-    assert set(table["order"]) == set(sel.ORDERS)
+    assert set(table["order"]) == set(prn.ORDERS)
     assert len(table) == (3 + 3) * 3  # three deterministic orders + three random draws
     full = table[table["retention"] == 1.0]
     assert (full["n_removed"] == 0).all() and (full["delta_ppl"] == 0.0).all()
@@ -421,13 +423,13 @@ def test_pruning_orders(model, pruned):
     assert keys == sorted(keys)
     entropy = [stats.loc[h, "mean_entropy"] for h in pruned.rankings["entropy"][0]]
     assert entropy == sorted(entropy, reverse=True)
-    again = sel.prune_heads(model, TEXTS, order="random", retention=0.5, lone=False, progress=False)
+    again = prn.prune_heads(model, TEXTS, order="random", retention=0.5, lone=False, progress=False)
     assert again.rankings["random"] == pruned.rankings["random"]
     assert (
         again.table["ppl"].tolist()
         == pruned.table.query("order == 'random' and retention == 0.5")["ppl"].tolist()
     )
-    other = sel.prune_heads(
+    other = prn.prune_heads(
         model, TEXTS, order="random", retention=0.5, seed=1, lone=False, progress=False
     )
     assert other.rankings["random"] != pruned.rankings["random"]
@@ -436,13 +438,13 @@ def test_pruning_orders(model, pruned):
 
 def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
     ranking = [(1, 2), (0, 3), (1, 0), (0, 1), (1, 1), (0, 0), (0, 2), (1, 3)]
-    assert sel.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]
-    assert sel.removed_heads(ranking, 0.5, "layer") == [(1, 2), (1, 0), (0, 3), (0, 1)]
-    assert sel.removed_heads(ranking, 0.75, "layer") == [(1, 2), (0, 3)]  # 1 of 4 per layer
-    layered = sel.prune_heads(
+    assert prn.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]
+    assert prn.removed_heads(ranking, 0.5, "layer") == [(1, 2), (1, 0), (0, 3), (0, 1)]
+    assert prn.removed_heads(ranking, 0.75, "layer") == [(1, 2), (0, 3)]  # 1 of 4 per layer
+    layered = prn.prune_heads(
         model, TEXTS, order="entropy", retention=0.5, scope="layer", lone=False, progress=False
     )
-    removed = sel.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
+    removed = prn.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
     expected = corpus_nll(model, TEXTS, hooks=remove_heads(model, removed).hooks).ppl
     assert layered.table["ppl"].tolist() == [expected]
     assert layered.scope == "layer" and layered.table["n_removed"].tolist() == [4]
@@ -467,7 +469,7 @@ def test_lone_head_costs_match_direct_removal(model, pruned):
 
 
 def test_magnitude_on_gpt2(gpt2):
-    got = sel.head_magnitudes(gpt2, [1])[0]
+    got = prn.head_magnitudes(gpt2, [1])[0]
     attn = gpt2.blocks[1].attn
     expected = torch.stack([attn.W_V[h].norm() * attn.W_O[h].norm() for h in range(4)])
     assert torch.allclose(got, expected.detach())
@@ -486,14 +488,14 @@ def test_magnitude_on_gpt2(gpt2):
 )
 def test_pruning_rejects_bad_input(model, kwargs, match):
     with pytest.raises(InputError, match=match):
-        sel.prune_heads(model, TEXTS, progress=False, **kwargs)
+        prn.prune_heads(model, TEXTS, progress=False, **kwargs)
 
 
 def test_summaries_are_json_ready(model, pruned):
     import json
 
     geo = sel.selection_geometry(model, TEXTS, n_random=2, progress=False)
-    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    tax = taxo.head_taxonomy(model, TEXTS, progress=False)
     out = json.loads(json.dumps([geo.summary(), tax.summary(), pruned.summary()]))
     assert out[0]["top_over_random"]["2"] == pytest.approx(
         geo.f_by_n().loc[2, "top_over_random"], abs=1e-4
@@ -518,7 +520,7 @@ def test_plots_draw_the_result_tables(model, pruned):
     assert list(top.get_ydata()) == pytest.approx(list(geo.f_by_n()["top"]))
     fig = geo.plot_sink_effect()
     assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx(list(geo.sink_effect()["ratio"]))
-    tax = sel.head_taxonomy(model, TEXTS, progress=False)
+    tax = taxo.head_taxonomy(model, TEXTS, progress=False)
     fig = tax.plot()
     heights = [p.get_height() for p in fig.axes[0].patches[: model.cfg.n_layers]]
     assert heights == pytest.approx(list(tax.shares_by_layer()["Retriever"]))
@@ -541,7 +543,7 @@ def test_embedded_model_selection_and_taxonomy(smollm, prose):
     assert (geo.mean("f")[..., 0] == 1.0).all()
     table = geo.f_by_n()
     assert (table.loc[[2, 4], "top_over_random"] > 1).all()
-    tax = sel.head_taxonomy(smollm, prose, layers=[9], progress=False)
+    tax = taxo.head_taxonomy(smollm, prose, layers=[9], progress=False)
     batch = prepare_inputs(smollm, prose)
     _, cache = smollm.run_with_cache(
         batch.tokens,

@@ -1,0 +1,283 @@
+r"""Head taxonomy (P2): Retriever, Mixer and Reset heads by the source-winner rule.
+
+Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
+Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
+those of SPEC §4.
+
+**Head taxonomy** (parameter-free "source winner"). For every counted query ``i`` the winner is
+``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (value norm before ``W_O``, of the kv head the query
+head reads; ties to the smaller index); its category is ``current`` (``j* = i``), ``sink`` (``j*``
+a sink position) or ``other``. Counted queries: real (non-padding) positions that are not sink
+positions (a query at the sink would be both ``current`` and ``sink``). A head is a
+**Retriever** / **Mixer** / **Reset** when ``current`` / ``sink`` / ``other`` is its most frequent
+category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform attention the winner
+is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
+values sit at the current token or the sink.
+
+Everything streams layer by layer (:func:`cw_lens.accumulate.stream_corpus`) into per-document
+float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
+model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    tax = cw_lens.head_taxonomy(model, corpus)
+    tax.regime_shares()           # Retriever / Mixer / Reset shares of heads
+    tax.shares_by_layer()         # the regimes over depth
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from cw_lens.accumulate import DocSums, stream_corpus
+from cw_lens.capture import check_model, resolve_layers
+from cw_lens.data import as_corpus
+from cw_lens.errors import InputError
+from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
+
+CATEGORIES = ("current", "sink", "other")
+REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
+
+
+def source_winners(
+    attention: Float[Tensor, "*rows query key"],
+    value_norms: Float[Tensor, "*rows key"],
+    query_positions: Int[Tensor, " query"],
+) -> Int[Tensor, "*rows query"]:
+    """``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (ties: the smaller index)."""
+    score = attention * value_norms[..., None, :]
+    keys = torch.arange(attention.shape[-1], device=attention.device)
+    later = keys[None, :] > query_positions[:, None]
+    return score.masked_fill(later, -math.inf).argmax(-1)
+
+
+def winner_categories(
+    winners: Int[Tensor, "*rows query"],
+    query_positions: Int[Tensor, " query"],
+    sink_positions: Sequence[int],
+) -> Int[Tensor, "*rows query"]:
+    """0 = ``current`` (``j* = i``), 1 = ``sink`` (``j*`` a sink position), 2 = ``other``."""
+    sinks = torch.tensor(list(sink_positions), device=winners.device)
+    current = winners == query_positions
+    sink = torch.isin(winners, sinks) & ~current
+    return torch.where(current, 0, torch.where(sink, 1, 2))
+
+
+def attention_entropy(attention: Float[Tensor, "*rows key"]) -> Float[Tensor, "*rows"]:
+    """``-sum_j alpha log alpha`` in nats (``0 log 0 = 0``)."""
+    return -torch.special.xlogy(attention, attention).sum(-1)
+
+
+# =========================================================================== head taxonomy
+
+# per (document, head): counts of current / sink / other, counted queries, sums of ||o_i^h||
+# and of the attention entropy
+_TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "entropy")
+
+
+class _TaxonomyAccumulator:
+    def __init__(self, sinks: tuple[int, ...]) -> None:
+        self.sinks = sinks
+        self.sums = DocSums()
+
+    def merge(self, other: _TaxonomyAccumulator) -> None:
+        self.sums.merge(other.sums)
+
+    def update(self, lc: Any) -> None:
+        acts = lc.acts
+        positions = lc.query_positions
+        kv = kv_of_heads(acts.n_heads, acts.values.shape[2], positions.device)
+        norms = einops.rearrange(acts.values[:, lc.keys].norm(dim=-1)[..., kv], "b k h -> b h k")
+        categories = winner_categories(
+            source_winners(lc.attention, norms, positions), positions, self.sinks
+        )
+        sinks = torch.tensor(self.sinks, device=positions.device)
+        counted = (lc.query_mask & ~torch.isin(positions, sinks))[:, None, :]
+        counted = counted.expand(-1, acts.n_heads, -1)
+        per_category = torch.nn.functional.one_hot(categories, len(CATEGORIES)) * counted[..., None]
+        stats = [
+            per_category.sum(2).double(),
+            counted.sum(-1, keepdim=True).double(),
+            torch.where(counted, lc.head_output_norm, 0.0).sum(-1, keepdim=True).double(),
+            torch.where(counted, attention_entropy(lc.attention), 0.0)
+            .sum(-1, keepdim=True)
+            .double(),
+        ]
+        self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", torch.cat(stats, -1))
+
+
+@dataclass
+class HeadTaxonomyResult:
+    """P2's source-winner taxonomy: one row per (layer, head) in ``table``.
+
+    Columns: ``layer``, ``head``, ``n_queries`` (counted queries), ``share_current``,
+    ``share_sink``, ``share_other`` (shares of those queries whose winner is the current token,
+    a sink, another token), ``regime`` (Retriever / Mixer / Reset), ``mean_output_norm``
+    (mean ``||o_i^h||``) and ``mean_entropy`` (mean attention entropy, nats), over the counted
+    queries.
+    """
+
+    table: pd.DataFrame
+    sink_positions: tuple[int, ...]
+    n_documents: int
+    model_name: str = ""
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.table["layer"].unique().tolist())
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table.copy()
+
+    def regime_shares(self) -> pd.Series:
+        """Share of heads in each regime (claim ``retriever_share``: Retrievers 5.8–17.2%)."""
+        shares = self.table["regime"].value_counts(normalize=True)
+        return shares.reindex(REGIMES, fill_value=0.0).rename("share")
+
+    def shares_by_layer(self) -> pd.DataFrame:
+        """Per layer: the share of heads in each regime and the mean category shares."""
+        counts = pd.crosstab(self.table["layer"], self.table["regime"], normalize="index")
+        counts = counts.reindex(columns=list(REGIMES), fill_value=0.0)
+        categories = [f"share_{c}" for c in CATEGORIES]
+        out = counts.join(self.table.groupby("layer")[categories].mean())
+        out.columns.name = None
+        return out
+
+    def heads(self, regime: str) -> list[tuple[int, int]]:
+        """The (layer, head) pairs of one regime."""
+        if regime not in REGIMES:
+            raise InputError(f"regime must be one of {REGIMES}, got {regime!r}.")
+        rows = self.table[self.table["regime"] == regime]
+        return list(zip(rows["layer"].tolist(), rows["head"].tolist(), strict=True))
+
+    def top(self, k: int = 10, *, by: str = "share_current") -> pd.DataFrame:
+        """The ``k`` heads with the largest ``by`` (e.g. the clearest Retrievers)."""
+        if by not in self.table.columns:
+            raise InputError(f"by must be a column of the table, got {by!r}.")
+        return self.table.sort_values(by, ascending=False, kind="stable").head(k)
+
+    def summary(self) -> dict[str, Any]:
+        shares = self.regime_shares()
+        return {
+            "n_heads": len(self.table),
+            "n_documents": self.n_documents,
+            "regime_shares": rounded_dict(shares),
+            "retriever_share": float(shares["Retriever"]),
+            "dominant_regime": str(shares.idxmax()),
+        }
+
+    def claims(self) -> dict[str, dict[str, Any]]:
+        """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured."""
+        shares = self.regime_shares()
+        share = float(shares["Retriever"])
+        return {
+            "retriever_share": {
+                "paper": "Retrievers are a minority, 5.8-17.2% of heads (P2)",
+                "measured": {
+                    "regime_shares": rounded_dict(shares),
+                    "retriever_share": share,
+                    "dominant_regime": str(shares.idxmax()),
+                    "n_heads": len(self.table),
+                },
+                "holds": bool(0.058 <= share <= 0.172),
+                "criterion": "share of Retriever heads within P2's range 5.8-17.2%",
+            }
+        }
+
+    def plot(self, **kwargs: Any) -> Any:
+        """Regimes over depth: stacked shares of heads per layer (claim ``retriever_share``)."""
+        from cw_lens.plots.selection import plot_retriever_share
+
+        return plot_retriever_share(self, **kwargs)
+
+
+def head_taxonomy(
+    model: Any,
+    corpus: Any,
+    *,
+    sink_positions: Sequence[int] = (0,),
+    layers: int | Sequence[int] | None = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    progress: bool = True,
+) -> HeadTaxonomyResult:
+    """P2's parameter-free head taxonomy (source winner ``argmax_j alpha[i,j] ||v_j||``).
+
+    Every real query that is not a sink position is counted; each head's regime is its most
+    frequent winner category (ties: Retriever, then Mixer, then Reset).
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings.
+        sink_positions: Positions whose winning makes a query ``sink`` (and that are not
+            counted as queries).
+        layers: Layers to classify (``None`` = all).
+        batch_size: Documents per forward pass.
+        prepend_bos: Prepend BOS (position 0 is then the usual sink).
+        progress: Show a progress bar over document batches.
+
+    Returns:
+        A :class:`HeadTaxonomyResult`.
+
+    Example::
+
+        tax = cw_lens.head_taxonomy(model, corpus)
+        tax.regime_shares()          # Retriever / Mixer / Reset
+        tax.plot()
+    """
+    check_model(model)
+    sinks = check_sinks(sink_positions)
+    docs = as_corpus(corpus)
+    layer_list = resolve_layers(model, layers)
+    accumulator, _ = stream_corpus(
+        model,
+        docs,
+        _TaxonomyAccumulator(sinks),
+        layers=layer_list,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        progress="head taxonomy" if progress else False,
+    )
+    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layer_list])
+    return HeadTaxonomyResult(
+        table=_taxonomy_table(sums, layer_list),
+        sink_positions=sinks,
+        n_documents=len(accumulator.sums.documents),
+        model_name=str(getattr(model.cfg, "model_name", "")),
+    )
+
+
+def _taxonomy_table(sums: Float[Tensor, "layer head 6"], layers: list[int]) -> pd.DataFrame:
+    """The per-(layer, head) table from the summed ``_TAXONOMY_FIELDS``."""
+    field = {name: sums[..., k] for k, name in enumerate(_TAXONOMY_FIELDS)}
+    n_queries = field["n_queries"]
+    if bool((n_queries == 0).any()):
+        raise InputError(
+            "No query could be classified: every position of the corpus is a sink position or "
+            "padding. Use longer documents or fewer sink_positions."
+        )
+    counts = torch.stack([field[c] for c in CATEGORIES], dim=-1)
+    layer, head = np.meshgrid(layers, range(n_queries.shape[1]), indexing="ij")
+    columns = {
+        "layer": layer,
+        "head": head,
+        "n_queries": n_queries.long(),
+        **{f"share_{c}": field[c] / n_queries for c in CATEGORIES},
+        "regime": np.array(REGIMES)[counts.argmax(-1).numpy()],
+        "mean_output_norm": field["output_norm"] / n_queries,
+        "mean_entropy": field["entropy"] / n_queries,
+    }
+    return pd.DataFrame({k: np.asarray(v).ravel() for k, v in columns.items()})
