@@ -343,9 +343,7 @@ class _SinkAccumulator:
         for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
             entries = entries & ~fields["contribution"].isnan()
             for name, t in fields.items():
-                self._add(
-                    docs, f"{group}_{name}_sum", layer, torch.where(entries, t, 0.0).sum((2, 3))
-                )
+                self._add(docs, f"{group}_{name}_sum", layer, (t * entries).nansum((2, 3)))
             self._add(docs, f"{group}_count", layer, entries.sum((2, 3)))
             self._sample(lc, entries, fields, docs, layer, group)
 
