@@ -14,6 +14,7 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
+from cw_lens.capture import cache_names
 from cw_lens.contributions import (
     ContributionResult,
     LayerContributions,
@@ -68,6 +69,7 @@ __all__ = [
     "SinkAblation",
     "SinkStatistics",
     "UnsupportedModelError",
+    "cache_names",
     "contribution_weights",
     "contribution_weights_from_cache",
     "detect_sinks",

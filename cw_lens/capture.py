@@ -41,6 +41,18 @@ def hook_name(kind: str, layer: int) -> str:
     return HOOK_TEMPLATES[kind].format(layer=layer)
 
 
+def cache_names(layers: int | list[int]) -> list[str]:
+    """The hook names contribution weights read, for ``run_with_cache(names_filter=...)``.
+
+    Example::
+
+        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([3, 4]))
+        cw = cw_lens.contribution_weights_from_cache(cache, model, 3)
+    """
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    return [hook_name(kind, layer) for layer in layers for kind in HOOK_TEMPLATES]
+
+
 @dataclass
 class LayerWeights:
     """The output projection of one layer, float32: ``W_O`` [head, d_head, d_model], ``b_O``."""

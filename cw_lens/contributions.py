@@ -871,7 +871,7 @@ def contribution_weights_from_cache(
 
     The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v``, ``hook_z`` and
     ``blocks.{layer}.hook_attn_out`` (a plain ``model.run_with_cache(tokens)`` has them; to
-    keep it small use ``names_filter=lambda n: n.startswith(f"blocks.{layer}.")``).
+    keep it small use ``names_filter=cw_lens.cache_names(layer)``).
 
     Args:
         cache: An ``ActivationCache`` (or a dict) with the classic hook names.
@@ -938,8 +938,7 @@ def activations_from_cache(
         if got[kind] is None:
             raise InputError(
                 f"The cache has no {name!r}. Cache layer {layer} with "
-                f"model.run_with_cache(tokens, names_filter=lambda n: "
-                f"n.startswith('blocks.{layer}.'))."
+                f"model.run_with_cache(tokens, names_filter=cw_lens.cache_names({layer}))."
             )
     pattern, values, z, attn_out = (got[k].detach() for k in names)
     cfg = model.cfg

@@ -53,11 +53,13 @@ def dense_contributions(pattern, values, W_O, kind="intra"):
 
 def model_reference(model, tokens, layer, kind="intra", attention_mask=None):
     """Dense reference for one layer of a bridge, from a plain ``run_with_cache``."""
+    from cw_lens.capture import cache_names
+
     with torch.no_grad():
         _, cache = model.run_with_cache(
             tokens,
             attention_mask=attention_mask,
-            names_filter=lambda n: n.startswith(f"blocks.{layer}."),
+            names_filter=cache_names(layer),
         )
     W_O = model.blocks[layer].attn.W_O.detach()
     ref = dense_contributions(

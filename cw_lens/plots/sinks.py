@@ -149,7 +149,12 @@ def plot_convex_sink_curve(
     axes[0].set_xlabel("sink rate s")
     axes[0].set_ylabel("mean ||o|| (normalised per head)")
     axes[0].set_title("Empirical output norm vs sink rate")
-    axes[0].legend(fontsize=7)
+    if axes[0].lines:
+        axes[0].legend(fontsize=7)
+    else:
+        axes[0].text(
+            0.5, 0.5, "no sink head with enough queries", ha="center", transform=axes[0].transAxes
+        )
     interior = s_star[s_star["edge"] == "interior"]
     width = float(interior["s_star"].diff().median()) if len(interior) > 1 else 0.02
     axes[1].bar(
