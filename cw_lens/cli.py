@@ -13,6 +13,23 @@ app = typer.Typer(
 )
 
 
+def _clean_errors(fn):
+    """Report cw_lens errors as one line on stderr with exit code 2, not a stack trace."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from cw_lens.errors import CwLensError
+
+        try:
+            return fn(*args, **kwargs)
+        except CwLensError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
 def _load(model: str | None, device: str | None):
     import cw_lens
 
@@ -20,6 +37,7 @@ def _load(model: str | None, device: str | None):
 
 
 @app.command()
+@_clean_errors
 def analyze(
     text: str = typer.Argument(..., help="The text to analyse."),
     layer: int | None = typer.Option(None, help="Only this layer (default: every layer)."),
@@ -29,7 +47,11 @@ def analyze(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     device: str | None = typer.Option(None, help="cpu, cuda, ..."),
 ) -> None:
-    """Print the tokens that contribute most to the last token's attention output per layer."""
+    """Print the tokens that contribute most to the last token's attention output per layer.
+
+    Scores are inter-head contribution weights summed over heads (a token's share of the layer
+    output; ``token@position weight``), or one head's with --head.
+    """
     import cw_lens
 
     bridge = _load(model, device)
@@ -41,7 +63,8 @@ def analyze(
     for lay in result.layers:
         top = result.top(layer=lay, head=head, k=k, sum_heads=head is None)
         cells = ", ".join(
-            f"{t!r} {w:+.3f}" for t, w in zip(top["key_token"], top["weights"], strict=True)
+            f"{t!r}@{p} {w:+.3f}"
+            for t, p, w in zip(top["key_token"], top["key"], top["weights"], strict=True)
         )
         typer.echo(f"layer {lay:>2}: {cells}")
     if html is not None:
@@ -50,6 +73,7 @@ def analyze(
 
 
 @app.command()
+@_clean_errors
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     corpus: str | None = typer.Option(None, help="Corpus (default: pydoc prose; a .txt/.jsonl)."),

@@ -124,6 +124,8 @@ def as_corpus(corpus: Any) -> Corpus:
     if isinstance(corpus, Corpus):
         docs = corpus
     elif isinstance(corpus, str):
+        if not corpus.strip():
+            raise InputError("The input text is empty: there is no token to analyse.")
         docs = Corpus("text", [Document(corpus)])
     elif isinstance(corpus, Sequence) and all(isinstance(d, (str, Document)) for d in corpus):
         docs = Corpus("texts", [d if isinstance(d, Document) else Document(d) for d in corpus])
