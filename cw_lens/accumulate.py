@@ -14,7 +14,7 @@ object with a ``merge`` method.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from jaxtyping import Float
@@ -208,7 +208,7 @@ def stream_corpus(
     layers: object = None,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
-    fwd_hooks: Sequence = (),
+    fwd_hooks: Sequence | Callable = (),
     need_logits: bool = False,
     progress: bool | str = False,
     count_nan: Sequence[str] = (),

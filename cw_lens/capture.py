@@ -145,6 +145,12 @@ def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
         isinstance(values, torch.Tensor) and values.ndim == 0
     ):
         values = [values]
+    try:
+        values = list(values)
+    except TypeError:
+        raise InputError(
+            f"{what.capitalize()}s must be an integer or a list of integers, got {values!r}."
+        ) from None
     out = []
     for value in values:
         if isinstance(value, torch.Tensor) and value.ndim == 0:
@@ -250,7 +256,7 @@ def run_layers(
                         z=got["z"].float(),
                         layer_output=out,
                         weights=w,
-                        mask=mask,
+                        mask=mask.to(got["pattern"].device),
                         batch=batch,
                     )
                 )

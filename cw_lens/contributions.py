@@ -14,8 +14,9 @@ weights can be negative (destructive interference) and exceed 1. Baselines (SPEC
 ``value_norm_output`` = alpha ||pv_j|| / ||o_i^h||.
 
 Conventions: keys after the query (``j > i``) are 0 in every field; query rows at padding are
-NaN; a query whose output norm is numerically zero (below 1e-6 of ``sum_j alpha ||pv_j||``) has
-undefined weights — NaN — and is counted in ``n_nan_rows`` with one warning per call. A key whose
+NaN (at ``j <= i``); a query whose output norm is numerically zero (below ``1e-6`` of the largest
+projected-value norm among its keys) has undefined weights — NaN — and is counted in
+``n_nan_rows`` with one warning per call. A key whose
 projected value is zero has cosine 0. Weights are those the model runs (raw bridge); a bridge in
 compatibility mode (folded/centred weights) gives results for those weights.
 
@@ -455,7 +456,7 @@ def stream_contributions(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
-    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+    fwd_hooks: Sequence[tuple[str, Callable]] | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
     progress: bool | str = False,
     count_nan: Sequence[str] = (),
@@ -478,7 +479,8 @@ def stream_contributions(
         batch_size: Documents per forward pass (``None`` = all at once).
         prepend_bos: Prepend BOS to text inputs.
         attention_mask: Mask for token-tensor inputs with padding.
-        fwd_hooks: Interventions active during the passes.
+        fwd_hooks: Interventions active during the passes: hook pairs, or a function of the
+            document batch that returns them (for interventions that need the batch's mask).
         on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
         progress: Show a tqdm bar over document batches (a string sets its label).
         count_nan: Kinds (``"intra"``/``"inter"``) whose zero-norm rows to count and warn about.
@@ -491,6 +493,14 @@ def stream_contributions(
         A :class:`StreamStats`.
     """
     check_model(model)
+    if not callable(consumer):
+        raise InputError(
+            f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
+        )
+    if query_chunk is not None and (
+        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
+    ):
+        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
     layer_list = resolve_layers(model, layers)
     head_list = None if heads is None else resolve_heads(model, heads)
     prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
@@ -526,7 +536,7 @@ def stream_contributions(
             batch,
             on_layer,
             layers=layer_list,
-            fwd_hooks=fwd_hooks,
+            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
             need_logits=on_logits is not None,
             weights=weights,
         )
@@ -577,13 +587,14 @@ class ContributionResult:
 
     # ----------------------------------------------------------------- derived fields
     def _per_pair(self, key_norm: Tensor, query_norm: Tensor) -> Tensor:
-        """``key_norm[j] / query_norm[i]`` with the result conventions (0 for j > i, NaN rows)."""
+        """``key_norm[j] / query_norm[i]`` with the result conventions: 0 for ``j > i``; NaN at
+        ``j <= i`` for padded query rows and rows whose norm is NaN (zero-norm rows)."""
         n = self.tokens.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=key_norm.device).tril()
-        ratio = key_norm[..., None, :] / query_norm[..., :, None]
-        out = torch.where(causal, ratio, torch.zeros((), device=ratio.device))
-        bad = ~self.mask[:, None, None, :].to(key_norm.device) | query_norm.isnan()
-        return out.masked_fill(bad[..., None], math.nan)
+        padded = ~self.mask[:, None, None, :].to(key_norm.device)
+        query_norm = query_norm.masked_fill(padded, math.nan)
+        ratio = key_norm.nan_to_num(0.0)[..., None, :] / query_norm[..., :, None]
+        return torch.where(causal, ratio, torch.zeros((), device=ratio.device))
 
     @cached_property
     def relative_norm(self) -> Float[Tensor, "batch layer head query key"]:
@@ -602,8 +613,8 @@ class ContributionResult:
 
     @cached_property
     def value_norm_output(self) -> Float[Tensor, "batch layer head query key"]:
-        """Baseline ``alpha ||pv_j|| / ||o_i^h||``."""
-        return self.value_norm / self.head_output_norm[..., :, None]
+        """Baseline ``alpha ||pv_j|| / ||o_i^h||`` (NaN rows where ``||o_i^h||`` is zero)."""
+        return self.attention * self._per_pair(self.projected_value_norm, self.head_output_norm)
 
     # ----------------------------------------------------------------- helpers
     FIELDS = ("attention", "relative_norm", "cosine", "weights", "value_norm", "value_norm_output")
@@ -617,6 +628,12 @@ class ContributionResult:
         if head not in self.heads:
             raise InputError(f"Head {head} is not in this result (heads {self.heads}).")
         return self.heads.index(head)
+
+    def _batch_index(self, batch: int) -> int:
+        n = self.tokens.shape[0]
+        if not isinstance(batch, int) or not 0 <= batch < n:
+            raise InputError(f"batch must be a row index in 0..{n - 1}, got {batch!r}.")
+        return batch
 
     def last_position(self, batch: int = 0) -> int:
         return int(self.mask[batch].sum()) - 1
@@ -634,7 +651,7 @@ class ContributionResult:
         Columns: batch, layer, head, query, key, query_token, key_token, and every field.
         Filter with the keyword arguments to keep the frame small.
         """
-        b_idx = range(self.tokens.shape[0]) if batch is None else [batch]
+        b_idx = range(self.tokens.shape[0]) if batch is None else [self._batch_index(batch)]
         l_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
         h_idx = range(len(self.heads)) if head is None else [self._head_index(head)]
         frames = []
@@ -683,6 +700,15 @@ class ContributionResult:
         """
         if by not in self.FIELDS:
             raise InputError(f"by must be one of {self.FIELDS}, got {by!r}.")
+        self._batch_index(batch)
+        if sum_heads and self.kind == "intra" and by == "weights":
+            warnings.warn(
+                "sum_heads=True adds intra-head weights, each relative to its own head's output; "
+                "the sum is not a share of anything. Use kind='inter' for a token's share of "
+                "the layer output.",
+                UserWarning,
+                stacklevel=2,
+            )
         q = self.last_position(batch) if query is None else query
         n = int(self.mask[batch].sum())
         if not 0 <= q < n:
@@ -718,6 +744,9 @@ class ContributionResult:
         from cw_lens.plots import plot_attention_vs_contribution
 
         layer = self.layers[0] if layer is None else layer
+        self._layer_index(layer)
+        self._head_index(head)
+        self._batch_index(batch)
         return plot_attention_vs_contribution(self, layer=layer, head=head, batch=batch, **kwargs)
 
     def show(self, **kwargs: Any) -> Any:
@@ -776,13 +805,17 @@ class _ResultFiller:
         self.pv_norm[docs, li, :, k] = lc.projected_value_norm
         out = lc.output_norm(self.kind).masked_fill(lc.zero_rows(self.kind), math.nan)
         self.out_norm[docs, li, :, q] = out
-        self.head_norm[docs, li, :, q] = lc.head_output_norm
+        self.head_norm[docs, li, :, q] = lc.head_output_norm.masked_fill(
+            lc.zero_rows("intra"), math.nan
+        )
 
     def mark_padding(self, lengths: list[int]) -> None:
         """NaN for query rows at padding (also beyond each sub-batch's trimmed width)."""
         for b, n in enumerate(lengths):
-            self.attention[b, :, :, n:, :] = math.nan
-            self.cosine[b, :, :, n:, :] = math.nan
+            for stored in (self.attention, self.cosine):
+                rows = stored[b, :, :, n:, :]  # queries n.. : NaN at keys j <= i, 0 after
+                rows.fill_(math.nan)
+                rows.tril_(diagonal=n)
             self.pv_norm[b, :, :, n:] = math.nan
 
 
@@ -834,7 +867,7 @@ def contribution_weights(
         heads=None if len(head_list) == model.cfg.n_heads else head_list,
         query_chunk=query_chunk,
         batch_size=batch_size,
-        attention_mask=batch.mask.long() if batch.padded else None,
+        attention_mask=batch.mask.long(),  # always: a text may contain the pad token itself
         count_nan=(kind,),
     )
     filler.mark_padding(batch.lengths.tolist())

@@ -130,9 +130,13 @@ def as_corpus(corpus: Any) -> Corpus:
     elif isinstance(corpus, Sequence) and all(isinstance(d, (str, Document)) for d in corpus):
         docs = Corpus("texts", [d if isinstance(d, Document) else Document(d) for d in corpus])
     else:
+        bad = ""
+        if isinstance(corpus, Sequence):
+            kinds = sorted({type(d).__name__ for d in corpus if not isinstance(d, (str, Document))})
+            bad = f" containing {', '.join(kinds)}"
         raise InputError(
             f"Expected a corpus from cw_lens.load_corpus(), a string or a list of strings; got "
-            f"{type(corpus).__name__}."
+            f"{type(corpus).__name__}{bad}."
         )
     if len(docs) == 0:
         raise InputError("The corpus is empty: pass at least one document.")

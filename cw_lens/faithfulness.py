@@ -361,7 +361,10 @@ def faithfulness(
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
     """
     check_model(model)
-    metrics = list(metrics)
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
+        raise InputError(f"first_query must be a non-negative integer, got {first_query!r}.")
     for m in metrics:
         if m not in ALL_METRICS:
             raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
@@ -423,7 +426,7 @@ def faithfulness(
             ranks.update,
             layers=layers,
             batch_size=None,
-            attention_mask=local.mask.long() if local.padded else None,
+            attention_mask=local.mask.long(),
             on_logits=on_logits,
         )
         outcomes.tokens += int(batch.mask.sum())

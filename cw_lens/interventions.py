@@ -55,7 +55,10 @@ class HookSet:
     def __len__(self) -> int:
         return len(self.hooks)
 
-    def __add__(self, other: HookSet) -> HookSet:
+    def __add__(self, other: HookSet | Sequence[Hook]) -> HookSet:
+        """Combine with another hook set (of the same model) or a list of hook pairs."""
+        if not isinstance(other, HookSet):
+            return HookSet(self.model, [*self.hooks, *list(other)], self.description)
         if other.model is not self.model:
             raise InputError("Cannot combine hook sets of two different models.")
         desc = " + ".join(d for d in (self.description, other.description) if d)
@@ -74,11 +77,17 @@ class HookSet:
         return f"HookSet({self.description or 'hooks'}, {len(self.hooks)} hooks)"
 
 
-def _per_layer_heads(
+def per_layer_heads(
     model: Any, layers: int | Sequence[int] | None, heads: Any
 ) -> dict[int, list[int]]:
-    """``heads`` may be None (all), a list (same heads in every layer) or {layer: heads}."""
+    """``{layer: [heads]}`` from ``heads``: None (all), a list (the same heads in every layer
+    of ``layers``) or a dict ``{layer: heads}`` (then ``layers`` must be None)."""
     if isinstance(heads, dict):
+        if layers is not None:
+            raise InputError(
+                "Give the layers either as layers=... or as the keys of heads={layer: [heads]}, "
+                "not both."
+            )
         return {
             layer: resolve_heads(model, hs)
             for layer in resolve_layers(model, list(heads))
@@ -95,6 +104,7 @@ def patch_sink(
     scale: float = 0.0,
     mode: Literal["scale", "norm_matched"] = "scale",
     sink_positions: Sequence[int] = (0,),
+    attention_mask: Tensor | None = None,
 ) -> HookSet:
     """Scale the sink's projected value in chosen layers and heads (P1's sink-norm ablation).
 
@@ -105,9 +115,10 @@ def patch_sink(
         scale: ``lambda`` in [0, 1]: 0 removes the sink's value, 1 is the identity.
         mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
             the mean norm of the head's non-sink projected values (``scale`` is ignored; with
-            several sinks, relative to their mean norm; every non-sink position of the row
-            counts, so pass unpadded texts for an exact tail mean).
+            several sinks, relative to their mean norm).
         sink_positions: Positions treated as sinks (each is patched; its own query row is not).
+        attention_mask: ``[batch, pos]``, 1 at real tokens, for padded batches in
+            ``norm_matched`` mode (otherwise padding counts in the tail mean).
 
     Returns:
         A :class:`HookSet` (context manager / hook list).
@@ -124,10 +135,11 @@ def patch_sink(
     sinks = sorted({int(p) for p in sink_positions})
     if not sinks or min(sinks) < 0:
         raise InputError(f"sink_positions must be non-negative positions, got {sink_positions}.")
-    plan = _per_layer_heads(model, layers, heads)
+    plan = per_layer_heads(model, layers, heads)
+    real = None if attention_mask is None else torch.as_tensor(attention_mask).bool()
     hooks: list[Hook] = []
     for layer, head_list in plan.items():
-        hooks += _sink_hooks(model, layer, head_list, float(scale), mode, sinks)
+        hooks += _sink_hooks(model, layer, head_list, float(scale), mode, sinks, real)
     desc = f"patch_sink({mode}, scale={scale}, layers={list(plan)})"
     return HookSet(model, hooks, desc)
 
@@ -159,7 +171,13 @@ def sink_scale(
 
 
 def _sink_hooks(
-    model: Any, layer: int, heads: list[int], scale: float, mode: str, sinks: list[int]
+    model: Any,
+    layer: int,
+    heads: list[int],
+    scale: float,
+    mode: str,
+    sinks: list[int],
+    real_mask: Tensor | None,
 ) -> list[Hook]:
     from cw_lens.geometry import sink_term
 
@@ -186,7 +204,8 @@ def _sink_hooks(
             norms = projected_value_norms(values.float(), weights["w"].gram.to(z.device))
         else:
             norms = torch.zeros(n_batch, z.shape[2], 1, device=z.device)
-        factor = sink_scale(mode, scale, norms, sink_mask)  # [batch, head]
+        real = None if real_mask is None else real_mask[:, :n_pos].to(z.device)
+        factor = sink_scale(mode, scale, norms, sink_mask, real)  # [batch, head]
         keep_heads = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
         keep_heads[heads] = True
         factor = torch.where(keep_heads[None], factor, torch.zeros_like(factor))
@@ -213,7 +232,15 @@ def remove_heads(model: Any, heads: Any) -> HookSet:
     if isinstance(heads, dict):
         pairs = [(layer, h) for layer, hs in heads.items() for h in hs]
     else:
-        pairs = [tuple(p) for p in heads]
+        try:
+            pairs = [tuple(p) for p in heads]
+        except TypeError:
+            pairs = []
+        if not pairs or any(len(p) != 2 for p in pairs):
+            raise InputError(
+                "remove_heads needs (layer, head) pairs, e.g. [(0, 3), (5, 1)], or "
+                "{layer: [heads]}."
+            )
     by_layer: dict[int, list[int]] = {}
     for layer, head in pairs:
         (layer,) = resolve_layers(model, [layer])

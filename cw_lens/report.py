@@ -577,7 +577,11 @@ def run_figures(
             print(f"removed {removed} partial file(s) of an interrupted run", file=sys.stderr)
     barrier()
     torch.manual_seed(config.seed)
-    dtype = getattr(torch, config.dtype)
+    dtype = getattr(torch, config.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        from cw_lens.errors import InputError
+
+        raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
     job = Job(config, out, force=force, progress=progress)
     job.model = cw_lens.load_model(config.model, device=config.device, dtype=dtype)
     job.corpus = cw_lens.load_corpus(

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -52,12 +53,12 @@ from torch import Tensor
 
 from cw_lens import geometry as geo
 from cw_lens.accumulate import DocSamples, DocSums, Histogram, stream_corpus
-from cw_lens.capture import resolve_heads, resolve_layers
+from cw_lens.capture import resolve_layers
 from cw_lens.contributions import LayerContributions
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
-from cw_lens.interventions import patch_sink, sink_scale
+from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.scoring import corpus_nll
 
 SINK_RATE_THRESHOLD = 0.3
@@ -84,6 +85,10 @@ class SinkSpec:
     """Sink positions per document: the same tuple for all, or one tuple per document."""
 
     def __init__(self, positions: Sequence[int] | dict[int, Sequence[int]]) -> None:
+        if isinstance(positions, str):
+            raise InputError(
+                f"sink_positions must be positions such as (0,) or 'detect', got {positions!r}."
+            )
         if isinstance(positions, dict):
             self.per_doc = {
                 int(d): tuple(sorted(int(p) for p in ps)) for d, ps in positions.items()
@@ -133,9 +138,14 @@ def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch po
 
 
 class _MaxAttention:
-    """Per document: max over (layer, head) of each key's mean attention from later queries."""
+    """Per document: max over (layer, head) of each key's mean attention from later queries.
 
-    def __init__(self) -> None:
+    Only keys read by at least ``min_later`` later (real) queries are candidates: near the end
+    of a document a previous-token head alone would put a key over any threshold.
+    """
+
+    def __init__(self, min_later: int) -> None:
+        self.min_later = min_later
         self.docs: dict[int, Tensor] = {}
 
     def update(self, lc: LayerContributions) -> None:
@@ -146,8 +156,9 @@ class _MaxAttention:
         later = torch.ones(n_pos, n_pos, dtype=torch.bool, device=acts.mask.device).tril(-1)
         real = acts.mask[:, :, None] & acts.mask[:, None, :]
         weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
-        mean = (acts.pattern * weight[:, None]).sum(2) / weight.sum(1)[:, None].clamp_min(1)
-        best = mean.amax(1).cpu()  # [batch, key]
+        n_later = weight.sum(1)  # [batch, key]
+        mean = (acts.pattern * weight[:, None]).sum(2) / n_later[:, None].clamp_min(1)
+        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0).cpu()  # [batch, key]
         for row, doc in enumerate(lc.batch.documents):
             n = int(lc.batch.lengths[row])
             prev = self.docs.get(doc)
@@ -163,17 +174,21 @@ def detect_sinks(
     corpus: Any,
     *,
     threshold: float = SINK_RATE_THRESHOLD,
+    min_later: int = MIN_QUERY,
     layers: Any = None,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
 ) -> list[tuple[int, ...]]:
     """Sink positions per document: keys whose mean attention from later queries exceeds
-    ``threshold`` in at least one head (of the given layers). The last position of a document
-    is never a sink (no later query)."""
+    ``threshold`` (0.3) in at least one head (of the given layers). Only keys that at least
+    ``min_later`` (16) later queries read are candidates, so the last positions of a document
+    are never sinks."""
+    if min_later < 1:
+        raise InputError(f"min_later must be at least 1, got {min_later}.")
     acc, _ = stream_corpus(
         model,
         corpus,
-        _MaxAttention(),
+        _MaxAttention(min_later),
         layers=layers,
         batch_size=batch_size,
         prepend_bos=prepend_bos,
@@ -182,7 +197,7 @@ def detect_sinks(
     out = []
     for doc in range(len(docs)):
         best = acc.docs[doc]
-        out.append(tuple(int(p) for p in (best[:-1] > threshold).nonzero().flatten()))
+        out.append(tuple(int(p) for p in (best > threshold).nonzero().flatten()))
     return out
 
 
@@ -432,7 +447,9 @@ class SinkStatistics:
         return torch.stack(rows)  # [layer, head, ...]
 
     def _mean(self, name: str, count: str) -> Tensor:
-        return self._total(name) / self._total(count).clamp_min(1)
+        """Sum / count; NaN where nothing was counted (e.g. no query reached min_query)."""
+        total, n = self._total(name), self._total(count)
+        return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, math.nan))
 
     @property
     def sink_rate(self) -> Float[Tensor, "layer head"]:
@@ -441,7 +458,7 @@ class SinkStatistics:
 
     @property
     def sink_heads(self) -> Bool[Tensor, "layer head"]:
-        return self.sink_rate > self.threshold
+        return self.sink_rate > self.threshold  # NaN (no query counted) is not a sink head
 
     def heads(self) -> pd.DataFrame:
         """One row per (layer, head): rates, value geometry, factors, s*, drift."""
@@ -558,6 +575,7 @@ class SinkStatistics:
         sink = df[df["sink_head"]]
         dec = self.decomposition().set_index(["group", "factor"])
         n_sink = len(sink)
+        # with no sink head every sink claim is unmeasured (its "holds" is then False)
 
         def med(col: str) -> float:
             return float(sink[col].median()) if n_sink else float("nan")
@@ -709,6 +727,10 @@ def sink_statistics(
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
     """
+    if drift_k < 1:
+        raise InputError(f"drift_k must be at least 1, got {drift_k}.")
+    if min_query < 1:
+        raise InputError(f"min_query must be at least 1, got {min_query}.")
     layer_list = resolve_layers(model, layers)
     sinks = _resolve_sinks(
         model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
@@ -731,7 +753,7 @@ def sink_statistics(
         prepend_bos=prepend_bos,
         progress=progress and "sink statistics",
     )
-    return SinkStatistics(
+    result = SinkStatistics(
         layer_list,
         model.cfg.n_heads,
         sinks.describe(),
@@ -740,23 +762,33 @@ def sink_statistics(
         acc,
         min_query,
     )
+    if bool(result.sink_rate.isnan().all()):
+        warnings.warn(
+            f"No query at position >= min_query={min_query} after a sink: the documents are too "
+            "short (or no sink position lies inside them), so sink rates are NaN and no head is "
+            "a sink head. Use longer texts or a smaller min_query.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
 
 
 def sink_rates(
     model: Any,
     inputs: Any,
     *,
-    sink_positions: Sequence[int] = (0,),
+    sink_positions: SinkPositions = (0,),
     layers: Any = None,
     prepend_bos: bool = True,
 ) -> Float[Tensor, "batch layer head query"]:
-    """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries)."""
+    """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries);
+    ``sink_positions`` as in :func:`sink_statistics` (positions or ``"detect"``)."""
     from cw_lens.contributions import stream_contributions
     from cw_lens.inputs import prepare_inputs
 
     layer_list = resolve_layers(model, layers)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
-    sinks = SinkSpec(sink_positions)
+    sinks = _resolve_sinks(model, inputs, sink_positions, prepend_bos=prepend_bos)
     n_pos = batch.tokens.shape[1]
     out = torch.full((batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan)
 
@@ -774,7 +806,7 @@ def sink_rates(
         batch.tokens,
         fill,
         layers=layer_list,
-        attention_mask=batch.mask.long() if batch.padded else None,
+        attention_mask=batch.mask.long(),
     )
     return out
 
@@ -981,14 +1013,19 @@ def sink_ablation(
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
     if not 0 < low_norm_quantile < 1:
         raise InputError(f"low_norm_quantile must lie in (0, 1), got {low_norm_quantile}.")
-    patch = patch_sink(
-        model, layers=layers, heads=heads, scale=scale, mode=mode, sink_positions=sink_positions
-    )
-    plan = {layer: resolve_heads(model, None) for layer in resolve_layers(model, layers)}
-    if heads is not None:
-        from cw_lens.interventions import _per_layer_heads
+    plan = per_layer_heads(model, layers, heads)
 
-        plan = _per_layer_heads(model, layers, heads)
+    def patch(batch: TokenBatch) -> list:
+        """The intervention for one document batch (its mask matters in norm_matched mode)."""
+        return patch_sink(
+            model,
+            heads=plan,
+            scale=scale,
+            mode=mode,
+            sink_positions=sink_positions,
+            attention_mask=batch.mask,
+        ).hooks
+
     sinks = SinkSpec(sink_positions)
     n_heads = model.cfg.n_heads
     kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
@@ -997,7 +1034,7 @@ def sink_ablation(
     sums = before.sums
     if effect == "total":
         after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, False)
-        after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch.hooks, **kw)
+        after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
         renamed = DocSums()
         for doc in after.sums.documents:
             for name, value in after.sums._docs[doc].items():
@@ -1007,9 +1044,7 @@ def sink_ablation(
                 if "_after" in name:
                     sums.add(doc, name, value)
     clean = corpus_nll(model, corpus, batch_size=batch_size, prepend_bos=prepend_bos)
-    patched = corpus_nll(
-        model, corpus, hooks=patch.hooks, batch_size=batch_size, prepend_bos=prepend_bos
-    )
+    patched = corpus_nll(model, corpus, hooks=patch, batch_size=batch_size, prepend_bos=prepend_bos)
     rows = []
     for layer, hs in sorted(plan.items()):
         total = {

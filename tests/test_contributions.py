@@ -37,14 +37,29 @@ def test_layer_output_reconstructs_hook_attn_out(tiny):
         assert torch.allclose(rebuilt, ref["attn_out"], atol=1e-5, rtol=1e-5)
 
 
+def streamed_weights(model, tokens, kind):
+    """Weights per layer as the streaming unit computes them (one query block)."""
+    out = {}
+
+    def keep(lc):
+        out[lc.layer] = lc.weights(kind).clone()
+
+    cw_lens.stream_contributions(model, tokens, keep, query_chunk=1000)
+    return out
+
+
 def test_rows_sum_to_one_and_factors_multiply_back(tiny):
     tokens = random_tokens(tiny, 1, 16, seed=5)
     intra = cw_lens.contribution_weights(tiny, tokens, kind="intra")
     inter = cw_lens.contribution_weights(tiny, tokens, kind="inter")
     assert torch.allclose(intra.weights.sum(-1), torch.ones(()), atol=1e-4)
     assert torch.allclose(inter.weights.sum((-1, 2)), torch.ones(()), atol=1e-4)
+    # the result derives weights as attention * relative_norm * cosine; the stream computes
+    # them as alpha <pv_j, o_i> / ||o_i||^2 in one product: the two must agree
     for r in (intra, inter):
-        assert torch.equal(r.weights, r.attention * r.relative_norm * r.cosine)
+        streamed = streamed_weights(tiny, tokens, r.kind)
+        for layer, w in streamed.items():
+            assert torch.allclose(r.weights[:, layer], w, atol=1e-6, rtol=1e-5)
     assert (inter.weights < 0).any(), "random heads should interfere destructively somewhere"
 
 
@@ -195,3 +210,32 @@ def test_cache_errors(llama, gpt2):
         cw_lens.contribution_weights_from_cache(broken, llama, 0)
     with pytest.raises(InputError, match="out of range"):
         cw_lens.contribution_weights_from_cache(cache, llama, 5)
+
+
+def test_more_bad_inputs_name_the_fix(llama):
+    with pytest.raises(InputError, match="query_chunk must be a positive integer"):
+        cw_lens.contribution_weights(llama, "abc", query_chunk=-3)
+    with pytest.raises(InputError, match="query_chunk must be a positive integer"):
+        cw_lens.contribution_weights(llama, "abc", query_chunk=0)
+    with pytest.raises(InputError, match="Layers must be an integer or a list"):
+        cw_lens.contribution_weights(llama, "abc", layers=1.0)
+    with pytest.raises(InputError, match="consumer must be a function"):
+        cw_lens.stream_contributions(llama, "abc", None)
+    with pytest.raises(InputError, match="containing int"):
+        cw_lens.contribution_weights(llama, ["ok", 3])
+    result = cw_lens.contribution_weights(llama, "abc", layers=[1])
+    with pytest.raises(InputError, match="batch must be a row index"):
+        result.to_dataframe(batch=3)
+    with pytest.raises(InputError, match="Layer 0 is not in this result"):
+        result.plot(layer=0)
+    with pytest.raises(InputError, match="Head 9 is not in this result"):
+        result.plot(layer=1, head=9)
+    with pytest.warns(UserWarning, match="not a share"):
+        result.top(sum_heads=True)
+
+
+def test_text_containing_the_pad_token_is_text_not_padding(llama):
+    pad = llama.tokenizer.pad_token
+    result = cw_lens.contribution_weights(llama, f"answer{pad}")
+    assert result.tokens[0, -1].item() == llama.tokenizer.pad_token_id
+    assert result.mask.all()

@@ -177,3 +177,16 @@ def test_aopc_and_claims_structure(llama):
 def test_bad_arguments(llama, kwargs, message):
     with pytest.raises(cw_lens.InputError, match=message):
         faithfulness(llama, TEXTS, progress=False, **kwargs)
+
+
+def test_single_string_arguments_and_first_query(llama):
+    a = faithfulness(
+        llama, TEXTS, metrics="attention", modes="sufficiency", fractions=(0.1,), progress=False
+    )
+    assert list(a.curves["mode"]) == ["sufficiency"]
+    with pytest.raises(cw_lens.InputError, match="first_query must be"):
+        faithfulness(llama, TEXTS, first_query=-1, progress=False)
+    skip = faithfulness(
+        llama, TEXTS, metrics=("attention",), fractions=(1.0,), first_query=10**6, progress=False
+    )
+    assert (skip.curves["delta_nll"] == 0).all()  # no query left to intervene on

@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 
 import cw_lens
 from cw_lens import geometry as geo
+from cw_lens.inputs import prepare_inputs
 from cw_lens.interventions import HookSet
+from cw_lens.scoring import run_logits
 from cw_lens.testing import random_tokens
 
 
@@ -194,9 +196,26 @@ def test_sink_rates_and_detection(llama):
     real[..., 0] = False
     assert torch.allclose(rates[real], full.attention[..., 0][real])
     assert rates[~real].isnan().all()
+    long_texts = ["the planted sink sits at position zero of this text " * 2] * 2
     with planted_sink_hooks(llama):
-        found = cw_lens.detect_sinks(llama, texts)
-    assert all(ps and ps[0] == 0 for ps in found)
+        found = cw_lens.detect_sinks(llama, long_texts)
+    assert found == [(0,), (0,)]
+    with planted_sink_hooks(llama):
+        assert cw_lens.detect_sinks(llama, long_texts, min_later=200) == [(), ()]
+
+
+@pytest.mark.model
+def test_detection_never_flags_the_end_of_a_document(smollm, prose):
+    for doc, positions in zip(prose, cw_lens.detect_sinks(smollm, prose), strict=True):
+        n = len(doc.tokens) + 1
+        assert 0 in positions
+        assert all(p < n - 16 for p in positions), positions
+
+
+def test_short_documents_warn_instead_of_reporting_no_sinks(llama):
+    with pytest.warns(RuntimeWarning, match="too short"):
+        stats = cw_lens.sink_statistics(llama, ["tiny", "text"])
+    assert stats.sink_rate.isnan().all() and not stats.sink_heads.any()
 
 
 def test_ablation_direct_equals_total_for_one_layer_and_identity_at_scale_one(llama):
@@ -214,3 +233,26 @@ def test_ablation_direct_equals_total_for_one_layer_and_identity_at_scale_one(ll
     assert same.delta_nll == 0.0
     assert (same.per_head["cone_after"] == same.per_head["cone_before"]).all()
     assert direct.per_head["low_norm"].sum() == 1  # a quarter of 4 heads
+
+
+def test_intervention_argument_errors(llama):
+    with pytest.raises(cw_lens.InputError, match=r"\(layer, head\) pairs"):
+        cw_lens.remove_heads(llama, [0, 1])
+    with pytest.raises(cw_lens.InputError, match="not both"):
+        cw_lens.patch_sink(llama, layers=[1], heads={0: [0]})
+    with pytest.raises(cw_lens.InputError, match="drift_k must be"):
+        cw_lens.sink_statistics(llama, ["some text"], drift_k=0)
+    extra = [("blocks.1.attn.hook_z", lambda z, h: z)]
+    combined = cw_lens.patch_sink(llama, layers=[0]) + extra  # HookSet + list
+    assert isinstance(combined, HookSet) and len(combined) == 4
+
+
+def test_norm_matched_patch_does_not_depend_on_padding(llama):
+    texts = ["a short text", "a noticeably longer text to pad the first one"]
+    batch = prepare_inputs(llama, texts)
+    alone = prepare_inputs(llama, texts[:1])
+    patch = cw_lens.patch_sink(llama, layers=[1], mode="norm_matched", attention_mask=batch.mask)
+    solo = cw_lens.patch_sink(llama, layers=[1], mode="norm_matched", attention_mask=alone.mask)
+    padded = run_logits(llama, batch, patch.hooks)[0, : alone.tokens.shape[1]]
+    single = run_logits(llama, alone, solo.hooks)[0]
+    assert torch.allclose(padded, single, atol=1e-4)
