@@ -234,9 +234,10 @@ def remove_heads(model: Any, heads: Any) -> HookSet:
     else:
         try:
             pairs = [tuple(p) for p in heads]
+            well_formed = all(len(p) == 2 for p in pairs)
         except TypeError:
-            pairs = []
-        if not pairs or any(len(p) != 2 for p in pairs):
+            well_formed = False
+        if not well_formed:
             raise InputError(
                 "remove_heads needs (layer, head) pairs, e.g. [(0, 3), (5, 1)], or "
                 "{layer: [heads]}."

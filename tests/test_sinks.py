@@ -238,6 +238,7 @@ def test_ablation_direct_equals_total_for_one_layer_and_identity_at_scale_one(ll
 def test_intervention_argument_errors(llama):
     with pytest.raises(cw_lens.InputError, match=r"\(layer, head\) pairs"):
         cw_lens.remove_heads(llama, [0, 1])
+    assert len(cw_lens.remove_heads(llama, [])) == 0  # removing nothing is allowed
     with pytest.raises(cw_lens.InputError, match="not both"):
         cw_lens.patch_sink(llama, layers=[1], heads={0: [0]})
     with pytest.raises(cw_lens.InputError, match="drift_k must be"):
