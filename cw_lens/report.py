@@ -254,7 +254,11 @@ def step_selection(job: Job) -> dict[str, Any]:
     from cw_lens.selection import selection_geometry
 
     result = selection_geometry(
-        job.model, job.corpus, seed=job.config.seed, batch_size=job.config.batch_size
+        job.model,
+        job.corpus,
+        seed=job.config.seed,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
     )
     return {"result": result}
 
@@ -262,7 +266,9 @@ def step_selection(job: Job) -> dict[str, Any]:
 def step_taxonomy(job: Job) -> dict[str, Any]:
     from cw_lens.taxonomy import head_taxonomy
 
-    result = head_taxonomy(job.model, job.corpus, batch_size=job.config.batch_size)
+    result = head_taxonomy(
+        job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
+    )
     return {"result": result}
 
 
