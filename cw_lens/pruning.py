@@ -24,9 +24,7 @@ layer. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
 head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
 tokens), several heads per forward pass (each on its own copy of the rows).
 
-Everything streams layer by layer (:func:`cw_lens.accumulate.stream_corpus`) into per-document
-float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
-model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
+Streaming, exact merging and weights as in :mod:`cw_lens.selection`.
 
 Example::
 

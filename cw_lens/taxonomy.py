@@ -14,9 +14,7 @@ category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform atte
 is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
 values sit at the current token or the sink.
 
-Everything streams layer by layer (:func:`cw_lens.accumulate.stream_corpus`) into per-document
-float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
-model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
+Streaming, exact merging and weights as in :mod:`cw_lens.selection`.
 
 Example::
 
