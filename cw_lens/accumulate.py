@@ -65,10 +65,6 @@ class DocSums:
             raise KeyError(f"no document recorded {name!r}")
         return out
 
-    def per_document(self, name: str) -> Tensor:
-        """``[document, ...]`` stacked in document order (documents without ``name`` skipped)."""
-        return torch.stack([self._docs[d][name] for d in self.documents if name in self._docs[d]])
-
     def __contains__(self, name: str) -> bool:
         return any(name in entry for entry in self._docs.values())
 
@@ -157,12 +153,6 @@ class Histogram:
 
     def share_at_or_above_hi(self) -> Float[Tensor, "..."]:
         return self.counts[..., -1] / self.total.clamp_min(1)
-
-    def share_below(self, x: float) -> Float[Tensor, "..."]:
-        """Share of values ``< x`` (``x`` must be a bin edge for an exact answer)."""
-        edge = round((x - self.lo) / (self.hi - self.lo) * self.n_bins)
-        below = self.counts[..., : edge + 1].sum(-1)
-        return below / self.total.clamp_min(1)
 
     def quantile(self, q: float) -> Float[Tensor, "..."]:
         """Quantile with linear interpolation inside a bin; edge bins map to ``lo``/``hi``.

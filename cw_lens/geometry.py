@@ -21,8 +21,12 @@ Nothing here builds the ``[query, key, d_model]`` tensor. With the per-head Gram
     <pv_j^h, o_i>     = v_j (W_O^h o_i^T)          (o_i projected into each head once)
 
 and grouped-query attention is contracted against the un-repeated values
-(:func:`grouped_scores`). All functions take and return float32 tensors with a leading batch
-axis; they are tested against a dense reference that materialises every ``alpha pv_j`` vector.
+(:func:`grouped_scores`, :func:`apply_gram`, :func:`project_into_heads`). The weights and their
+three factors are assembled from these pieces, with the ``1/||o_i||`` scales folded into the
+query side and the big products written into reused buffers, by
+:class:`cw_lens.contributions.LayerContributions`. All functions take and return float32
+tensors with a leading batch axis; they are tested against a dense reference that materialises
+every ``alpha pv_j`` vector.
 """
 
 from __future__ import annotations
@@ -104,15 +108,6 @@ def head_output_norms(
     return sq.clamp_min(0).sqrt()
 
 
-def intra_dots(
-    z: Float[Tensor, "batch query head d_head"],
-    values: Float[Tensor, "batch key kv_head d_head"],
-    gram: Float[Tensor, "head d_head d_head"],
-) -> Float[Tensor, "batch head query key"]:
-    """``<pv_j^h, o_i^h> = (z_i^h G^h) . v_j`` — one ``T x T x d_head`` product per head."""
-    return grouped_scores(apply_gram(z, gram), values)
-
-
 def project_into_heads(
     vectors: Float[Tensor, "batch pos d_model"], W_O: Float[Tensor, "head d_head d_model"]
 ) -> Float[Tensor, "batch pos head d_head"]:
@@ -120,15 +115,6 @@ def project_into_heads(
     flat = einops.rearrange(W_O, "h d m -> m (h d)")
     out = torch.matmul(vectors, flat)
     return einops.rearrange(out, "b p (h d) -> b p h d", h=W_O.shape[0])
-
-
-def inter_dots(
-    layer_output: Float[Tensor, "batch query d_model"],
-    values: Float[Tensor, "batch key kv_head d_head"],
-    W_O: Float[Tensor, "head d_head d_model"],
-) -> Float[Tensor, "batch head query key"]:
-    """``<pv_j^h, o_i> = v_j (W_O^h o_i^T)``."""
-    return grouped_scores(project_into_heads(layer_output, W_O), values)
 
 
 def key_norm_scale(
@@ -147,49 +133,6 @@ def zero_output_rows(
     count as zero rows too.
     """
     return ~(output_norm > ZERO_OUTPUT_RTOL * scale) | ~torch.isfinite(output_norm)
-
-
-def safe_cosine(
-    dots: Float[Tensor, "batch head query key"],
-    key_norms: Float[Tensor, "batch head key"],
-    query_norms: Float[Tensor, "batch head query"],
-) -> Float[Tensor, "batch head query key"]:
-    """``dots / (||key|| ||query||)``; 0 where the key vector is zero (it contributes nothing)."""
-    denom = key_norms[:, :, None, :] * query_norms[:, :, :, None]
-    cos = dots / denom
-    return torch.where(key_norms[:, :, None, :] > 0, cos, torch.zeros_like(cos))
-
-
-def relative_norm(
-    key_norms: Float[Tensor, "batch head key"], query_norms: Float[Tensor, "batch head query"]
-) -> Float[Tensor, "batch head query key"]:
-    """``||pv_j|| / ||o_i||`` (the middle factor of a contribution weight)."""
-    return key_norms[:, :, None, :] / query_norms[:, :, :, None]
-
-
-def contribution_weights_from_dots(
-    attention: Float[Tensor, "batch head query key"],
-    dots: Float[Tensor, "batch head query key"],
-    query_norms: Float[Tensor, "batch head query"],
-) -> Float[Tensor, "batch head query key"]:
-    """``alpha[i,j] <pv_j, o> / ||o||^2`` with ``o`` the head (intra) or layer (inter) output."""
-    return attention * dots / query_norms[:, :, :, None].square()
-
-
-def value_norm(
-    attention: Float[Tensor, "batch head query key"], key_norms: Float[Tensor, "batch head key"]
-) -> Float[Tensor, "batch head query key"]:
-    """Baseline 2, value-weighted attention (Kobayashi et al. 2020): ``alpha ||pv_j||``."""
-    return attention * key_norms[:, :, None, :]
-
-
-def value_norm_output(
-    attention: Float[Tensor, "batch head query key"],
-    key_norms: Float[Tensor, "batch head key"],
-    head_norms: Float[Tensor, "batch head query"],
-) -> Float[Tensor, "batch head query key"]:
-    """Baseline 3: ``alpha ||pv_j|| / ||o_i^h||`` (always the per-head output norm)."""
-    return value_norm(attention, key_norms) / head_norms[:, :, :, None]
 
 
 # ---------------------------------------------------------------------------- sinks (P1, SPEC §3)

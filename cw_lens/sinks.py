@@ -824,10 +824,14 @@ class _AblationAccumulator:
         sinks: SinkSpec,
         scale: float,
         mode: str,
-        measure_after: bool,
+        run_tag: str,
+        direct_after: bool,
     ) -> None:
+        """``run_tag``: what the streamed run measures ("before" = clean, "after" = patched);
+        ``direct_after``: also record the exact direct effect of the patch on the clean run."""
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
-        self.scale, self.mode, self.measure_after = scale, mode, measure_after
+        self.scale, self.mode = scale, mode
+        self.run_tag, self.direct_after = run_tag, direct_after
         self.sums = DocSums()
 
     def merge(self, other: _AblationAccumulator) -> None:
@@ -851,8 +855,8 @@ class _AblationAccumulator:
         norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
         mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
         layer = lc.layer
-        self._record(docs, layer, "before", z, axis, gram, valid, mean_pv)
-        if self.measure_after:
+        self._record(docs, layer, self.run_tag, z, axis, gram, valid, mean_pv)
+        if self.direct_after:
             st = geo.sink_term(lc.attention, acts.values[:, :n_keys], sink_full[:, :n_keys])
             factor = sink_scale(self.mode, self.scale, norms, sink_full, acts.mask)  # [b, h]
             heads = torch.zeros(self.n_heads, dtype=torch.bool, device=device)
@@ -1029,26 +1033,20 @@ def sink_ablation(
     sinks = SinkSpec(sink_positions)
     n_heads = model.cfg.n_heads
     kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
-    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, effect == "direct")
+    direct = effect == "direct"
+    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct)
     before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
-    sums = before.sums
-    if effect == "total":
-        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, False)
+    after_sums = before.sums
+    if not direct:
+        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False)
         after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
-        renamed = DocSums()
-        for doc in after.sums.documents:
-            for name, value in after.sums._docs[doc].items():
-                renamed.add(doc, name.replace("_before", "_after"), value)
-        for doc in renamed.documents:
-            for name, value in renamed._docs[doc].items():
-                if "_after" in name:
-                    sums.add(doc, name, value)
+        after_sums = after.sums
     clean = corpus_nll(model, corpus, batch_size=batch_size, prepend_bos=prepend_bos)
     patched = corpus_nll(model, corpus, hooks=patch, batch_size=batch_size, prepend_bos=prepend_bos)
     rows = []
     for layer, hs in sorted(plan.items()):
         total = {
-            n: sums.total(f"{n}@{layer}")
+            n: (after_sums if n.endswith("_after") else before.sums).total(f"{n}@{layer}")
             for n in (
                 "norm_before",
                 "cone_before",
