@@ -714,7 +714,7 @@ class SinkStatistics:
         the sampled entries, and the median over sink heads of the per-head Spearman rho with
         the contribution, signed and absolute (:meth:`drivers`)."""
         drivers = self.drivers()
-        drivers = drivers[drivers["sink_head"].fillna(False).astype(bool)]
+        drivers = drivers[drivers["sink_head"].eq(True)]
         heads = set(map(tuple, self.sink_heads.nonzero().tolist()))
         rows = []
         for group in ("sink", "tail"):
