@@ -240,6 +240,13 @@ def _cos(x, y):
     return float(x @ y / (x.norm() * y.norm()))
 
 
+def _queries(pattern, h):
+    """``(document, query i >= 1, attention row alpha[i, :i + 1])`` of head ``h``."""
+    for b in range(pattern.shape[0]):
+        for i in range(1, pattern.shape[2]):
+            yield b, i, pattern[b, h, i, : i + 1].double()
+
+
 def reference_sink_heads(pattern, values, W_O, *, drift_k=4):
     """SPEC §3 per head by loops over (document, query), from ``d_model`` vectors (sink = 0):
     lists of ``norm_ratio`` (||pv_j|| / ||pv_0||, non-sink j), ``cos_mixture`` cos(pv_0, m_i)
@@ -247,32 +254,29 @@ def reference_sink_heads(pattern, values, W_O, *, drift_k=4):
     ``drift_share`` -<alpha_0 pv_0, d_i> / ||d_i||^2 (d_i = the weak tokens: the tail without
     its ``drift_k`` most attended)."""
     pv = projected_values(values, W_O)
-    n_docs, n_heads, n_pos, _ = pattern.shape
     out = []
-    for h in range(n_heads):
-        r = {k: [] for k in ("norm_ratio", "cos_mixture", "s_star", "drift_cos", "drift_share")}
-        for b in range(n_docs):
-            p0 = pv[b, h, 0]
-            r["norm_ratio"] += (pv[b, h, 1:].norm(dim=-1) / p0.norm()).tolist()
-            for i in range(1, n_pos):
-                a = pattern[b, h, i, : i + 1].double()
-                s = float(a[0])
-                if s <= 1e-6:
-                    continue
-                st = s * p0
-                tail = (a[1:, None] * pv[b, h, 1 : i + 1]).sum(0)
-                if s <= 0.999 and tail.norm() > 0:
-                    r["cos_mixture"].append(_cos(st, tail))
-                    m = tail / (1 - s)
-                    u = m - p0
-                    r["s_star"].append(min(max(float(m @ u / (u @ u)), 0.0), 1.0))
-                if i > drift_k:
-                    top = set((torch.topk(a[1:], drift_k).indices + 1).tolist())
-                    weak = [j for j in range(1, i + 1) if j not in top]
-                    d = (a[weak, None] * pv[b, h, weak]).sum(0)
-                    if d.norm() > 0:
-                        r["drift_cos"].append(_cos(st, d))
-                        r["drift_share"].append(float(-(st @ d) / (d @ d)))
+    for h in range(pattern.shape[1]):
+        r = {k: [] for k in ("cos_mixture", "s_star", "drift_cos", "drift_share")}
+        norms = pv[:, h].norm(dim=-1)  # [doc, key]
+        r["norm_ratio"] = (norms[:, 1:] / norms[:, :1]).flatten().tolist()
+        for b, i, a in _queries(pattern, h):
+            s = float(a[0])
+            if s <= 1e-6:
+                continue
+            st = s * pv[b, h, 0]
+            tail = (a[1:, None] * pv[b, h, 1 : i + 1]).sum(0)
+            if s <= 0.999 and tail.norm() > 0:
+                r["cos_mixture"].append(_cos(st, tail))
+                m = tail / (1 - s)
+                u = m - pv[b, h, 0]
+                r["s_star"].append(min(max(float(m @ u / (u @ u)), 0.0), 1.0))
+            if i > drift_k:
+                top = set((torch.topk(a[1:], drift_k).indices + 1).tolist())
+                weak = [j for j in range(1, i + 1) if j not in top]
+                d = (a[weak, None] * pv[b, h, weak]).sum(0)
+                if d.norm() > 0:
+                    r["drift_cos"].append(_cos(st, d))
+                    r["drift_share"].append(float(-(st @ d) / (d @ d)))
         out.append(r)
     return out
 
@@ -283,21 +287,17 @@ def reference_ablation_heads(pattern, values, W_O):
     document), and the relative output norm mean_i ||o_i|| / mean_j ||pv_j|| (per query, per
     document's mean), all from ``d_model`` vectors."""
     pv = projected_values(values, W_O)
-    n_docs, n_heads, n_pos, _ = pattern.shape
     rows = []
-    for h in range(n_heads):
+    for h in range(pattern.shape[1]):
         acc = {k: [] for k in ("norm_before", "norm_after", "cone_before", "cone_after", "rel")}
-        for b in range(n_docs):
+        for b, i, a in _queries(pattern, h):
             u = pv[b, h, 1:].mean(0)
-            mean_norm = pv[b, h, 1:].norm(dim=-1).mean()
-            for i in range(1, n_pos):
-                a = pattern[b, h, i, : i + 1].double()
-                o = (a[:, None] * pv[b, h, : i + 1]).sum(0)
-                after = o - a[0] * pv[b, h, 0]
-                acc["norm_before"].append(float(o.norm()))
-                acc["norm_after"].append(float(after.norm()))
-                acc["cone_before"].append(_cos(o, u))
-                acc["cone_after"].append(_cos(after, u))
-                acc["rel"].append(float(o.norm() / mean_norm))
+            o = (a[:, None] * pv[b, h, : i + 1]).sum(0)
+            after = o - a[0] * pv[b, h, 0]
+            acc["norm_before"].append(float(o.norm()))
+            acc["norm_after"].append(float(after.norm()))
+            acc["cone_before"].append(_cos(o, u))
+            acc["cone_after"].append(_cos(after, u))
+            acc["rel"].append(float(o.norm() / pv[b, h, 1:].norm(dim=-1).mean()))
         rows.append({k: sum(v) / len(v) for k, v in acc.items()})
     return rows
