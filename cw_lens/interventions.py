@@ -17,8 +17,10 @@ under grouped-query attention is on ``hook_z``::
     z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}
 
 which changes only head ``h`` — not the other query heads that share ``v_0^{g(h)}``.
-``mode="norm_matched"`` picks ``lambda`` per (sequence, head) so that ``||lambda pv_0^h||``
-equals the mean norm of the head's non-sink projected values.
+``lambda`` lies in [0, 2]: 0 removes the sink's value, 1 is the identity, above 1 amplifies the
+sink (``lambda = 2`` doubles its projected value). ``mode="norm_matched"`` picks ``lambda`` per
+(sequence, head) so that ``||lambda pv_0^h||`` equals the mean norm of the head's non-sink
+projected values.
 
 Head removal (P2 pruning) zeroes a head's ``hook_z``. Pair masking (P1 faithfulness) sets chosen
 ``alpha[i,j]^h`` to 0 on ``hook_pattern`` without renormalising, which subtracts exactly
@@ -38,6 +40,8 @@ from cw_lens.errors import InputError
 from cw_lens.geometry import projected_value_norms
 
 Hook = tuple[str, Callable]
+#: The largest sink scale ``lambda`` :func:`patch_sink` accepts (amplifying the sink up to 2x).
+MAX_SINK_SCALE = 2.0
 
 
 class HookSet:
@@ -112,7 +116,8 @@ def patch_sink(
         model: The bridge.
         layers: Layers to patch (``None`` = all).
         heads: Query heads (``None`` = all; a list, or ``{layer: [heads]}``).
-        scale: ``lambda`` in [0, 1]: 0 removes the sink's value, 1 is the identity.
+        scale: ``lambda`` in [0, 2]: 0 removes the sink's value, 1 is the identity, values
+            above 1 amplify it (2 doubles the sink's projected value).
         mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
             the mean norm of the head's non-sink projected values (``scale`` is ignored; with
             several sinks, relative to their mean norm).
@@ -130,8 +135,17 @@ def patch_sink(
     """
     if mode not in ("scale", "norm_matched"):
         raise InputError(f"mode must be 'scale' or 'norm_matched', got {mode!r}.")
-    if mode == "scale" and not 0.0 <= float(scale) <= 1.0:
-        raise InputError(f"scale must lie in [0, 1], got {scale}.")
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"scale must be a number in [0, {MAX_SINK_SCALE:g}], got {scale!r}."
+        ) from None
+    if mode == "scale" and not 0.0 <= scale <= MAX_SINK_SCALE:
+        raise InputError(
+            f"scale must lie in [0, {MAX_SINK_SCALE:g}] (0 removes the sink's value, 1 keeps it, "
+            f"2 doubles it), got {scale}."
+        )
     sinks = sorted({int(p) for p in sink_positions})
     if not sinks or min(sinks) < 0:
         raise InputError(f"sink_positions must be non-negative positions, got {sink_positions}.")
@@ -139,7 +153,7 @@ def patch_sink(
     real = None if attention_mask is None else torch.as_tensor(attention_mask).bool()
     hooks: list[Hook] = []
     for layer, head_list in plan.items():
-        hooks += _sink_hooks(model, layer, head_list, float(scale), mode, sinks, real)
+        hooks += _sink_hooks(model, layer, head_list, scale, mode, sinks, real)
     desc = f"patch_sink({mode}, scale={scale}, layers={list(plan)})"
     return HookSet(model, hooks, desc)
 

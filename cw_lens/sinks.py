@@ -1007,7 +1007,8 @@ def sink_ablation(
 
     Args:
         layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
-        scale: ``lambda``: the sink's projected value becomes ``lambda pv_0`` (0 removes it).
+        scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
+            it, 1 keeps it, 2 doubles it).
         mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
         sink_positions: Sink positions (default BOS).
         effect: ``"direct"`` or ``"total"`` (see above).
