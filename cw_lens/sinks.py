@@ -53,7 +53,7 @@ from torch import Tensor
 
 from cw_lens import geometry as geo
 from cw_lens.accumulate import DocSamples, DocSums, Histogram, stream_corpus
-from cw_lens.capture import resolve_layers
+from cw_lens.capture import LayerActivations, resolve_layers
 from cw_lens.contributions import LayerContributions
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
@@ -814,6 +814,31 @@ def sink_rates(
 # --------------------------------------------------------------------------- ablation
 
 
+def cone_axis(
+    acts: LayerActivations, sink_full: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch head d_head"]:
+    """The axis of each head's semantic cone in value space: the mean of the values the head
+    reads at real non-sink positions over the whole sequence (``u^h`` up to ``W_O^h`` and
+    normalisation, SPEC §3)."""
+    tail = (acts.mask & ~sink_full).to(acts.values.dtype)
+    per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
+    return (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
+
+
+def norm_and_cone(
+    z: Float[Tensor, "batch query head d_head"],
+    axis: Float[Tensor, "batch query head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> tuple[Float[Tensor, "batch head query"], Float[Tensor, "batch head query"], Tensor]:
+    """``||o_i^h||``, the cone alignment ``cos(o_i^h, u^h)`` and where it is defined (both
+    norms positive), in head space (``o = z W_O``, ``u = axis W_O``)."""
+    zz = geo.gram_inner(z, z, gram)
+    aa = geo.gram_inner(axis, axis, gram)
+    za = geo.gram_inner(z, axis, gram)
+    cos = za / (zz * aa).clamp_min(1e-30).sqrt()
+    return zz.clamp_min(0).sqrt(), cos, (zz > 0) & (aa > 0)
+
+
 class _AblationAccumulator:
     """Per head: output norm and semantic-cone alignment before and after removing the sink."""
 
@@ -847,11 +872,8 @@ class _AblationAccumulator:
         q, n_keys = lc.queries, lc.keys.stop
         valid = queries_after_sink(lc, sink_full)
         z = acts.z[:, q]
-        # cone axis: mean non-sink value of the head over the whole sequence (value space)
+        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
         tail = (acts.mask & ~sink_full).to(acts.values.dtype)
-        per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
-        axis = (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
-        axis = axis[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
         norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
         mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
         layer = lc.layer
@@ -877,12 +899,8 @@ class _AblationAccumulator:
         valid: Tensor,
         mean_pv: Tensor,
     ) -> None:
-        zz = geo.gram_inner(z, z, gram)
-        aa = geo.gram_inner(axis, axis, gram)
-        za = geo.gram_inner(z, axis, gram)
-        ok = valid[:, None, :] & (zz > 0) & (aa > 0)
-        cos = za / (zz * aa).clamp_min(1e-30).sqrt()
-        norm = zz.clamp_min(0).sqrt()
+        norm, cos, defined = norm_and_cone(z, axis, gram)
+        ok = valid[:, None, :] & defined
         add = self.sums.add_rows
         add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
         add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
