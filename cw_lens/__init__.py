@@ -12,6 +12,8 @@ Public API (re-exports only; each function's module docstring states its formula
 - selection (P2): :func:`geometric_prf`, :func:`selection_geometry`; taxonomy:
   :func:`head_taxonomy`; pruning: :func:`prune_heads`, :func:`lone_head_costs`
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
+- live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
+  :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
 """
 
 from cw_lens.capture import cache_names
@@ -40,6 +42,7 @@ from cw_lens.selection import (
     geometric_prf_batched,
     selection_geometry,
 )
+from cw_lens.sink_patching import PatchControls, SinkPatchComparison, compare_sink_patch
 from cw_lens.sinks import (
     SinkAblation,
     SinkStatistics,
@@ -49,6 +52,7 @@ from cw_lens.sinks import (
     sink_statistics,
 )
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.viz import sink_patcher
 
 __version__ = "0.1.0"
 
@@ -64,12 +68,15 @@ __all__ = [
     "InputError",
     "LayerContributions",
     "ModelLoadError",
+    "PatchControls",
     "PruningResult",
     "SelectionGeometryResult",
     "SinkAblation",
+    "SinkPatchComparison",
     "SinkStatistics",
     "UnsupportedModelError",
     "cache_names",
+    "compare_sink_patch",
     "contribution_weights",
     "contribution_weights_from_cache",
     "detect_sinks",
@@ -86,6 +93,7 @@ __all__ = [
     "remove_heads",
     "selection_geometry",
     "sink_ablation",
+    "sink_patcher",
     "sink_rates",
     "sink_statistics",
     "stream_contributions",

@@ -19,8 +19,8 @@ per query; ``all`` is the mean attention and the sum (inter) or mean (intra) of 
 the heads on the page; a map is ``None`` in a patched run when it is identical to the clean one
 — layers before the first patched layer, and every layer at ``lambda = 1``), ``top`` (the
 top-k next tokens and probabilities per position), ``nll`` (per position), ``nll_mean``,
-``ppl``, ``cone`` (per patched layer and head: mean output norm and cone alignment) and, in a
-patched run, ``delta`` (patched - clean: NLL per position and mean, norm and cone per head)
+``ppl``, and in a patched run ``cone`` (per patched layer and head: mean output norm and cone
+alignment), ``delta`` (patched - clean: NLL per position and mean, norm and cone per head)
 and its ``controls``. Values are rounded to 4 significant digits;
 undefined ones (zero output norm) are ``null``.
 """
@@ -239,11 +239,7 @@ def run_payload(run: Any, layers: list[int], strings: dict[int, str]) -> dict:
         "nll": json_list(run.nll),
         "nll_mean": json_number(run.mean_nll),
         "ppl": json_number(math.exp(run.mean_nll)),
-        "cone": {
-            "layers": list(run.cone_layers),
-            "norm": json_list(run.norm),
-            "cone": json_list(run.cone),
-        },
+        "cone": None,
     }
 
 
@@ -256,6 +252,12 @@ def patched_payload(cmp: Any, layers: list[int]) -> dict:
     first = math.inf if (c.mode == "scale" and c.scale == 1.0) else c.layers[0]
     maps = zip(layers, out["maps"], strict=True)
     out["maps"] = [None if layer < first else m for layer, m in maps]
+    run = cmp.patched
+    out["cone"] = {
+        "layers": run.cone_layers,
+        "norm": json_list(run.norm),
+        "cone": json_list(run.cone),
+    }
     ci = [cmp.clean.cone_layers.index(layer) for layer in cmp.patched.cone_layers]
     out["delta"] = {
         "nll": json_list(cmp.patched.nll - cmp.clean.nll),
