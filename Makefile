@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench clean browser-deps
+.PHONY: install test figures lint bench clean browser-deps notebooks screenshots
 
 install: $(STAMP)
 
@@ -31,7 +31,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check cw_lens tests benchmarks
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
 
-# the HTML view is tested in a real headless browser: Debian's chromium
+# the HTML view and the widget are tested in a real headless browser: Debian's chromium, driven
+# by Playwright (which cannot download its own browsers here)
 browser-deps:
 	@test -x $(CHROMIUM) || { echo "[setup] installing Debian chromium for the browser tests"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
@@ -46,6 +47,18 @@ figures: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_long_context.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_widget.py
+
+# the four notebooks, regenerated and executed with their outputs (commit the result)
+notebooks: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) notebooks/build_notebooks.py
+
+# the README images: the saved page and the widget in JupyterLab, on the embedded model, taken
+# by the browser tests themselves
+screenshots: $(STAMP) browser-deps
+	CW_LENS_SCREENSHOT_DIR=docs CW_LENS_WIDGET_MODEL=embedded HF_HUB_OFFLINE=1 $(PY) -m pytest \
+	  -q -p no:cacheprovider tests/test_viz.py::test_browser_sink_page_embedded_model \
+	  tests/test_widget_jupyter.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -262,3 +262,17 @@ def test_saved_page_sweep_runs_equal_direct_patches(llama):
         cw = cw_lens.contribution_weights(llama, TEXT, layers=[1])
     check_maps(data["patch"]["runs"]["1,2,0"]["maps"][0], cw, 1, list(range(4)), "intra")
     assert data["patch"]["runs"]["1,2,0"]["delta"]["nll_mean"] != 0
+
+
+def test_saved_page_arguments_validate(llama):
+    for kw in (
+        {"modes": ("scale", "scale")},
+        {"modes": ("zero",)},
+        {"modes": ()},
+        {"scales": (0.0, 0.0)},
+        {"scales": (0.0, 3.0)},
+        {"ranges": [(1, 0)]},
+        {"layers": [4]},
+    ):
+        with pytest.raises(InputError):
+            sink_patch_data(llama, TEXT, **kw)

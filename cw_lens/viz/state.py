@@ -166,6 +166,10 @@ def sink_patch_data(
     n_layers = model.cfg.n_layers
     view = resolve_layers(model, default_view_layers(n_layers) if layers is None else layers)
     range_list = default_ranges(n_layers) if ranges is None else [tuple(r) for r in ranges]
+    if not modes or len(set(modes)) != len(modes) or not set(modes) <= set(MODES):
+        raise InputError(f"modes must be distinct, from {MODES}, got {modes!r}.")
+    if not scales or len(set(scales)) != len(scales):
+        raise InputError(f"scales must be distinct values in [0, 2], got {scales!r}.")
     controls = {
         (ri, si, mi): PatchControls.of(
             model, layers=r, scale=scale, mode=mode, sink_positions=sink_positions
@@ -174,13 +178,11 @@ def sink_patch_data(
         for mi, mode in enumerate(modes)
         for si, scale in enumerate(scales if mode == "scale" else scales[:1])
     }
-    if len(set(modes)) != len(modes) or not modes:
-        raise InputError(f"modes must be distinct, from {MODES}, got {modes!r}.")
     patched_layers = sorted({layer for c in controls.values() for layer in c.layer_list})
-    n = prepare_inputs(model, text).tokens.shape[1]
-    n_runs = 1 + sum(c.scale != 1.0 or c.mode != "scale" for c in controls.values())
-    check_size(n, len(view), model.cfg.n_heads, n_runs, max_mb, "fewer layers=[...] or ranges")
     batch = prepare_inputs(model, text)
+    n_runs = 1 + sum(c.scale != 1.0 or c.mode != "scale" for c in controls.values())
+    n = batch.tokens.shape[1]
+    check_size(n, len(view), model.cfg.n_heads, n_runs, max_mb, "fewer layers=[...] or ranges")
     kw = dict(sinks=sink_positions, kind=kind, top_k=top_k)
     clean = _quiet(run_text, model, batch, layers=view, cone_layers=patched_layers, **kw)
     runs: dict[str, Any] = {}
