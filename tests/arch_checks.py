@@ -87,7 +87,9 @@ def row_error(actual: torch.Tensor, ref: dict[str, torch.Tensor], kind: str) -> 
     )
 
 
+@cache
 def contribution_result(name: str, kind: str, padded: bool = False) -> Any:
+    """``cw_lens.contribution_weights`` on :func:`tokens` or :func:`padded_batch` (cached)."""
     b = built(name)
     if padded:
         toks, mask, _ = padded_batch()

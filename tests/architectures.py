@@ -64,6 +64,29 @@ _FALCON_PATHS = {
     "out": "dense",
 }
 
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2}
+_DEEPSEEK_MOE = {
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+}
+_MLA = {  # multi-head latent attention: low-rank q and kv, values of their own width
+    "kv_lora_rank": 16,
+    "q_lora_rank": 24,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 12,
+    "num_key_value_heads": 4,
+}
+
+_MLA_NOTE = (
+    "multi-head latent attention: TransformerLens 4.3 reshapes hook_z with the query head size "
+    "(8) although values are 12 wide, so hook_z is [batch, pos, 6, 8], not per head"
+)
+
 POST_NORM = "inter weights on the attention output before the post-attention norm"
 
 ARCHS: list[Arch] = [
@@ -416,6 +439,90 @@ ARCHS: list[Arch] = [
             logits_scaling=4.0,
         ),
         notes="inter on the attention output before the residual multiplier",
+    ),
+    Arch(
+        "Qwen2-MoE",
+        "Qwen2MoeForCausalLM",
+        "Qwen2MoeConfig",
+        _llama_like(**_MOE, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+        notes="MoE with a shared expert",
+    ),
+    Arch("OLMoE", "OlmoeForCausalLM", "OlmoeConfig", _llama_like(**_MOE), notes="MoE; q/k norm"),
+    Arch(
+        "GraniteMoE",
+        "GraniteMoeForCausalLM",
+        "GraniteMoeConfig",
+        _llama_like(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            attention_multiplier=0.3,
+            residual_multiplier=0.7,
+            embedding_multiplier=2.0,
+        ),
+        notes="MoE; inter weights before the residual multiplier",
+    ),
+    Arch("Ernie 4.5", "Ernie4_5ForCausalLM", "Ernie4_5Config", _llama_like(head_dim=16)),
+    Arch(
+        "Ernie 4.5 MoE",
+        "Ernie4_5_MoeForCausalLM",
+        "Ernie4_5_MoeConfig",
+        _llama_like(head_dim=16, moe_num_experts=4, moe_k=2, moe_intermediate_size=32),
+        notes="MoE",
+    ),
+    Arch("Apertus", "ApertusForCausalLM", "ApertusConfig", _llama_like(), notes="q/k norm"),
+    Arch("Arcee", "ArceeForCausalLM", "ArceeConfig", _llama_like()),
+    Arch("Seed-OSS", "SeedOssForCausalLM", "SeedOssConfig", _llama_like(head_dim=16)),
+    Arch("GLM", "GlmForCausalLM", "GlmConfig", _llama_like(head_dim=16), notes="partial rotary"),
+    Arch(
+        "GLM-4 MoE",
+        "Glm4MoeForCausalLM",
+        "Glm4MoeConfig",
+        _llama_like(head_dim=16, **_DEEPSEEK_MOE),
+        notes="MoE after a dense first layer",
+    ),
+    Arch(
+        "HunYuan dense",
+        "HunYuanDenseV1ForCausalLM",
+        "HunYuanDenseV1Config",
+        _llama_like(head_dim=16),
+        notes="q/k norm",
+    ),
+    Arch(
+        "VaultGemma",
+        "VaultGemmaForCausalLM",
+        "VaultGemmaConfig",
+        _llama_like(head_dim=16, sliding_window=6),
+    ),
+    Arch("Ministral 3", "Ministral3ForCausalLM", "Ministral3Config", _llama_like(head_dim=16)),
+    Arch("Jais 2", "Jais2ForCausalLM", "Jais2Config", _llama_like()),
+    Arch(
+        "FlexOlmo",
+        "FlexOlmoForCausalLM",
+        "FlexOlmoConfig",
+        _llama_like(**_MOE),
+        notes="MoE; " + POST_NORM,
+    ),
+    Arch(
+        "DeepSeek-V2",
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+        _llama_like(**_MLA, **_DEEPSEEK_MOE),
+        values="kv_b_proj",
+        layout="mla",
+        status="refused",
+        why=r"Deepseek",
+        notes=_MLA_NOTE,
+    ),
+    Arch(
+        "DeepSeek-V3",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        _llama_like(**_MLA, **_DEEPSEEK_MOE),
+        values="kv_b_proj",
+        layout="mla",
+        status="refused",
+        why=r"Deepseek",
+        notes=_MLA_NOTE,
     ),
     Arch(
         "CodeGen",

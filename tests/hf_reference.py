@@ -53,6 +53,7 @@ def n_heads(hf: Any) -> int:
 
 def split_values(arch: Arch, hf: Any, out: Tensor, d_head: int) -> Tensor:
     """The values ``[batch, pos, kv_head, d_head]`` in the output of ``arch.values``."""
+    out = out.reshape(out.shape[0], -1, out.shape[-1])  # DeepSeek's kv_b_proj sees [b, 1, t, r]
     b, t, width = out.shape
     heads = n_heads(hf)
     if arch.layout == "heads":  # a value projection of its own
@@ -67,6 +68,8 @@ def split_values(arch: Arch, hf: Any, out: Tensor, d_head: int) -> Tensor:
     elif arch.layout == "falcon_new":  # per kv group [q (heads / kv heads), k, v]
         kv_heads = int(hf.config.num_kv_heads)
         v = out.reshape(b, t, kv_heads, heads // kv_heads + 2, d_head)[:, :, :, -1]
+    elif arch.layout == "mla":  # multi-head latent attention: kv_b_proj gives per head [k_nope, v]
+        v = out.reshape(b, t, heads, -1)[..., -d_head:]
     elif arch.layout == "codegen":  # 4 model-parallel shards, each [q, v, k]
         v = out.reshape(b, t, 4, 3, width // 12)[:, :, :, 1].reshape(b, t, heads, d_head)
     else:
