@@ -64,6 +64,13 @@ _FALCON_PATHS = {
     "out": "dense",
 }
 
+_MPT = {"d_model": D_MODEL, "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "expansion_ratio": 2}
+_MPT_PATHS = {
+    "attn": "transformer.blocks.{}.attn",
+    "values": "Wqkv",
+    "out": "out_proj",
+    "layout": "qkv_concat",
+}
 _MOE = {"num_experts": 4, "num_experts_per_tok": 2}
 _DEEPSEEK_MOE = {
     "n_routed_experts": 4,
@@ -171,7 +178,7 @@ ARCHS: list[Arch] = [
         _llama_like(clip_qkv=0.3),
         clip_qkv=0.3,
         status="refused",
-        why=r"pattern @ v",
+        why=r"(?i)olmo",
         notes="hook_v is the unclamped value projection; the model attends over clamped values",
     ),
     Arch("OLMo 2", "Olmo2ForCausalLM", "Olmo2Config", _llama_like(), notes=POST_NORM),
@@ -293,7 +300,7 @@ ARCHS: list[Arch] = [
         layout="falcon_new",
         **_FALCON_PATHS,
         status="refused",
-        why=r"Falcon",
+        why=r"(?i)falcon",
         notes="TransformerLens 4.3 builds it, but its logits differ from the HF model's",
     ),
     Arch(
@@ -318,16 +325,17 @@ ARCHS: list[Arch] = [
         layout="qkv_concat",
         notes="multi-query",
     ),
+    Arch("MPT", "MptForCausalLM", "MptConfig", _MPT, **_MPT_PATHS, notes="ALiBi; no biases"),
     Arch(
-        "MPT",
+        "MPT (clip_qkv)",
         "MptForCausalLM",
         "MptConfig",
-        {"d_model": D_MODEL, "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "expansion_ratio": 2},
-        attn="transformer.blocks.{}.attn",
-        values="Wqkv",
-        out="out_proj",
-        layout="qkv_concat",
-        notes="ALiBi; no biases",
+        {**_MPT, "attn_config": {"clip_qkv": 0.3}},
+        **_MPT_PATHS,
+        clip_qkv=0.3,
+        status="refused",
+        why=r"(?i)mpt",
+        notes="hook_v is the unclamped value projection; the model attends over clamped values",
     ),
     Arch("Cohere", "CohereForCausalLM", "CohereConfig", _llama_like(), notes="parallel block"),
     Arch(
@@ -510,7 +518,7 @@ ARCHS: list[Arch] = [
         values="kv_b_proj",
         layout="mla",
         status="refused",
-        why=r"Deepseek",
+        why=r"(?i)deepseek",
         notes=_MLA_NOTE,
     ),
     Arch(
@@ -521,7 +529,7 @@ ARCHS: list[Arch] = [
         values="kv_b_proj",
         layout="mla",
         status="refused",
-        why=r"Deepseek",
+        why=r"(?i)deepseek",
         notes=_MLA_NOTE,
     ),
     Arch(
@@ -534,7 +542,7 @@ ARCHS: list[Arch] = [
         out="out_proj",
         layout="codegen",
         status="refused",
-        why=r"CodeGen",
+        why=r"(?i)codegen",
         notes="TransformerLens 4.3's CodeGen bridge fails in the forward pass",
     ),
 ]
