@@ -77,8 +77,22 @@ def status(row: dict) -> tuple[str, str]:
         return "error", err
     cells = [row["intra"], row["inter"], *row["interventions"].values()]
     if all(e is None and v <= TOL for v, e in cells):
-        return ("exact with notes" if arch.notes else "exact"), ""
+        return ("exact with notes" if arch.caveat else "exact"), ""
     return "WRONG", "verify_model passed but the numbers differ from the HF reference"
+
+
+def _notes(arch: Arch, state: str, why: str) -> tuple[str, ...]:
+    if state.startswith("exact"):
+        return arch.caveat, arch.notes
+    if state == "refused" and arch.status == "refused":
+        return (arch.notes,)
+    if state.startswith("not bridged"):
+        return arch.notes, f"`{why}`"
+    return (f"`{why}`",)
+
+
+def declared(arch: Arch) -> str:
+    return {"exact": "exact", "refused": "refused", "unbridged": "not bridged"}[arch.status]
 
 
 def fmt(cell) -> str:
@@ -97,7 +111,7 @@ def table(rows: list[dict], raw: bool = False) -> str:
     for row in rows:
         arch: Arch = row["arch"]
         state, why = status(row)
-        notes = why or arch.notes
+        notes = "; ".join(n for n in _notes(arch, state, why) if n)
         if "bridge_error" in row:
             cells = ["—", "—", "—"]
             extra = ["—"] * (1 + len(INTERVENTIONS))
@@ -119,6 +133,13 @@ def main(argv: list[str]) -> None:
     start = time.perf_counter()
     rows = [measure(a) for a in ARCHS if not names or a.name in names]
     print(table(rows, raw))
+    off = [
+        f"{row['arch'].name} (declared {declared(row['arch'])}, measured {status(row)[0]})"
+        for row in rows
+        if not status(row)[0].startswith(declared(row["arch"]))
+    ]
+    if off:
+        print("\nNot as declared in tests/architectures.py: " + "; ".join(off))
     print(
         f"\nErrors: worst relative error against the float64 HF reference (contribution weights "
         f"per row, conditioned; logits per position), padded batch included. "

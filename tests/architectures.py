@@ -41,7 +41,8 @@ class Arch:
     clip_qkv: float | None = None  # values are clamped to [-clip, clip] before attending
     status: str = "exact"  # "exact" | "refused" | "unbridged"
     why: str = ""  # regex of the expected error (refused / unbridged)
-    notes: str = ""
+    notes: str = ""  # what the tiny config exercises, or why it is refused
+    caveat: str = ""  # what a user must know when it is exact ("exact with notes")
     dtype: torch.dtype = torch.float64  # of the bridge (the reference always runs float64)
 
 
@@ -94,7 +95,12 @@ _MLA_NOTE = (
     "(8) although values are 12 wide, so hook_z is [batch, pos, 6, 8], not per head"
 )
 
-POST_NORM = "inter weights on the attention output before the post-attention norm"
+POST_NORM = "inter weights are on the attention output before the post-attention norm"
+MULTIPLIER = "inter weights are on the attention output before the residual multiplier"
+PATTERN_LATE = (
+    "TransformerLens fires hook_pattern after hook_z here: pattern-dependent interventions act on "
+    "hook_z / the attention output"
+)
 
 ARCHS: list[Arch] = [
     Arch("Llama", "LlamaForCausalLM", "LlamaConfig", _llama_like(), notes="GQA 4/2"),
@@ -119,7 +125,8 @@ ARCHS: list[Arch] = [
             attn_logit_softcapping=50.0,
             final_logit_softcapping=30.0,
         ),
-        notes=POST_NORM + "; soft-capping; sliding window",
+        caveat=POST_NORM,
+        notes="soft-capping; sliding window",
     ),
     Arch(
         "Gemma 3",
@@ -131,7 +138,8 @@ ARCHS: list[Arch] = [
             query_pre_attn_scalar=16,
             layer_types=["sliding_attention", "full_attention"],
         ),
-        notes=POST_NORM + "; q/k norm; sliding window",
+        caveat=POST_NORM,
+        notes="q/k norm; sliding window",
     ),
     Arch(
         "Mixtral",
@@ -181,13 +189,14 @@ ARCHS: list[Arch] = [
         why=r"(?i)olmo",
         notes="hook_v is the unclamped value projection; the model attends over clamped values",
     ),
-    Arch("OLMo 2", "Olmo2ForCausalLM", "Olmo2Config", _llama_like(), notes=POST_NORM),
+    Arch("OLMo 2", "Olmo2ForCausalLM", "Olmo2Config", _llama_like(), caveat=POST_NORM),
     Arch(
         "OLMo 3",
         "Olmo3ForCausalLM",
         "Olmo3Config",
         _llama_like(sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
-        notes=POST_NORM + "; sliding window",
+        caveat=POST_NORM,
+        notes="sliding window",
     ),
     Arch(
         "SmolLM3",
@@ -214,7 +223,8 @@ ARCHS: list[Arch] = [
             layer_types=["sliding_attention", "full_attention"],
             attention_bias=True,
         ),
-        notes="learned attention sinks (rows of alpha sum to < 1); MoE; sliding window",
+        caveat="learned sink logits: attention rows sum to less than 1 (intra rows still sum to 1)",
+        notes="MoE; sliding window",
     ),
     Arch(
         "GPT-NeoX",
@@ -362,7 +372,7 @@ ARCHS: list[Arch] = [
         values="c_attn",
         out="c_proj",
         layout="qkv_concat",
-        notes="post-norm block (attention output before ln_1)",
+        caveat="post-norm block: inter weights are on the attention output before ln_1",
     ),
     Arch(
         "GPT-J",
@@ -371,7 +381,7 @@ ARCHS: list[Arch] = [
         {"n_embd": D_MODEL, "n_layer": 2, "n_head": 4, "n_positions": 128, "rotary_dim": 8},
         attn="transformer.h.{}.attn",
         out="out_proj",
-        notes="hook_pattern fires after hook_z: pattern edits act through the attention output",
+        caveat=PATTERN_LATE,
     ),
     Arch(
         "GPT-Neo",
@@ -387,7 +397,8 @@ ARCHS: list[Arch] = [
         },
         attn="transformer.h.{}.attn.attention",
         out="out_proj",
-        notes="local attention window 6; hook_pattern fires after hook_z",
+        caveat=PATTERN_LATE,
+        notes="local attention window 6",
     ),
     Arch(
         "OPT",
@@ -404,7 +415,7 @@ ARCHS: list[Arch] = [
         },
         attn="model.decoder.layers.{}.self_attn",
         out="out_proj",
-        notes="hook_pattern fires after hook_z",
+        caveat=PATTERN_LATE,
     ),
     Arch(
         "XGLM",
@@ -420,21 +431,23 @@ ARCHS: list[Arch] = [
         },
         out="out_proj",
         dtype=torch.float32,
-        notes="hook_pattern fires after hook_z; float32 bridge (HF XGLM cannot run in float64)",
+        caveat=PATTERN_LATE,
+        notes="float32 bridge (HF XGLM cannot run in float64)",
     ),
     Arch(
         "EXAONE 4",
         "Exaone4ForCausalLM",
         "Exaone4Config",
         _llama_like(sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
-        notes=POST_NORM + "; q/k norm",
+        caveat=POST_NORM,
+        notes="q/k norm",
     ),
     Arch(
         "GLM-4",
         "Glm4ForCausalLM",
         "Glm4Config",
         _llama_like(head_dim=16, attention_bias=True),
-        notes=POST_NORM,
+        caveat=POST_NORM,
     ),
     Arch(
         "Granite",
@@ -446,7 +459,7 @@ ARCHS: list[Arch] = [
             embedding_multiplier=2.0,
             logits_scaling=4.0,
         ),
-        notes="inter on the attention output before the residual multiplier",
+        caveat=MULTIPLIER,
     ),
     Arch(
         "Qwen2-MoE",
@@ -467,7 +480,8 @@ ARCHS: list[Arch] = [
             residual_multiplier=0.7,
             embedding_multiplier=2.0,
         ),
-        notes="MoE; inter weights before the residual multiplier",
+        caveat=MULTIPLIER,
+        notes="MoE",
     ),
     Arch("Ernie 4.5", "Ernie4_5ForCausalLM", "Ernie4_5Config", _llama_like(head_dim=16)),
     Arch(
@@ -508,7 +522,8 @@ ARCHS: list[Arch] = [
         "FlexOlmoForCausalLM",
         "FlexOlmoConfig",
         _llama_like(**_MOE),
-        notes="MoE; " + POST_NORM,
+        caveat=POST_NORM,
+        notes="MoE",
     ),
     Arch(
         "DeepSeek-V2",
