@@ -4,7 +4,9 @@ Runs the same measurements as ``tests/test_architectures.py`` and prints one Mar
 architecture: the HF class, the status cw_lens gives it, the measured worst relative errors
 against the independent HF reference (intra and inter weights, unpadded and padded batches;
 the three interventions on logits) and notes. ``--raw`` adds the bridge-vs-HF logits error and
-each intervention apart. A cell that raises shows the exception instead of a number.
+each intervention apart; ``--float32`` runs every bridge in float32 (the errors then include
+the model's own float32 drift against the float64 reference). A cell that raises shows the
+exception instead of a number.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,7 +28,7 @@ from arch_checks import (
     contribution_error,
     intervention_error,
 )
-from architectures import ARCHS, Arch
+from architectures import ARCHS, BY_NAME, Arch
 
 import cw_lens
 
@@ -129,9 +132,12 @@ def table(rows: list[dict], raw: bool = False) -> str:
 def main(argv: list[str]) -> None:
     raw = "--raw" in argv
     names = [a for a in argv if not a.startswith("--")]
+    if "--float32" in argv:
+        for name, arch in BY_NAME.items():
+            BY_NAME[name] = replace(arch, dtype=torch.float32)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    rows = [measure(a) for a in ARCHS if not names or a.name in names]
+    rows = [measure(BY_NAME[a.name]) for a in ARCHS if not names or a.name in names]
     print(table(rows, raw))
     off = [
         f"{row['arch'].name} (declared {declared(row['arch'])}, measured {status(row)[0]})"
