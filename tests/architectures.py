@@ -58,12 +58,24 @@ def _llama_like(**kw: Any) -> dict[str, Any]:
     return {**base, **kw}
 
 
-_FALCON = {"hidden_size": D_MODEL, "num_hidden_layers": 2, "num_attention_heads": 4, "bias": True}
-_FALCON_PATHS = {
-    "attn": "transformer.h.{}.self_attention",
-    "values": "query_key_value",
-    "out": "dense",
-}
+def _falcon(
+    variant: str, layout: str, notes: str, status: str = "exact", why: str = "", **config: Any
+) -> Arch:
+    base = {"hidden_size": D_MODEL, "num_hidden_layers": 2, "num_attention_heads": 4, "bias": True}
+    return Arch(
+        f"Falcon ({variant})",
+        "FalconForCausalLM",
+        "FalconConfig",
+        {**base, "parallel_attn": True, **config},
+        attn="transformer.h.{}.self_attention",
+        values="query_key_value",
+        out="dense",
+        layout=layout,
+        status=status,
+        why=why,
+        notes=notes,
+    )
+
 
 _MPT = {"d_model": D_MODEL, "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "expansion_ratio": 2}
 _MPT_PATHS = {
@@ -95,6 +107,8 @@ _MLA_NOTE = (
     "(8) although values are 12 wide, so hook_z is [batch, pos, 6, 8], not per head"
 )
 
+CLIPPED = "hook_v is the unclamped value projection; the model attends over clamped values"
+_SLIDING = {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]}
 POST_NORM = "inter weights are on the attention output before the post-attention norm"
 MULTIPLIER = "inter weights are on the attention output before the residual multiplier"
 PATTERN_LATE = (
@@ -187,14 +201,14 @@ ARCHS: list[Arch] = [
         clip_qkv=0.3,
         status="refused",
         why=r"(?i)olmo",
-        notes="hook_v is the unclamped value projection; the model attends over clamped values",
+        notes=CLIPPED,
     ),
     Arch("OLMo 2", "Olmo2ForCausalLM", "Olmo2Config", _llama_like(), caveat=POST_NORM),
     Arch(
         "OLMo 3",
         "Olmo3ForCausalLM",
         "Olmo3Config",
-        _llama_like(sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
+        _llama_like(**_SLIDING),
         caveat=POST_NORM,
         notes="sliding window",
     ),
@@ -255,63 +269,42 @@ ARCHS: list[Arch] = [
         out="c_proj",
         layout="qkv_concat",
     ),
-    Arch(
-        "Falcon (MQA)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "multi_query": True, "parallel_attn": True},
-        layout="falcon_mqa",
-        **_FALCON_PATHS,
-        notes="multi-query, rotary, parallel attention/MLP",
+    _falcon("MQA", "falcon_mqa", "multi-query, rotary, parallel attention/MLP", multi_query=True),
+    _falcon("MHA", "interleave", "multi-head, rotary, qkv interleaved per head", multi_query=False),
+    _falcon(
+        "alibi",
+        "falcon_mqa",
+        "multi-query, ALiBi, sequential attention/MLP",
+        multi_query=True,
+        alibi=True,
+        parallel_attn=False,
     ),
-    Arch(
-        "Falcon (MHA)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "multi_query": False, "parallel_attn": True},
-        layout="interleave",
-        **_FALCON_PATHS,
-        notes="multi-head, rotary, qkv interleaved per head",
+    _falcon(
+        "new decoder, 1 kv head",
+        "falcon_new",
+        "new decoder architecture (two layer norms), one kv group",
+        new_decoder_architecture=True,
+        num_kv_heads=1,
     ),
-    Arch(
-        "Falcon (alibi)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "multi_query": True, "alibi": True, "parallel_attn": False},
-        layout="falcon_mqa",
-        **_FALCON_PATHS,
-        notes="multi-query, ALiBi, sequential attention/MLP",
-    ),
-    Arch(
-        "Falcon (new decoder, 1 kv head)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 1},
-        layout="falcon_new",
-        **_FALCON_PATHS,
-        notes="new decoder architecture (two layer norms), one kv group",
-    ),
-    Arch(
-        "Falcon (new decoder, GQA)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2, "multi_query": True},
-        layout="falcon_new",
-        **_FALCON_PATHS,
+    _falcon(
+        "new decoder, GQA",
+        "falcon_new",
+        "the Falcon-40B/180B layout; TransformerLens 4.3 cannot build the bridge",
         status="unbridged",
         why=r"split_with_sizes",
-        notes="the Falcon-40B/180B layout; TransformerLens 4.3 cannot build the bridge",
+        new_decoder_architecture=True,
+        num_kv_heads=2,
+        multi_query=True,
     ),
-    Arch(
-        "Falcon (new decoder, GQA, multi_query=False)",
-        "FalconForCausalLM",
-        "FalconConfig",
-        {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2, "multi_query": False},
-        layout="falcon_new",
-        **_FALCON_PATHS,
+    _falcon(
+        "new decoder, GQA, multi_query=False",
+        "falcon_new",
+        "TransformerLens 4.3 builds it, but its logits differ from the HF model's",
         status="refused",
         why=r"(?i)falcon",
-        notes="TransformerLens 4.3 builds it, but its logits differ from the HF model's",
+        new_decoder_architecture=True,
+        num_kv_heads=2,
+        multi_query=False,
     ),
     Arch(
         "Bloom",
@@ -345,14 +338,14 @@ ARCHS: list[Arch] = [
         clip_qkv=0.3,
         status="refused",
         why=r"(?i)mpt",
-        notes="hook_v is the unclamped value projection; the model attends over clamped values",
+        notes=CLIPPED,
     ),
     Arch("Cohere", "CohereForCausalLM", "CohereConfig", _llama_like(), notes="parallel block"),
     Arch(
         "Cohere2",
         "Cohere2ForCausalLM",
         "Cohere2Config",
-        _llama_like(sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
+        _llama_like(**_SLIDING),
         notes="sliding window",
     ),
     Arch(
@@ -438,7 +431,7 @@ ARCHS: list[Arch] = [
         "EXAONE 4",
         "Exaone4ForCausalLM",
         "Exaone4Config",
-        _llama_like(sliding_window=6, layer_types=["sliding_attention", "full_attention"]),
+        _llama_like(**_SLIDING),
         caveat=POST_NORM,
         notes="q/k norm",
     ),
