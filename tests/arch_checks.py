@@ -169,3 +169,22 @@ def intervention_error(name: str, which: str) -> tuple[float, float]:
 
 
 INTERVENTIONS = ("patch_sink", "mask_attention", "remove_heads")
+
+
+def refusal(model: Any) -> str | None:
+    """cw_lens's refusal of ``model`` as text, ``None`` when ``verify_model`` accepts it.
+
+    ``verify_model`` may raise ``UnsupportedModelError`` or return a failed report whose
+    ``raise_if_failed`` raises it; any other exception propagates (a raw crash is a bug).
+    """
+    try:
+        report = cw_lens.verify_model(model)
+    except cw_lens.UnsupportedModelError as err:
+        return str(err)
+    if report.ok:
+        return None
+    try:
+        report.raise_if_failed()
+    except cw_lens.UnsupportedModelError as err:
+        return str(err)
+    raise AssertionError(f"verify_model failed ({report.problems}) but raise_if_failed did not")

@@ -27,10 +27,9 @@ from arch_checks import (
     clean_logits_error,
     contribution_error,
     intervention_error,
+    refusal,
 )
 from architectures import ARCHS, BY_NAME, Arch
-
-import cw_lens
 
 TOL = 1e-5
 
@@ -50,7 +49,7 @@ def measure(arch: Arch) -> dict:
         row["bridge_error"] = f"{type(b.error).__name__}: {str(b.error).splitlines()[0][:90]}"
         return row
     row["logits"] = _try(lambda: clean_logits_error(arch.name))
-    row["verify"] = _try(lambda: cw_lens.verify_model(b.bridge))
+    row["verify"] = _try(lambda: refusal(b.bridge))
     for kind in ("intra", "inter"):
         plain = _try(lambda kind=kind: contribution_error(arch.name, kind))
         padded = _try(lambda kind=kind: contribution_error(arch.name, kind, padded=True))
@@ -73,11 +72,11 @@ def status(row: dict) -> tuple[str, str]:
     arch: Arch = row["arch"]
     if "bridge_error" in row:
         return "not bridged by TransformerLens", row["bridge_error"]
-    _, err = row["verify"]
+    refused, err = row["verify"]
     if err:
-        if err.startswith("UnsupportedModelError"):
-            return "refused", err.split(": ", 1)[1]
         return "error", err
+    if refused:
+        return "refused", refused.splitlines()[0][:160]
     cells = [row["intra"], row["inter"], *row["interventions"].values()]
     if all(e is None and v <= TOL for v, e in cells):
         return ("exact with notes" if arch.caveat else "exact"), ""
