@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cw_lens tests benchmarks
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # the HTML view and the widget are tested in a real headless browser: Debian's chromium, driven
 # by Playwright (which cannot download its own browsers here)

@@ -16,15 +16,14 @@ Public API (re-exports only; each function's module docstring states its formula
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
 """
 
-from cw_lens.capture import cache_names
+from cw_lens.access import cache_names
 from cw_lens.contributions import (
     ContributionResult,
-    LayerContributions,
     contribution_weights,
     contribution_weights_from_cache,
-    stream_contributions,
 )
-from cw_lens.data import Corpus, Document, load_corpus
+from cw_lens.corpora import load_corpus
+from cw_lens.data import Corpus, Document
 from cw_lens.errors import (
     CwLensError,
     EmbeddedModelMissing,
@@ -34,6 +33,7 @@ from cw_lens.errors import (
 )
 from cw_lens.faithfulness import FaithfulnessResult, faithfulness
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
+from cw_lens.layer_contributions import LayerContributions
 from cw_lens.models import load_model
 from cw_lens.pruning import PruningResult, lone_head_costs, prune_heads
 from cw_lens.selection import (
@@ -51,10 +51,10 @@ from cw_lens.sinks import (
     sink_rates,
     sink_statistics,
 )
+from cw_lens.streaming import stream_contributions
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
-from cw_lens.viz import sink_patcher
-
-__version__ = "0.1.0"
+from cw_lens.verify import ModelVerification, verify_model
+from cw_lens.version import __version__
 
 __all__ = [
     "ContributionResult",
@@ -68,6 +68,7 @@ __all__ = [
     "InputError",
     "LayerContributions",
     "ModelLoadError",
+    "ModelVerification",
     "PatchControls",
     "PruningResult",
     "SelectionGeometryResult",
@@ -75,6 +76,7 @@ __all__ = [
     "SinkPatchComparison",
     "SinkStatistics",
     "UnsupportedModelError",
+    "__version__",
     "cache_names",
     "compare_sink_patch",
     "contribution_weights",
@@ -97,4 +99,17 @@ __all__ = [
     "sink_rates",
     "sink_statistics",
     "stream_contributions",
+    "verify_model",
 ]
+
+
+def __getattr__(name: str):
+    """``cw_lens.sink_patcher`` / ``cw_lens.SinkPatcher``: the widget, imported on first use (it
+    needs the optional ``anywidget``: ``pip install 'cw_lens[widget]'``)."""
+    if name in ("sink_patcher", "SinkPatcher"):
+        # the widget is a top layer (like the CLI) with an optional dependency: loaded by name
+        # on first use, so importing cw_lens (as report.py does) never imports it
+        import importlib
+
+        return getattr(importlib.import_module("cw_lens.widget"), name)
+    raise AttributeError(f"module 'cw_lens' has no attribute {name!r}")

@@ -43,519 +43,23 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from cw_lens import geometry as geo
-from cw_lens.capture import (
-    LayerActivations,
-    LayerWeights,
-    check_model,
-    hook_name,
-    resolve_heads,
-    resolve_layers,
-    run_layers,
-)
+from cw_lens.access import hook_name, model_access, resolve_heads, resolve_layers
+from cw_lens.capture import LayerActivations, check_consistent
 from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
-
-Kind = Literal["intra", "inter"]
-KINDS = ("intra", "inter")
-# Metric names of the faithfulness protocol (SPEC §5), in P1's order.
-METRICS = ("attention", "value_norm", "value_norm_output", "contribution")
-
-
-def _check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise InputError(f"kind must be 'intra' or 'inter', got {kind!r}.")
-
-
-class Workspace:
-    """Reusable float32 buffers for the streamed ``[batch, head, query, key]`` tensors.
-
-    Fresh multi-megabyte tensors cost page faults on every allocation; reusing one buffer per
-    role makes the streamed arithmetic several times cheaper. With ``reuse=False`` every request
-    gets a fresh tensor.
-    """
-
-    def __init__(self, reuse: bool = True) -> None:
-        self.reuse = reuse
-        self._buffers: dict[str, Tensor] = {}
-
-    def get(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
-        numel = math.prod(shape)
-        if not self.reuse:
-            return torch.empty(tuple(shape), device=device)
-        buf = self._buffers.get(name)
-        if buf is None or buf.numel() < numel or buf.device != device:
-            buf = torch.empty(numel, device=device)
-            self._buffers[name] = buf
-        return buf[:numel].view(tuple(shape))
-
-
-class LayerContributions:
-    """Contribution geometry of one layer for one block of query rows (the streaming unit).
-
-    Tensors are ``[batch, head, query, key]`` over the selected heads, the query rows
-    ``queries`` and the keys ``0 .. queries.stop - 1`` (later keys are never attended by these
-    rows, so they are left out: every field would be 0 there). Quantities are computed lazily
-    in head space and cached for the life of the block.
-
-    With a reusing :class:`Workspace` (the default of :func:`stream_contributions`) the
-    returned tensors live in buffers that the next block overwrites: reduce them inside the
-    callback, or ``.clone()`` what you keep.
-
-    Conventions: entries with ``j > i`` are 0; rows of padded queries and of queries with a
-    numerically zero output norm are NaN at ``j <= i``.
-    """
-
-    def __init__(
-        self,
-        acts: LayerActivations,
-        heads: list[int] | None = None,
-        queries: slice | None = None,
-        shared: dict[str, Any] | None = None,
-        workspace: Workspace | None = None,
-    ) -> None:
-        self.acts = acts
-        self.layer = acts.layer
-        self.heads = sorted(set(heads)) if heads is not None else list(range(acts.n_heads))
-        self._all_heads = len(self.heads) == acts.n_heads
-        n_pos = acts.pattern.shape[-1]
-        self.queries = queries if queries is not None else slice(0, n_pos)
-        self.keys = slice(0, self.queries.stop)
-        self._shared = {} if shared is None else shared
-        self._ws = workspace if workspace is not None else Workspace(reuse=False)
-        self._cache: dict[Any, Any] = {}
-
-    # ------------------------------------------------------------------ raw pieces
-    @property
-    def batch(self) -> TokenBatch:
-        return self.acts.batch
-
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        """``(batch, head, query, key)`` of every pairwise field of this block."""
-        return (
-            self.acts.pattern.shape[0],
-            len(self.heads),
-            self.queries.stop - self.queries.start,
-            self.keys.stop,
-        )
-
-    @property
-    def query_positions(self) -> Int[Tensor, " query"]:
-        return torch.arange(self.queries.start, self.queries.stop, device=self.acts.mask.device)
-
-    def _memo(self, key: Any, fn: Callable[[], Any]) -> Any:
-        if key not in self._cache:
-            self._cache[key] = fn()
-        return self._cache[key]
-
-    def _layer_memo(self, key: str, fn: Callable[[], Tensor]) -> Tensor:
-        if key not in self._shared:
-            self._shared[key] = fn()
-        return self._shared[key]
-
-    @cached_property
-    def _head_index(self) -> Tensor:
-        return torch.tensor(self.heads, device=self.acts.pattern.device)
-
-    def _sel(self, t: Tensor, axis: int = 1) -> Tensor:
-        return t if self._all_heads else t.index_select(axis, self._head_index)
-
-    @cached_property
-    def attention(self) -> Float[Tensor, "batch head query key"]:
-        """``alpha[i,j]^h`` (a view of ``hook_pattern``; padded rows are not NaN here)."""
-        return self._sel(self.acts.pattern[:, :, self.queries, self.keys])
-
-    @cached_property
-    def query_mask(self) -> Bool[Tensor, "batch query"]:
-        """True at real (non-padding) query positions."""
-        return self.acts.mask[:, self.queries]
-
-    @cached_property
-    def _padded(self) -> bool:
-        return not bool(self.query_mask.all())
-
-    @cached_property
-    def _full_key_norms(self) -> Float[Tensor, "batch head key"]:
-        return self._layer_memo(
-            "pv_norm", lambda: geo.projected_value_norms(self.acts.values, self.acts.weights.gram)
-        )
-
-    @cached_property
-    def projected_value_norm(self) -> Float[Tensor, "batch head key"]:
-        """``||pv_j^h||`` for the keys of this block."""
-        return self._sel(self._full_key_norms[..., self.keys])
-
-    @cached_property
-    def _inv_key_norm(self) -> Tensor:
-        kn = self.projected_value_norm
-        return torch.where(kn > 0, kn.reciprocal(), torch.zeros((), device=kn.device))
-
-    @cached_property
-    def _key_scale(self) -> Float[Tensor, "batch head query"]:
-        """``max_{j<=i} ||pv_j^h||`` over all heads (for zero-norm detection)."""
-        full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
-        return full[..., self.queries]
-
-    @cached_property
-    def _z(self) -> Tensor:
-        return self.acts.z[:, self.queries]
-
-    @cached_property
-    def head_output_norm(self) -> Float[Tensor, "batch head query"]:
-        """``||o_i^h||``."""
-        return self._sel(geo.head_output_norms(self._z, self.acts.weights.gram))
-
-    @cached_property
-    def layer_output_norm(self) -> Float[Tensor, "batch query"]:
-        """``||o_i||`` (``b_O`` excluded)."""
-        return self.acts.layer_output[:, self.queries].norm(dim=-1)
-
-    def output_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query"]:
-        """The norm a weight is relative to: ``||o_i^h||`` (intra) or ``||o_i||`` (inter)."""
-        _check_kind(kind)
-        if kind == "intra":
-            return self.head_output_norm
-        return self.layer_output_norm[:, None, :].expand_as(self.head_output_norm)
-
-    def zero_rows(self, kind: Kind = "intra") -> Bool[Tensor, "batch head query"]:
-        """Real queries whose output norm is numerically zero (their weights are NaN)."""
-        _check_kind(kind)
-
-        def compute() -> Tensor:
-            if kind == "intra":
-                zero = geo.zero_output_rows(self.head_output_norm, self._sel(self._key_scale))
-            else:
-                z = geo.zero_output_rows(self.layer_output_norm, self._key_scale.sum(1))
-                zero = z[:, None, :].expand(-1, len(self.heads), -1)
-            return zero & self.query_mask[:, None, :]
-
-        return self._memo(("zero", kind), compute)
-
-    def n_zero_rows(self, kind: Kind = "intra") -> int:
-        return int(self.zero_rows(kind).sum())
-
-    def _inv_output_norm(self, kind: Kind) -> Float[Tensor, "batch head query"]:
-        """``1 / ||o_i||``, NaN at padded and zero-norm rows (so they come out NaN)."""
-
-        def compute() -> Tensor:
-            bad = self.zero_rows(kind) | ~self.query_mask[:, None, :]
-            return self.output_norm(kind).reciprocal().masked_fill(bad, math.nan)
-
-        return self._memo(("inv_norm", kind), compute)
-
-    def _row_nan(self, t: Tensor) -> Tensor:
-        """Set padded query rows of ``t`` (in place) to NaN at ``j <= i``."""
-        if self._padded:
-            t.masked_fill_(~self.query_mask[:, None, :, None], math.nan)
-            t.tril_(diagonal=self.queries.start)
-        return t
-
-    def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
-        """``<query_side[b,i,h], v_j^{g(h)}>`` for the selected heads and this block's keys."""
-        values = self.acts.values[:, self.keys]
-        if self._all_heads:
-            return geo.grouped_scores(query_side, values, out=out)
-        group = self.acts.n_heads // values.shape[2]
-        kv = torch.tensor([h // group for h in self.heads], device=values.device)
-        q = query_side.index_select(2, self._head_index)
-        return torch.einsum("bqhd,bkhd->bhqk", q, values.index_select(2, kv))
-
-    def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
-
-        The ``1/||o_i||`` scale is folded into the (small) query side before the product, so
-        undefined rows come out NaN without a pass over the ``query x key`` tensor.
-        """
-        _check_kind(kind)
-
-        def compute() -> Tensor:
-            w = self.acts.weights
-            inv = self._inv_output_norm(kind)  # [batch, head(sel), query]
-            if kind == "intra":
-                side = geo.apply_gram(self._z, w.gram)
-                if self._all_heads:
-                    side = side * inv.transpose(1, 2)[..., None]
-                else:
-                    full = torch.ones(side.shape[:3], device=side.device)
-                    full[:, :, self._head_index] = inv.transpose(1, 2)
-                    side = side * full[..., None]
-            else:
-                out = self.acts.layer_output[:, self.queries] * inv[:, 0, :, None]
-                side = geo.project_into_heads(out, w.W_O)
-            buf = self._ws.get(f"dots_{kind}", self.shape, side.device)
-            return self._grouped(side, buf)
-
-        return self._memo(("scaled_dots", kind), compute)
-
-    def dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``<pv_j^h, o_i^h>`` (intra) or ``<pv_j^h, o_i>`` (inter); a fresh tensor."""
-        return self.scaled_dots(kind) * self.output_norm(kind)[..., None]
-
-    # ------------------------------------------------------------------ fields
-    def weights(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """Contribution weights ``c`` (intra) or ``C`` (inter)."""
-
-        def compute() -> Tensor:
-            buf = self._ws.get(f"weights_{kind}", self.shape, self.acts.pattern.device)
-            torch.mul(self.attention, self.scaled_dots(kind), out=buf)
-            buf.mul_(self._inv_output_norm(kind)[..., None])
-            return buf.tril_(diagonal=self.queries.start)
-
-        return self._memo(("weights", kind), compute)
-
-    def cosine(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``cos(pv_j^h, o_i^h)`` (intra) or ``cos(pv_j^h, o_i)`` (inter); 0 for a zero ``pv_j``."""
-
-        def compute() -> Tensor:
-            buf = self._ws.get(f"cosine_{kind}", self.shape, self.acts.pattern.device)
-            torch.mul(self.scaled_dots(kind), self._inv_key_norm[:, :, None, :], out=buf)
-            return buf.tril_(diagonal=self.queries.start)
-
-        return self._memo(("cosine", kind), compute)
-
-    def relative_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``||pv_j^h|| / ||o_i^h||`` (intra) or ``||pv_j^h|| / ||o_i||`` (inter)."""
-
-        def compute() -> Tensor:
-            buf = self._ws.get(f"relative_norm_{kind}", self.shape, self.acts.pattern.device)
-            torch.mul(
-                self._inv_output_norm(kind)[..., None],
-                self.projected_value_norm[:, :, None, :],
-                out=buf,
-            )
-            return buf.tril_(diagonal=self.queries.start)
-
-        return self._memo(("relative_norm", kind), compute)
-
-    def value_norm(self) -> Float[Tensor, "batch head query key"]:
-        """Baseline ``alpha ||pv_j||``."""
-
-        def compute() -> Tensor:
-            buf = self._ws.get("value_norm", self.shape, self.acts.pattern.device)
-            torch.mul(self.attention, self.projected_value_norm[:, :, None, :], out=buf)
-            return self._row_nan(buf)
-
-        return self._memo("value_norm", compute)
-
-    def value_norm_output(self) -> Float[Tensor, "batch head query key"]:
-        """Baseline ``alpha ||pv_j|| / ||o_i^h||`` (the per-head output norm)."""
-
-        def compute() -> Tensor:
-            buf = self._ws.get("value_norm_output", self.shape, self.acts.pattern.device)
-            torch.mul(self.attention, self.projected_value_norm[:, :, None, :], out=buf)
-            buf.mul_(self._inv_output_norm("intra")[..., None])
-            return buf.tril_(diagonal=self.queries.start)
-
-        return self._memo("value_norm_output", compute)
-
-    def masked_attention(self) -> Float[Tensor, "batch head query key"]:
-        """``alpha`` with padded query rows NaN (a copy only when the batch is padded)."""
-        if not self._padded:
-            return self.attention
-        buf = self._ws.get("attention", self.shape, self.acts.pattern.device)
-        buf.copy_(self.attention)
-        return self._row_nan(buf)
-
-    def metric(self, name: str, kind: Kind = "inter") -> Float[Tensor, "batch head query key"]:
-        """A score by name (``attention``, ``value_norm``, ``value_norm_output``,
-        ``contribution``); ``kind`` applies to ``contribution``."""
-        if name == "attention":
-            return self.masked_attention()
-        if name == "value_norm":
-            return self.value_norm()
-        if name == "value_norm_output":
-            return self.value_norm_output()
-        if name == "contribution":
-            return self.weights(kind)
-        raise InputError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
-
-
-# ---------------------------------------------------------------------- streaming
-
-
-def memory_budget(
-    device: torch.device | str = "cpu", share: float = 0.1, cap: float = 1.5e9
-) -> float:
-    """Bytes the streamed blocks may use: ``share`` of the free memory, at most ``cap``.
-
-    Free memory is ``MemAvailable`` (Linux) on the CPU and the free CUDA memory on a GPU.
-    """
-    device = torch.device(device)
-    free = None
-    if device.type == "cuda" and torch.cuda.is_available():
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        free = int(line.split()[1]) * 1024
-        except OSError:
-            free = None
-    return cap if free is None else max(64e6, min(cap, share * free))
-
-
-def auto_query_chunk(
-    n_batch: int,
-    n_heads: int,
-    n_keys: int,
-    budget_bytes: float | None = None,
-    temporaries: int = 10,
-    min_blocks: int = 4,
-) -> int:
-    """Query rows per block.
-
-    At most what lets ``temporaries`` float32 ``[batch, head, rows, keys]`` tensors fit in
-    ``budget_bytes`` (default :func:`memory_budget`: a tenth of the free memory, at most
-    1.5 GB), and at most ``n_keys / min_blocks``: block ``b`` only needs the keys up to its last
-    row, so ``min_blocks`` blocks skip about ``(1 - 1/min_blocks) / 2`` of the ``query x key``
-    work that causality makes zero. At least 32 rows.
-    """
-    budget_bytes = memory_budget() if budget_bytes is None else budget_bytes
-    per_row = n_batch * n_heads * n_keys * 4 * temporaries
-    by_memory = int(budget_bytes // max(per_row, 1))
-    by_causality = math.ceil(n_keys / min_blocks)
-    return max(32, min(by_memory, by_causality))
-
-
-@dataclass
-class StreamStats:
-    """What a streaming run saw: documents, tokens, and NaN rows per kind."""
-
-    n_documents: int = 0
-    n_tokens: int = 0
-    n_nan_rows: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
-
-    def merge(self, other: StreamStats) -> None:
-        self.n_documents += other.n_documents
-        self.n_tokens += other.n_tokens
-        for kind, n in other.n_nan_rows.items():
-            self.n_nan_rows[kind] = self.n_nan_rows.get(kind, 0) + n
-
-
-def stream_contributions(
-    model: Any,
-    inputs: Any,
-    consumer: Callable[[LayerContributions], None],
-    *,
-    layers: int | Sequence[int] | None = None,
-    heads: int | Sequence[int] | None = None,
-    query_chunk: int | None = None,
-    batch_size: int | None = 8,
-    prepend_bos: bool = True,
-    attention_mask: Tensor | None = None,
-    fwd_hooks: Sequence[tuple[str, Callable]] | Callable[[TokenBatch], Sequence] = (),
-    on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = False,
-    count_nan: Sequence[str] = (),
-    reuse_buffers: bool = True,
-    shard: tuple[int, int] | None = None,
-) -> StreamStats:
-    """Stream one layer (and one block of query rows) at a time to ``consumer``.
-
-    The consumer is called inside the forward pass with a :class:`LayerContributions`; it
-    should fold what it needs into a small accumulator and keep no references to full tensors.
-
-    Args:
-        model: A ``TransformerBridge``.
-        inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
-        consumer: Called once per (document batch, layer, query block).
-        layers: Layers to analyse (``None`` = all).
-        heads: Query heads to analyse (``None`` = all).
-        query_chunk: Query rows per block; ``None`` picks one from the free memory
-            (:func:`auto_query_chunk`).
-        batch_size: Documents per forward pass (``None`` = all at once).
-        prepend_bos: Prepend BOS to text inputs.
-        attention_mask: Mask for token-tensor inputs with padding.
-        fwd_hooks: Interventions active during the passes: hook pairs, or a function of the
-            document batch that returns them (for interventions that need the batch's mask).
-        on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
-        progress: Show a tqdm bar over document batches (a string sets its label).
-        count_nan: Kinds (``"intra"``/``"inter"``) whose zero-norm rows to count and warn about.
-        reuse_buffers: Reuse one buffer per field across blocks (fast; tensors handed to the
-            consumer are then valid only during the call). ``False`` allocates fresh tensors.
-        shard: ``(rank, world)``: process only document batches ``rank, rank + world, ...`` of
-            the batch plan (the plan itself is the same on every rank).
-
-    Returns:
-        A :class:`StreamStats`.
-    """
-    check_model(model)
-    if not callable(consumer):
-        raise InputError(
-            f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
-        )
-    if query_chunk is not None and (
-        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
-    ):
-        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
-    layer_list = resolve_layers(model, layers)
-    head_list = None if heads is None else resolve_heads(model, heads)
-    prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
-    stats = StreamStats()
-    weights: dict[int, LayerWeights] = {}
-    workspace = Workspace(reuse=reuse_buffers)
-    batches = list(iter_batches(prepared, batch_size))
-    if shard is not None:
-        rank, world = shard
-        batches = batches[rank::world]
-    label = progress if isinstance(progress, str) else "contributions"
-    bar = tqdm(batches, desc=label, disable=not progress, leave=False)
-    for batch in bar:
-        n_keys = batch.tokens.shape[1]
-        chunk = query_chunk or auto_query_chunk(
-            batch.tokens.shape[0],
-            len(head_list or range(model.cfg.n_heads)),
-            n_keys,
-            memory_budget(model.cfg.device or "cpu"),
-        )
-
-        def on_layer(acts: LayerActivations, n_keys: int = n_keys, chunk: int = chunk) -> None:
-            shared: dict[str, Any] = {}
-            for start in range(0, n_keys, chunk):
-                rows = slice(start, min(n_keys, start + chunk))
-                lc = LayerContributions(acts, head_list, rows, shared, workspace)
-                for kind in count_nan:
-                    stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
-                consumer(lc)
-
-        logits = run_layers(
-            model,
-            batch,
-            on_layer,
-            layers=layer_list,
-            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
-            need_logits=on_logits is not None,
-            weights=weights,
-        )
-        if on_logits is not None:
-            on_logits(batch, logits)
-        stats.n_documents += batch.tokens.shape[0]
-        stats.n_tokens += int(batch.mask.sum())
-    for kind in count_nan:
-        if stats.n_nan_rows[kind]:
-            warnings.warn(
-                f"{stats.n_nan_rows[kind]} (layer, head, query) rows have a numerically zero "
-                f"{kind}-head output norm; their contribution weights are NaN (undefined).",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-    return stats
-
-
-# ---------------------------------------------------------------------- full results
+from cw_lens.inputs import TokenBatch, prepare_inputs
+from cw_lens.layer_contributions import Kind, LayerContributions, check_kind
+from cw_lens.streaming import stream_contributions
+from cw_lens.verify import require_verified
 
 
 @dataclass
@@ -877,8 +381,8 @@ def contribution_weights(
         A :class:`ContributionResult`. It holds ``2 x batch x layers x heads x pos^2`` floats;
         for corpora use :func:`stream_contributions` or the corpus analyses.
     """
-    _check_kind(kind)
-    check_model(model)
+    check_kind(kind)
+    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     head_list = resolve_heads(model, heads)
@@ -936,9 +440,10 @@ def contribution_weights_from_cache(
 ) -> ContributionResult:
     """Contribution weights of one layer from an ``ActivationCache`` you already have.
 
-    The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v``, ``hook_z`` and
-    ``blocks.{layer}.hook_attn_out`` (a plain ``model.run_with_cache(tokens)`` has them; to
-    keep it small use ``names_filter=cw_lens.cache_names(layer)``).
+    The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v`` and ``hook_z`` (a plain
+    ``model.run_with_cache(tokens)`` has them; to keep it small use
+    ``names_filter=cw_lens.cache_names(layer)``). The layer output is ``sum_h z^h W_O^h``; the
+    cache is checked (``z == pattern @ v``) before any number is computed.
 
     Args:
         cache: An ``ActivationCache`` (or a dict) with the classic hook names.
@@ -949,8 +454,8 @@ def contribution_weights_from_cache(
         tokens: The token ids the cache was computed on (for token strings); optional.
         attention_mask: 1 at real tokens when the cached batch was padded (right padding).
     """
-    _check_kind(kind)
-    check_model(model)
+    check_kind(kind)
+    require_verified(model)
     (layer,) = resolve_layers(model, layer)
     head_list = resolve_heads(model, heads)
     acts = activations_from_cache(cache, model, layer, tokens=tokens, attention_mask=attention_mask)
@@ -995,7 +500,7 @@ def activations_from_cache(
     attention_mask: Tensor | None = None,
 ) -> LayerActivations:
     """Build checked :class:`LayerActivations` for one layer from a cache."""
-    names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z", "attn_out")}
+    names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z")}
     got = {}
     for kind, name in names.items():
         try:
@@ -1007,15 +512,15 @@ def activations_from_cache(
                 f"The cache has no {name!r}. Cache layer {layer} with "
                 f"model.run_with_cache(tokens, names_filter=cw_lens.cache_names({layer}))."
             )
-    pattern, values, z, attn_out = (got[k].detach() for k in names)
-    cfg = model.cfg
-    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    pattern, values, z = (got[k].detach() for k in names)
+    access = model_access(model)
+    n_heads, n_kv, d_head = access.n_heads, access.n_kv_heads, access.d_head
     if pattern.ndim == 3:  # run_with_cache(remove_batch_dim=True)
-        pattern, values, z, attn_out = (t[None] for t in (pattern, values, z, attn_out))
+        pattern, values, z = (t[None] for t in (pattern, values, z))
     expected = {
-        "pattern": (cfg.n_heads, None, None),
-        "values": (None, n_kv, cfg.d_head),
-        "z": (None, cfg.n_heads, cfg.d_head),
+        "pattern": (n_heads, None, None),
+        "values": (None, n_kv, d_head),
+        "z": (None, n_heads, d_head),
     }
     for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
         if tuple(t.shape[1:]) != tuple(
@@ -1023,38 +528,30 @@ def activations_from_cache(
         ):
             raise InputError(
                 f"The cache's {names[kind]} has shape {tuple(t.shape)}, which does not fit this "
-                f"model ({cfg.n_heads} heads, {n_kv} kv heads, d_head {cfg.d_head}): the cache "
+                f"model ({n_heads} heads, {n_kv} kv heads, d_head {d_head}): the cache "
                 "comes from another model."
             )
-    if attn_out.shape[-1] != cfg.d_model:
-        raise InputError(
-            f"The cache's {names['attn_out']} has width {attn_out.shape[-1]} but the model's "
-            f"d_model is {cfg.d_model}: the cache comes from another model."
-        )
     n_pos = pattern.shape[-1]
-    for kind, t in (("values", values), ("z", z), ("attn_out", attn_out)):
+    for kind, t in (("values", values), ("z", z)):
         if t.shape[1] != n_pos:
             raise InputError(
                 f"The cache's {names[kind]} has {t.shape[1]} positions, the "
                 f"pattern {n_pos}: the hooks come from different runs."
             )
-    for kind, t in (("pattern", pattern), ("values", values), ("z", z), ("attn_out", attn_out)):
+    for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
         if not bool(torch.isfinite(t).all()):
             raise InputError(
                 f"The cache's {names[kind]} contains NaN or inf; contribution weights of "
                 "non-finite activations are meaningless. Check the model run (dtype overflow?)."
             )
     device = pattern.device
-    w = LayerWeights.of(model, layer)
-    w = LayerWeights(
-        w.W_O.to(device), None if w.b_O is None else w.b_O.to(device), w.gram.to(device)
-    )
-    out = attn_out.float() - (w.b_O if w.b_O is not None else 0)
+    w = access.output_weights(layer).to(device)
     n_batch = pattern.shape[0]
     if attention_mask is None:
         mask = torch.ones(n_batch, n_pos, dtype=torch.bool, device=device)
     else:
         mask = torch.as_tensor(attention_mask, device=device).bool().reshape(n_batch, n_pos)
+    check_consistent(access, layer, pattern, values, z, mask)
     if tokens is None:
         token_ids = torch.zeros(n_batch, n_pos, dtype=torch.long)
     else:
@@ -1072,7 +569,7 @@ def activations_from_cache(
         pattern=pattern.float(),
         values=values.float(),
         z=z.float(),
-        layer_output=out,
+        layer_output=w.layer_output(z),
         weights=w,
         mask=mask,
         batch=batch,

@@ -39,11 +39,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.capture import check_model, resolve_heads, resolve_layers
-from cw_lens.contributions import ContributionResult, LayerContributions, contribution_weights
+from cw_lens.access import resolve_heads, resolve_layers
+from cw_lens.contributions import ContributionResult, contribution_weights
+from cw_lens.edits import HookSet
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.interventions import HookSet, patch_sink
+from cw_lens.interventions import patch_sink
+from cw_lens.layer_contributions import LayerContributions
 from cw_lens.scoring import token_nll
 from cw_lens.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
 
@@ -350,7 +352,6 @@ def compare_sink_patch(
         clean: A clean :class:`SinkRun` of this text from an earlier call (it must cover
             ``view_layers`` and the patched layers), to skip the clean pass.
     """
-    check_model(model)
     controls = PatchControls.of(
         model,
         layers=layers,

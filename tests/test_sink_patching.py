@@ -12,8 +12,9 @@ import torch
 
 import cw_lens
 from cw_lens.errors import InputError
+from cw_lens.patch_view import patch_state, sink_patch_data
 from cw_lens.sink_patching import PatchControls, compare_sink_patch
-from cw_lens.viz import patch_state, sink_patch_data, token_label
+from cw_lens.viz import token_label
 
 TEXT = "hello world, attention sinks"
 # payload values carry 4 significant digits: relative error at most 5e-4

@@ -18,10 +18,10 @@ from browser import png_size, screenshot
 
 import cw_lens
 from cw_lens.errors import InputError
+from cw_lens.patch_view import sink_patch_html
 from cw_lens.sink_patching import PatchControls
 from cw_lens.viz import contributions_data, contributions_html, show_contributions, token_label
 from cw_lens.viz.payload import round_sig
-from cw_lens.viz.state import sink_patch_html
 
 TEXT = "hello world, attention sinks"
 # 4 significant digits: relative error at most 5e-4 (abs slack for values near 0)

@@ -11,8 +11,8 @@ import pytest
 
 import cw_lens
 from cw_lens.errors import InputError
-from cw_lens.viz import patch_state
-from cw_lens.viz.widget import SinkPatcher
+from cw_lens.patch_view import patch_state
+from cw_lens.widget import SinkPatcher
 
 TEXT = "hello world, attention sinks"
 

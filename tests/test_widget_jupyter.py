@@ -20,8 +20,8 @@ import pytest
 from browser import screenshot
 
 import cw_lens
+from cw_lens.patch_view import patch_state
 from cw_lens.testing import tiny_llama
-from cw_lens.viz import patch_state
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent

@@ -13,7 +13,8 @@ shows, for the chosen layer, head (or all heads) and query:
   and, with a patch, patched.
 - **Head grid**: every head of the layer as small multiples (attention | contribution), like
   circuitsvis' ``attention_heads``; click one to select it.
-- **Sink patch** (pages made by :func:`sink_patch_html` / ``SinkPatcher.to_html``): a
+- **Sink patch** (pages made by :func:`cw_lens.patch_view.sink_patch_html` /
+  ``SinkPatcher.to_html``): a
   precomputed sweep — ``lambda`` in {0, 0.25, 0.5, 0.75, 1} over a few layer ranges — so the
   reader patches the sink with the controls and watches, without a kernel, the top-k next-token
   probabilities, the per-token NLL change, the matrices and the per-head output norms and cone
@@ -42,7 +43,7 @@ Example (runnable as is; the tiny random model needs no download)::
     cw = cw_lens.contribution_weights(tiny_llama(), "hello world, attention sinks", kind="inter")
     cw.to_html("cw.html", layer=1, head="all")   # open cw.html (or cw.html#layer=0&head=2&query=5)
     cw.show()                                     # the same page inline in Jupyter
-    cw_lens.viz.sink_patch_html(tiny_llama(), "hello world, attention sinks", path="patch.html")
+    cw_lens.patch_view.sink_patch_html(tiny_llama(), "hello world, sinks", path="patch.html")
 """
 
 from __future__ import annotations
@@ -200,16 +201,6 @@ def page_height(data: dict) -> int:
     grid = ((n_heads + 3) // 4) * (2 * n * max(2, min(6, 96 // max(n, 1))) // 2 + 60)
     extra = 520 if data.get("patch") else 160
     return int(min(2400, 220 + rows * matrix + grid + extra))
-
-
-def demo(path: str = "cw_view_demo.html") -> str:
-    """Write the tiny-model demo page (with the sink sweep) to ``path``
-    (``python -m cw_lens.viz [path]``)."""
-    from cw_lens.testing import tiny_llama
-    from cw_lens.viz.state import sink_patch_html
-
-    sink_patch_html(tiny_llama(), "hello world,\n\tattention sinks", path=path)
-    return path
 
 
 def write(page: str, path: Any) -> str:

@@ -12,7 +12,7 @@ Two producers of the payload of :mod:`cw_lens.viz.payload` that run the model:
 Example::
 
     import cw_lens
-    from cw_lens.viz.state import patch_state, sink_patch_html
+    from cw_lens.patch_view import patch_state, sink_patch_html
 
     model = cw_lens.load_model()
     state = patch_state(model, "The capital of France is", {"layers": [10, 19], "scale": 0.0},
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.capture import check_model, resolve_layers
+from cw_lens.access import resolve_layers
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
 from cw_lens.sink_patching import (
@@ -98,7 +98,6 @@ def patch_state(
     ``patched`` the run with the sink patched, with its changes from the clean run. ``clean``
     (from :func:`clean_run`) skips the clean pass.
     """
-    check_model(model)
     if not isinstance(controls, PatchControls):
         controls = PatchControls.from_dict(model, dict(controls))
     (layer,) = resolve_layers(model, [layer])
@@ -162,7 +161,6 @@ def sink_patch_data(
         layer, head, query: The initial view.
         max_mb: Refuse a page whose maps would exceed this many MB.
     """
-    check_model(model)
     n_layers = model.cfg.n_layers
     view = resolve_layers(model, default_view_layers(n_layers) if layers is None else layers)
     range_list = default_ranges(n_layers) if ranges is None else [tuple(r) for r in ranges]

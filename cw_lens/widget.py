@@ -10,7 +10,7 @@ the front end shows, clean next to patched: the top-k next-token probabilities, 
 NLL change, the chosen head's attention and contribution matrices, and the per-head output
 norms and cone alignment of the patched layers.
 
-The numbers come from :func:`cw_lens.viz.state.patch_state` (plain data); the front end is the
+The numbers come from :func:`cw_lens.patch_view.patch_state` (plain data); the front end is the
 same ES module as the saved page (``view.js``), so ``patcher.to_html("page.html")`` writes a
 self-contained page with a precomputed sweep that works without a kernel. Works wherever
 anywidget does: JupyterLab, Notebook 7, VS Code, Colab.
@@ -38,10 +38,10 @@ except ImportError as err:  # pragma: no cover - the optional extra is missing
         "The live widget needs anywidget: pip install 'cw_lens[widget]' (anywidget, ipywidgets)."
     ) from err
 
-from cw_lens.capture import check_model, resolve_layers
+from cw_lens.access import resolve_layers
 from cw_lens.errors import CwLensError, InputError
+from cw_lens.patch_view import clean_run, patch_state, sink_patch_html
 from cw_lens.sink_patching import PatchControls, SinkRun
-from cw_lens.viz.state import clean_run, patch_state, sink_patch_html
 
 
 def _asset(name: str) -> str:
@@ -78,7 +78,6 @@ class SinkPatcher(anywidget.AnyWidget):
         top_k: int = 5,
     ) -> None:
         super().__init__()
-        check_model(model)
         self._model, self._text, self._kind, self._top_k = model, text, kind, top_k
         controls = PatchControls.of(
             model, layers=layers, heads=heads, scale=scale, mode=mode, sink_positions=sink_positions
