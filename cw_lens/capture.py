@@ -108,7 +108,12 @@ def check_finite(layer: int, *tensors: Tensor) -> None:
 
 
 def consistency_error(
-    pattern: Tensor, values: Tensor, z: Tensor, mask: Tensor | None = None, seed: int = 0
+    pattern: Tensor,
+    values: Tensor,
+    z: Tensor,
+    mask: Tensor | None = None,
+    seed: int = 0,
+    raw_pattern: Tensor | None = None,
 ) -> float:
     """Largest relative violation of ``z == pattern @ v`` over (batch, query, head), read on two
     seeded random projections ``r`` of the value space: ``|z r - pattern (v r)|`` relative to
@@ -120,7 +125,10 @@ def consistency_error(
     zr = z @ r  # [batch, query, head, 2]
     mixed = grouped_scores_values(pattern, values @ r)  # [batch, query, head, 2]
     # what rounding can reach: sum_j alpha |v_j| |r| + |z| |r| (element-wise absolute values)
-    scale = grouped_scores_values(pattern.abs(), values.abs() @ r.abs()) + z.abs() @ r.abs()
+    # an entered edit computed z from the raw pattern and then removed terms: those terms'
+    # rounding counts too (a removed sink term can be most of z: cancellation)
+    bound = pattern.abs() if raw_pattern is None else pattern.abs() + raw_pattern.abs()
+    scale = grouped_scores_values(bound, values.abs() @ r.abs()) + z.abs() @ r.abs()
     err = (zr - mixed).abs() / scale.clamp_min(1e-30)
     if mask is not None:
         err = err * mask[:, : err.shape[1], None, None].to(err.dtype)
@@ -134,11 +142,13 @@ def check_consistent(
     values: Tensor,
     z: Tensor,
     mask: Tensor | None = None,
+    raw_pattern: Tensor | None = None,
 ) -> None:
-    """Raise unless ``z == pattern @ v`` (see :func:`consistency_error`)."""
+    """Raise unless ``z == pattern @ v`` (see :func:`consistency_error`; ``raw_pattern``: the
+    pattern before an entered edit, whose removed terms bound the rounding too)."""
     dtype = access.parameter_dtype()
     rtol = CONSISTENCY_RTOL.get(dtype, HALF_PRECISION_RTOL)
-    err = consistency_error(pattern, values, z, mask)
+    err = consistency_error(pattern, values, z, mask, raw_pattern=raw_pattern)
     if err > rtol:
         raise UnsupportedModelError(
             f"{access.architecture}, layer {layer}: z differs from pattern @ v (relative error "
@@ -200,9 +210,10 @@ def run_layers(
         for edit in access.edits_at(layer):
             if edit.on_output:  # realised after hook_z: z still shows the unedited value
                 z = z - edit.delta(pattern, values)
+        raw = pattern
         for edit in access.edits_at(layer):
             pattern = edit.effective_pattern(pattern, values)
-        check_consistent(access, layer, pattern, values, z, mask)
+        check_consistent(access, layer, pattern, values, z, mask, None if raw is pattern else raw)
         on_layer(
             LayerActivations(
                 layer=layer,

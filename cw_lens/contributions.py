@@ -349,7 +349,6 @@ def contribution_weights(
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
-    fwd_hooks: Sequence[tuple[str, Callable]] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
     on_block: Callable[[LayerContributions], None] | None = None,
     block_layers: int | Sequence[int] | None = None,
@@ -368,8 +367,6 @@ def contribution_weights(
         prepend_bos: Prepend BOS to text (position 0 is then BOS, the usual sink).
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
-        fwd_hooks: Interventions active during the pass (e.g. ``patch_sink(...).hooks``): the
-            weights are then those of the intervened model.
         on_logits: If given, the pass runs to the end and this gets ``(batch, logits)`` of
             the same pass (one forward pass for weights and predictions).
         on_block: If given, also called with every streamed :class:`LayerContributions`
@@ -405,7 +402,6 @@ def contribution_weights(
         batch_size=batch_size,
         attention_mask=batch.mask.long(),  # always: a text may contain the pad token itself
         count_nan=(kind,),
-        fwd_hooks=fwd_hooks,
         on_logits=on_logits,
     )
     filler.mark_padding(batch.lengths.tolist())

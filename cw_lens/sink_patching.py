@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -232,16 +233,18 @@ def run_text(
     def keep_logits(_: TokenBatch, logits: Tensor) -> None:
         got["logits"] = logits[0].float()
 
-    weights = contribution_weights(
-        model,
-        batch.tokens,
-        layers=list(layers),
-        kind=kind,  # type: ignore[arg-type]
-        fwd_hooks=() if patch is None else patch.hooks(model).hooks,
-        on_logits=keep_logits,
-        on_block=cone,
-        block_layers=cone_list,
-    )
+    with contextlib.ExitStack() as stack:
+        if patch is not None:  # entered as a context: cw_lens's checks know the edit
+            stack.enter_context(patch.hooks(model))
+        weights = contribution_weights(
+            model,
+            batch.tokens,
+            layers=list(layers),
+            kind=kind,  # type: ignore[arg-type]
+            on_logits=keep_logits,
+            on_block=cone,
+            block_layers=cone_list,
+        )
     logits = got["logits"]
     probs, ids = logits.softmax(-1).topk(int(top_k), dim=-1)
     nll = token_nll(logits[None], batch.tokens, batch.mask)[0]
