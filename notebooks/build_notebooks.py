@@ -2,6 +2,7 @@
 
     python notebooks/build_notebooks.py            # write and execute all four (full sizes)
     python notebooks/build_notebooks.py --no-execute   # write them without outputs
+    python notebooks/build_notebooks.py --quick 03     # execute one at the test suite's sizes
 
 Edit the cells here and rebuild: the notebooks are committed executed (figures included), so a
 reader browsing the repository sees the results; the test suite still executes them from
@@ -239,12 +240,15 @@ NOTEBOOKS = {
 }
 
 
-def execute(notebook, workdir):
-    """Run a notebook top to bottom in ``workdir`` (full sizes) and keep its outputs."""
+def execute(notebook, workdir, quick=False):
+    """Run a notebook top to bottom in ``workdir`` (full sizes unless ``quick``) and keep its
+    outputs."""
     from nbclient import NotebookClient
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ.pop("CW_LENS_QUICK", None)
+    if quick:
+        os.environ["CW_LENS_QUICK"] = "1"
     os.environ["CW_LENS_NOTEBOOK_OUT"] = str(workdir)
     client = NotebookClient(notebook, timeout=3600, kernel_name="python3",
                             resources={"metadata": {"path": str(workdir)}})
@@ -261,5 +265,5 @@ if __name__ == "__main__":
         if "--no-execute" not in sys.argv:
             with tempfile.TemporaryDirectory() as tmp:
                 print(f"executing {name}", flush=True)
-                execute(notebook, Path(tmp))
+                execute(notebook, Path(tmp), quick="--quick" in sys.argv)
         nbf.write(notebook, here / name)

@@ -198,7 +198,9 @@ class View {
       "factors: contribution = attention × relative norm ‖pv_j‖/‖o_i‖ × cosine cos(pv_j, o_i).",
       "Click a matrix row or a token to pick the query (← → move it); click a head in the grid " +
       "to select it." + (D.patch ? " The sink patch scales the sink's projected value " +
-        "pv_0 → λ·pv_0 in the chosen layers and heads (attention untouched; λ > 1 amplifies)." : ""),
+        "pv_0 → λ·pv_0 in the chosen layers and heads (the model's attention is untouched; λ > 1 " +
+        "amplifies); in a patched layer the attention shown is the effective one, α_i0 scaled by λ, " +
+        "so that contribution = attention × relative norm × cosine still holds." : ""),
     ].forEach((t) => notes.appendChild(h("p", null, t)));
     this.tip = r.appendChild(h("div", "cw-tip"));
     this.tip.hidden = true;
