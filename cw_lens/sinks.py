@@ -52,7 +52,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens import geometry as geo
-from cw_lens.accumulate import DocSamples, DocSums, Histogram
+from cw_lens.accumulate import ExactSums, Histogram, SampleReservoir
 from cw_lens.capture import resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
@@ -65,6 +65,8 @@ from cw_lens.streaming import stream_contributions, stream_corpus
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
 RATE_BINS = 20
+# factor samples kept per group (sink / tail entries) for the rank correlations
+MAX_SAMPLES = 100_000
 FACTOR_COLUMNS = (
     "layer",
     "head",
@@ -206,7 +208,7 @@ def detect_sinks(
 
 
 class _SinkAccumulator:
-    """Folds streamed layers into per-document sums, histograms and factor samples."""
+    """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
 
     def __init__(
         self,
@@ -217,6 +219,7 @@ class _SinkAccumulator:
         min_query: int,
         drift_k: int,
         samples_per_doc: int,
+        max_samples: int,
         seed: int,
     ) -> None:
         self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
@@ -224,8 +227,8 @@ class _SinkAccumulator:
         self.min_query, self.drift_k = min_query, drift_k
         self.samples_per_doc, self.seed = samples_per_doc, seed
         n = len(layers)
-        self.sums = DocSums()
-        self.samples = DocSamples(FACTOR_COLUMNS)
+        self.sums = ExactSums()
+        self.samples = SampleReservoir(FACTOR_COLUMNS, capacity=max_samples, seed=seed)
         self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
         self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
         self.drift_share = Histogram((n, n_heads), -2.0, 2.0, 200)
@@ -708,6 +711,7 @@ def sink_statistics(
     min_query: int = MIN_QUERY,
     drift_k: int = 4,
     samples_per_doc: int = 3000,
+    max_samples: int = MAX_SAMPLES,
     seed: int = 0,
     prepend_bos: bool = True,
     progress: bool | str = False,
@@ -723,7 +727,10 @@ def sink_statistics(
         batch_size: Documents per forward pass.
         min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
         drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
-        samples_per_doc: Factor samples per document and group for rank correlations.
+        samples_per_doc: Factor samples drawn per document and group for rank correlations.
+        max_samples: Factor samples kept per group over the whole corpus (a seeded bottom-k
+            reservoir: the same sample whatever the sharding; memory fixed at about 4 MB per
+            group); small corpora keep every sample drawn.
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
@@ -743,6 +750,7 @@ def sink_statistics(
         min_query=min_query,
         drift_k=drift_k,
         samples_per_doc=samples_per_doc,
+        max_samples=max_samples,
         seed=seed,
     )
     acc, stats = stream_corpus(
@@ -832,7 +840,7 @@ class _AblationAccumulator:
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
         self.scale, self.mode = scale, mode
         self.run_tag, self.direct_after = run_tag, direct_after
-        self.sums = DocSums()
+        self.sums = ExactSums()
 
     def merge(self, other: _AblationAccumulator) -> None:
         self.sums.merge(other.sums)
