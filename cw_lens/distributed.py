@@ -6,7 +6,8 @@ whole corpus on every rank, so each document is processed in exactly the batch i
 a single process — and gathers and merges the accumulators on every rank. Accumulators keep
 exact (integer fixed-point) sums, integer histograms and hash-keyed sample reservoirs
 (:mod:`cw_lens.accumulate`), all independent of the order of addition and merging and of a
-fixed size, so the merged numbers are bit-identical to a single-process run. The backend is gloo on CPU, nccl on GPU.
+fixed size, so the merged numbers are bit-identical to a single-process run. The backend is
+gloo on CPU, nccl on GPU.
 
 Example (2 CPU processes)::
 

@@ -30,8 +30,9 @@ Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
 - ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
 
 Everything streams layer by layer (:func:`cw_lens.streaming.stream_corpus`) into exact sums
-(:class:`cw_lens.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
-model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
+(:class:`cw_lens.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly.
+Results follow the weights the model runs (a raw bridge); a bridge in compatibility mode gives
+results for its folded weights.
 
 Example::
 

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -41,7 +40,6 @@ from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.layer_contributions import KINDS, LayerContributions, Workspace
-
 
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
 # memory: the block plan changes the float rounding of per-block reductions (and the factor
