@@ -11,11 +11,12 @@ PIP     = $(PY) -m pip --disable-pip-version-check -q
 STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench clean browser-deps
+.PHONY: install test figures lint bench bench-scaling clean browser-deps
 
 install: $(STAMP)
 
@@ -47,6 +48,10 @@ figures: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_long_context.py
+
+# corpus analyses at 8, 32, 128 documents x 256 tokens (BENCH_ARGS=--full adds 512)
+bench-scaling: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -66,7 +66,8 @@ class ExactSums:
         numel = int(np.prod(shape, dtype=np.int64))
         if self._size + numel > self._limbs.shape[0]:  # grow by doubling (names come early)
             capacity = max(2 * self._limbs.shape[0], self._size + numel, 64)
-            limbs, special = exact.zeros(capacity)
+            with torch.inference_mode(False):  # state outlives the (inference-mode) passes
+                limbs, special = exact.zeros(capacity)
             limbs[: self._size] = self._limbs[: self._size]
             special[: self._size] = self._special[: self._size]
             self._limbs, self._special = limbs, special
