@@ -42,18 +42,21 @@ class ExactSums:
 
     ``add_rows(docs, name, values)`` adds every row of ``values`` (one per document; the
     document indices are not kept) to the sum ``name``; :meth:`total` is the correctly rounded
-    float64 of the exact sum of everything added under ``name``. Additions are buffered and
-    folded into the integer limbs every ``flush_every`` numbers, so the state is the limbs
-    (fixed by the names and shapes) plus a bounded buffer.
+    float64 of the exact sum of everything added under ``name``. Additions are copied into a
+    buffer allocated once (``buffer`` numbers) and folded into the integer limbs when it is
+    full: the state — limbs fixed by the names and shapes, plus the buffer — never grows with
+    the corpus, and no allocation outlives the call that made it (so the heap does not
+    fragment around long-lived small objects).
     """
 
-    def __init__(self, flush_every: int = 1 << 18) -> None:
-        self.flush_every = int(flush_every)
+    def __init__(self, buffer: int = 1 << 16) -> None:
+        self.buffer = int(buffer)
         self._slots: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (offset, shape)
         self._size = 0
         self._limbs, self._special = exact.zeros(0)
-        self._pending: list[tuple[Tensor, Tensor]] = []  # (values, slot index) pairs
-        self._n_pending = 0
+        self._values: Tensor | None = None  # the buffer: values and their slot indices
+        self._index: Tensor | None = None
+        self._n_buffered = 0
         self._since_carry = 0
         self._totals: dict[str, Tensor] = {}
 
@@ -81,31 +84,41 @@ class ExactSums:
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
         """Add ``values[r]`` (the numbers of document ``docs[r]``) to ``name`` for every row."""
-        values = torch.as_tensor(values).detach().to("cpu", torch.float64)
+        values = torch.as_tensor(values).detach()
         if values.ndim == 0 or values.shape[0] != len(docs):
             raise InputError(
                 f"values must have one row per document ({len(docs)}), got {tuple(values.shape)}."
             )
         offset = self._slot(name, tuple(values.shape[1:]))
         numel = values[0].numel()
-        index = (torch.arange(offset, offset + numel)).repeat(len(docs))
-        self._pending.append((values.reshape(-1), index))
-        self._n_pending += index.numel()
         self._totals.pop(name, None)
-        if self._n_pending >= self.flush_every:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
+        n = len(docs) * numel
+        if n > self.buffer:  # too large to buffer: fold it in directly
+            index = torch.arange(offset, offset + numel).repeat(len(docs))
+            self._fold(values.to("cpu", torch.float64).reshape(-1), index)
             return
-        values = torch.cat([v for v, _ in self._pending])
-        index = torch.cat([i for _, i in self._pending])
-        self._pending, self._n_pending = [], 0
+        if self._values is None:
+            with torch.inference_mode(False):
+                self._values = torch.empty(self.buffer, dtype=torch.float64)
+                self._index = torch.empty(self.buffer, dtype=torch.int64)
+        if self._n_buffered + n > self.buffer:
+            self._flush()
+        rows = slice(self._n_buffered, self._n_buffered + n)
+        self._values[rows].view(len(docs), numel).copy_(values.reshape(len(docs), numel))
+        self._index[rows].view(len(docs), numel).copy_(torch.arange(offset, offset + numel))
+        self._n_buffered += n
+
+    def _fold(self, values: Tensor, index: Tensor) -> None:
         if self._since_carry + values.numel() >= exact.CARRY_EVERY:
             exact.carry(self._limbs)
             self._since_carry = 0
         exact.add(self._limbs, self._special, values, index)
         self._since_carry += values.numel()
+
+    def _flush(self) -> None:
+        if self._n_buffered:
+            n, self._n_buffered = self._n_buffered, 0
+            self._fold(self._values[:n], self._index[:n])
 
     def merge(self, other: ExactSums) -> None:
         self._flush()
@@ -142,9 +155,9 @@ class ExactSums:
         return name in self._slots
 
     def __getstate__(self) -> dict:
-        self._flush()  # what travels between ranks is the limbs alone
+        self._flush()  # what travels between ranks is the limbs alone, not the buffer
         state = dict(self.__dict__)
-        state["_totals"] = {}
+        state.update(_totals={}, _values=None, _index=None)
         return state
 
 
@@ -174,40 +187,60 @@ class SampleReservoir:
     with the smallest keys (ties: by the row's values). The kept rows are therefore a function
     of the set of rows offered, not of their order or of how documents were split over ranks:
     a uniform random sample of all rows offered, the same in a sharded and a single run.
-    Memory: ``capacity * (4 * n_columns + 8)`` bytes per group, plus a buffer of at most as much.
+    Memory: a buffer of ``2 * capacity`` rows and keys per group, ``capacity * (8 * n_columns +
+    16)`` bytes, allocated once.
     """
 
     def __init__(self, columns: Sequence[str], capacity: int = 100_000, seed: int = 0) -> None:
         if capacity < 1:
             raise InputError(f"capacity must be at least 1, got {capacity}.")
         self.columns, self.capacity, self.seed = list(columns), int(capacity), int(seed)
-        self._rows: dict[str, np.ndarray] = {}
+        self._rows: dict[str, np.ndarray] = {}  # [2 capacity, n_columns] buffers
         self._keys: dict[str, np.ndarray] = {}
-        self._pending: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._n_pending: dict[str, int] = {}
+        self._n: dict[str, int] = {}  # rows held per group
 
     def add(self, doc: int, group: str, rows: Tensor) -> None:
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
-        if rows.shape[0] == 0:
-            return
-        table = rows.detach().to("cpu", torch.float32).numpy().copy()
-        self._pending.setdefault(group, []).append((table, row_keys(self.seed, doc, group, table)))
-        self._n_pending[group] = self._n_pending.get(group, 0) + len(table)
-        if self._n_pending[group] >= self.capacity:
-            self._compact(group)
+        table = rows.detach().to("cpu", torch.float32).numpy()
+        self._offer(group, table, row_keys(self.seed, doc, group, table))
 
-    def _compact(self, group: str) -> None:
-        parts = self._pending.pop(group, [])
-        self._n_pending[group] = 0
-        if group in self._rows:
-            parts.append((self._rows[group], self._keys[group]))
-        if not parts:
-            return
-        rows = np.concatenate([r for r, _ in parts])
-        keys = np.concatenate([k for _, k in parts])
-        order = np.lexsort((*rows.T[::-1], keys))[: self.capacity]  # key first, then values
-        self._rows[group], self._keys[group] = rows[order], keys[order]
+    def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray) -> None:
+        if group not in self._rows:
+            self._rows[group] = np.empty((2 * self.capacity, len(self.columns)), np.float32)
+            self._keys[group] = np.empty(2 * self.capacity, np.uint64)
+            self._n[group] = 0
+        for start in range(0, len(rows), self.capacity):
+            part = slice(start, start + self.capacity)
+            n, m = self._n[group], len(rows[part])
+            if n + m > 2 * self.capacity:
+                n = self._shrink(group)
+            self._rows[group][n : n + m] = rows[part]
+            self._keys[group][n : n + m] = keys[part]
+            self._n[group] = n + m
+
+    def _shrink(self, group: str) -> int:
+        """Keep the ``capacity`` smallest (key, row) in place; returns the rows held."""
+        n, k = self._n[group], self.capacity
+        if n > k:
+            rows, keys = self._rows[group][:n], self._keys[group][:n]
+            kth = np.partition(keys, k - 1)[k - 1]
+            below = np.flatnonzero(keys < kth)
+            tied = np.flatnonzero(keys == kth)  # practically one row: order ties by value
+            tied = tied[np.lexsort(rows[tied].T[::-1])][: k - len(below)]
+            keep = np.concatenate([below, tied])
+            self._rows[group][:k], self._keys[group][:k] = rows[keep], keys[keep]
+            self._n[group] = k
+        return self._n[group]
+
+    def _held(self, group: str) -> tuple[np.ndarray, np.ndarray]:
+        """The kept rows and keys of ``group``, ordered by key then values."""
+        if group not in self._rows:
+            return np.zeros((0, len(self.columns)), np.float32), np.zeros(0, np.uint64)
+        n = self._shrink(group)
+        rows, keys = self._rows[group][:n], self._keys[group][:n]
+        order = np.lexsort((*rows.T[::-1], keys))
+        return rows[order], keys[order]
 
     def merge(self, other: SampleReservoir) -> None:
         if other.columns != self.columns or (other.capacity, other.seed) != (
@@ -215,17 +248,28 @@ class SampleReservoir:
             self.seed,
         ):
             raise InputError("Cannot merge sample reservoirs with different columns, size or seed.")
-        for group in set(other._rows) | set(other._pending):
-            other._compact(group)
-            self._pending.setdefault(group, []).append((other._rows[group], other._keys[group]))
-            self._compact(group)
+        for group in other._rows:
+            self._offer(group, *other._held(group))
 
     def table(self, group: str) -> Tensor:
         """The kept rows of ``group`` in key order, ``[n, n_columns]``."""
-        self._compact(group)
-        if group not in self._rows:
-            return torch.zeros(0, len(self.columns))
-        return torch.from_numpy(self._rows[group].copy())
+        return torch.from_numpy(self._held(group)[0].copy())
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)  # what travels between ranks: the kept rows, not the buffer
+        held = {g: self._held(g) for g in self._rows}
+        state.update(
+            _rows={g: r for g, (r, _) in held.items()},
+            _keys={g: k for g, (_, k) in held.items()},
+        )
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        kept = {g: (self._rows[g], self._keys[g]) for g in self._rows}
+        self._rows, self._keys, self._n = {}, {}, {}
+        for group, (rows, keys) in kept.items():
+            self._offer(group, rows, keys)
 
 
 class Histogram:
