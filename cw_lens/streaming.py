@@ -44,8 +44,11 @@ from cw_lens.verify import require_verified
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
 # memory: the block plan changes the float rounding of per-block reductions (and the factor
 # samples of the sink analysis), so a plan that followed MemAvailable would make results depend
-# on what else the machine was doing, and could differ between torchrun ranks.
-BLOCK_BUDGET_BYTES = 512e6
+# on what else the machine was doing, and could differ between torchrun ranks. 1.5 GB is the cap
+# the old rule (a tenth of MemAvailable) reached on any machine with 15 GB free: the plan every
+# benchmark in the README was measured with. Batches of 8 x 256 tokens use 4 blocks of 65 rows
+# under any budget above 48 MB (causality caps them); an 8,192-token window uses 17 blocks.
+BLOCK_BUDGET_BYTES = 1.5e9
 
 
 def auto_query_chunk(
@@ -59,7 +62,7 @@ def auto_query_chunk(
     """Query rows per block: a function of the batch shape alone (no free-memory probe).
 
     At most what lets ``temporaries`` float32 ``[batch, head, rows, keys]`` tensors fit in
-    ``budget_bytes`` (:data:`BLOCK_BUDGET_BYTES`, 512 MB), and at most ``n_keys / min_blocks``:
+    ``budget_bytes`` (:data:`BLOCK_BUDGET_BYTES`, 1.5 GB), and at most ``n_keys / min_blocks``:
     block ``b`` only needs the keys up to its last row, so ``min_blocks`` blocks skip about
     ``(1 - 1/min_blocks) / 2`` of the ``query x key`` work that causality makes zero. At least
     32 rows (and never more than ``n_keys``).
@@ -115,7 +118,7 @@ def stream_contributions(
         layers: Layers to analyse (``None`` = all).
         heads: Query heads to analyse (``None`` = all).
         query_chunk: Query rows per block; ``None`` picks one from the batch shape
-            (:func:`auto_query_chunk`, a fixed 512 MB budget).
+            (:func:`auto_query_chunk`, a fixed 1.5 GB budget).
         batch_size: Documents per forward pass (``None`` = all at once).
         prepend_bos: Prepend BOS to text inputs.
         attention_mask: Mask for token-tensor inputs with padding.
