@@ -141,15 +141,19 @@ def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch po
 
 
 class _MaxAttention:
-    """Per document: max over (layer, head) of each key's mean attention from later queries.
+    """Per document: the keys whose max over (layer, head) of the mean attention from later
+    queries exceeds ``threshold``.
 
     Only keys read by at least ``min_later`` later (real) queries are candidates: near the end
-    of a document a previous-token head alone would put a key over any threshold.
+    of a document a previous-token head alone would put a key over any threshold. The running
+    max lives for one batch (its layers stream in order); after ``last_layer`` the batch's
+    documents keep only their sink positions.
     """
 
-    def __init__(self, min_later: int) -> None:
-        self.min_later = min_later
-        self.docs: dict[int, Tensor] = {}
+    def __init__(self, min_later: int, threshold: float, last_layer: int) -> None:
+        self.min_later, self.threshold, self.last_layer = min_later, threshold, last_layer
+        self.positions: dict[int, tuple[int, ...]] = {}
+        self._best: Tensor | None = None  # [batch, key] of the batch in flight
 
     def update(self, lc: LayerContributions) -> None:
         if lc.queries.start != 0:
@@ -161,15 +165,17 @@ class _MaxAttention:
         weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
         n_later = weight.sum(1)  # [batch, key]
         mean = (acts.pattern * weight[:, None]).sum(2) / n_later[:, None].clamp_min(1)
-        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0).cpu()  # [batch, key]
-        for row, doc in enumerate(lc.batch.documents):
-            n = int(lc.batch.lengths[row])
-            prev = self.docs.get(doc)
-            cur = best[row, :n]
-            self.docs[doc] = cur if prev is None else torch.maximum(prev, cur)
+        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0)  # [batch, key]
+        self._best = best if self._best is None else torch.maximum(self._best, best)
+        if lc.layer == self.last_layer:
+            above = (self._best > self.threshold).cpu()
+            for row, doc in enumerate(lc.batch.documents):
+                n = int(lc.batch.lengths[row])
+                self.positions[doc] = tuple(int(p) for p in above[row, :n].nonzero().flatten())
+            self._best = None
 
     def merge(self, other: _MaxAttention) -> None:
-        self.docs.update(other.docs)
+        self.positions.update(other.positions)
 
 
 def detect_sinks(
@@ -188,20 +194,16 @@ def detect_sinks(
     are never sinks."""
     if min_later < 1:
         raise InputError(f"min_later must be at least 1, got {min_later}.")
+    layer_list = resolve_layers(model, layers)
     acc, _ = stream_corpus(
         model,
         corpus,
-        _MaxAttention(min_later),
-        layers=layers,
+        _MaxAttention(min_later, threshold, max(layer_list)),
+        layers=layer_list,
         batch_size=batch_size,
         prepend_bos=prepend_bos,
     )
-    docs = as_corpus(corpus)
-    out = []
-    for doc in range(len(docs)):
-        best = acc.docs[doc]
-        out.append(tuple(int(p) for p in (best > threshold).nonzero().flatten()))
-    return out
+    return [acc.positions[doc] for doc in range(len(as_corpus(corpus)))]
 
 
 # --------------------------------------------------------------------------- accumulation
