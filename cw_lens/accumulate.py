@@ -37,6 +37,13 @@ from cw_lens import exact
 from cw_lens.errors import InputError
 
 
+def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
+    """A tensor as is; Python numbers as float64 (``torch.as_tensor(0.1)`` would be float32)."""
+    if isinstance(values, Tensor):
+        return values
+    return torch.as_tensor(values, dtype=torch.float64)
+
+
 class ExactSums:
     """Named float64 sums, exact and independent of the order of addition and merging.
 
@@ -79,12 +86,11 @@ class ExactSums:
         return self._size - numel
 
     def add(self, doc: int, name: str, value: Tensor | float) -> None:
-        value = torch.as_tensor(value)
-        self.add_rows([doc], name, value[None])
+        self.add_rows([doc], name, _float64(value)[None])
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
         """Add ``values[r]`` (the numbers of document ``docs[r]``) to ``name`` for every row."""
-        values = torch.as_tensor(values).detach()
+        values = _float64(values).detach()
         if values.ndim == 0 or values.shape[0] != len(docs):
             raise InputError(
                 f"values must have one row per document ({len(docs)}), got {tuple(values.shape)}."
@@ -425,7 +431,7 @@ class BootstrapSums:
         return torch.poisson(torch.ones(self.n_replicates, dtype=torch.float64), generator=gen)
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
-        values = torch.as_tensor(values).detach().to("cpu", torch.float64)
+        values = _float64(values).detach().to("cpu", torch.float64)
         w = torch.stack([self.weights(d) for d in docs])  # [doc, replicate]
         shape = (len(docs), self.n_replicates, *values.shape[1:])
         self.sums.add_rows(

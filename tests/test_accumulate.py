@@ -97,8 +97,8 @@ def test_exact_sums_any_sharding_and_merge_order_gives_the_same_bits(values, wor
 def test_exact_sums_rows_names_and_errors():
     sums = ExactSums()
     sums.add_rows([0, 1], "a", torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-    sums.add(2, "b", 0.5)
-    assert sums.total("a").tolist() == [4.0, 6.0] and sums.total("b").item() == 0.5
+    sums.add(2, "b", 0.1)  # a Python float is added as float64, not rounded to float32
+    assert sums.total("a").tolist() == [4.0, 6.0] and sums.total("b").item() == 0.1
     assert "a" in sums and "c" not in sums and sums.names == ["a", "b"]
     with pytest.raises(InputError, match="shape"):
         sums.add(0, "a", torch.zeros(3))
