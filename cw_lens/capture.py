@@ -60,7 +60,8 @@ __all__ = [
 ]
 
 # relative tolerance of z == pattern @ v by the parameter dtype (half precision rounds z)
-CONSISTENCY_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}
+# (the check runs in float32: float64 models get the float32 tolerance)
+CONSISTENCY_RTOL = {torch.float32: 1e-4, torch.float64: 1e-4}
 HALF_PRECISION_RTOL = 3e-2
 
 
@@ -228,7 +229,6 @@ def run_layers(
                         finish(layer)
 
                 hooks.append((access.hook_name(kind, layer), keep))
-    mask_arg = batch.attention_mask().to(device) if batch.padded else None
     with torch.inference_mode(), ExitStack() as stack:
         # interventions first, so captured activations are the intervened ones
         # (hook sets are entered as themselves, plain pairs through model.hooks)
@@ -238,7 +238,7 @@ def run_layers(
             stack.enter_context(hook_set)
         stack.enter_context(access.hooks(hooks))
         try:
-            out = access.forward(tokens, attention_mask=mask_arg)
+            out = access.forward(tokens)
         except _StreamDone:
             return None
     return out.float() if need_logits else None

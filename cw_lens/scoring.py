@@ -65,13 +65,8 @@ def answer_scores(
     batch, spans = answer_spans(model, documents, prepend_bos)
     logprob = torch.empty(len(documents))
     correct = torch.zeros(len(documents), dtype=torch.bool)
-    device = torch.device(model.cfg.device or "cpu")
     for sub in iter_batches(batch, batch_size):
-        if run is None:
-            with torch.inference_mode():
-                logits = model(sub.tokens.to(device), attention_mask=sub.attention_mask())
-        else:
-            logits = run(sub)
+        logits = run_logits(model, sub) if run is None else run(sub)
         scores = score_answers(logits, sub.tokens, [spans[i] for i in sub.documents])
         logprob[sub.documents] = scores.logprob
         correct[sub.documents] = scores.correct
