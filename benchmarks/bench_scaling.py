@@ -179,7 +179,7 @@ def _table(report: dict, sizes: list[int]) -> str:
                 f"{r['s_per_1k']:.2f}, {r['peak_mb'] / 1024:.2f}" if "s_per_1k" in r else "failed"
             )
         ratios = ["", ""]
-        if "s_per_1k" in runs.get(base, {}) and "s_per_1k" in runs.get(top, {}):
+        if top != base and "s_per_1k" in runs.get(base, {}) and "s_per_1k" in runs.get(top, {}):
             t = runs[top]["s_per_1k"] / runs[base]["s_per_1k"]
             m = runs[top]["peak_mb"] / runs[base]["peak_mb"]
             ratios = [
