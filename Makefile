@@ -11,11 +11,12 @@ PIP     = $(PY) -m pip --disable-pip-version-check -q
 STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench clean browser-deps notebooks screenshots
+.PHONY: install test figures lint bench bench-scaling clean browser-deps notebooks screenshots
 
 install: $(STAMP)
 
@@ -60,6 +61,10 @@ screenshots: $(STAMP) browser-deps
 	CW_LENS_SCREENSHOT_DIR=docs CW_LENS_WIDGET_MODEL=embedded HF_HUB_OFFLINE=1 $(PY) -m pytest \
 	  -q -p no:cacheprovider tests/test_viz.py::test_browser_sink_page_embedded_model \
 	  tests/test_widget_jupyter.py
+
+# corpus analyses at 8, 32, 128 documents x 256 tokens (BENCH_ARGS=--full adds 512)
+bench-scaling: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
