@@ -53,16 +53,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.accumulate import DocSums
-from cw_lens.capture import check_model, hook_name
+from cw_lens.accumulate import ExactSums
 from cw_lens.claims import Check, Claim, claims_dict
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.interventions import mask_attention
 from cw_lens.layer_contributions import METRICS, LayerContributions
 from cw_lens.scoring import run_logits, score_answers, token_nll
 from cw_lens.streaming import stream_contributions
+from cw_lens.verify import require_verified
 
 ALL_METRICS = (*METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")
@@ -192,10 +193,16 @@ class _Ranks:
                 self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
 
     def hooks(
-        self, granularity: str, metric: str, mode: str, fraction: float, layers: list[int]
+        self,
+        model: Any,
+        granularity: str,
+        metric: str,
+        mode: str,
+        fraction: float,
+        layers: list[int],
     ) -> list:
-        """Pattern-masking hooks for one configuration, all layers at once."""
-        hooks = []
+        """The pair-masking intervention of one configuration, all layers at once."""
+        masks = {}
         n_heads = self.n_heads
         for layer in layers:
             if granularity == "pairs":
@@ -208,12 +215,8 @@ class _Ranks:
                 remove = remove.reshape(b, q, n_heads, -1).permute(0, 2, 1, 3)
             else:
                 remove = remove[:, None]
-
-            def apply(pattern: Tensor, hook: Any, remove: Tensor = remove) -> Tensor:
-                return pattern.masked_fill(remove.to(pattern.device), 0.0)
-
-            hooks.append((hook_name("pattern", layer), apply))
-        return hooks
+            masks[layer] = remove
+        return [mask_attention(model, masks)]
 
 
 # --------------------------------------------------------------------------- results
@@ -330,10 +333,10 @@ def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) 
 
 
 class _Outcomes:
-    """Per-document NLL / answer sums for the clean run and every configuration."""
+    """Exact NLL / answer sums for the clean run and every configuration."""
 
     def __init__(self) -> None:
-        self.sums = DocSums()
+        self.sums = ExactSums()
         self.tokens = 0
 
     def merge(self, other: _Outcomes) -> None:
@@ -394,7 +397,7 @@ def faithfulness(
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
     """
-    check_model(model)
+    require_verified(model)
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     modes = [modes] if isinstance(modes, str) else list(modes)
     if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
@@ -465,10 +468,13 @@ def faithfulness(
         )
         outcomes.tokens += int(batch.mask.sum())
         bar.update(1)
-        for config in configs:
-            logits = run_logits(model, local, ranks.hooks(*config, layers))
-            outcomes.record("|".join(map(str, config)), batch, logits, batch.documents, spans)
+        for config in configs:  # no reference to a pass's logits outlives its record
+            tag = "|".join(map(str, config))
+            logits = run_logits(model, local, ranks.hooks(model, *config, layers))
+            outcomes.record(tag, batch, logits, batch.documents, spans)
+            del logits
             bar.update(1)
+        del ranks  # the batch's ranks (the largest state): freed before the next are built
     bar.close()
     outcomes = merge_across_ranks(outcomes)
     return _result(outcomes, configs, task, len(docs), ranking, seed, first_query)

@@ -40,13 +40,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums
-from cw_lens.capture import check_model, resolve_layers
+from cw_lens.accumulate import ExactSums
+from cw_lens.capture import resolve_layers
 from cw_lens.claims import Check, Claim, claims_dict
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
 from cw_lens.streaming import stream_corpus
+from cw_lens.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
@@ -92,7 +93,7 @@ _TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "ent
 class _TaxonomyAccumulator:
     def __init__(self, sinks: tuple[int, ...]) -> None:
         self.sinks = sinks
-        self.sums = DocSums()
+        self.sums = ExactSums()
 
     def merge(self, other: _TaxonomyAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -237,11 +238,11 @@ def head_taxonomy(
         tax.regime_shares()          # Retriever / Mixer / Reset
         tax.plot()
     """
-    check_model(model)
+    require_verified(model)
     sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
     layer_list = resolve_layers(model, layers)
-    accumulator, _ = stream_corpus(
+    accumulator, stats = stream_corpus(
         model,
         docs,
         _TaxonomyAccumulator(sinks),
@@ -254,7 +255,7 @@ def head_taxonomy(
     return HeadTaxonomyResult(
         table=_taxonomy_table(sums, layer_list),
         sink_positions=sinks,
-        n_documents=len(accumulator.sums.documents),
+        n_documents=stats.n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
     )
 
