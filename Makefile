@@ -11,12 +11,13 @@ PIP     = $(PY) -m pip --disable-pip-version-check -q
 STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
+MUTANT_ARGS ?=
 BENCH_ARGS ?=
 
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench bench-scaling clean browser-deps notebooks screenshots
+.PHONY: install test figures lint bench bench-scaling clean browser-deps notebooks screenshots mutants
 
 install: $(STAMP)
 
@@ -45,6 +46,11 @@ test: lint browser-deps
 
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
+
+# curated wrong formulas, each applied to a copy and run against the fast tests that cover it
+# (tests/mutants.py); every one must be killed. Not part of `make test`: about 20 minutes.
+mutants: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) tests/mutants.py $(MUTANT_ARGS)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py

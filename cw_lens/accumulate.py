@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import numpy as np
 import torch
@@ -257,6 +258,10 @@ class SampleReservoir:
         for group in other._rows:
             self._offer(group, *other._held(group))
 
+    def groups(self) -> list[str]:
+        """The groups offered rows so far, sorted."""
+        return sorted(self._rows)
+
     def table(self, group: str) -> Tensor:
         """The kept rows of ``group`` in key order, ``[n, n_columns]``."""
         return torch.from_numpy(self._held(group)[0].copy())
@@ -279,25 +284,58 @@ class SampleReservoir:
 
 
 class Histogram:
-    """Counts of values over ``n_bins`` equal bins on ``(lo, hi)`` per group, plus two edge
-    bins: values ``<= lo`` and values ``>= hi`` (so clamped values are counted exactly).
+    """Counts of values over ``n_bins`` bins on ``(lo, hi)`` per group, plus two edge bins:
+    values ``<= lo`` and values ``>= hi`` (so clamped values are counted exactly).
 
-    ``counts`` is ``[*shape, n_bins + 2]`` int64; NaN values are ignored.
+    ``scale="linear"``: equal bins. ``scale="asinh"``: bins equal in ``asinh(v / unit)``, i.e.
+    about ``unit``-wide near 0 and of equal *relative* width for ``|v| >> unit`` — for values
+    without a natural range (a quantile of a ratio that can be far from 0) over a very wide
+    ``(lo, hi)`` without clipping them. ``counts`` is ``[*shape, n_bins + 2]`` int64; NaN values
+    are ignored.
     """
 
-    def __init__(self, shape: Sequence[int], lo: float, hi: float, n_bins: int) -> None:
+    def __init__(
+        self,
+        shape: Sequence[int],
+        lo: float,
+        hi: float,
+        n_bins: int,
+        *,
+        scale: Literal["linear", "asinh"] = "linear",
+        unit: float = 1.0,
+    ) -> None:
         if not hi > lo or n_bins < 1:
             raise InputError("Histogram needs hi > lo and at least one bin.")
+        if scale not in ("linear", "asinh") or not unit > 0:
+            raise InputError("Histogram scale must be 'linear' or 'asinh' (with a unit > 0).")
         self.lo, self.hi, self.n_bins = float(lo), float(hi), int(n_bins)
+        self.scale, self.unit = scale, float(unit)
         self.counts = torch.zeros((*shape, n_bins + 2), dtype=torch.int64)
+
+    def _forward(self, v: Tensor) -> Tensor:
+        """Value -> the axis on which the bins are equal."""
+        return torch.asinh(v / self.unit) if self.scale == "asinh" else v
+
+    def _inverse(self, t: Tensor) -> Tensor:
+        return torch.sinh(t) * self.unit if self.scale == "asinh" else t
+
+    def _axis(self) -> tuple[float, float]:
+        lo, hi = self._forward(torch.tensor([self.lo, self.hi], dtype=torch.float64)).tolist()
+        return lo, hi
+
+    @property
+    def binning(self) -> tuple:
+        return (self.lo, self.hi, self.n_bins, self.scale, self.unit)
 
     @property
     def edges(self) -> Tensor:
-        return torch.linspace(self.lo, self.hi, self.n_bins + 1, dtype=torch.float64)
+        lo, hi = self._axis()
+        return self._inverse(torch.linspace(lo, hi, self.n_bins + 1, dtype=torch.float64))
 
     def bin_index(self, values: Tensor) -> Tensor:
         v = values.double()
-        inner = ((v - self.lo) / (self.hi - self.lo) * self.n_bins).floor().long() + 1
+        lo, hi = self._axis()
+        inner = ((self._forward(v) - lo) / (hi - lo) * self.n_bins).floor().long() + 1
         inner = inner.clamp(1, self.n_bins)
         return torch.where(v <= self.lo, 0, torch.where(v >= self.hi, self.n_bins + 1, inner))
 
@@ -317,7 +355,7 @@ class Histogram:
         target += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(target.shape)
 
     def merge(self, other: Histogram) -> None:
-        if other.counts.shape != self.counts.shape or (other.lo, other.hi) != (self.lo, self.hi):
+        if other.counts.shape != self.counts.shape or other.binning != self.binning:
             raise InputError("Cannot merge histograms with different bins.")
         self.counts += other.counts
 
@@ -332,9 +370,10 @@ class Histogram:
         return self.counts[..., -1] / self.total.clamp_min(1)
 
     def quantile(self, q: float) -> Float[Tensor, "..."]:
-        """Quantile with linear interpolation inside a bin; edge bins map to ``lo``/``hi``.
+        """Quantile with linear interpolation inside a bin (on the binning axis); edge bins map
+        to ``lo``/``hi``.
 
-        NaN for empty groups. Resolution is one bin width.
+        NaN for empty groups. Resolution is one bin (relative, for ``scale="asinh"``).
         """
         counts = self.counts.double()
         total = counts.sum(-1, keepdim=True)
@@ -346,9 +385,9 @@ class Histogram:
         prev = torch.where(idx > 0, cum.gather(-1, (idx - 1).clamp_min(0)[..., None])[..., 0], 0.0)
         in_bin = counts.gather(-1, idx[..., None])[..., 0]
         frac = ((target[..., 0] - prev) / in_bin.clamp_min(1)).clamp(0, 1)
-        width = (self.hi - self.lo) / self.n_bins
-        left = self.lo + (idx - 1).double() * width
-        value = left + frac * width
+        lo, hi = self._axis()
+        width = (hi - lo) / self.n_bins
+        value = self._inverse(lo + (idx - 1).double() * width + frac * width)
         value = torch.where(idx == 0, torch.tensor(self.lo, dtype=torch.float64), value)
         value = torch.where(
             idx == self.n_bins + 1, torch.tensor(self.hi, dtype=torch.float64), value

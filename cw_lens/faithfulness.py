@@ -10,7 +10,9 @@ tests of DeYoung et al. 2020):
 2. Per (layer, query ``i``) the ``H (i + 1)`` pairs ``(h, j <= i)`` are ranked by importance
    ``|score|`` (``ranking="signed"``: by the score itself; ties go to the lower head, then key).
    *Comprehensiveness* removes the top ``k`` share, *sufficiency* the bottom ``k`` share, for
-   ``k`` in {1, 2, 5, 10, 20, 50}% (at least one pair when ``k`` rounds to zero).
+   ``k`` in {1, 2, 5, 10, 20, 50}% (at least one pair when ``k`` rounds to zero). Query 0 is
+   never intervened on (``first_query=1``): it reads only itself, so the at-least-one rule would
+   remove the sink's own output in every layer, which every later query reads.
 3. Removal sets ``alpha[i,j]^h = 0`` for the chosen pairs in every layer at once, without
    renormalising — exactly subtracting ``alpha[i,j]^h pv_j^h`` from ``o_i``.
 4. On text: the change of the mean next-token NLL over scored positions (``delta_nll``; the
@@ -19,11 +21,12 @@ tests of DeYoung et al. 2020):
 5. Curves per metric and mode, and the area over them — AOPC, the mean change over the
    fraction grid — with the clean PPL and the random ranking as controls.
 6. ``granularity="tokens"``: per (layer, query) each metric is summed over heads into one score
-   per key token (for the inter contribution, the token's share of the layer output), and the
-   chosen tokens are removed from every head.
+   per key token (:func:`token_scores`; for the inter contribution, the token's share of the
+   layer output), and the chosen tokens are removed from every head.
 
-P1's claim: comprehensiveness attention < value_norm < value_norm_output < contribution, and
-contribution best (lowest) on sufficiency.
+P1's claim (SPEC §6 ``faithfulness_order``), judged at pairs granularity: the AOPC of
+comprehensiveness strictly increases attention < value_norm < value_norm_output < contribution,
+and contribution has the lowest sufficiency AOPC of the four.
 
 Example::
 
@@ -46,11 +49,12 @@ from typing import Any, Literal
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.accumulate import ExactSums
+from cw_lens.claims import Check, Claim, claims_dict
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
@@ -109,6 +113,13 @@ def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> 
     raise InputError(f"mode must be one of {MODES}, got {mode!r}.")
 
 
+def token_scores(scores: Float[Tensor, "batch head query key"]) -> Float[Tensor, "batch query key"]:
+    """Token granularity: one score per (query, key token), the sum over heads (signed; NaN
+    entries count as 0). For the inter contribution it is the token's share of the layer
+    output."""
+    return scores.nansum(1)
+
+
 def _random_scores(seed: int, doc: int, layer: int, shape: tuple[int, ...]) -> Tensor:
     key = f"{seed}/{doc}/{layer}".encode()
     gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
@@ -130,7 +141,7 @@ class _Ranks:
         granularities: Sequence[str],
         signed: bool,
         seed: int,
-        first_query: int = 0,
+        first_query: int = 1,
     ) -> None:
         self.batch, self.n_heads, self.metrics = batch, n_heads, list(metrics)
         self.granularities, self.signed, self.seed = list(granularities), signed, seed
@@ -178,8 +189,7 @@ class _Ranks:
                 ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
                 self.pairs[metric, lc.layer][:, q] = ranks.to(self.pairs[metric, lc.layer].dtype)
             if "tokens" in self.granularities:
-                summed = scores.nansum(1)  # [batch, query, key]
-                ranks = rank_candidates(summed, valid, signed=self.signed)
+                ranks = rank_candidates(token_scores(scores), valid, signed=self.signed)
                 self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
 
     def hooks(
@@ -229,7 +239,7 @@ class FaithfulnessResult:
     n_tokens: int
     ranking: str
     seed: int
-    first_query: int = 0
+    first_query: int = 1
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.curves.copy()
@@ -259,44 +269,67 @@ class FaithfulnessResult:
         ascending = mode == "sufficiency"
         return table.sort_values(table.columns[0], ascending=ascending).head(k)
 
-    def claims(self, granularity: str = "pairs") -> dict[str, dict[str, Any]]:
-        """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``)."""
-        table = self.aopc()
-        measured: dict[str, Any] = {}
-        holds = True
-        for g in table.index.get_level_values("granularity").unique():
-            comp = table.loc[(g, "comprehensiveness")].to_dict()
-            suff = (
-                table.loc[(g, "sufficiency")].to_dict() if (g, "sufficiency") in table.index else {}
-            )
-            order = [m for m in METRICS if m in comp]
-            increasing = all(comp[a] < comp[b] for a, b in itertools.pairwise(order))
-            scored = [m for m in METRICS if m in suff]
-            best_suff = bool(scored) and min(scored, key=lambda m: suff[m]) == "contribution"
-            measured[f"aopc_comprehensiveness_{g}"] = comp
-            measured[f"aopc_sufficiency_{g}"] = suff
-            measured[f"order_holds_{g}"] = increasing
-            measured[f"contribution_best_sufficiency_{g}"] = best_suff
-            measured[f"most_faithful_comprehensiveness_{g}"] = max(order, key=lambda m: comp[m])
-            if g == granularity:
-                holds = increasing and best_suff
-        measured["value"] = self.value_column
-        measured["clean"] = self.clean
-        return {
-            "faithfulness_order": {
-                "paper": "contribution most faithful: comprehensiveness attention < value_norm < "
-                "value_norm_output < contribution; contribution best on sufficiency (P1)",
-                "measured": measured,
-                "holds": bool(holds),
-                "criterion": f"strict AOPC ordering on comprehensiveness and the lowest "
-                f"sufficiency AOPC for contribution, {granularity} granularity",
-            }
-        }
+    def claims(self) -> dict[str, dict[str, Any]]:
+        """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``;
+        :func:`faithfulness_claim`)."""
+        claim = faithfulness_claim(self.aopc(), self.value_column, self.clean)
+        claim.measured["first_query"] = self.first_query
+        return claims_dict([claim])
 
     def plot(self, **kw: Any) -> Any:
         from cw_lens.plots.faithfulness import plot_faithfulness_curves
 
         return plot_faithfulness_curves(self, **kw)
+
+
+def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
+    """``faithfulness_order`` as SPEC §6 reads it, from an AOPC table (rows ``(granularity,
+    mode)``, columns metrics; :meth:`FaithfulnessResult.aopc`): at pairs granularity the
+    comprehensiveness AOPC strictly increases along ``METRICS`` (each step's difference > 0 is
+    a number) and contribution has the lowest sufficiency AOPC of the four (the number: the
+    smallest of the other three minus contribution's, > 0). Other granularities are reported.
+    """
+    needed = [("pairs", mode) for mode in MODES]
+    missing = [m for m in METRICS if m not in aopc.columns]
+    if missing or any(row not in aopc.index for row in needed):
+        raise InputError(
+            "faithfulness_order is judged at pairs granularity on both modes with the metrics "
+            f"{', '.join(METRICS)}; this result lacks some (metrics {list(aopc.columns)}, rows "
+            f"{list(aopc.index)}). Run faithfulness with the defaults."
+        )
+    comp = aopc.loc[("pairs", "comprehensiveness"), list(METRICS)]
+    suff = aopc.loc[("pairs", "sufficiency"), list(METRICS)]
+    others = [m for m in METRICS if m != "contribution"]
+    checks = [
+        Check(f"comprehensiveness_{b}_minus_{a}", float(comp[b] - comp[a]), ">", 0.0)
+        for a, b in itertools.pairwise(METRICS)
+    ]
+    checks.append(
+        Check(
+            "sufficiency_lowest_other_minus_contribution",
+            float(suff[others].min() - suff["contribution"]),
+            ">",
+            0.0,
+        )
+    )
+    measured: dict[str, Any] = {}
+    for g in aopc.index.get_level_values("granularity").unique():
+        for mode in MODES:
+            if (g, mode) in aopc.index:
+                measured[f"aopc_{mode}_{g}"] = aopc.loc[(g, mode)].to_dict()
+    measured["most_faithful_comprehensiveness_pairs"] = str(comp.idxmax())
+    measured["lowest_sufficiency_pairs"] = str(suff.idxmin())
+    measured["value"] = value
+    measured["clean"] = clean
+    return Claim(
+        "faithfulness_order",
+        paper="contribution most faithful: comprehensiveness attention < value_norm < "
+        "value_norm_output < contribution; contribution best on sufficiency (P1)",
+        criterion="pairs granularity: strict AOPC comprehensiveness order attention < "
+        "value_norm < value_norm_output < contribution, and contribution lowest on sufficiency",
+        checks=checks,
+        measured=measured,
+    )
 
 
 class _Outcomes:
@@ -335,7 +368,7 @@ def faithfulness(
     granularity: str | Sequence[str] = "pairs",
     batch_size: int | None = 8,
     seed: int = 0,
-    first_query: int = 0,
+    first_query: int = 1,
     prepend_bos: bool = True,
     progress: bool = True,
 ) -> FaithfulnessResult:
@@ -356,10 +389,10 @@ def faithfulness(
         batch_size: Documents per pass. One clean (streamed) pass per batch, then one
             intervened pass per (granularity, metric, mode, fraction).
         seed: Seed of the ``random`` ranking (per document and layer, so it is reproducible).
-        first_query: Queries ``i < first_query`` are never intervened on (SPEC: 0, every
-            query). With ``granularity="tokens"`` query 0 has a single candidate (BOS reading
-            itself), so the at-least-one rule removes it in every layer even in sufficiency;
-            ``first_query=1`` leaves it intact.
+        first_query: Queries ``i < first_query`` are never intervened on (SPEC §5: 1, so
+            query 0 is left intact: it has a single candidate, BOS reading itself, and the
+            at-least-one rule would remove the sink's own attention output in every layer for
+            every metric and mode; ``first_query=0`` intervenes on every query).
 
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.

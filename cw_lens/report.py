@@ -273,7 +273,8 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 
 
 def step_pruning(job: Job) -> dict[str, Any]:
-    """P2 pruning with the global ranking (SPEC's reading) and, for comparison, per layer."""
+    """P2 pruning ranked within each layer (SPEC's reading, with the lone-head costs) and, as
+    the variant, with one global ranking."""
     from cw_lens.pruning import prune_heads
 
     orders = ("taxonomy", "magnitude", "entropy", "random")
@@ -284,9 +285,11 @@ def step_pruning(job: Job) -> dict[str, Any]:
         taxonomy=job.results["taxonomy"]["result"],
         progress=job.progress,
     )
-    result = prune_heads(job.model, job.corpus, lone_docs=job.config.lone_docs, **common)
-    per_layer = prune_heads(job.model, job.corpus, scope="layer", lone=False, **common)
-    return {"result": result, "per_layer": per_layer}
+    result = prune_heads(
+        job.model, job.corpus, scope="layer", lone_docs=job.config.lone_docs, **common
+    )
+    global_ranking = prune_heads(job.model, job.corpus, scope="global", lone=False, **common)
+    return {"result": result, "global": global_ranking}
 
 
 STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
@@ -343,7 +346,7 @@ def make_figures(job: Job) -> dict[str, list[Path]]:
     figures["sink_lowers_fn"] = r["selection"]["result"].plot_sink_effect()
     figures["retriever_share"] = r["taxonomy"]["result"].plot()
     figures["pruning_signal"] = r["pruning"]["result"].plot()
-    figures["pruning_signal_per_layer"] = r["pruning"]["per_layer"].plot()
+    figures["pruning_signal_global"] = r["pruning"]["global"].plot()
     written = {}
     for name, fig in figures.items():
         written[name] = plots.save_figure(fig, job.out / name)
@@ -390,7 +393,7 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
         }
     claims.update(r["selection"]["result"].claims())
     claims.update(r["taxonomy"]["result"].claims())
-    claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["per_layer"]))
+    claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["global"]))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
@@ -467,9 +470,14 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         text = "; ".join(f"{k} = {_fmt(v)}" for k, v in list(measured.items())[:5])
         mark = "yes" if claim["holds"] else "**no**"
         lines.append(f"| `{cid}` | {claim['paper']} | {text} | {mark} |")
-    lines += ["", "Criteria (what `holds` tests):", ""]
+    lines += ["", "Criteria (SPEC §6; `holds` = every check holds):", ""]
     for cid, claim in summary["claims"].items():
-        lines.append(f"- `{cid}`: {claim.get('criterion', '')}")
+        checks = "; ".join(
+            f"{c['number']} = {_fmt(c['value'])} ({_check_text(c)}: "
+            f"{'yes' if c['holds'] else 'no'})"
+            for c in claim.get("checks", [])
+        )
+        lines.append(f"- `{cid}`: {claim.get('criterion', '')}. Checks: {checks}.")
     lines += ["", "## Figures", ""]
     readings = figure_readings(summary)
     for name, paths in figures.items():
@@ -483,6 +491,13 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             "",
         ]
     return "\n".join(lines)
+
+
+def _check_text(check: dict[str, Any]) -> str:
+    if check["op"] == "in":
+        low, high = check["threshold"]
+        return f"in [{low:g}, {high:g}]"
+    return f"{check['op']} {check['threshold']:g}"
 
 
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
@@ -523,12 +538,13 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
             f"{_fmt(anti['median_cos_sink_tail_mixture'])}."
         ),
         "sink_contribution_drivers": (
-            "Spearman correlation of each factor with the sink's contribution: "
-            f"{_fmt(c['sink_contribution_drivers']['spearman_sink'])}; the claim "
-            f"{held['sink_contribution_drivers']}."
+            "Median over sink heads of |Spearman rho| of each factor with the sink's "
+            f"contribution: {_fmt(c['sink_contribution_drivers']['median_abs_rho_sink'])}; "
+            f"the claim {held['sink_contribution_drivers']}."
         ),
         "convex_sink_curve": (
-            f"{_fmt(convex['share_sink_heads_interior_median_s_star'])} of sink heads have an "
+            f"{_fmt(convex['share_judged_sink_heads_interior_median_s_star'])} of the "
+            f"{convex['n_sink_heads_judged']} sink heads with at least 16 counted queries have an "
             f"interior median s* (median of medians {_fmt(convex['median_of_median_s_star'])})."
         ),
         "sink_cancels_drift": (
@@ -552,17 +568,19 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
             f"is at N = {topn.get('n_with_largest_gap')}."
         ),
         "sink_lowers_fn": (
-            f"F_N without the sink over F_N with it: {_fmt(sink_fn['no_sink_over_sink'])}."
+            "Median over heads of F_N without the sink / F_N with it: "
+            f"{_fmt(sink_fn['median_head_ratio'])}; share of heads at >= 2x (N = 2, 4): "
+            f"{_fmt(sink_fn['share_heads_at_least_2x'])}."
         ),
         "retriever_share": (
             f"Regime shares {_fmt(tax['regime_shares'])}; Retrievers "
             f"{_fmt(tax['retriever_share'])} of heads."
         ),
         "pruning_signal": (
-            "ΔPPL per order and retention, heads ranked globally (SPEC's reading); the claim "
-            f"{held['pruning_signal']}."
+            "ΔPPL per order and retention, the same share of heads removed in every layer "
+            f"(SPEC's reading); the claim {held['pruning_signal']}."
         ),
-        "pruning_signal_per_layer": "The same with the same share of heads removed per layer.",
+        "pruning_signal_global": "The variant: one global ranking of all heads.",
     }
 
 

@@ -54,6 +54,7 @@ from torch import Tensor
 from cw_lens import geometry as geo
 from cw_lens.accumulate import ExactSums, Histogram, SampleReservoir
 from cw_lens.capture import LayerActivations, resolve_layers
+from cw_lens.claims import Check, Claim, claims_dict
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
@@ -65,8 +66,15 @@ from cw_lens.streaming import stream_contributions, stream_corpus
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
 RATE_BINS = 20
-# factor samples kept per group (sink / tail entries) for the rank correlations
-MAX_SAMPLES = 100_000
+# convex_sink_curve judges only sink heads with at least this many counted queries (SPEC §6)
+MIN_S_STAR_QUERIES = 16
+# the cancelled share is a ratio without a natural range: asinh bins, ~0.2% wide near 0 and
+# 1.9% relative beyond, over +-1e9 (SPEC §6 reads per-head medians from unclipped values)
+DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
+DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
+# factor samples kept per (layer, head) and group (sink / tail entries) for the per-head rank
+# correlations: a seeded bottom-k reservoir each (8 documents of the default run keep every draw)
+MAX_SAMPLES_PER_HEAD = 1024
 FACTOR_COLUMNS = (
     "layer",
     "head",
@@ -220,20 +228,20 @@ class _SinkAccumulator:
         *,
         min_query: int,
         drift_k: int,
-        samples_per_doc: int,
+        samples_per_head: int,
         max_samples: int,
         seed: int,
     ) -> None:
         self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
         self.pos = {layer: i for i, layer in enumerate(layers)}
         self.min_query, self.drift_k = min_query, drift_k
-        self.samples_per_doc, self.seed = samples_per_doc, seed
+        self.samples_per_head, self.seed = samples_per_head, seed
         n = len(layers)
         self.sums = ExactSums()
         self.samples = SampleReservoir(FACTOR_COLUMNS, capacity=max_samples, seed=seed)
         self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
         self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
-        self.drift_share = Histogram((n, n_heads), -2.0, 2.0, 200)
+        self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)
 
     def merge(self, other: _SinkAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -377,50 +385,207 @@ class _SinkAccumulator:
         layer: int,
         group: str,
     ) -> None:
-        """Keep a seeded random subset of the valid entries of each row (seeded per document,
-        layer and block, so any sharding samples the same entries)."""
-        if self.samples_per_doc <= 0:
+        """Keep up to ``samples_per_head`` seeded random valid entries per head of each row
+        (seeded per document, layer and query block, so any sharding samples the same)."""
+        if self.samples_per_head <= 0:
             return
-        per_block = max(1, self.samples_per_doc // max(1, len(self.layers)))
-        for row, doc in enumerate(docs):
+        keys = []
+        for doc in docs:
             key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
             gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-            idx = _draw_valid(entries[row], per_block, gen)
-            if idx.numel() == 0:
-                continue
-            h, qi, k = idx.unbind(1)
-            cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
-            cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
-            self.samples.add(doc, group, torch.stack([c.float() for c in cols], 1))
+            keys.append(torch.rand(entries.shape[1:], generator=gen))
+        idx = _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
+        row, h, qi, k = idx.unbind(1)
+        cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
+        cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
+        table = torch.stack([c.float() for c in cols], 1).cpu()
+        row = row.cpu()
+        for r, doc in enumerate(docs):
+            mine = table[row == r]
+            for head in mine[:, 1].unique().tolist():
+                self.samples.add(doc, f"{group}/{layer}/{int(head)}", mine[mine[:, 1] == head])
 
 
-def _draw_valid(valid: Bool[Tensor, "head query key"], n: int, gen: torch.Generator) -> Tensor:
-    """Up to ``n`` distinct random indices ``[m, 3]`` of the True entries of ``valid``.
+def _draw_per_head(
+    valid: Bool[Tensor, "batch head query key"], keys: Float[Tensor, "batch head query key"], n: int
+) -> Tensor:
+    """Up to ``n`` distinct True entries of ``valid`` per (row, head): those with the ``n``
+    smallest ``keys`` (uniform random: a uniform sample without replacement). Returns indices
+    ``[m, 4]`` (row, head, query, key), grouped by row."""
+    b, h, q, k = valid.shape
+    flat = torch.where(valid, keys, 2.0).reshape(b * h, q * k)
+    drawn, picks = flat.topk(min(n, q * k), dim=1, largest=False)
+    keep = drawn < 2.0
+    rows = torch.arange(b * h, device=valid.device)[:, None].expand_as(picks)[keep]
+    flat_index = picks[keep]  # (torch.unravel_index is ~100x slower here)
+    return torch.stack([rows // h, rows % h, flat_index // k, flat_index % k], 1)
 
-    Draws candidates uniformly and keeps the valid ones (cheap when many entries are valid, as
-    for tail tokens); enumerates the valid entries when few are (as for the sink column).
+
+def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:
+    """Per (layer, head): Spearman's rank correlation ``rho_<factor>`` of each factor with the
+    ``contribution`` over the head's sampled entries (average ranks for ties; NaN with fewer
+    than 3 samples or a constant column), and ``n_samples``."""
+    columns = ["layer", "head", "n_samples", *(f"rho_{f}" for f in factors)]
+    rows = []
+    for (layer, head), g in samples.groupby(["layer", "head"], sort=True):
+        corr = g[[*factors, "contribution"]].corr(method="spearman", min_periods=3)
+        rho = corr["contribution"]
+        rows.append([int(layer), int(head), len(g), *(float(rho[f]) for f in factors)])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def sink_claims(
+    heads: pd.DataFrame,
+    drivers: pd.DataFrame,
+    *,
+    min_s_star_queries: int = MIN_S_STAR_QUERIES,
+) -> list[Claim]:
+    """The six sink claims of SPEC §6, exactly as its criterion column reads them.
+
+    Args:
+        heads: Per-head table (:meth:`SinkStatistics.heads`): ``sink_head``, ``sink_attention``,
+            ``sink_contribution``, ``norm_ratio``, ``cos_sink_mixture``, ``s_star_interior``,
+            ``s_star_count``, ``drift_cos_median``, ``drift_cancelled_median``, ...
+        drivers: Per-head Spearman table (:meth:`SinkStatistics.drivers`): ``layer``, ``head``,
+            ``group``, ``rho_attention``, ``rho_relative_norm``, ``rho_cosine``.
+        min_s_star_queries: ``convex_sink_curve`` judges sink heads with at least this many
+            counted queries (SPEC: 16).
+
+    With no sink head every number is NaN and no claim holds.
     """
-    flat = valid.reshape(-1)
-    picks = torch.randint(0, flat.numel(), (8 * n,), generator=gen).to(valid.device)
-    picks = picks[flat[picks]].unique()
-    if picks.numel() < n:
-        picks = flat.nonzero().flatten()
-    order = torch.randperm(picks.numel(), generator=gen).to(valid.device)
-    picks = picks[order[:n]]
-    return torch.stack(torch.unravel_index(picks, valid.shape), 1)
+    sink = heads[heads["sink_head"].astype(bool)]
+    n_sink = len(sink)
 
+    def median(frame: pd.DataFrame, col: str) -> float:
+        return float(frame[col].median()) if len(frame) else math.nan
 
-# --------------------------------------------------------------------------- results
+    def mean(values: Any) -> float:
+        return float(np.mean(values)) if len(values) else math.nan
 
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    if len(a) < 3:
-        return float("nan")
-    ra = pd.Series(a).rank().to_numpy()
-    rb = pd.Series(b).rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
+    att, contrib = mean(sink["sink_attention"]), mean(sink["sink_contribution"])
+    keys = set(zip(sink["layer"], sink["head"], strict=True))
+    is_sink = [k in keys for k in zip(drivers["layer"], drivers["head"], strict=True)]
+    rho = drivers[np.asarray(is_sink, dtype=bool)]
+    abs_rho = {
+        group: {
+            f: float(rho.loc[rho["group"] == group, f"rho_{f}"].abs().median())
+            for f in DRIVER_FACTORS
+        }
+        for group in ("sink", "tail")
+    }
+    judged = sink[sink["s_star_count"] >= min_s_star_queries]
+    counted = judged["s_star_count"].sum()
+    cancelled = sink["drift_cancelled_median"]
+    return [
+        Claim(
+            "sink_attention_vs_contribution",
+            paper="the first token takes much attention but little contribution (P1 Fig. 1)",
+            criterion="over sink heads, mean intra contribution of the sink < ½ × its mean "
+            "attention (the ratio is the number)",
+            checks=[
+                Check("contribution_over_attention", contrib / att if att else math.nan, "<", 0.5)
+            ],
+            measured={
+                "n_sink_heads": n_sink,
+                "mean_sink_attention": att,
+                "mean_sink_contribution_intra": contrib,
+            },
+        ),
+        Claim(
+            "sink_value_norm_ratio",
+            paper="sink value norm 3-10x smaller than non-sink (P2)",
+            criterion="median over sink heads of mean ‖pv_j‖/‖pv_0‖ lies in [3, 10]",
+            checks=[
+                Check("median_ratio_sink_heads", median(sink, "norm_ratio"), "in", (3.0, 10.0))
+            ],
+            measured={
+                "median_ratio_all_heads": median(heads, "norm_ratio"),
+                "median_geomean_ratio_sink_heads": median(sink, "norm_ratio_geomean"),
+                "n_sink_heads": n_sink,
+            },
+        ),
+        Claim(
+            "sink_anti_alignment",
+            paper="sink projected value anti-aligned with the rest (P1, P2)",
+            criterion="median over sink heads of cos(pv_0, m_i) < 0",
+            checks=[
+                Check("median_cos_sink_tail_mixture", median(sink, "cos_sink_mixture"), "<", 0.0)
+            ],
+            measured={
+                "median_cos_sink_token": median(sink, "cos_sink_token"),
+                "share_sink_heads_negative_mixture": mean(sink["cos_sink_mixture"] < 0),
+                "n_sink_heads": n_sink,
+            },
+        ),
+        Claim(
+            "sink_contribution_drivers",
+            paper="sink contribution driven by norm and cosine, not attention (P1)",
+            criterion="per sink head, Spearman ρ of each factor with the sink's contribution; "
+            "the median over heads of |ρ(attention)| is the smallest of the three",
+            checks=[
+                Check(
+                    f"median_abs_rho_{f}_minus_attention",
+                    abs_rho["sink"][f] - abs_rho["sink"]["attention"],
+                    ">",
+                    0.0,
+                )
+                for f in ("relative_norm", "cosine")
+            ],
+            measured={
+                "median_abs_rho_sink": abs_rho["sink"],
+                "median_abs_rho_tail": abs_rho["tail"],
+                "n_sink_heads_with_rho": int(
+                    rho[rho["group"] == "sink"]["rho_attention"].notna().sum()
+                ),
+                "mean_sink_factors": {f: mean(sink[f"sink_{f}"]) for f in DRIVER_FACTORS},
+                "mean_tail_factors": {f: mean(sink[f"tail_{f}"]) for f in DRIVER_FACTORS},
+            },
+        ),
+        Claim(
+            "convex_sink_curve",
+            paper="output norm convex in sink rate, minimum at s* < 1 (P1)",
+            criterion=f"more than half of the sink heads with at least {min_s_star_queries} "
+            "counted queries have a median s* in (0, 1)",
+            checks=[
+                Check(
+                    "share_judged_sink_heads_interior_median_s_star",
+                    mean(judged["s_star_interior"]),
+                    ">",
+                    0.5,
+                )
+            ],
+            measured={
+                "n_sink_heads_judged": len(judged),
+                "n_sink_heads": n_sink,
+                "median_of_median_s_star": median(judged, "s_star_median"),
+                "pooled_share_s_star_at_1": float(
+                    (judged["s_star_at_1"] * judged["s_star_count"]).sum() / counted
+                )
+                if counted
+                else math.nan,
+            },
+        ),
+        Claim(
+            "sink_cancels_drift",
+            paper="the sink opposes the drift of weakly attended tokens (P1)",
+            criterion="median cos(α₀pv₀, d_i) < 0 in more than half of the sink heads, "
+            "and the median cancelled share > 0 (per-head medians from unclipped values)",
+            checks=[
+                Check(
+                    "share_sink_heads_negative_cosine",
+                    mean(sink["drift_cos_median"] < 0),
+                    ">",
+                    0.5,
+                ),
+                Check("median_cancelled_share", median(sink, "drift_cancelled_median"), ">", 0.0),
+            ],
+            measured={
+                "n_sink_heads": n_sink,
+                "n_sink_heads_median_share_beyond_2": int((cancelled.abs() > 2).sum()),
+                "share_sink_heads_positive_cancelled_share": mean(cancelled > 0),
+            },
+        ),
+    ]
 
 
 @dataclass
@@ -495,7 +660,9 @@ class SinkStatistics:
         data["drift_cancelled_median"] = self.acc.drift_share.quantile(0.5).flatten()
         data["drift_count"] = self._total("drift_count").flatten()
         df = pd.DataFrame({k: np.asarray(v) for k, v in data.items()})
-        df["s_star_interior"] = (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
+        df["s_star_interior"] = (
+            (df["s_star_count"] > 0) & (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
+        )
         return df
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -535,145 +702,64 @@ class SinkStatistics:
             }
         )
 
+    def samples(self, group: str = "sink") -> pd.DataFrame:
+        """The sampled factor entries of one group (``"sink"``: the sink column; ``"tail"``:
+        non-sink keys), one row per entry: ``FACTOR_COLUMNS``."""
+        if group not in ("sink", "tail"):
+            raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
+        reservoir = self.acc.samples
+        parts = [reservoir.table(g) for g in reservoir.groups() if g.split("/")[0] == group]
+        rows = torch.cat(parts) if parts else torch.zeros(0, len(FACTOR_COLUMNS))
+        df = pd.DataFrame(rows.numpy(), columns=list(FACTOR_COLUMNS))
+        df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
+        return df.astype({c: "int64" for c in ("layer", "head", "query", "key")})
+
+    def drivers(self) -> pd.DataFrame:
+        """Per (layer, head) and group (sink / tail entries): each factor's Spearman rank
+        correlation with the contribution weight (``rho_attention``, ``rho_relative_norm``,
+        ``rho_cosine``), with ``n_samples`` and ``sink_head`` (claim
+        ``sink_contribution_drivers`` reads the sink group of sink heads)."""
+        heads = self.heads()[["layer", "head", "sink_head"]]
+        frames = [head_spearman(self.samples(g)).assign(group=g) for g in ("sink", "tail")]
+        table = pd.concat(frames, ignore_index=True)
+        return table.merge(heads, on=["layer", "head"], how="left")
+
     def decomposition(self) -> pd.DataFrame:
-        """Per group (sink / tail entries of sink heads): each factor's mean and its Spearman
-        rank correlation with the contribution weight."""
+        """Per group (sink / tail entries of sink heads) and factor: the mean and median over
+        the sampled entries, and the median over sink heads of the per-head Spearman rho with
+        the contribution, signed and absolute (:meth:`drivers`)."""
+        drivers = self.drivers()
+        drivers = drivers[drivers["sink_head"].eq(True)]
         heads = set(map(tuple, self.sink_heads.nonzero().tolist()))
         rows = []
         for group in ("sink", "tail"):
-            table = self.acc.samples.table(group).numpy()
-            if len(table):
-                li = np.array([self.layers.index(int(x)) for x in table[:, 0]])
-                keep = np.array(
-                    [(a, int(h)) in heads for a, h in zip(li, table[:, 1], strict=True)]
-                )
-                table = table[keep] if keep.size else table
-            contribution = table[:, 7] if len(table) else np.zeros(0)
-            for ci, name in enumerate(FACTOR_COLUMNS[4:7], start=4):
-                vals = table[:, ci] if len(table) else np.zeros(0)
+            table = self.samples(group)
+            layer_index = table["layer"].map({layer: i for i, layer in enumerate(self.layers)})
+            keep = [(a, h) in heads for a, h in zip(layer_index, table["head"], strict=True)]
+            table = table[np.asarray(keep, dtype=bool)]
+            rho = drivers[drivers["group"] == group]
+            for name in (*DRIVER_FACTORS, "contribution"):
+                values = table[name].to_numpy()
+                col = f"rho_{name}"
                 rows.append(
                     {
                         "group": group,
                         "factor": name,
-                        "mean": float(np.nanmean(vals)) if len(vals) else float("nan"),
-                        "median": float(np.nanmedian(vals)) if len(vals) else float("nan"),
-                        "spearman_with_contribution": _spearman(vals, contribution),
-                        "n_samples": len(vals),
+                        "mean": float(np.nanmean(values)) if len(values) else math.nan,
+                        "median": float(np.nanmedian(values)) if len(values) else math.nan,
+                        "median_head_rho": float(rho[col].median()) if col in rho else 1.0,
+                        "median_head_abs_rho": float(rho[col].abs().median())
+                        if col in rho
+                        else 1.0,
+                        "n_samples": len(values),
                     }
                 )
-            rows.append(
-                {
-                    "group": group,
-                    "factor": "contribution",
-                    "mean": float(np.nanmean(contribution)) if len(contribution) else float("nan"),
-                    "median": float(np.nanmedian(contribution))
-                    if len(contribution)
-                    else float("nan"),
-                    "spearman_with_contribution": 1.0,
-                    "n_samples": len(contribution),
-                }
-            )
         return pd.DataFrame(rows)
 
     def claims(self) -> dict[str, dict[str, Any]]:
-        """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold."""
-        df = self.heads()
-        sink = df[df["sink_head"]]
-        dec = self.decomposition().set_index(["group", "factor"])
-        n_sink = len(sink)
-        # with no sink head every sink claim is unmeasured (its "holds" is then False)
-
-        def med(col: str) -> float:
-            return float(sink[col].median()) if n_sink else float("nan")
-
-        att, contrib = float(sink["sink_attention"].mean()), float(sink["sink_contribution"].mean())
-        rho = {
-            f: float(dec.loc[("sink", f), "spearman_with_contribution"])
-            for f in ("attention", "relative_norm", "cosine")
-        }
-        rho_tail = {
-            f: float(dec.loc[("tail", f), "spearman_with_contribution"])
-            for f in ("attention", "relative_norm", "cosine")
-        }
-        ratio = med("norm_ratio")
-        interior = float(sink["s_star_interior"].mean()) if n_sink else float("nan")
-        neg_heads = float((sink["drift_cos_median"] < 0).mean()) if n_sink else float("nan")
-        cancelled = med("drift_cancelled_median")
-        return {
-            "sink_attention_vs_contribution": {
-                "paper": "the first token takes much attention but little contribution (P1 Fig. 1)",
-                "measured": {
-                    "n_sink_heads": n_sink,
-                    "mean_sink_attention": att,
-                    "mean_sink_contribution_intra": contrib,
-                    "contribution_over_attention": contrib / att if att else math.nan,
-                },
-                "holds": bool(n_sink and contrib < 0.5 * att),
-                "criterion": "mean intra contribution of the sink < half its mean attention "
-                "(sink heads)",
-            },
-            "sink_value_norm_ratio": {
-                "paper": "sink value norm 3-10x smaller than non-sink (P2)",
-                "measured": {
-                    "median_ratio_sink_heads": ratio,
-                    "median_ratio_all_heads": float(df["norm_ratio"].median()),
-                    "median_geomean_ratio_sink_heads": med("norm_ratio_geomean"),
-                },
-                "holds": bool(ratio >= 3.0),
-                "criterion": "median over sink heads of mean ||pv_j|| / ||pv_0|| >= 3",
-            },
-            "sink_anti_alignment": {
-                "paper": "sink projected value anti-aligned with the rest (P1, P2)",
-                "measured": {
-                    "median_cos_sink_tail_mixture": med("cos_sink_mixture"),
-                    "median_cos_sink_token": med("cos_sink_token"),
-                    "share_sink_heads_negative_mixture": float(
-                        (sink["cos_sink_mixture"] < 0).mean()
-                    )
-                    if n_sink
-                    else math.nan,
-                },
-                "holds": bool(med("cos_sink_mixture") < 0),
-                "criterion": "median over sink heads of cos(pv_0, m_i) < 0",
-            },
-            "sink_contribution_drivers": {
-                "paper": "sink contribution driven by norm and cosine, not attention (P1)",
-                "measured": {
-                    "spearman_sink": rho,
-                    "spearman_tail": rho_tail,
-                    "mean_sink_factors": {f: float(dec.loc[("sink", f), "mean"]) for f in rho},
-                    "mean_tail_factors": {f: float(dec.loc[("tail", f), "mean"]) for f in rho},
-                },
-                "holds": bool(
-                    abs(rho["attention"]) < min(abs(rho["relative_norm"]), abs(rho["cosine"]))
-                ),
-                "criterion": "|rho(attention, c)| < |rho(relative norm, c)| and < "
-                "|rho(cosine, c)| over sink entries of sink heads",
-            },
-            "convex_sink_curve": {
-                "paper": "output norm convex in sink rate, minimum at s* < 1 (P1)",
-                "measured": {
-                    "share_sink_heads_interior_median_s_star": interior,
-                    "median_of_median_s_star": med("s_star_median"),
-                    "pooled_share_s_star_at_1": float(
-                        self.s_star_distribution()["count"].iloc[-1]
-                        / max(1.0, self.s_star_distribution()["count"].sum())
-                    ),
-                },
-                "holds": bool(interior > 0.5),
-                "criterion": "more than half the sink heads have a median s* in (0, 1)",
-            },
-            "sink_cancels_drift": {
-                "paper": "the sink opposes the drift of weakly attended tokens (P1)",
-                "measured": {
-                    "share_sink_heads_negative_cosine": neg_heads,
-                    "median_cancelled_share": cancelled,
-                },
-                "holds": bool(neg_heads > 0.5 and cancelled > 0),
-                "criterion": "median cos(alpha_0 pv_0, d_i) < 0 in most sink heads and a "
-                "positive median cancelled share",
-            },
-        }
+        """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold
+        (:func:`sink_claims`)."""
+        return claims_dict(sink_claims(self.heads(), self.drivers()))
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
@@ -712,8 +798,8 @@ def sink_statistics(
     batch_size: int | None = 8,
     min_query: int = MIN_QUERY,
     drift_k: int = 4,
-    samples_per_doc: int = 3000,
-    max_samples: int = MAX_SAMPLES,
+    samples_per_head: int = 128,
+    max_samples: int = MAX_SAMPLES_PER_HEAD,
     seed: int = 0,
     prepend_bos: bool = True,
     progress: bool | str = False,
@@ -729,10 +815,12 @@ def sink_statistics(
         batch_size: Documents per forward pass.
         min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
         drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
-        samples_per_doc: Factor samples drawn per document and group for rank correlations.
-        max_samples: Factor samples kept per group over the whole corpus (a seeded bottom-k
-            reservoir: the same sample whatever the sharding; memory fixed at about 4 MB per
-            group); small corpora keep every sample drawn.
+        samples_per_head: Factor samples per (document, layer, head) and group (sink /
+            tail entries) for the per-head rank correlations (:meth:`SinkStatistics.drivers`).
+        max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
+            seeded bottom-k reservoir: the same sample whatever the sharding; memory fixed at
+            about 80 bytes per sample, 44 MB for SmolLM2's 270 heads at the default); small
+            corpora keep every sample drawn.
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
@@ -741,6 +829,8 @@ def sink_statistics(
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
     if min_query < 1:
         raise InputError(f"min_query must be at least 1, got {min_query}.")
+    if samples_per_head < 0:
+        raise InputError(f"samples_per_head must be >= 0, got {samples_per_head}.")
     layer_list = resolve_layers(model, layers)
     sinks = _resolve_sinks(
         model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
@@ -751,7 +841,7 @@ def sink_statistics(
         sinks,
         min_query=min_query,
         drift_k=drift_k,
-        samples_per_doc=samples_per_doc,
+        samples_per_head=samples_per_head,
         max_samples=max_samples,
         seed=seed,
     )
@@ -971,6 +1061,7 @@ class SinkAblation:
         return df.groupby("group")[cols].mean()
 
     def claims(self) -> dict[str, dict[str, Any]]:
+        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured."""
         summary = self.summary()
 
         def mean(group: str, column: str) -> float:
@@ -983,26 +1074,28 @@ class SinkAblation:
         }
         rise_low = cone["low_norm_cone_after"] - cone["low_norm_cone_before"]
         rise_other = cone["other_cone_after"] - cone["other_cone_before"]
-        return {
-            "sink_ablation_cone": {
-                "paper": "removing the sink norm collapses low-norm heads into the semantic "
-                "cone, PPL up (P1)",
-                "measured": {
-                    **cone,
-                    "clean_ppl": self.clean_ppl,
-                    "patched_ppl": self.patched_ppl,
-                    "delta_ppl": self.delta_ppl,
-                    "delta_nll": self.delta_nll,
-                    "effect": self.effect,
-                    "layers": self.layers,
-                    "scale": self.scale,
-                    "mode": self.mode,
-                },
-                "holds": bool(rise_low > rise_other and self.delta_nll > 0),
-                "criterion": "cone alignment rises more in low-norm heads than in the others, "
-                "and PPL rises",
-            }
-        }
+        claim = Claim(
+            "sink_ablation_cone",
+            paper="removing the sink norm collapses low-norm heads into the semantic cone, PPL "
+            "up (P1)",
+            criterion="cone alignment rises more in low-norm heads than in the others, and PPL "
+            "rises",
+            checks=[
+                Check("cone_rise_low_norm_minus_other", rise_low - rise_other, ">", 0.0),
+                Check("delta_ppl", self.delta_ppl, ">", 0.0),
+            ],
+            measured={
+                **cone,
+                "clean_ppl": self.clean_ppl,
+                "patched_ppl": self.patched_ppl,
+                "delta_nll": self.delta_nll,
+                "effect": self.effect,
+                "layers": self.layers,
+                "scale": self.scale,
+                "mode": self.mode,
+            },
+        )
+        return claims_dict([claim])
 
     def plot(self, **kw: Any) -> Any:
         from cw_lens.plots.sinks import plot_sink_ablation_cone

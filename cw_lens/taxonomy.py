@@ -42,6 +42,7 @@ from torch import Tensor
 
 from cw_lens.accumulate import ExactSums
 from cw_lens.capture import resolve_layers
+from cw_lens.claims import Check, Claim, claims_dict
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
@@ -50,6 +51,7 @@ from cw_lens.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
+RETRIEVER_RANGE = (0.058, 0.172)  # P2's range of Retriever shares (SPEC §6)
 
 
 def source_winners(
@@ -182,20 +184,18 @@ class HeadTaxonomyResult:
     def claims(self) -> dict[str, dict[str, Any]]:
         """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured."""
         shares = self.regime_shares()
-        share = float(shares["Retriever"])
-        return {
-            "retriever_share": {
-                "paper": "Retrievers are a minority, 5.8-17.2% of heads (P2)",
-                "measured": {
-                    "regime_shares": rounded_dict(shares),
-                    "retriever_share": share,
-                    "dominant_regime": str(shares.idxmax()),
-                    "n_heads": len(self.table),
-                },
-                "holds": bool(0.058 <= share <= 0.172),
-                "criterion": "share of Retriever heads within P2's range 5.8-17.2%",
-            }
-        }
+        claim = Claim(
+            "retriever_share",
+            paper="Retrievers are a minority, 5.8-17.2% of heads (P2)",
+            criterion="Retriever share in [5.8%, 17.2%]",
+            checks=[Check("retriever_share", float(shares["Retriever"]), "in", RETRIEVER_RANGE)],
+            measured={
+                "regime_shares": rounded_dict(shares),
+                "dominant_regime": str(shares.idxmax()),
+                "n_heads": len(self.table),
+            },
+        )
+        return claims_dict([claim])
 
     def plot(self, **kwargs: Any) -> Any:
         """Regimes over depth: stacked shares of heads per layer (claim ``retriever_share``)."""

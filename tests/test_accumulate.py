@@ -216,3 +216,38 @@ def test_histogram_edge_bins_count_clamped_values_and_groups():
     other.add(torch.tensor([[0.5], [0.5]]))
     hist.merge(other)
     assert hist.total.tolist() == [5, 4]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.floats(-1e6, 1e6), st.floats(-1e-2, 1e-2)),
+        min_size=5,
+        max_size=200,
+    ),
+    st.sampled_from([0.25, 0.5, 0.9]),
+)
+def test_asinh_histogram_quantile_within_one_relative_bin(values, q):
+    """asinh bins on +-1e9 (unit 1e-3, 3000 bins): a bin is 1.9% wide relative to the value
+    (plus 1.9e-5 near 0), so no value in range is clipped and quantiles keep their sign."""
+    hist = Histogram((), -1e9, 1e9, 3000, scale="asinh", unit=1e-3)
+    hist.add(torch.tensor(values, dtype=torch.float64))
+    exact = float(np.quantile(np.array(values), q, method="inverted_cdf"))
+    got = float(hist.quantile(q))
+    assert abs(got - exact) <= 0.0191 * abs(exact) + 2e-5
+    assert (got < 0) == (exact < 0) or abs(exact) < 2e-5
+    edges = hist.edges
+    assert edges[0] == pytest.approx(-1e9) and edges[-1] == pytest.approx(1e9)
+    assert abs(float(edges[1500])) < 1e-15  # the middle edge: a median keeps its sign
+
+
+def test_asinh_histogram_edges_merge_and_clipping():
+    hist = Histogram((2,), -100.0, 100.0, 40, scale="asinh", unit=0.1)
+    hist.add(torch.tensor([[-250.0, -3.0, 0.5, 7.0], [150.0, 150.0, float("nan"), 5.0]]))
+    assert hist.counts[0, 0] == 1 and hist.counts[1, -1] == 2
+    top = hist.quantile(1.0)  # the right edge of 7's bin (bins are 1.46x wide here)
+    assert 7.0 < float(top[0]) <= 7.0 * 1.47 and float(top[1]) == 100.0
+    with pytest.raises(InputError, match="different bins"):
+        hist.merge(Histogram((2,), -100.0, 100.0, 40))  # same range, linear bins
+    with pytest.raises(InputError, match="scale"):
+        Histogram((), -1.0, 1.0, 10, scale="log")

@@ -14,6 +14,7 @@ from cw_lens.faithfulness import (
     n_removed,
     rank_candidates,
     removal_mask,
+    token_scores,
 )
 from cw_lens.inputs import prepare_inputs
 from cw_lens.scoring import run_logits, token_nll
@@ -53,6 +54,63 @@ def test_removal_counts_and_modes():
     assert suff[1].nonzero().flatten().tolist() == [5]  # round(1.2) = 1 of the 6 valid
 
 
+def test_token_scores_sum_heads_before_ranking():
+    # one query, three key tokens, two heads. Signed sums [0.5, -1.0, 1.1] rank |.| as
+    # key 2, key 1, key 0; the max over heads [3, 1, 0.6] or the summed |score| [5.5, 3, 1.1]
+    # would rank key 0 first.
+    scores = torch.tensor([[[[3.0, -2.0, 0.5]], [[-2.5, 1.0, 0.6]]]])  # [batch, head, q, key]
+    summed = token_scores(scores)
+    assert torch.allclose(summed, torch.tensor([[[0.5, -1.0, 1.1]]]))
+    valid = torch.ones(1, 1, 3, dtype=torch.bool)
+    assert rank_candidates(summed, valid).tolist() == [[[2, 1, 0]]]
+    assert rank_candidates(summed, valid, signed=True).tolist() == [[[1, 2, 0]]]
+    with_nan = scores.clone()
+    with_nan[0, 1, 0, 2] = float("nan")  # NaN counts as 0
+    assert torch.allclose(token_scores(with_nan), torch.tensor([[[0.5, -1.0, 0.5]]]))
+
+
+def test_token_ranks_equal_a_reference_from_contribution_weights(llama):
+    """Token granularity ranks |sum_h C[i,j]^h| per (layer, query) — against contribution_weights
+    (inter) summed over heads and ranked with Python's sort (ties to the lower key)."""
+    batch = prepare_inputs(llama, TEXTS[:1])
+    layers = list(range(llama.cfg.n_layers))
+    ranks = _Ranks(batch, layers, llama.cfg.n_heads, ["contribution"], ["tokens"], False, 0)
+    cw_lens.stream_contributions(
+        llama, batch.tokens, ranks.update, attention_mask=batch.mask.long()
+    )
+    ref = cw_lens.contribution_weights(llama, TEXTS[:1], kind="inter")
+    n = batch.tokens.shape[1]
+    for li, layer in enumerate(layers):
+        got = ranks.tokens["contribution", layer][0]
+        for i in range(1, n):  # query 0 is never ranked (first_query=1)
+            score = ref.weights[0, li, :, i, : i + 1].double().sum(0).abs().tolist()
+            order = sorted(range(i + 1), key=lambda j: (-score[j], j))
+            assert got[i, : i + 1].tolist() == [order.index(j) for j in range(i + 1)], (layer, i)
+
+
+def test_query_zero_is_never_intervened_on_by_default(llama):
+    batch = prepare_inputs(llama, TEXTS)
+    layers = list(range(llama.cfg.n_layers))
+    ranks = _Ranks(batch, layers, llama.cfg.n_heads, ["attention"], ["pairs", "tokens"], False, 0)
+    cw_lens.stream_contributions(
+        llama, batch.tokens, ranks.update, attention_mask=batch.mask.long()
+    )
+    for granularity in ("pairs", "tokens"):
+        for mode in ("comprehensiveness", "sufficiency"):
+            for _, hook in ranks.hooks(granularity, "attention", mode, 0.01, layers):
+                pattern = torch.ones(2, llama.cfg.n_heads, *batch.tokens.shape[1:] * 2)
+                kept = hook(pattern, None)
+                assert (kept[:, :, 0] == 1).all()  # query 0 untouched
+                assert (kept[:, :, 1:] == 0).any()  # later queries lose something
+    kw = dict(metrics=("attention",), fractions=(0.01,), modes=("sufficiency",), progress=False)
+    default = faithfulness(llama, TEXTS, granularity="tokens", **kw)
+    assert default.first_query == 1
+    explicit = faithfulness(llama, TEXTS, granularity="tokens", first_query=1, **kw)
+    every = faithfulness(llama, TEXTS, granularity="tokens", first_query=0, **kw)
+    assert default.curves.equals(explicit.curves)
+    assert not default.curves["delta_nll"].equals(every.curves["delta_nll"])
+
+
 def test_fraction_zero_changes_nothing(llama):
     result = faithfulness(
         llama, TEXTS, fractions=(0.0,), granularity=("pairs", "tokens"), progress=False
@@ -71,6 +129,7 @@ def test_removing_every_pair_equals_zeroing_the_attention_output(tiny):
         ["pairs", "tokens"],
         False,
         0,
+        first_query=0,
     )
     cw_lens.stream_contributions(tiny, batch.tokens, ranks.update, attention_mask=batch.mask.long())
     layers = list(range(tiny.cfg.n_layers))
@@ -89,15 +148,15 @@ def test_removing_every_pair_equals_zeroing_the_attention_output(tiny):
 
 
 def slow_reference_masks(model, text, fraction, mode):
-    """Python loops over (layer, query): sort the (head, key) pairs by |C| (ties: lower head,
-    then lower key) and mark the chosen ones."""
+    """Python loops over (layer, query >= 1): sort the (head, key) pairs by |C| (ties: lower
+    head, then lower key) and mark the chosen ones; query 0 is left intact."""
     result = cw_lens.contribution_weights(model, text, kind="inter")
     n = result.tokens.shape[1]
     heads = model.cfg.n_heads
     masks = {}
     for li, layer in enumerate(result.layers):
         mask = torch.zeros(1, heads, n, n, dtype=torch.bool)
-        for i in range(n):
+        for i in range(1, n):
             pairs = [(h, j) for h in range(heads) for j in range(i + 1)]
             score = {p: abs(float(result.weights[0, li, p[0], i, p[1]])) for p in pairs}
             order = sorted(pairs, key=lambda p: (-score[p], p[0], p[1]))

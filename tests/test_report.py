@@ -51,11 +51,17 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
         assert key in summary
     assert summary["n_documents"] == 4 and summary["n_tokens"] == 4 * 25
     for cid, claim in summary["claims"].items():
-        assert set(claim) >= {"paper", "measured", "holds", "figure"}, cid
-        assert isinstance(claim["holds"], bool)
+        assert set(claim) >= {"paper", "measured", "holds", "figure", "criterion", "checks"}, cid
+        assert claim["checks"], cid
+        assert claim["holds"] is all(c["holds"] for c in claim["checks"]), cid
+        for check in claim["checks"]:  # every headline number is in measured
+            assert claim["measured"][check["number"]] == check["value"], (cid, check)
         stem = out / Path(claim["figure"]).stem
         assert stem.with_suffix(".png").stat().st_size > 1000, cid
         assert stem.with_suffix(".pdf").stat().st_size > 1000, cid
+    assert summary["claims"]["faithfulness_order"]["measured"]["first_query"] == 1
+    pruning = summary["claims"]["pruning_signal"]["measured"]
+    assert "global_ranking" in pruning and "top_lone_heads" in pruning
     report = (out / "REPORT.md").read_text()
     assert "| claim | paper says | we measured | holds |" in report
     for cid in CLAIM_ORDER:

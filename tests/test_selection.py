@@ -57,6 +57,25 @@ def test_f1_is_one_for_any_rule_with_euclidean_distance():
         assert sel.geometric_prf(values, attention, 1, ranking=ranking) == (1.0, 1.0, 1.0)
 
 
+def test_ties_at_rho_max_and_rho_min_by_hand():
+    # y = [4, 3, 3, -1] exactly (attention powers of two); S = {0, 1}, s = 7, D = [3, 4, 4, 8]:
+    # rho_max = 4 = D_2 (an outside key at rho_max counts against P: <=), rho_min = 4 = D_1 (a
+    # selected key at rho_min does not count for R: <). P = 2/3, R = 1/2, F = 4/7 — a strict P
+    # would give 1, a lax R 1.
+    attention = t64([0.5, 0.25, 0.125, 0.0625])
+    values = t64([[8.0], [12.0], [24.0], [-16.0]])
+    assert (attention[:, None] * values).flatten().tolist() == [4.0, 3.0, 3.0, -1.0]
+    expected = (2 / 3, 0.5, pytest.approx(4 / 7, abs=1e-15))
+    assert sel.geometric_prf(values, attention, 2) == expected
+    p, r, f = sel.geometric_prf_batched(values, attention, [2])
+    assert (float(p[0]), float(r[0]), float(f[0])) == expected
+    order = torch.tensor([0, 1, 2, 3])
+    p, r, f = sel.prf_of_ranking(
+        attention[:, None] * values, order, torch.ones(4, dtype=torch.bool), [2]
+    )
+    assert (float(p[0]), float(r[0]), float(f[0])) == expected
+
+
 def test_separable_selection_scores_one():
     values = t64([[10, 0], [10, 0.1], [0, 1], [0, -1], [1, 0], [-1, 0]])
     attention = t64([0.4, 0.4, 0.05, 0.05, 0.05, 0.05])
@@ -400,7 +419,7 @@ def test_pruning_levels_are_exact(model, pruned):
     for name, draws in pruned.rankings.items():
         for draw, ranking in enumerate(draws):
             row = table[(table.order == name) & (table.draw == draw) & (table.retention == 0.5)]
-            hooks = remove_heads(model, ranking[:4]).hooks
+            hooks = remove_heads(model, prn.removed_heads(ranking, 0.5, "layer")).hooks
             assert float(row["ppl"].iloc[0]) == corpus_nll(model, TEXTS, hooks=hooks).ppl
             assert float(row["delta_ppl"].iloc[0]) != 0.0
 
@@ -438,11 +457,15 @@ def test_pruning_orders(model, pruned):
 
 def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
     ranking = [(1, 2), (0, 3), (1, 0), (0, 1), (1, 1), (0, 0), (0, 2), (1, 3)]
-    assert prn.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]
-    assert prn.removed_heads(ranking, 0.5, "layer") == [(1, 2), (1, 0), (0, 3), (0, 1)]
-    assert prn.removed_heads(ranking, 0.75, "layer") == [(1, 2), (0, 3)]  # 1 of 4 per layer
+    assert prn.removed_heads(ranking, 0.75, "global") == [(1, 2), (0, 3)]
+    assert prn.removed_heads(ranking, 0.5, "global") == [(1, 2), (0, 3), (1, 0), (0, 1)]
+    assert prn.removed_heads(ranking, 0.5) == [(1, 2), (1, 0), (0, 3), (0, 1)]  # per layer
+    assert prn.removed_heads(ranking, 0.25) == [(1, 2), (1, 0), (1, 1), (0, 3), (0, 1), (0, 0)]
+    assert prn.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]  # 1 of 4 per layer
+    # SPEC §4: the same share of heads in every layer by default
+    assert pruned.scope == "layer"
     layered = prn.prune_heads(
-        model, TEXTS, order="entropy", retention=0.5, scope="layer", lone=False, progress=False
+        model, TEXTS, order="entropy", retention=0.5, lone=False, progress=False
     )
     removed = prn.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
     expected = corpus_nll(model, TEXTS, hooks=remove_heads(model, removed).hooks).ppl
@@ -519,7 +542,11 @@ def test_plots_draw_the_result_tables(model, pruned):
     top = fig.axes[0].lines[0]
     assert list(top.get_ydata()) == pytest.approx(list(geo.f_by_n()["top"]))
     fig = geo.plot_sink_effect()
-    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx(list(geo.sink_effect()["ratio"]))
+    effect = geo.sink_effect()
+    assert list(fig.axes[1].lines[0].get_ydata()) == pytest.approx(
+        list(effect["median_head_ratio"])
+    )
+    assert list(fig.axes[1].lines[1].get_ydata()) == pytest.approx(list(effect["ratio"]))
     tax = taxo.head_taxonomy(model, TEXTS, progress=False)
     fig = tax.plot()
     heights = [p.get_height() for p in fig.axes[0].patches[: model.cfg.n_layers]]

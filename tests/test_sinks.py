@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import planted_sink_tensors, reference_ablation_heads, reference_sink_heads
 
 import cw_lens
 from cw_lens import geometry as geo
@@ -136,6 +138,19 @@ def test_counterfactual_sink_rate_equals_brute_force(seed, d_head):
     assert abs(s_star - brute) <= 1e-4
 
 
+GEOMETRY_CLAIMS = (
+    "sink_value_norm_ratio",
+    "sink_anti_alignment",
+    "convex_sink_curve",
+    "sink_cancels_drift",
+)
+
+
+def failing_claims(stats, names):
+    claims = stats.claims()
+    return [name for name in names if not claims[name]["holds"]]
+
+
 def planted_sink_hooks(model, sink_mass=0.6, sink_scale=-0.2):
     """Every head puts ``sink_mass`` on position 0; tail values share one direction c and the
     sink's value is ``sink_scale * c`` (anti-aligned and 5x smaller)."""
@@ -192,14 +207,7 @@ def test_statistics_on_a_planted_anti_aligned_sink(llama):
     assert heads["s_star_interior"].all()
     assert (heads["drift_cos_median"] < -0.9).all()
     assert (heads["drift_cancelled_median"] > 0).all()
-    claims = stats.claims()
-    for claim in (
-        "sink_value_norm_ratio",
-        "sink_anti_alignment",
-        "convex_sink_curve",
-        "sink_cancels_drift",
-    ):
-        assert claims[claim]["holds"], claim
+    assert failing_claims(stats, GEOMETRY_CLAIMS) == []
 
 
 def test_sink_rates_and_detection(llama):
@@ -271,3 +279,178 @@ def test_norm_matched_patch_does_not_depend_on_padding(llama):
     padded = run_logits(llama, batch, patch.hooks)[0, : alone.tokens.shape[1]]
     single = run_logits(llama, alone, solo.hooks)[0]
     assert torch.allclose(padded, single, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- planted references
+
+# four texts of 39 bytes: 40 positions with BOS, no padding
+PLANTED_TEXTS = [
+    "the sink sits at position zero, always.",
+    "weak tokens drift; the sink cancels it!",
+    "values point in many different ways....",
+    "a fourth document keeps the counts up..",
+]
+N_POS = 40
+
+
+def plant(model, patterns, values):
+    """Replace every layer's attention pattern and values by the planted tensors (checked)."""
+
+    def put(tensors):
+        def hook(t, hook):
+            layer = int(hook.name.split(".")[1])
+            assert t.shape == tensors[layer].shape, (hook.name, t.shape)
+            return tensors[layer].to(t.dtype)
+
+        return hook
+
+    hooks = []
+    for layer in range(model.cfg.n_layers):
+        hooks += [
+            (f"blocks.{layer}.attn.v.hook_out", put(values)),
+            (f"blocks.{layer}.attn.hook_pattern", put(patterns)),
+        ]
+    return HookSet(model, hooks, "planted tensors")
+
+
+def planted_tensors(model, **kw):
+    cfg = model.cfg
+    n_kv = cfg.n_key_value_heads or cfg.n_heads
+    out = [
+        planted_sink_tensors(
+            len(PLANTED_TEXTS), N_POS, cfg.n_heads, n_kv, cfg.d_head, seed=layer, **kw
+        )
+        for layer in range(cfg.n_layers)
+    ]
+    return [p for p, _ in out], [v for _, v in out]
+
+
+def inverted_cdf_median(values):
+    return float(np.quantile(np.array(values), 0.5, method="inverted_cdf"))
+
+
+@pytest.fixture(scope="module")
+def planted_sinks(llama):
+    # layer 1's sink value is larger: several heads cancel more than twice their drift
+    patterns, values = planted_tensors(llama, sink=-0.3)
+    patterns1, values1 = planted_tensors(llama, sink=-0.9)
+    patterns[1], values[1] = patterns1[1], values1[1]
+    with plant(llama, patterns, values):
+        stats = cw_lens.sink_statistics(llama, PLANTED_TEXTS, min_query=4)
+    return stats, patterns, values
+
+
+def test_sink_statistics_equal_a_float64_reference_on_planted_sinks(llama, planted_sinks):
+    """Tail values in many directions, uneven norms and attention, queries with s = 0.9995 and
+    s = 1: every per-head statistic against loops over d_model vectors."""
+    stats, patterns, values = planted_sinks
+    heads = stats.heads().set_index(["layer", "head"])
+    beyond_two = 0
+    for layer in range(llama.cfg.n_layers):
+        W_O = llama.blocks[layer].attn.W_O.detach()
+        ref = reference_sink_heads(patterns[layer], values[layer], W_O)
+        for h, r in enumerate(ref):
+            row = heads.loc[(layer, h)]
+            ratio = np.array(r["norm_ratio"])
+            assert row["norm_ratio"] == pytest.approx(ratio.mean(), rel=1e-5)
+            assert row["norm_ratio_geomean"] == pytest.approx(
+                np.exp(np.log(ratio).mean()), rel=1e-5
+            )
+            assert ratio.mean() > 1.1 * np.exp(np.log(ratio).mean())  # the two means differ
+            assert row["cos_sink_mixture"] == pytest.approx(np.mean(r["cos_mixture"]), abs=1e-5)
+            assert row["s_star_count"] == len(r["s_star"])  # s > 0.999 is skipped
+            assert abs(row["s_star_median"] - inverted_cdf_median(r["s_star"])) <= 0.02 + 1e-9
+            assert row["drift_count"] == len(r["drift_cos"])
+            assert abs(row["drift_cos_median"] - inverted_cdf_median(r["drift_cos"])) <= 0.02 + 1e-9
+            share = inverted_cdf_median(r["drift_share"])
+            assert row["drift_cancelled_median"] == pytest.approx(share, rel=0.02, abs=1e-4)
+            assert row["drift_negative_share"] == pytest.approx(
+                np.mean(np.array(r["drift_cos"]) < 0)
+            )
+            beyond_two += abs(share) > 2
+    assert beyond_two >= 2  # medians beyond a +-2 histogram must come back unclipped
+    assert heads.loc[(0, 1), "s_star_count"] < heads.loc[(0, 0), "s_star_count"]
+
+
+def test_planted_sink_claims_hold(planted_sinks):
+    stats, _, _ = planted_sinks
+    assert stats.heads()["sink_head"].all()
+    assert failing_claims(stats, (*GEOMETRY_CLAIMS, "sink_attention_vs_contribution")) == []
+
+
+def test_drivers_are_per_head_spearman_of_the_sampled_entries(planted_sinks):
+    """drivers(): per (layer, head, group) Spearman rho of each factor with the contribution,
+    against an independent rank computation (numpy, average ranks) of the samples."""
+    stats, _, _ = planted_sinks
+    drivers = stats.drivers().set_index(["layer", "head", "group"])
+    for group in ("sink", "tail"):
+        samples = stats.samples(group)
+        assert len(samples)
+        for (layer, head), g in samples.groupby(["layer", "head"]):
+            row = drivers.loc[(layer, head, group)]
+            assert row["n_samples"] == len(g)
+            for factor in ("attention", "relative_norm", "cosine"):
+                expected = numpy_spearman(g[factor].to_numpy(), g["contribution"].to_numpy())
+                assert row[f"rho_{factor}"] == pytest.approx(expected, abs=1e-9)
+    # the sink group keeps every sink entry here (fewer than samples_per_head per head)
+    sink = stats.samples("sink")
+    assert (sink["key"] == 0).all()
+    assert len(sink) == len(PLANTED_TEXTS) * 2 * 4 * (N_POS - 1)
+
+
+def numpy_spearman(a, b):
+    """Pearson correlation of average ranks (ties share the mean rank)."""
+
+    def ranks(x):
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(1, len(x) + 1)
+        for value in np.unique(x):
+            tie = x == value
+            r[tie] = r[tie].mean()
+        return r
+
+    ra, rb = ranks(np.asarray(a, float)), ranks(np.asarray(b, float))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_ablation_per_head_numbers_equal_a_float64_reference(llama):
+    """Noise-only values (no shared direction), the sink a tail-like vector (so including it
+    moves the cone axis), kv head 1's values 10x larger (raw norms), heads 2-3 diffuse with
+    little sink (low output norm relative to their values): against d_model loops."""
+    gen = torch.Generator().manual_seed(5)
+    sink = 1.5 * torch.randn(2, llama.cfg.d_head, generator=gen, dtype=torch.float64)
+    kw = dict(
+        common=0.0,
+        sink=sink,
+        kv_scale=(1.0, 10.0),
+        focus=(3.0, 3.0, 0.0, 0.0),
+        rates=[(0.2, 0.9), (0.2, 0.9), (0.0, 0.05), (0.0, 0.05)],
+        near_one=False,
+    )
+    patterns, values = planted_tensors(llama, **kw)
+    with plant(llama, patterns, values):
+        ablation = cw_lens.sink_ablation(llama, PLANTED_TEXTS)
+    got = ablation.per_head.set_index(["layer", "head"])
+    rows = []
+    for layer in range(llama.cfg.n_layers):
+        W_O = llama.blocks[layer].attn.W_O.detach()
+        for h, ref in enumerate(reference_ablation_heads(patterns[layer], values[layer], W_O)):
+            row = got.loc[(layer, h)]
+            for column, key in (
+                ("norm_before", "norm_before"),
+                ("norm_after", "norm_after"),
+                ("cone_before", "cone_before"),
+                ("cone_after", "cone_after"),
+                ("relative_output_norm", "rel"),
+            ):
+                assert row[column] == pytest.approx(ref[key], rel=1e-4, abs=1e-5), (
+                    layer,
+                    h,
+                    column,
+                )
+            rows.append((layer, h, ref["rel"], ref["norm_before"]))
+    by_relative = {(a, h) for a, h, _, _ in sorted(rows, key=lambda r: r[2])[:2]}
+    by_raw = {(a, h) for a, h, _, _ in sorted(rows, key=lambda r: r[3])[:2]}
+    assert by_relative != by_raw  # the fixture tells the two rankings apart
+    assert set(got.index[got["low_norm"]]) == by_relative

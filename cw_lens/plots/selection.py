@@ -62,35 +62,37 @@ def plot_topn_beats_random(result: Any, *, figsize: tuple = (10, 4)) -> Any:
 
 def plot_sink_lowers_fn(result: Any, *, figsize: tuple = (10, 4)) -> Any:
     """Claim ``sink_lowers_fn`` (P2): F_N with the sink among the candidates against F_N with
-    the sink excluded; right: the ratio F(no sink) / F(with sink) and the share of heads whose
-    F_N rises without the sink."""
+    the sink excluded; right: the median per-head ratio F(no sink) / F(with sink) (the claim's
+    number), the ratio of the means, and the share of heads whose ratio is at least 2."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     _f_curves(axes[0], result, ("top", "top_no_sink"))
     axes[0].set_title(f"Sink effect on F_N (sink positions {list(result.sink_positions)})")
     axes[0].legend(fontsize=8)
     effect = result.sink_effect()
-    axes[1].plot(effect.index, effect["ratio"], marker="o", color="C3", label="ratio of means")
+    axes[1].plot(
+        effect.index, effect["median_head_ratio"], marker="o", color="C3", label="median per head"
+    )
     axes[1].plot(
         effect.index,
-        effect["median_head_ratio"],
+        effect["ratio"],
         marker="s",
         color="C3",
         alpha=0.5,
         linestyle=":",
-        label="median per-head ratio",
+        label="ratio of means",
     )
     axes[1].axhline(1.0, color="0.5", linewidth=0.8)
     axes[1].set_ylabel("F_N(no sink) / F_N(with sink)")
     share = axes[1].twinx()
     share.bar(
         effect.index,
-        effect["share_heads_higher_without"],
+        effect["share_heads_at_least_2x"],
         width=[0.3 * n for n in effect.index],
         color="C3",
         alpha=0.15,
     )
     share.set_ylim(0, 1)
-    share.set_ylabel("share of heads with higher F_N without sink")
+    share.set_ylabel("share of heads at >= 2x (bars)")
     _log2_n_axis(axes[1], result.n_grid)
     axes[1].legend(fontsize=8, loc="upper left")
     axes[1].set_title("Excluding the sink")

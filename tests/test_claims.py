@@ -1,0 +1,574 @@
+"""SPEC §6's criteria, claim by claim, on both sides: tables built by hand where each claim must
+hold and where it must not, with traps where a wrong reading (mean for median, pooled for per
+head, ratio for difference, no filter, wrong group, lax comparison) flips the verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.errors import InputError
+from cw_lens.faithfulness import FaithfulnessResult
+from cw_lens.pruning import ORDERS, PruningResult
+from cw_lens.selection import head_f_ratio, selection_claims
+from cw_lens.sinks import SinkAblation, sink_claims
+from cw_lens.taxonomy import HeadTaxonomyResult
+
+# SPEC §6's criterion column, verbatim
+SPEC_CRITERIA = {
+    "sink_attention_vs_contribution": "over sink heads, mean intra contribution of the sink < ½ × "
+    "its mean attention (the ratio is the number)",
+    "faithfulness_order": "pairs granularity: strict AOPC comprehensiveness order attention < "
+    "value_norm < value_norm_output < contribution, and contribution lowest on sufficiency",
+    "sink_value_norm_ratio": "median over sink heads of mean ‖pv_j‖/‖pv_0‖ lies in [3, 10]",
+    "sink_anti_alignment": "median over sink heads of cos(pv_0, m_i) < 0",
+    "sink_contribution_drivers": "per sink head, Spearman ρ of each factor with the sink's "
+    "contribution; the median over heads of |ρ(attention)| is the smallest of the three",
+    "convex_sink_curve": "more than half of the sink heads with at least 16 counted queries have a "
+    "median s* in (0, 1)",
+    "sink_cancels_drift": "median cos(α₀pv₀, d_i) < 0 in more than half of the sink heads, and the "
+    "median cancelled share > 0 (per-head medians from unclipped values)",
+    "sink_ablation_cone": "cone alignment rises more in low-norm heads than in the others, and PPL "
+    "rises",
+    "topn_beats_random": "mean F_N(top) > F_N(random) at every N > 1, and the largest difference "
+    "at N ∈ {2, 4}",
+    "sink_lowers_fn": "at N = 2 and N = 4 the median over heads of F_N(sink excluded)/F_N(sink "
+    "allowed) > 1; the share of heads at ≥ 2× is reported beside it",
+    "retriever_share": "Retriever share in [5.8%, 17.2%]",
+    "pruning_signal": "per-layer ranking: ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and "
+    "75% retention; the best order at 50% and 25% is reported",
+}
+
+
+# =========================================================================== Check and Claim
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "threshold", "holds"),
+    [
+        (0.49, "<", 0.5, True),
+        (0.5, "<", 0.5, False),  # strict
+        (0.51, ">", 0.5, True),
+        (0.5, ">", 0.5, False),  # strict
+        (3.0, "in", (3.0, 10.0), True),  # closed
+        (10.0, "in", (3.0, 10.0), True),
+        (2.999, "in", (3.0, 10.0), False),
+        (10.001, "in", (3.0, 10.0), False),
+        (math.nan, ">", 0.0, False),  # not measured never holds
+        (math.nan, "in", (0.0, 1.0), False),
+        (math.inf, ">", 1.0, True),
+        (-math.inf, "<", 0.0, True),
+    ],
+)
+def test_check_comparisons(value, op, threshold, holds):
+    check = Check("x", value, op, threshold)
+    assert check.holds is holds
+    assert check.to_dict()["holds"] is holds
+
+
+def test_check_rejects_bad_ops_and_claims_need_every_check():
+    with pytest.raises(ValueError, match="op must be"):
+        Check("x", 1.0, ">=", 0.0)
+    with pytest.raises(ValueError, match="low, high"):
+        Check("x", 1.0, "in", 0.0)
+    with pytest.raises(ValueError, match="low, high"):
+        Check("x", 1.0, "<", (0.0, 1.0))
+    yes, no = Check("a", 1.0, ">", 0.0), Check("b", -1.0, ">", 0.0)
+    assert Claim("c", "p", "k", [yes, yes]).holds
+    assert not Claim("c", "p", "k", [yes, no]).holds
+    assert not Claim("c", "p", "k", []).holds
+    d = claims_dict([Claim("c", "p", "k", [yes, no], {"extra": 2})])["c"]
+    assert list(d["measured"]) == ["a", "b", "extra"]  # headline numbers first
+    assert d["checks"][1] == {
+        "number": "b",
+        "value": -1.0,
+        "op": ">",
+        "threshold": 0.0,
+        "holds": False,
+    }
+    assert d["holds"] is False and d["criterion"] == "k" and d["paper"] == "p"
+
+
+# =========================================================================== sink claims
+
+
+def sink_tables(**sink_columns):
+    """Five sink heads (layer 0, heads 0-4) and six others (heads 5-10) where every sink claim
+    holds; non-sink heads carry values that flip each verdict if they were counted.
+    ``sink_columns`` overrides columns of the sink heads (lists of 5)."""
+    sink = {
+        "sink_attention": [0.6] * 5,
+        "sink_contribution": [0.2] * 5,
+        "norm_ratio": [4.0, 5.0, 6.0, 7.0, 8.0],
+        "norm_ratio_geomean": [2.0, 2.5, 2.8, 2.9, 2.95],  # would fail [3, 10]
+        "cos_sink_mixture": [-0.3, -0.2, -0.1, 0.05, 0.1],
+        "cos_sink_token": [-0.1] * 5,
+        "s_star_interior": [True, True, False, False, False],
+        "s_star_count": [100, 100, 100, 4, 4],  # judged: the first three
+        "s_star_median": [0.8, 0.7, 1.0, 1.0, 1.0],
+        "s_star_at_1": [0.1, 0.1, 0.9, 0.9, 0.9],
+        "drift_cos_median": [-0.5, -0.4, -0.3, 0.1, 0.2],
+        "drift_cancelled_median": [-0.5, 0.1, 0.3, 3.0, -4.0],
+    }
+    other = {
+        "sink_attention": 0.1,
+        "sink_contribution": 0.3,
+        "norm_ratio": 1.0,
+        "norm_ratio_geomean": 1.0,
+        "cos_sink_mixture": 0.5,
+        "cos_sink_token": 0.5,
+        "s_star_interior": False,
+        "s_star_count": 100,
+        "s_star_median": 1.0,
+        "s_star_at_1": 0.9,
+        "drift_cos_median": 0.5,
+        "drift_cancelled_median": -1.0,
+    }
+    sink.update(sink_columns)
+    heads = pd.DataFrame(
+        {
+            "layer": 0,
+            "head": range(11),
+            "sink_head": [True] * 5 + [False] * 6,
+            **{k: list(v) + [other[k]] * 6 for k, v in sink.items()},
+        }
+    )
+    for column in ("sink_relative_norm", "sink_cosine", "tail_attention", "tail_relative_norm"):
+        heads[column] = 0.5
+    heads["tail_cosine"] = 0.5
+    return heads
+
+
+def driver_table(sink_rho=None, tail_rho=None, other_rho=None):
+    """Per-head Spearman rows: sink group of sink heads (``sink_rho``: factor -> 5 values),
+    the tail group of sink heads and the sink group of the other heads."""
+    sink_rho = sink_rho or {
+        # median |rho|: attention 0.2 (mean 0.45), relative norm 0.3, cosine 0.8 (signed -0.8)
+        "attention": [0.1, 0.1, 0.2, 0.9, 0.95],
+        "relative_norm": [0.3] * 5,
+        "cosine": [-0.9, -0.8, -0.7, -0.9, -0.8],
+    }
+    tail_rho = tail_rho or {
+        "attention": [0.99] * 5,
+        "relative_norm": [0.1] * 5,
+        "cosine": [0.1] * 5,
+    }
+    other_rho = other_rho or {
+        "attention": [0.0] * 6,
+        "relative_norm": [0.0] * 6,
+        "cosine": [0.0] * 6,
+    }
+    frames = [
+        pd.DataFrame({"layer": 0, "head": range(5), "group": "sink", **_rho(sink_rho)}),
+        pd.DataFrame({"layer": 0, "head": range(5), "group": "tail", **_rho(tail_rho)}),
+        pd.DataFrame({"layer": 0, "head": range(5, 11), "group": "sink", **_rho(other_rho)}),
+    ]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _rho(values):
+    return {f"rho_{k}": v for k, v in values.items()}
+
+
+def sink_verdicts(heads, drivers=None):
+    claims = claims_dict(sink_claims(heads, driver_table() if drivers is None else drivers))
+    return {cid: c["holds"] for cid, c in claims.items()}, claims
+
+
+def test_every_sink_claim_holds_on_its_fixture_and_reads_the_spec_numbers():
+    verdicts, claims = sink_verdicts(sink_tables())
+    assert all(verdicts.values()), verdicts
+    m = {cid: c["measured"] for cid, c in claims.items()}
+    assert m["sink_attention_vs_contribution"]["contribution_over_attention"] == pytest.approx(
+        1 / 3
+    )
+    assert m["sink_value_norm_ratio"]["median_ratio_sink_heads"] == 6.0
+    assert m["sink_anti_alignment"]["median_cos_sink_tail_mixture"] == -0.1
+    assert m["sink_contribution_drivers"]["median_abs_rho_sink"] == pytest.approx(
+        {"attention": 0.2, "relative_norm": 0.3, "cosine": 0.8}
+    )
+    assert m["convex_sink_curve"]["share_judged_sink_heads_interior_median_s_star"] == 2 / 3
+    assert m["convex_sink_curve"]["n_sink_heads_judged"] == 3
+    assert m["sink_cancels_drift"]["share_sink_heads_negative_cosine"] == 0.6
+    assert m["sink_cancels_drift"]["median_cancelled_share"] == 0.1
+    assert m["sink_cancels_drift"]["n_sink_heads_median_share_beyond_2"] == 2
+    for cid, claim in claims.items():
+        assert claim["criterion"] == SPEC_CRITERIA[cid]
+
+
+@pytest.mark.parametrize(
+    ("claim", "columns"),
+    [
+        ("sink_attention_vs_contribution", {"sink_contribution": [0.4] * 5}),
+        (
+            "sink_attention_vs_contribution",
+            {"sink_attention": [0.5] * 5, "sink_contribution": [0.25] * 5},
+        ),
+        ("sink_value_norm_ratio", {"norm_ratio": [11.0, 12.0, 13.0, 14.0, 15.0]}),
+        ("sink_value_norm_ratio", {"norm_ratio": [2.0, 2.5, 2.9, 9.0, 9.0]}),
+        ("sink_anti_alignment", {"cos_sink_mixture": [-0.3, -0.2, 0.1, 0.2, 0.3]}),
+        ("sink_anti_alignment", {"cos_sink_mixture": [-0.3, -0.2, 0.0, 0.2, 0.3]}),  # strict
+        ("convex_sink_curve", {"s_star_interior": [True, False, False, True, True]}),
+        ("convex_sink_curve", {"s_star_count": [100, 100, 100, 100, 4]}),  # 2 of 4: not > half
+        ("sink_cancels_drift", {"drift_cos_median": [-0.5, -0.4, 0.3, 0.1, 0.2]}),
+        ("sink_cancels_drift", {"drift_cancelled_median": [-0.5, -0.1, 0.3, 3.0, -4.0]}),
+    ],
+)
+def test_each_sink_claim_fails_on_its_counter_fixture(claim, columns):
+    verdicts, _ = sink_verdicts(sink_tables(**columns))
+    assert not verdicts[claim]
+    assert all(v for cid, v in verdicts.items() if cid != claim), verdicts
+
+
+def test_sink_value_norm_ratio_bounds_are_closed_and_read_the_mean_ratio():
+    for ratios in ([1.0, 2.0, 3.0, 11.0, 12.0], [1.0, 2.0, 10.0, 11.0, 12.0]):
+        assert sink_verdicts(sink_tables(norm_ratio=ratios))[0]["sink_value_norm_ratio"]
+    # the geometric mean (a different number) must not decide: 11 fails although geomean is 9
+    heads = sink_tables(norm_ratio=[11.0] * 5, norm_ratio_geomean=[9.0] * 5)
+    assert not sink_verdicts(heads)[0]["sink_value_norm_ratio"]
+
+
+def test_convex_sink_curve_judges_heads_with_at_least_16_queries():
+    # counts 16 are judged, 15 are not: judged interior [T, T, F] -> 2/3
+    heads = sink_tables(s_star_count=[100, 16, 100, 15, 15])
+    assert sink_verdicts(heads)[0]["convex_sink_curve"]
+    heads = sink_tables(s_star_count=[100, 15, 100, 16, 16])  # judged [T, F, F, F]
+    assert not sink_verdicts(heads)[0]["convex_sink_curve"]
+
+
+@pytest.mark.parametrize(
+    "drivers",
+    [
+        # attention's median |rho| above relative norm's
+        {"attention": [0.5] * 5, "relative_norm": [0.4] * 5, "cosine": [0.9] * 5},
+        # above cosine's |rho|
+        {"attention": [0.5] * 5, "relative_norm": [0.9] * 5, "cosine": [-0.4] * 5},
+        # a tie is not "smallest"
+        {"attention": [0.3] * 5, "relative_norm": [0.3] * 5, "cosine": [0.9] * 5},
+    ],
+)
+def test_sink_contribution_drivers_fails_when_attention_is_not_the_weakest(drivers):
+    verdicts, _ = sink_verdicts(sink_tables(), driver_table(sink_rho=drivers))
+    assert not verdicts["sink_contribution_drivers"]
+
+
+def test_sink_contribution_drivers_uses_the_median_of_absolute_per_head_rho():
+    # the fixture holds only with median (mean |rho(attention)| 0.45 > 0.3), absolute values
+    # (signed cosine median -0.8 < 0.2), the sink group (tail: attention 0.99), sink heads only
+    verdicts, claims = sink_verdicts(sink_tables())
+    assert verdicts["sink_contribution_drivers"]
+    checks = claims["sink_contribution_drivers"]["checks"]
+    assert [c["value"] for c in checks] == pytest.approx([0.1, 0.6])
+    # NaN rho (a constant factor) is left out of the median, not counted as 0
+    nan_head = {
+        "attention": [0.1, 0.1, 0.2, 0.9, math.nan],
+        "relative_norm": [0.3] * 5,
+        "cosine": [0.8] * 5,
+    }
+    _, claims = sink_verdicts(sink_tables(), driver_table(sink_rho=nan_head))
+    assert claims["sink_contribution_drivers"]["measured"]["median_abs_rho_sink"][
+        "attention"
+    ] == pytest.approx(0.15)
+
+
+def test_no_sink_head_means_no_sink_claim_holds():
+    heads = sink_tables()
+    heads["sink_head"] = False
+    verdicts, claims = sink_verdicts(heads)
+    assert not any(verdicts.values())
+    assert math.isnan(claims["sink_value_norm_ratio"]["measured"]["median_ratio_sink_heads"])
+
+
+# =========================================================================== ablation
+
+
+def ablation(low=(0.2, 0.5), other=(0.5, 0.6), clean=3.0, patched=3.5):
+    """Two low-norm heads with cone alignment ``low`` (before, after), six others ``other``."""
+    rows = [
+        {
+            "layer": 0,
+            "head": h,
+            "relative_output_norm": 0.1 * (h + 1),
+            "norm_before": 1.0,
+            "norm_after": 0.5,
+            "cone_before": (low if h < 2 else other)[0],
+            "cone_after": (low if h < 2 else other)[1],
+            "low_norm": h < 2,
+        }
+        for h in range(8)
+    ]
+    return SinkAblation(clean, patched, pd.DataFrame(rows), 0.0, "scale", "direct", [0])
+
+
+def test_sink_ablation_cone_on_both_sides():
+    # low-norm heads rise 0.3, others 0.1, PPL up: holds (although low-norm heads end lower)
+    claim = ablation().claims()["sink_ablation_cone"]
+    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["sink_ablation_cone"]
+    assert claim["measured"]["cone_rise_low_norm_minus_other"] == pytest.approx(0.2)
+    assert claim["measured"]["delta_ppl"] == pytest.approx(math.exp(3.5) - math.exp(3.0))
+    assert not ablation(patched=2.9).claims()["sink_ablation_cone"]["holds"]  # PPL down
+    assert not ablation(patched=3.0).claims()["sink_ablation_cone"]["holds"]  # unchanged
+    assert not ablation(low=(0.2, 0.3), other=(0.4, 0.6)).claims()["sink_ablation_cone"]["holds"]
+
+
+# =========================================================================== selection
+
+
+def selection_table(top, random, top_no_sink=None, grid=(1, 2, 4, 8, 16), n_heads=4):
+    """Per-head F: ``top`` and ``random`` per N (the same for every head) or per (head, N);
+    ``top_no_sink`` per (head, N) (default: equal to top)."""
+
+    def per_head(values):
+        values = np.asarray(values, dtype=float)
+        return np.broadcast_to(values, (n_heads, len(grid)))
+
+    rules = {"top": per_head(top), "random": per_head(random)}
+    rules["top_no_sink"] = rules["top"] if top_no_sink is None else per_head(top_no_sink)
+    rows = [
+        {"layer": 0, "head": h, "n": n, "rule": rule, "f": float(f[h, k]), "n_queries": 3}
+        for rule, f in rules.items()
+        for h in range(n_heads)
+        for k, n in enumerate(grid)
+    ]
+    return pd.DataFrame(rows)
+
+
+def selection_verdicts(table):
+    claims = claims_dict(selection_claims(table))
+    return {cid: c["holds"] for cid, c in claims.items()}, claims
+
+
+def test_topn_beats_random_on_both_sides():
+    holds, claims = selection_verdicts(
+        selection_table([1, 0.8, 0.7, 0.5, 0.4], [1, 0.3, 0.3, 0.3, 0.1])
+    )
+    # the largest ratio is at N = 16 (4x) but the largest difference at N = 2: holds
+    assert holds["topn_beats_random"]
+    claim = claims["topn_beats_random"]
+    assert claim["criterion"] == SPEC_CRITERIA["topn_beats_random"]
+    assert claim["measured"]["min_over_n_f_top_minus_random"] == pytest.approx(0.2)
+    assert claim["measured"]["largest_gap_n2_n4_minus_larger_n"] == pytest.approx(0.2)
+    # the largest difference at N = 8
+    assert not selection_verdicts(
+        selection_table([1, 0.5, 0.6, 0.9, 0.4], [1, 0.3, 0.3, 0.3, 0.3])
+    )[0]["topn_beats_random"]
+    # random better at N = 16
+    assert not selection_verdicts(
+        selection_table([1, 0.8, 0.7, 0.5, 0.2], [1, 0.3, 0.3, 0.3, 0.3])
+    )[0]["topn_beats_random"]
+    # equal at N = 16 (strict)
+    assert not selection_verdicts(
+        selection_table([1, 0.8, 0.7, 0.5, 0.3], [1, 0.3, 0.3, 0.3, 0.3])
+    )[0]["topn_beats_random"]
+
+
+def test_sink_lowers_fn_reads_the_median_of_per_head_ratios_at_n2_and_n4():
+    # per-head ratios at N = 2 and 4: [0.5, 1.2, 1.3, 1.1] -> median 1.15 > 1 (holds), although
+    # the ratio of the mean F is 0.66 (head 0 dominates the means)
+    f_top = [[1.0, 1.0, 1.0, 1.0, 1.0], [1.0, 0.1, 0.1, 0.1, 0.1]] + [[1.0, 0.1, 0.1, 0.1, 0.1]] * 2
+    ratios = np.array([0.5, 1.2, 1.3, 1.1])[:, None]
+    f_no_sink = np.array(f_top) * np.concatenate([np.ones((4, 1)), np.repeat(ratios, 4, 1)], 1)
+    holds, claims = selection_verdicts(selection_table(f_top, 0.05, f_no_sink))
+    assert holds["sink_lowers_fn"]
+    claim = claims["sink_lowers_fn"]
+    assert claim["criterion"] == SPEC_CRITERIA["sink_lowers_fn"]
+    assert claim["measured"]["median_head_ratio_n2"] == pytest.approx(1.15)
+    assert claim["measured"]["median_head_ratio_n4"] == pytest.approx(1.15)
+    assert claim["measured"]["ratio_of_mean_f"][2] == pytest.approx(0.215 / 0.325, abs=1e-4)
+    assert claim["measured"]["share_heads_at_least_2x"] == {2: 0.0, 4: 0.0}
+    # ratios [0.9, 0.95, 0.98, 5]: median 0.965 fails, though their mean is 1.96
+    ratios = np.array([0.9, 0.95, 0.98, 5.0])[:, None]
+    f_no_sink = np.array(f_top) * np.concatenate([np.ones((4, 1)), np.repeat(ratios, 4, 1)], 1)
+    holds, claims = selection_verdicts(selection_table(f_top, 0.05, f_no_sink))
+    assert not holds["sink_lowers_fn"]
+    assert claims["sink_lowers_fn"]["measured"]["share_heads_at_least_2x"] == {2: 0.25, 4: 0.25}
+
+
+def test_sink_lowers_fn_needs_both_n2_and_n4():
+    f_top = [1.0, 0.5, 0.5, 0.5, 0.5]
+    assert selection_verdicts(selection_table(f_top, 0.1, [1.0, 0.6, 0.6, 0.6, 0.6]))[0][
+        "sink_lowers_fn"
+    ]
+    assert not selection_verdicts(selection_table(f_top, 0.1, [1.0, 0.6, 0.4, 0.6, 0.6]))[0][
+        "sink_lowers_fn"
+    ]
+    assert not selection_verdicts(selection_table(f_top, 0.1, [1.0, 0.5, 0.6, 0.6, 0.6]))[0][
+        "sink_lowers_fn"
+    ]  # a ratio of exactly 1 at N = 2
+
+
+def test_head_f_ratio_counts_a_head_with_no_sink_free_gain_as_infinite():
+    ratio = head_f_ratio(pd.Series([0.5, 0.3, 0.0, 0.2]), pd.Series([0.25, 0.0, 0.0, 0.4]))
+    assert ratio.iloc[0] == 2.0 and ratio.iloc[1] == math.inf and ratio.iloc[3] == 0.5
+    assert math.isnan(ratio.iloc[2])
+
+
+# =========================================================================== taxonomy
+
+
+@pytest.mark.parametrize(
+    ("n_retrievers", "holds"), [(58, True), (57, False), (100, True), (172, True), (173, False)]
+)
+def test_retriever_share_range_is_closed(n_retrievers, holds):
+    regimes = ["Retriever"] * n_retrievers + ["Mixer"] * (1000 - n_retrievers)
+    table = pd.DataFrame({"layer": 0, "head": range(1000), "regime": regimes})
+    claim = HeadTaxonomyResult(table, (0,), 1).claims()["retriever_share"]
+    assert claim["holds"] is holds
+    assert claim["measured"]["retriever_share"] == n_retrievers / 1000
+    assert claim["criterion"] == SPEC_CRITERIA["retriever_share"]
+
+
+# =========================================================================== pruning
+
+
+def pruning(taxonomy, random_draws, scope="layer", magnitude=(0.5, 5.0, 8.0, 20.0)):
+    """ΔPPL per retention (0.9, 0.75, 0.5, 0.25) for each order; random: 3 draws per level."""
+    levels = (0.9, 0.75, 0.5, 0.25)
+    rows = []
+    orders = {"taxonomy": taxonomy, "magnitude": magnitude, "entropy": (3.0, 4.0, 9.0, 25.0)}
+    for name, values in orders.items():
+        rows += [
+            {"order": name, "draw": 0, "retention": r, "delta_ppl": v}
+            for r, v in zip(levels, values, strict=True)
+        ]
+    for level, draws in zip(levels, random_draws, strict=True):
+        rows += [
+            {"order": "random", "draw": d, "retention": level, "delta_ppl": v}
+            for d, v in enumerate(draws)
+        ]
+    return PruningResult(
+        table=pd.DataFrame(rows),
+        head_stats=pd.DataFrame(),
+        rankings={},
+        clean_ppl=10.0,
+        clean_nll=math.log(10.0),
+        retention=levels,
+        orders=ORDERS,
+        seed=0,
+        n_documents=1,
+        scope=scope,
+    )
+
+
+RANDOM = ((0.5, 4.0, 4.5), (5.0, 5.0, 8.0), (20.0, 20.0, 20.0), (40.0, 40.0, 40.0))
+
+
+def test_pruning_signal_on_both_sides():
+    result = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)  # beats the mean draw (3, 6), not the min
+    claim = result.claims()["pruning_signal"]
+    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["pruning_signal"]
+    assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.9"] == pytest.approx(2.0)
+    assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.75"] == pytest.approx(4.0)
+    assert claim["measured"]["best_order"] == {"0.5": "magnitude", "0.25": "magnitude"}
+    assert not pruning((1.0, 7.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]
+    assert not pruning((3.5, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]
+    assert not pruning((3.0, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]  # tie
+
+
+def test_pruning_signal_is_judged_on_the_per_layer_ranking():
+    per_layer = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)
+    global_ = pruning((240.0, 300.0, 400.0, 500.0), RANDOM, scope="global")
+    for claim in (
+        per_layer.claims(other_scope=global_)["pruning_signal"],
+        global_.claims(other_scope=per_layer)["pruning_signal"],
+    ):
+        assert claim["holds"]
+        variant = claim["measured"]["global_ranking"]
+        assert variant["random_minus_taxonomy"]["0.9"] == pytest.approx(3.0 - 240.0)
+    with pytest.raises(InputError, match="per-layer ranking"):
+        global_.claims()
+    failing = pruning((9.0, 2.0, 10.0, 30.0), RANDOM)
+    assert not global_.claims(other_scope=failing)["pruning_signal"]["holds"]
+
+
+# =========================================================================== faithfulness
+
+
+METRIC_NAMES = ("attention", "value_norm", "value_norm_output", "contribution", "random")
+
+
+def faithfulness_result(comp, suff, tokens_comp=(4.0, 3.0, 2.0, 1.0, 0.0)):
+    """AOPCs per metric (METRIC_NAMES order) at pairs granularity (two fractions each whose
+    mean is the given value); the tokens granularity reversed."""
+    rows = []
+    for granularity, c, s in (("pairs", comp, suff), ("tokens", tokens_comp, suff[::-1])):
+        for mode, values in (("comprehensiveness", c), ("sufficiency", s)):
+            for metric, v in zip(METRIC_NAMES, values, strict=True):
+                for fraction, offset in ((0.1, -0.05), (0.5, 0.05)):
+                    rows.append(
+                        {
+                            "granularity": granularity,
+                            "metric": metric,
+                            "mode": mode,
+                            "fraction": fraction,
+                            "delta_nll": v + offset,
+                        }
+                    )
+    return FaithfulnessResult(
+        pd.DataFrame(rows), {"nll": 3.0, "ppl": math.exp(3.0)}, False, 1, 10, "abs", 0
+    )
+
+
+HOLDS_COMP = (1.0, 2.0, 3.0, 4.0, 0.1)
+HOLDS_SUFF = (0.5, 0.4, 0.3, 0.2, 0.05)  # random (a control) lower still: not compared
+
+
+def test_faithfulness_order_on_both_sides():
+    claim = faithfulness_result(HOLDS_COMP, HOLDS_SUFF).claims()["faithfulness_order"]
+    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["faithfulness_order"]
+    values = {c["number"]: c["value"] for c in claim["checks"]}
+    assert values == pytest.approx(
+        {
+            "comprehensiveness_value_norm_minus_attention": 1.0,
+            "comprehensiveness_value_norm_output_minus_value_norm": 1.0,
+            "comprehensiveness_contribution_minus_value_norm_output": 1.0,
+            "sufficiency_lowest_other_minus_contribution": 0.1,
+        }
+    )
+    assert claim["measured"]["aopc_comprehensiveness_tokens"]["attention"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("comp", "suff"),
+    [
+        ((2.0, 2.0, 3.0, 4.0, 0.1), HOLDS_SUFF),  # a tie is not a strict order
+        ((1.0, 3.0, 2.0, 4.0, 0.1), HOLDS_SUFF),  # value_norm_output below value_norm
+        ((1.0, 2.0, 4.0, 3.0, 0.1), HOLDS_SUFF),  # contribution not the most faithful
+        ((2.0, 1.0, 3.0, 4.0, 0.1), HOLDS_SUFF),  # attention above value_norm
+        (HOLDS_COMP, (0.5, 0.4, 0.3, 0.35, 0.05)),  # contribution not lowest on sufficiency
+        (HOLDS_COMP, (0.5, 0.4, 0.2, 0.2, 0.05)),  # tied lowest
+        (HOLDS_COMP, (0.1, 0.4, 0.3, 0.6, 0.05)),  # contribution highest
+    ],
+)
+def test_faithfulness_order_fails_on_counter_fixtures(comp, suff):
+    assert not faithfulness_result(comp, suff).claims()["faithfulness_order"]["holds"]
+
+
+def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
+    result = faithfulness_result(HOLDS_COMP, HOLDS_SUFF)
+    tokens_only = FaithfulnessResult(
+        result.curves[result.curves["granularity"] == "tokens"],
+        result.clean,
+        False,
+        1,
+        10,
+        "abs",
+        0,
+    )
+    with pytest.raises(InputError, match="pairs granularity"):
+        tokens_only.claims()
+    no_vno = FaithfulnessResult(
+        result.curves[result.curves["metric"] != "value_norm_output"],
+        result.clean,
+        False,
+        1,
+        10,
+        "abs",
+        0,
+    )
+    with pytest.raises(InputError, match="value_norm_output"):
+        no_vno.claims()
