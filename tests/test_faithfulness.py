@@ -97,9 +97,10 @@ def test_query_zero_is_never_intervened_on_by_default(llama):
     )
     for granularity in ("pairs", "tokens"):
         for mode in ("comprehensiveness", "sufficiency"):
-            for _, hook in ranks.hooks(granularity, "attention", mode, 0.01, layers):
+            (hook_set,) = ranks.hooks(llama, granularity, "attention", mode, 0.01, layers)
+            for edit in hook_set.edits:
                 pattern = torch.ones(2, llama.cfg.n_heads, *batch.tokens.shape[1:] * 2)
-                kept = hook(pattern, None)
+                kept = edit.effective_pattern(pattern, None)
                 assert (kept[:, :, 0] == 1).all()  # query 0 untouched
                 assert (kept[:, :, 1:] == 0).any()  # later queries lose something
     kw = dict(metrics=("attention",), fractions=(0.01,), modes=("sufficiency",), progress=False)
