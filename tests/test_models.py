@@ -12,7 +12,7 @@ import torch
 from reference import model_reference
 
 import cw_lens
-from cw_lens import models
+from cw_lens import gguf_cache, models
 from cw_lens.errors import EmbeddedModelMissing, ModelLoadError, UnsupportedModelError
 
 pytestmark = pytest.mark.model
@@ -126,20 +126,20 @@ def test_plain_torch_module_is_rejected():
 def test_corrupt_cache_is_detected_and_rebuilt(smollm, tmp_path, monkeypatch):
     """A flipped byte in the cached weights is caught by the manifest digest and rebuilt."""
     gguf = models.embedded_gguf_path()
-    good = models._gguf_cache_dir(gguf)  # built by the smollm fixture
+    good = gguf_cache.gguf_cache_dir(gguf)  # built by the smollm fixture
     monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path))
-    folder = models._gguf_cache_dir(gguf)
+    folder = gguf_cache.gguf_cache_dir(gguf)
     shutil.copytree(good, folder)
-    digest = models._gguf_digest(gguf)
-    assert models._cache_is_valid(folder, digest)
+    digest = gguf_cache.gguf_digest(gguf)
+    assert gguf_cache.cache_is_valid(folder, digest)
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    assert not models._cache_is_valid(folder, digest)
-    bridge = cw_lens.load_model(device="cpu")
-    assert models._cache_is_valid(folder, digest)
-    assert bridge.cfg.n_layers == 30
+    assert not gguf_cache.cache_is_valid(folder, digest)
+    model = cw_lens.load_model(device="cpu")
+    assert gguf_cache.cache_is_valid(folder, digest)
+    assert model.cfg.n_layers == 30
 
 
 def test_corrupt_gguf_file_raises_a_clear_error(tmp_path, monkeypatch):
