@@ -31,6 +31,7 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(VENV)/bin/ruff check cw_lens tests benchmarks
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # the HTML view is tested in a real headless browser: Debian's chromium
 browser-deps:

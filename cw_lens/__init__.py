@@ -17,12 +17,11 @@ Public API (re-exports only; each function's module docstring states its formula
 from cw_lens.capture import cache_names
 from cw_lens.contributions import (
     ContributionResult,
-    LayerContributions,
     contribution_weights,
     contribution_weights_from_cache,
-    stream_contributions,
 )
-from cw_lens.data import Corpus, Document, load_corpus
+from cw_lens.corpora import load_corpus
+from cw_lens.data import Corpus, Document
 from cw_lens.errors import (
     CwLensError,
     EmbeddedModelMissing,
@@ -32,6 +31,7 @@ from cw_lens.errors import (
 )
 from cw_lens.faithfulness import FaithfulnessResult, faithfulness
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
+from cw_lens.layer_contributions import LayerContributions
 from cw_lens.models import load_model
 from cw_lens.pruning import PruningResult, lone_head_costs, prune_heads
 from cw_lens.selection import (
@@ -48,9 +48,9 @@ from cw_lens.sinks import (
     sink_rates,
     sink_statistics,
 )
+from cw_lens.streaming import stream_contributions
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
-
-__version__ = "0.1.0"
+from cw_lens.version import __version__
 
 __all__ = [
     "ContributionResult",
@@ -69,6 +69,7 @@ __all__ = [
     "SinkAblation",
     "SinkStatistics",
     "UnsupportedModelError",
+    "__version__",
     "cache_names",
     "contribution_weights",
     "contribution_weights_from_cache",

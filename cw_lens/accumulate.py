@@ -14,7 +14,7 @@ object with a ``merge`` method.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from jaxtyping import Float
@@ -188,40 +188,3 @@ def merge_all(items: Iterable) -> object:
     for other in items[1:]:
         first.merge(other)
     return first
-
-
-def stream_corpus(
-    model: object,
-    corpus: object,
-    accumulator: object,
-    *,
-    layers: object = None,
-    batch_size: int | None = 8,
-    prepend_bos: bool = True,
-    fwd_hooks: Sequence | Callable = (),
-    need_logits: bool = False,
-    progress: bool | str = False,
-    count_nan: Sequence[str] = (),
-) -> tuple[object, object]:
-    """Feed a corpus through :func:`~cw_lens.contributions.stream_contributions` into an
-    accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``), sharded
-    over torchrun ranks when a process group is up; returns the merged accumulator and stats.
-    """
-    from cw_lens.contributions import stream_contributions
-    from cw_lens.distributed import current_shard, merge_across_ranks
-
-    shard = current_shard()
-    stats = stream_contributions(
-        model,
-        corpus,
-        accumulator.update,
-        layers=layers,
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        fwd_hooks=fwd_hooks,
-        on_logits=accumulator.update_logits if need_logits else None,
-        progress=progress,
-        count_nan=count_nan,
-        shard=shard,
-    )
-    return merge_across_ranks(accumulator), merge_across_ranks(stats)

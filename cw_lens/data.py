@@ -1,7 +1,7 @@
-"""Corpora: real prose that ships with Python, generated task sets with known answers, user files.
+"""Corpus types and sources: real prose that ships with Python, generated task sets, user files.
 
-``load_corpus`` returns a :class:`Corpus` (a sequence of :class:`Document`). Every analysis that
-takes a corpus also accepts a plain list of strings.
+:func:`cw_lens.corpora.load_corpus` returns a :class:`Corpus` (a sequence of
+:class:`Document`). Every analysis that takes a corpus also accepts a plain list of strings.
 
 Sources
 -------
@@ -36,7 +36,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -157,15 +156,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return f"{len(tokenizer)}:{','.join(map(str, probe))}"
 
 
-def _resolve_tokenizer(tokenizer: Any) -> Any:
-    if tokenizer is None:
-        from cw_lens.models import embedded_tokenizer
-
-        return embedded_tokenizer()
-    return getattr(tokenizer, "tokenizer", None) or tokenizer
-
-
-def _windows(
+def windows(
     text: str, tokenizer: Any, n_docs: int, max_tokens: int, seed: int, source: str
 ) -> list[Document]:
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -274,7 +265,7 @@ def arithmetic_items(n: int, seed: int = 0) -> list[Document]:
 # --------------------------------------------------------------------------- loading
 
 
-def _tokenised(docs: list[Document], tokenizer: Any) -> list[Document]:
+def tokenised(docs: list[Document], tokenizer: Any) -> list[Document]:
     if tokenizer is None:
         return docs
     out = []
@@ -287,7 +278,7 @@ def _tokenised(docs: list[Document], tokenizer: Any) -> list[Document]:
     return out
 
 
-def _read_jsonl(path: Path) -> list[Document]:
+def read_jsonl(path: Path) -> list[Document]:
     docs = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -307,7 +298,7 @@ def _read_jsonl(path: Path) -> list[Document]:
     return docs
 
 
-def _hf_text(spec: str, n_chars: int) -> str:
+def hf_text(spec: str, n_chars: int) -> str:
     parts = spec.split(":")
     name = parts[0]
     config = parts[1] if len(parts) > 1 and parts[1] else None
@@ -331,83 +322,3 @@ def _hf_text(spec: str, n_chars: int) -> str:
         if total >= n_chars:
             break
     return "\n\n".join(chunks)
-
-
-def load_corpus(
-    name: str | os.PathLike | None = None,
-    *,
-    n_docs: int = 8,
-    max_tokens: int = 128,
-    tokenizer: Any = None,
-    seed: int = 0,
-    model: Any = None,
-    only_correct: bool = False,
-) -> Corpus:
-    """Load a corpus of documents to analyse.
-
-    Args:
-        name: ``None``/``"pydoc"``, ``"ioi"``, ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path,
-            or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (see the module docstring).
-        n_docs: Number of documents.
-        max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
-            analyses). Task items are single short prompts and ignore it.
-        tokenizer: A tokenizer or a model whose ``.tokenizer`` to use; ``None`` uses the
-            embedded SmolLM2 tokenizer. Windows are cut in this tokenizer's tokens.
-        seed: Seed for window sampling and task generation.
-        model: For task sets, the model used to keep only correctly answered items.
-        only_correct: Keep only items ``model`` answers correctly (requires ``model``). The
-            generator draws more candidates until ``n_docs`` are found or 20x were tried.
-
-    Returns:
-        A :class:`Corpus`.
-    """
-    if n_docs < 1:
-        raise InputError(f"n_docs must be at least 1, got {n_docs}.")
-    if max_tokens < 1:
-        raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
-    if tokenizer is None and model is not None:
-        tokenizer = model
-    key = None if name is None else str(name)
-    if key in TASKS:
-        generate = ioi_items if key == "ioi" else arithmetic_items
-        if only_correct:
-            if model is None:
-                raise InputError("only_correct=True needs model= to check the answers.")
-            from cw_lens.scoring import keep_correct
-
-            pool = generate(20 * n_docs, seed)
-            docs = keep_correct(model, pool, limit=n_docs)
-            if not docs:
-                raise InputError(f"The model answered none of {len(pool)} {key} items correctly.")
-        else:
-            docs = generate(n_docs, seed)
-        tok = _resolve_tokenizer(tokenizer) if tokenizer is not None else None
-        fingerprint = None if tok is None else tokenizer_fingerprint(tok)
-        return Corpus(key, _tokenised(docs, tok), None, seed, fingerprint)
-
-    tok = _resolve_tokenizer(tokenizer)
-    if key is None or key == "pydoc":
-        text, source = pydoc_text(), "pydoc_data.topics"
-    elif key.startswith("hf:"):
-        text, source = _hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
-    else:
-        path = Path(key).expanduser()
-        if not path.is_file():
-            raise InputError(
-                f"Unknown corpus {key!r}: not a built-in name (pydoc, {', '.join(TASKS)}), not an "
-                "'hf:' dataset and not an existing .txt/.jsonl file."
-            )
-        if path.suffix == ".jsonl":
-            docs = _read_jsonl(path)[:n_docs]
-            if not docs:
-                raise InputError(f"{path} contains no documents.")
-            return Corpus(
-                path.name, _tokenised(docs, tok), max_tokens, seed, tokenizer_fingerprint(tok)
-            )
-        text, source = path.read_text(encoding="utf-8"), path.name
-    if not text.strip():
-        raise InputError(f"The corpus source {source} is empty.")
-    docs = _windows(text, tok, n_docs, max_tokens, seed, source)
-    return Corpus(
-        "pydoc" if key is None else key, docs, max_tokens, seed, tokenizer_fingerprint(tok)
-    )

@@ -52,12 +52,13 @@ from tqdm.auto import tqdm
 
 from cw_lens.accumulate import DocSums
 from cw_lens.capture import check_model, hook_name
-from cw_lens.contributions import METRICS, LayerContributions, stream_contributions
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.layer_contributions import METRICS, LayerContributions
 from cw_lens.scoring import run_logits, score_answers, token_nll
+from cw_lens.streaming import stream_contributions
 
 ALL_METRICS = (*METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")

@@ -81,7 +81,7 @@ class JobConfig:
     dtype: str = "float32"
 
     def fingerprint(self) -> str:
-        from cw_lens import __version__
+        from cw_lens.version import __version__
 
         keys = {k: v for k, v in self.__dict__.items() if k != "device"}
         keys["version"] = __version__

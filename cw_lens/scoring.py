@@ -22,7 +22,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens.accumulate import DocSums
+from cw_lens.capture import run_layers
 from cw_lens.data import Document
+from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 
 HookSource = Sequence | Callable[[TokenBatch], Sequence]
@@ -113,8 +115,6 @@ class NLLResult:
 
 def run_logits(model: Any, batch: TokenBatch, hooks: HookSource = ()) -> Tensor:
     """Logits of one batch with interventions (a hook list, or a function of the batch)."""
-    from cw_lens.capture import run_layers
-
     fwd_hooks = hooks(batch) if callable(hooks) else hooks
     return run_layers(model, batch, None, layers=[], fwd_hooks=fwd_hooks, need_logits=True)
 
@@ -128,8 +128,6 @@ def corpus_nll(
     prepend_bos: bool = True,
 ) -> NLLResult:
     """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun)."""
-    from cw_lens.distributed import current_shard, merge_across_ranks
-
     prepared = prepare_inputs(model, corpus, prepend_bos=prepend_bos)
     batches = list(iter_batches(prepared, batch_size))
     shard = current_shard()

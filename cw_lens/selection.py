@@ -29,7 +29,7 @@ Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
   with ``(seed, d, l, i)``, so results do not depend on batching, sharding or the other documents;
 - ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
 
-Everything streams layer by layer (:func:`cw_lens.accumulate.stream_corpus`) into per-document
+Everything streams layer by layer (:func:`cw_lens.streaming.stream_corpus`) into per-document
 float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
 model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
 
@@ -57,11 +57,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums, stream_corpus
+from cw_lens.accumulate import DocSums
 from cw_lens.capture import check_model, resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
+from cw_lens.streaming import stream_corpus
 
 Distance = Literal["euclidean", "cosine"]
 DISTANCES = ("euclidean", "cosine")

@@ -52,14 +52,15 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens import geometry as geo
-from cw_lens.accumulate import DocSamples, DocSums, Histogram, stream_corpus
+from cw_lens.accumulate import DocSamples, DocSums, Histogram
 from cw_lens.capture import resolve_layers
-from cw_lens.contributions import LayerContributions
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
 from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
+from cw_lens.layer_contributions import LayerContributions
 from cw_lens.scoring import corpus_nll
+from cw_lens.streaming import stream_contributions, stream_corpus
 
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
@@ -783,7 +784,6 @@ def sink_rates(
 ) -> Float[Tensor, "batch layer head query"]:
     """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries);
     ``sink_positions`` as in :func:`sink_statistics` (positions or ``"detect"``)."""
-    from cw_lens.contributions import stream_contributions
     from cw_lens.inputs import prepare_inputs
 
     layer_list = resolve_layers(model, layers)

@@ -40,11 +40,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums, stream_corpus
+from cw_lens.accumulate import DocSums
 from cw_lens.capture import check_model, resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
+from cw_lens.streaming import stream_corpus
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order

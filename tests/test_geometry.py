@@ -18,7 +18,7 @@ from reference import (
 )
 
 from cw_lens import geometry as geo
-from cw_lens.contributions import LayerContributions, Workspace
+from cw_lens.layer_contributions import LayerContributions, Workspace
 
 FIELDS = ("weights", "cosine", "relative_norm")
 

@@ -2,6 +2,16 @@
 
 import sys
 
-from cw_lens.viz.view import demo
+import cw_lens
+from cw_lens.testing import tiny_llama
 
-print(demo(*sys.argv[1:2]))
+
+def demo(path: str = "cw_view_demo.html") -> str:
+    """Write the tiny-model demo page to ``path``."""
+    cw = cw_lens.contribution_weights(tiny_llama(), "hello world,\n\tattention sinks", kind="inter")
+    cw.to_html(path)
+    return path
+
+
+if __name__ == "__main__":
+    print(demo(*sys.argv[1:2]))

@@ -355,13 +355,3 @@ def show_contributions(result: Any, *, height: int | None = None, **kwargs: Any)
         f'style="width: 100%; height: {h}px; border: 1px solid #e5e7eb; border-radius: 6px; '
         f'background: #fff;" title="cw_lens contribution view"></iframe></div>'
     )
-
-
-def demo(path: str = "cw_view_demo.html") -> str:
-    """Write the tiny-model demo page to ``path`` (``python -m cw_lens.viz [path]``)."""
-    import cw_lens
-    from cw_lens.testing import tiny_llama
-
-    cw = cw_lens.contribution_weights(tiny_llama(), "hello world,\n\tattention sinks", kind="inter")
-    cw.to_html(path)
-    return path

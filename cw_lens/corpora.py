@@ -1,0 +1,114 @@
+"""Loading corpora to analyse: ``load_corpus``.
+
+Sources (see :mod:`cw_lens.data` for each): ``None``/``"pydoc"`` (English prose that ships
+with every CPython, windowed), ``"ioi"`` and ``"arithmetic"`` (generated task items with known
+answers), a ``.txt`` or ``.jsonl`` path, or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (needs internet).
+Task items carry ``answer``; with ``model=`` and ``only_correct=True`` only the items the model
+completes correctly (greedy, teacher-forced over every answer token) are kept.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from cw_lens import data
+from cw_lens.errors import InputError
+from cw_lens.models import embedded_tokenizer
+from cw_lens.scoring import keep_correct
+
+
+def resolve_tokenizer(tokenizer: Any) -> Any:
+    if tokenizer is None:
+        return embedded_tokenizer()
+    return getattr(tokenizer, "tokenizer", None) or tokenizer
+
+
+def load_corpus(
+    name: str | os.PathLike | None = None,
+    *,
+    n_docs: int = 8,
+    max_tokens: int = 128,
+    tokenizer: Any = None,
+    seed: int = 0,
+    model: Any = None,
+    only_correct: bool = False,
+) -> data.Corpus:
+    """Load a corpus of documents to analyse.
+
+    Args:
+        name: ``None``/``"pydoc"``, ``"ioi"``, ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path,
+            or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (see the module docstring).
+        n_docs: Number of documents.
+        max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
+            analyses). Task items are single short prompts and ignore it.
+        tokenizer: A tokenizer or a model whose ``.tokenizer`` to use; ``None`` uses the
+            embedded SmolLM2 tokenizer. Windows are cut in this tokenizer's tokens.
+        seed: Seed for window sampling and task generation.
+        model: For task sets, the model used to keep only correctly answered items.
+        only_correct: Keep only items ``model`` answers correctly (requires ``model``). The
+            generator draws more candidates until ``n_docs`` are found or 20x were tried.
+
+    Returns:
+        A :class:`Corpus`.
+    """
+    if n_docs < 1:
+        raise InputError(f"n_docs must be at least 1, got {n_docs}.")
+    if max_tokens < 1:
+        raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
+    if tokenizer is None and model is not None:
+        tokenizer = model
+    key = None if name is None else str(name)
+    if key in data.TASKS:
+        generate = data.ioi_items if key == "ioi" else data.arithmetic_items
+        if only_correct:
+            if model is None:
+                raise InputError("only_correct=True needs model= to check the answers.")
+            pool = generate(20 * n_docs, seed)
+            docs = keep_correct(model, pool, limit=n_docs)
+            if not docs:
+                raise InputError(f"The model answered none of {len(pool)} {key} items correctly.")
+        else:
+            docs = generate(n_docs, seed)
+        tok = resolve_tokenizer(tokenizer) if tokenizer is not None else None
+        fingerprint = None if tok is None else data.tokenizer_fingerprint(tok)
+        return data.Corpus(key, data.tokenised(docs, tok), None, seed, fingerprint)
+
+    tok = resolve_tokenizer(tokenizer)
+    if key is None or key == "pydoc":
+        text, source = data.pydoc_text(), "pydoc_data.topics"
+    elif key.startswith("hf:"):
+        text, source = data.hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
+    else:
+        path = Path(key).expanduser()
+        if not path.is_file():
+            raise InputError(
+                f"Unknown corpus {key!r}: not a built-in name (pydoc, {', '.join(data.TASKS)}), "
+                "not an 'hf:' dataset and not an existing .txt/.jsonl file."
+            )
+        if path.suffix == ".jsonl":
+            docs = data.read_jsonl(path)[:n_docs]
+            if not docs:
+                raise InputError(f"{path} contains no documents.")
+            return data.Corpus(
+                path.name,
+                data.tokenised(docs, tok),
+                max_tokens,
+                seed,
+                data.tokenizer_fingerprint(tok),
+            )
+        text, source = path.read_text(encoding="utf-8"), path.name
+    if not text.strip():
+        raise InputError(f"The corpus source {source} is empty.")
+    docs = data.windows(text, tok, n_docs, max_tokens, seed, source)
+    return data.Corpus(
+        "pydoc" if key is None else key, docs, max_tokens, seed, data.tokenizer_fingerprint(tok)
+    )

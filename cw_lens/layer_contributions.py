@@ -1,0 +1,351 @@
+r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, SPEC §2).
+
+:class:`LayerContributions` turns one layer's captured activations
+(:class:`~cw_lens.capture.LayerActivations`) into the fields of SPEC §2 for a block of query
+rows, lazily and in head space (with the Gram matrices of :mod:`cw_lens.geometry`; the
+``[query, key, d_model]`` tensor of ``alpha pv_j`` vectors is never built)::
+
+    intra  c[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i^h|| ) * cos(pv_j^h, o_i^h)
+    inter  C[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i||   ) * cos(pv_j^h, o_i)
+
+and the baselines ``attention``, ``value_norm`` and ``value_norm_output`` (SPEC §2). Every
+corpus analysis receives these blocks from :func:`cw_lens.streaming.stream_contributions`.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    def consumer(lc):                       # one layer, one block of query rows
+        print(lc.layer, lc.weights("inter").shape)
+    cw_lens.stream_contributions(model, "The capital of France is Paris.", consumer, layers=[3])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from cw_lens import geometry as geo
+from cw_lens.capture import LayerActivations
+from cw_lens.errors import InputError
+from cw_lens.inputs import TokenBatch
+
+Kind = Literal["intra", "inter"]
+KINDS = ("intra", "inter")
+# Metric names of the faithfulness protocol (SPEC §5), in P1's order.
+METRICS = ("attention", "value_norm", "value_norm_output", "contribution")
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise InputError(f"kind must be 'intra' or 'inter', got {kind!r}.")
+
+
+class Workspace:
+    """Reusable float32 buffers for the streamed ``[batch, head, query, key]`` tensors.
+
+    Fresh multi-megabyte tensors cost page faults on every allocation; reusing one buffer per
+    role makes the streamed arithmetic several times cheaper. With ``reuse=False`` every request
+    gets a fresh tensor.
+    """
+
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
+        self._buffers: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
+        numel = math.prod(shape)
+        if not self.reuse:
+            return torch.empty(tuple(shape), device=device)
+        buf = self._buffers.get(name)
+        if buf is None or buf.numel() < numel or buf.device != device:
+            buf = torch.empty(numel, device=device)
+            self._buffers[name] = buf
+        return buf[:numel].view(tuple(shape))
+
+
+class LayerContributions:
+    """Contribution geometry of one layer for one block of query rows (the streaming unit).
+
+    Tensors are ``[batch, head, query, key]`` over the selected heads, the query rows
+    ``queries`` and the keys ``0 .. queries.stop - 1`` (later keys are never attended by these
+    rows, so they are left out: every field would be 0 there). Quantities are computed lazily
+    in head space and cached for the life of the block.
+
+    With a reusing :class:`Workspace` (the default of :func:`stream_contributions`) the
+    returned tensors live in buffers that the next block overwrites: reduce them inside the
+    callback, or ``.clone()`` what you keep.
+
+    Conventions: entries with ``j > i`` are 0; rows of padded queries and of queries with a
+    numerically zero output norm are NaN at ``j <= i``.
+    """
+
+    def __init__(
+        self,
+        acts: LayerActivations,
+        heads: list[int] | None = None,
+        queries: slice | None = None,
+        shared: dict[str, Any] | None = None,
+        workspace: Workspace | None = None,
+    ) -> None:
+        self.acts = acts
+        self.layer = acts.layer
+        self.heads = sorted(set(heads)) if heads is not None else list(range(acts.n_heads))
+        self._all_heads = len(self.heads) == acts.n_heads
+        n_pos = acts.pattern.shape[-1]
+        self.queries = queries if queries is not None else slice(0, n_pos)
+        self.keys = slice(0, self.queries.stop)
+        self._shared = {} if shared is None else shared
+        self._ws = workspace if workspace is not None else Workspace(reuse=False)
+        self._cache: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ raw pieces
+    @property
+    def batch(self) -> TokenBatch:
+        return self.acts.batch
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(batch, head, query, key)`` of every pairwise field of this block."""
+        return (
+            self.acts.pattern.shape[0],
+            len(self.heads),
+            self.queries.stop - self.queries.start,
+            self.keys.stop,
+        )
+
+    @property
+    def query_positions(self) -> Int[Tensor, " query"]:
+        return torch.arange(self.queries.start, self.queries.stop, device=self.acts.mask.device)
+
+    def _memo(self, key: Any, fn: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def _layer_memo(self, key: str, fn: Callable[[], Tensor]) -> Tensor:
+        if key not in self._shared:
+            self._shared[key] = fn()
+        return self._shared[key]
+
+    @cached_property
+    def _head_index(self) -> Tensor:
+        return torch.tensor(self.heads, device=self.acts.pattern.device)
+
+    def _sel(self, t: Tensor, axis: int = 1) -> Tensor:
+        return t if self._all_heads else t.index_select(axis, self._head_index)
+
+    @cached_property
+    def attention(self) -> Float[Tensor, "batch head query key"]:
+        """``alpha[i,j]^h`` (a view of ``hook_pattern``; padded rows are not NaN here)."""
+        return self._sel(self.acts.pattern[:, :, self.queries, self.keys])
+
+    @cached_property
+    def query_mask(self) -> Bool[Tensor, "batch query"]:
+        """True at real (non-padding) query positions."""
+        return self.acts.mask[:, self.queries]
+
+    @cached_property
+    def _padded(self) -> bool:
+        return not bool(self.query_mask.all())
+
+    @cached_property
+    def _full_key_norms(self) -> Float[Tensor, "batch head key"]:
+        return self._layer_memo(
+            "pv_norm", lambda: geo.projected_value_norms(self.acts.values, self.acts.weights.gram)
+        )
+
+    @cached_property
+    def projected_value_norm(self) -> Float[Tensor, "batch head key"]:
+        """``||pv_j^h||`` for the keys of this block."""
+        return self._sel(self._full_key_norms[..., self.keys])
+
+    @cached_property
+    def _inv_key_norm(self) -> Tensor:
+        kn = self.projected_value_norm
+        return torch.where(kn > 0, kn.reciprocal(), torch.zeros((), device=kn.device))
+
+    @cached_property
+    def _key_scale(self) -> Float[Tensor, "batch head query"]:
+        """``max_{j<=i} ||pv_j^h||`` over all heads (for zero-norm detection)."""
+        full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
+        return full[..., self.queries]
+
+    @cached_property
+    def _z(self) -> Tensor:
+        return self.acts.z[:, self.queries]
+
+    @cached_property
+    def head_output_norm(self) -> Float[Tensor, "batch head query"]:
+        """``||o_i^h||``."""
+        return self._sel(geo.head_output_norms(self._z, self.acts.weights.gram))
+
+    @cached_property
+    def layer_output_norm(self) -> Float[Tensor, "batch query"]:
+        """``||o_i||`` (``b_O`` excluded)."""
+        return self.acts.layer_output[:, self.queries].norm(dim=-1)
+
+    def output_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query"]:
+        """The norm a weight is relative to: ``||o_i^h||`` (intra) or ``||o_i||`` (inter)."""
+        check_kind(kind)
+        if kind == "intra":
+            return self.head_output_norm
+        return self.layer_output_norm[:, None, :].expand_as(self.head_output_norm)
+
+    def zero_rows(self, kind: Kind = "intra") -> Bool[Tensor, "batch head query"]:
+        """Real queries whose output norm is numerically zero (their weights are NaN)."""
+        check_kind(kind)
+
+        def compute() -> Tensor:
+            if kind == "intra":
+                zero = geo.zero_output_rows(self.head_output_norm, self._sel(self._key_scale))
+            else:
+                z = geo.zero_output_rows(self.layer_output_norm, self._key_scale.sum(1))
+                zero = z[:, None, :].expand(-1, len(self.heads), -1)
+            return zero & self.query_mask[:, None, :]
+
+        return self._memo(("zero", kind), compute)
+
+    def n_zero_rows(self, kind: Kind = "intra") -> int:
+        return int(self.zero_rows(kind).sum())
+
+    def _inv_output_norm(self, kind: Kind) -> Float[Tensor, "batch head query"]:
+        """``1 / ||o_i||``, NaN at padded and zero-norm rows (so they come out NaN)."""
+
+        def compute() -> Tensor:
+            bad = self.zero_rows(kind) | ~self.query_mask[:, None, :]
+            return self.output_norm(kind).reciprocal().masked_fill(bad, math.nan)
+
+        return self._memo(("inv_norm", kind), compute)
+
+    def _row_nan(self, t: Tensor) -> Tensor:
+        """Set padded query rows of ``t`` (in place) to NaN at ``j <= i``."""
+        if self._padded:
+            t.masked_fill_(~self.query_mask[:, None, :, None], math.nan)
+            t.tril_(diagonal=self.queries.start)
+        return t
+
+    def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
+        """``<query_side[b,i,h], v_j^{g(h)}>`` for the selected heads and this block's keys."""
+        values = self.acts.values[:, self.keys]
+        if self._all_heads:
+            return geo.grouped_scores(query_side, values, out=out)
+        group = self.acts.n_heads // values.shape[2]
+        kv = torch.tensor([h // group for h in self.heads], device=values.device)
+        q = query_side.index_select(2, self._head_index)
+        return torch.einsum("bqhd,bkhd->bhqk", q, values.index_select(2, kv))
+
+    def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
+        """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
+
+        The ``1/||o_i||`` scale is folded into the (small) query side before the product, so
+        undefined rows come out NaN without a pass over the ``query x key`` tensor.
+        """
+        check_kind(kind)
+
+        def compute() -> Tensor:
+            w = self.acts.weights
+            inv = self._inv_output_norm(kind)  # [batch, head(sel), query]
+            if kind == "intra":
+                side = geo.apply_gram(self._z, w.gram)
+                if self._all_heads:
+                    side = side * inv.transpose(1, 2)[..., None]
+                else:
+                    full = torch.ones(side.shape[:3], device=side.device)
+                    full[:, :, self._head_index] = inv.transpose(1, 2)
+                    side = side * full[..., None]
+            else:
+                out = self.acts.layer_output[:, self.queries] * inv[:, 0, :, None]
+                side = geo.project_into_heads(out, w.W_O)
+            buf = self._ws.get(f"dots_{kind}", self.shape, side.device)
+            return self._grouped(side, buf)
+
+        return self._memo(("scaled_dots", kind), compute)
+
+    def dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
+        """``<pv_j^h, o_i^h>`` (intra) or ``<pv_j^h, o_i>`` (inter); a fresh tensor."""
+        return self.scaled_dots(kind) * self.output_norm(kind)[..., None]
+
+    # ------------------------------------------------------------------ fields
+    def weights(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
+        """Contribution weights ``c`` (intra) or ``C`` (inter)."""
+
+        def compute() -> Tensor:
+            buf = self._ws.get(f"weights_{kind}", self.shape, self.acts.pattern.device)
+            torch.mul(self.attention, self.scaled_dots(kind), out=buf)
+            buf.mul_(self._inv_output_norm(kind)[..., None])
+            return buf.tril_(diagonal=self.queries.start)
+
+        return self._memo(("weights", kind), compute)
+
+    def cosine(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
+        """``cos(pv_j^h, o_i^h)`` (intra) or ``cos(pv_j^h, o_i)`` (inter); 0 for a zero ``pv_j``."""
+
+        def compute() -> Tensor:
+            buf = self._ws.get(f"cosine_{kind}", self.shape, self.acts.pattern.device)
+            torch.mul(self.scaled_dots(kind), self._inv_key_norm[:, :, None, :], out=buf)
+            return buf.tril_(diagonal=self.queries.start)
+
+        return self._memo(("cosine", kind), compute)
+
+    def relative_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
+        """``||pv_j^h|| / ||o_i^h||`` (intra) or ``||pv_j^h|| / ||o_i||`` (inter)."""
+
+        def compute() -> Tensor:
+            buf = self._ws.get(f"relative_norm_{kind}", self.shape, self.acts.pattern.device)
+            torch.mul(
+                self._inv_output_norm(kind)[..., None],
+                self.projected_value_norm[:, :, None, :],
+                out=buf,
+            )
+            return buf.tril_(diagonal=self.queries.start)
+
+        return self._memo(("relative_norm", kind), compute)
+
+    def value_norm(self) -> Float[Tensor, "batch head query key"]:
+        """Baseline ``alpha ||pv_j||``."""
+
+        def compute() -> Tensor:
+            buf = self._ws.get("value_norm", self.shape, self.acts.pattern.device)
+            torch.mul(self.attention, self.projected_value_norm[:, :, None, :], out=buf)
+            return self._row_nan(buf)
+
+        return self._memo("value_norm", compute)
+
+    def value_norm_output(self) -> Float[Tensor, "batch head query key"]:
+        """Baseline ``alpha ||pv_j|| / ||o_i^h||`` (the per-head output norm)."""
+
+        def compute() -> Tensor:
+            buf = self._ws.get("value_norm_output", self.shape, self.acts.pattern.device)
+            torch.mul(self.attention, self.projected_value_norm[:, :, None, :], out=buf)
+            buf.mul_(self._inv_output_norm("intra")[..., None])
+            return buf.tril_(diagonal=self.queries.start)
+
+        return self._memo("value_norm_output", compute)
+
+    def masked_attention(self) -> Float[Tensor, "batch head query key"]:
+        """``alpha`` with padded query rows NaN (a copy only when the batch is padded)."""
+        if not self._padded:
+            return self.attention
+        buf = self._ws.get("attention", self.shape, self.acts.pattern.device)
+        buf.copy_(self.attention)
+        return self._row_nan(buf)
+
+    def metric(self, name: str, kind: Kind = "inter") -> Float[Tensor, "batch head query key"]:
+        """A score by name (``attention``, ``value_norm``, ``value_norm_output``,
+        ``contribution``); ``kind`` applies to ``contribution``."""
+        if name == "attention":
+            return self.masked_attention()
+        if name == "value_norm":
+            return self.value_norm()
+        if name == "value_norm_output":
+            return self.value_norm_output()
+        if name == "contribution":
+            return self.weights(kind)
+        raise InputError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")

@@ -1,0 +1,247 @@
+"""Streaming a corpus through the model, one layer and one block of query rows at a time.
+
+:func:`stream_contributions` runs the forward passes (document batches) and hands each
+requested layer's :class:`~cw_lens.layer_contributions.LayerContributions` — one block of query
+rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so memory is flat in
+depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds
+an accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
+``torchrun``, shards the document batches over ranks and merges the accumulators exactly.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    sums = []
+    cw_lens.stream_contributions(
+        model, ["a text", "another text"], lambda lc: sums.append(lc.weights("inter").nansum())
+    )
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from cw_lens.capture import (
+    LayerActivations,
+    LayerWeights,
+    check_model,
+    resolve_heads,
+    resolve_layers,
+    run_layers,
+)
+from cw_lens.distributed import current_shard, merge_across_ranks
+from cw_lens.errors import InputError
+from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
+from cw_lens.layer_contributions import KINDS, LayerContributions, Workspace
+
+
+def memory_budget(
+    device: torch.device | str = "cpu", share: float = 0.1, cap: float = 1.5e9
+) -> float:
+    """Bytes the streamed blocks may use: ``share`` of the free memory, at most ``cap``.
+
+    Free memory is ``MemAvailable`` (Linux) on the CPU and the free CUDA memory on a GPU.
+    """
+    device = torch.device(device)
+    free = None
+    if device.type == "cuda" and torch.cuda.is_available():
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        free = int(line.split()[1]) * 1024
+        except OSError:
+            free = None
+    return cap if free is None else max(64e6, min(cap, share * free))
+
+
+def auto_query_chunk(
+    n_batch: int,
+    n_heads: int,
+    n_keys: int,
+    budget_bytes: float | None = None,
+    temporaries: int = 10,
+    min_blocks: int = 4,
+) -> int:
+    """Query rows per block.
+
+    At most what lets ``temporaries`` float32 ``[batch, head, rows, keys]`` tensors fit in
+    ``budget_bytes`` (default :func:`memory_budget`: a tenth of the free memory, at most
+    1.5 GB), and at most ``n_keys / min_blocks``: block ``b`` only needs the keys up to its last
+    row, so ``min_blocks`` blocks skip about ``(1 - 1/min_blocks) / 2`` of the ``query x key``
+    work that causality makes zero. At least 32 rows.
+    """
+    budget_bytes = memory_budget() if budget_bytes is None else budget_bytes
+    per_row = n_batch * n_heads * n_keys * 4 * temporaries
+    by_memory = int(budget_bytes // max(per_row, 1))
+    by_causality = math.ceil(n_keys / min_blocks)
+    return max(32, min(by_memory, by_causality))
+
+
+@dataclass
+class StreamStats:
+    """What a streaming run saw: documents, tokens, and NaN rows per kind."""
+
+    n_documents: int = 0
+    n_tokens: int = 0
+    n_nan_rows: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
+
+    def merge(self, other: StreamStats) -> None:
+        self.n_documents += other.n_documents
+        self.n_tokens += other.n_tokens
+        for kind, n in other.n_nan_rows.items():
+            self.n_nan_rows[kind] = self.n_nan_rows.get(kind, 0) + n
+
+
+def stream_contributions(
+    model: Any,
+    inputs: Any,
+    consumer: Callable[[LayerContributions], None],
+    *,
+    layers: int | Sequence[int] | None = None,
+    heads: int | Sequence[int] | None = None,
+    query_chunk: int | None = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    attention_mask: Tensor | None = None,
+    fwd_hooks: Sequence[tuple[str, Callable]] | Callable[[TokenBatch], Sequence] = (),
+    on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
+    progress: bool | str = False,
+    count_nan: Sequence[str] = (),
+    reuse_buffers: bool = True,
+    shard: tuple[int, int] | None = None,
+) -> StreamStats:
+    """Stream one layer (and one block of query rows) at a time to ``consumer``.
+
+    The consumer is called inside the forward pass with a :class:`LayerContributions`; it
+    should fold what it needs into a small accumulator and keep no references to full tensors.
+
+    Args:
+        model: A ``TransformerBridge``.
+        inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
+        consumer: Called once per (document batch, layer, query block).
+        layers: Layers to analyse (``None`` = all).
+        heads: Query heads to analyse (``None`` = all).
+        query_chunk: Query rows per block; ``None`` picks one from the free memory
+            (:func:`auto_query_chunk`).
+        batch_size: Documents per forward pass (``None`` = all at once).
+        prepend_bos: Prepend BOS to text inputs.
+        attention_mask: Mask for token-tensor inputs with padding.
+        fwd_hooks: Interventions active during the passes: hook pairs, or a function of the
+            document batch that returns them (for interventions that need the batch's mask).
+        on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
+        progress: Show a tqdm bar over document batches (a string sets its label).
+        count_nan: Kinds (``"intra"``/``"inter"``) whose zero-norm rows to count and warn about.
+        reuse_buffers: Reuse one buffer per field across blocks (fast; tensors handed to the
+            consumer are then valid only during the call). ``False`` allocates fresh tensors.
+        shard: ``(rank, world)``: process only document batches ``rank, rank + world, ...`` of
+            the batch plan (the plan itself is the same on every rank).
+
+    Returns:
+        A :class:`StreamStats`.
+    """
+    check_model(model)
+    if not callable(consumer):
+        raise InputError(
+            f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
+        )
+    if query_chunk is not None and (
+        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
+    ):
+        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
+    layer_list = resolve_layers(model, layers)
+    head_list = None if heads is None else resolve_heads(model, heads)
+    prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    stats = StreamStats()
+    weights: dict[int, LayerWeights] = {}
+    workspace = Workspace(reuse=reuse_buffers)
+    batches = list(iter_batches(prepared, batch_size))
+    if shard is not None:
+        rank, world = shard
+        batches = batches[rank::world]
+    label = progress if isinstance(progress, str) else "contributions"
+    bar = tqdm(batches, desc=label, disable=not progress, leave=False)
+    for batch in bar:
+        n_keys = batch.tokens.shape[1]
+        chunk = query_chunk or auto_query_chunk(
+            batch.tokens.shape[0],
+            len(head_list or range(model.cfg.n_heads)),
+            n_keys,
+            memory_budget(model.cfg.device or "cpu"),
+        )
+
+        def on_layer(acts: LayerActivations, n_keys: int = n_keys, chunk: int = chunk) -> None:
+            shared: dict[str, Any] = {}
+            for start in range(0, n_keys, chunk):
+                rows = slice(start, min(n_keys, start + chunk))
+                lc = LayerContributions(acts, head_list, rows, shared, workspace)
+                for kind in count_nan:
+                    stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
+                consumer(lc)
+
+        logits = run_layers(
+            model,
+            batch,
+            on_layer,
+            layers=layer_list,
+            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
+            need_logits=on_logits is not None,
+            weights=weights,
+        )
+        if on_logits is not None:
+            on_logits(batch, logits)
+        stats.n_documents += batch.tokens.shape[0]
+        stats.n_tokens += int(batch.mask.sum())
+    for kind in count_nan:
+        if stats.n_nan_rows[kind]:
+            warnings.warn(
+                f"{stats.n_nan_rows[kind]} (layer, head, query) rows have a numerically zero "
+                f"{kind}-head output norm; their contribution weights are NaN (undefined).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return stats
+
+
+def stream_corpus(
+    model: object,
+    corpus: object,
+    accumulator: object,
+    *,
+    layers: object = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    fwd_hooks: Sequence | Callable = (),
+    need_logits: bool = False,
+    progress: bool | str = False,
+    count_nan: Sequence[str] = (),
+) -> tuple[object, object]:
+    """Feed a corpus through :func:`stream_contributions` into an
+    accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``), sharded
+    over torchrun ranks when a process group is up; returns the merged accumulator and stats.
+    """
+    shard = current_shard()
+    stats = stream_contributions(
+        model,
+        corpus,
+        accumulator.update,
+        layers=layers,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        fwd_hooks=fwd_hooks,
+        on_logits=accumulator.update_logits if need_logits else None,
+        progress=progress,
+        count_nan=count_nan,
+        shard=shard,
+    )
+    return merge_across_ranks(accumulator), merge_across_ranks(stats)
