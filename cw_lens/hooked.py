@@ -153,7 +153,11 @@ def hooked_config(
         theta = rope_theta(hf_config)
         if theta is None:
             raise UnsupportedModelError(f"The config of {name!r} has no rotary base (rope_theta).")
-        scaling = getattr(hf_config, "rope_scaling", None) or {}
+        scaling = (
+            getattr(hf_config, "rope_parameters", None)
+            or getattr(hf_config, "rope_scaling", None)
+            or {}
+        )
         if isinstance(scaling, dict) and scaling.get("rope_type", "default") != "default":
             raise UnsupportedModelError(
                 f"{name!r} uses rope scaling {scaling.get('rope_type')!r}, which this offline "

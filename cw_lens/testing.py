@@ -98,7 +98,29 @@ def _wrap(hf_model: Any, architecture: str, name: str, api: str) -> Any:
     return bridge
 
 
-def tiny_llama(
+def tiny_llama(*, api: str = "auto", **kwargs: Any) -> Any:
+    """A random Llama with grouped-query attention, RMSNorm and rotary positions.
+
+    Args:
+        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
+        **kwargs: As for :func:`tiny_llama_hf` (``seed``, ``n_layers``, ``n_heads``,
+            ``n_kv_heads``, ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+    """
+    return _wrap(tiny_llama_hf(**kwargs), "LlamaForCausalLM", "tiny-llama-gqa", api)
+
+
+def tiny_gpt2(*, api: str = "auto", **kwargs: Any) -> Any:
+    """A random GPT-2 with non-zero biases, LayerNorm and learned positions.
+
+    Args:
+        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
+        **kwargs: As for :func:`tiny_gpt2_hf` (``seed``, ``n_layers``, ``n_heads``,
+            ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+    """
+    return _wrap(tiny_gpt2_hf(**kwargs), "GPT2LMHeadModel", "tiny-gpt2", api)
+
+
+def tiny_llama_hf(
     *,
     seed: int = 0,
     n_layers: int = 2,
@@ -108,9 +130,8 @@ def tiny_llama(
     n_ctx: int = 256,
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
-    api: str = "auto",
 ) -> Any:
-    """A random Llama with grouped-query attention (default 4 query / 2 KV heads).
+    """The ``transformers`` ``LlamaForCausalLM`` behind :func:`tiny_llama` (4 query / 2 KV heads).
 
     ``init_std`` is larger than transformers' 0.02 so that attention is far from uniform and
     head outputs are far from zero: random tests then exercise real cancellations.
@@ -133,11 +154,10 @@ def tiny_llama(
         attn_implementation="eager",
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).to(dtype)
-    return _wrap(model, "LlamaForCausalLM", "tiny-llama-gqa", api)
+    return LlamaForCausalLM(config).to(dtype).eval()
 
 
-def tiny_gpt2(
+def tiny_gpt2_hf(
     *,
     seed: int = 0,
     n_layers: int = 2,
@@ -146,9 +166,8 @@ def tiny_gpt2(
     n_ctx: int = 256,
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
-    api: str = "auto",
 ) -> Any:
-    """A random GPT-2 (biases everywhere, LayerNorm, learned positions).
+    """The ``transformers`` ``GPT2LMHeadModel`` behind :func:`tiny_gpt2`.
 
     Biases are re-drawn non-zero (transformers initialises them to zero) so that ``b_O`` and the
     value bias really take part in the tests.
@@ -173,7 +192,7 @@ def tiny_gpt2(
         for name, param in model.named_parameters():
             if name.endswith(".bias") and "ln" not in name:
                 param.normal_(0.0, init_std)
-    return _wrap(model.to(dtype), "GPT2LMHeadModel", "tiny-gpt2", api)
+    return model.to(dtype).eval()
 
 
 def random_tokens(model: Any, batch: int, seq: int, *, seed: int = 0) -> torch.Tensor:
