@@ -34,10 +34,25 @@ def tiny(request, llama, gpt2):
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The embedded SmolLM2-135M-Instruct (fails, never skips, when the wheel is missing)."""
+    """The embedded SmolLM2-135M-Instruct: a bridge, or a HookedTransformer in TL 2.x (fails,
+    never skips, when the wheel is missing)."""
     import cw_lens
 
     return cw_lens.load_model(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm_hooked(request):
+    """The embedded SmolLM2 as a raw-weight HookedTransformer (skips where TL has none)."""
+    from apis import HAS_BRIDGE, needs_hooked
+
+    import cw_lens
+
+    if needs_hooked.args[0]:
+        pytest.skip(needs_hooked.kwargs["reason"])
+    if not HAS_BRIDGE:  # TL 2.x: the default fixture already is a HookedTransformer
+        return request.getfixturevalue("smollm")
+    return cw_lens.load_model(api="hooked", device="cpu")
 
 
 @pytest.fixture(scope="session")
