@@ -14,7 +14,7 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 """
 
-from cw_lens.capture import cache_names
+from cw_lens.access import cache_names
 from cw_lens.contributions import (
     ContributionResult,
     contribution_weights,
@@ -50,6 +50,7 @@ from cw_lens.sinks import (
 )
 from cw_lens.streaming import stream_contributions
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.verify import ModelVerification, verify_model
 from cw_lens.version import __version__
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "InputError",
     "LayerContributions",
     "ModelLoadError",
+    "ModelVerification",
     "PruningResult",
     "SelectionGeometryResult",
     "SinkAblation",
@@ -90,4 +92,5 @@ __all__ = [
     "sink_rates",
     "sink_statistics",
     "stream_contributions",
+    "verify_model",
 ]
