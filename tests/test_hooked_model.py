@@ -3,10 +3,13 @@ its hooks equal the bridge's, and every TransformerLens environment reads the sa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from apis import needs_both
 
+import cw_lens
 from cw_lens import models
 from cw_lens.gguf_cache import load_gguf_hf
 from cw_lens.weight_processing import processing_warnings
@@ -71,3 +74,42 @@ def test_hooked_and_bridge_smollm_hooks_agree(smollm, smollm_hooked):
     for name in names:
         scale = theirs[name].abs().max()
         assert (ours[name] - theirs[name]).abs().max() <= 1e-5 * scale, name
+
+
+def _numbers(claims, prefix=""):
+    """Every number and flag of a claims dict, flattened to {path: value}."""
+    out = {}
+    for key, value in claims.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_numbers(value, path + "."))
+        elif not isinstance(value, str):
+            out[path] = value
+    return out
+
+
+def _assert_same_claims(ours, theirs, rtol=1e-4):
+    a, b = _numbers(ours), _numbers(theirs)
+    assert a.keys() == b.keys()
+    for path, x in a.items():
+        y = b[path]
+        if isinstance(x, float) and math.isnan(x):
+            assert isinstance(y, float) and math.isnan(y), path
+        elif isinstance(x, (bool, int, str)) or x is None:
+            assert x == y, path
+        else:
+            assert abs(x - y) <= rtol * max(abs(x), abs(y), 1e-3), (path, x, y)
+
+
+@needs_both
+@pytest.mark.slow
+def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, prose):
+    """Contribution weights to 1e-5, and P1's sink and P2's selection claims (every number)."""
+    for kind in ("intra", "inter"):
+        ours = cw_lens.contribution_weights(smollm_hooked, PROMPT, kind=kind).weights
+        theirs = cw_lens.contribution_weights(smollm, PROMPT, kind=kind).weights
+        assert torch.equal(ours.isnan(), theirs.isnan())
+        assert (ours - theirs).nan_to_num().abs().max() <= 1e-5  # measured 7e-6 / 2.5e-6
+    for analysis in (cw_lens.sink_statistics, cw_lens.selection_geometry):
+        ours, theirs = analysis(smollm_hooked, prose), analysis(smollm, prose)
+        _assert_same_claims(ours.claims(), theirs.claims())
