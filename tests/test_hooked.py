@@ -9,7 +9,7 @@ from apis import HAS_BRIDGE, HAS_HOOKED, TL_VERSION, needs_both, needs_hooked
 
 import cw_lens
 from cw_lens import hooked, testing
-from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.errors import InputError, ModelLoadError, UnsupportedModelError
 from cw_lens.testing import random_tokens
 
 BUILDERS = {
@@ -154,3 +154,9 @@ def test_hooked_in_transformer_lens_4_names_the_fix():
 def test_bridge_in_transformer_lens_2_names_the_fix():
     with pytest.raises(UnsupportedModelError, match=r"needs TransformerLens 3\.0.*api='hooked'"):
         cw_lens.load_model("testing:tiny-gpt2", api="bridge")
+
+
+@needs_hooked
+def test_hooked_hub_name_goes_through_from_pretrained_no_processing():
+    with pytest.raises(ModelLoadError, match="from_pretrained_no_processing could not load"):
+        cw_lens.load_model("no-such-org/no-such-model-xyz", api="hooked")
