@@ -103,12 +103,18 @@ def is_bridge(model: Any) -> bool:
 
 
 def rope_theta(config: Any) -> float | None:
-    """The rotary base of a Hugging Face config, read the way transformers 4.x and 5.x store it."""
+    """The rotary base the installed transformers uses for ``config``.
+
+    transformers 4.x reads the attribute ``rope_theta`` (and keeps an unknown ``rope_parameters``
+    key as an inert attribute); 5.x moves it into ``rope_parameters`` and has no attribute.
+    """
+    theta = getattr(config, "rope_theta", None)
+    if theta is not None:
+        return float(theta)
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and params.get("rope_theta") is not None:
         return float(params["rope_theta"])
-    theta = getattr(config, "rope_theta", None)
-    return None if theta is None else float(theta)
+    return None
 
 
 def _architecture(hf_config: Any) -> str:
