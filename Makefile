@@ -12,11 +12,12 @@ PIP     = $(PY) -m pip --disable-pip-version-check -q
 STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-compat figures lint bench clean browser-deps
+.PHONY: install test test-compat figures lint bench bench-scaling clean browser-deps notebooks screenshots
 
 install: $(STAMP)
 
@@ -33,7 +34,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
 	$(VENV)/bin/lint-imports
 
-# the HTML view is tested in a real headless browser: Debian's chromium
+# the HTML view and the widget are tested in a real headless browser: Debian's chromium, driven
+# by Playwright (which cannot download its own browsers here)
 browser-deps:
 	@test -x $(CHROMIUM) || { echo "[setup] installing Debian chromium for the browser tests"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
@@ -48,6 +50,22 @@ figures: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_contributions.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_long_context.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_widget.py
+
+# the four notebooks, regenerated and executed with their outputs (commit the result)
+notebooks: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) notebooks/build_notebooks.py
+
+# the README images: the saved page and the widget in JupyterLab, on the embedded model, taken
+# by the browser tests themselves
+screenshots: $(STAMP) browser-deps
+	CW_LENS_SCREENSHOT_DIR=docs CW_LENS_WIDGET_MODEL=embedded HF_HUB_OFFLINE=1 $(PY) -m pytest \
+	  -q -p no:cacheprovider tests/test_viz.py::test_browser_sink_page_embedded_model \
+	  tests/test_widget_jupyter.py
+
+# corpus analyses at 8, 32, 128 documents x 256 tokens (BENCH_ARGS=--full adds 512)
+bench-scaling: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
 
 # --- compatibility matrix: TransformerLens 3.9 (bridge + HookedTransformer) and 2.18 -------------
 # Each environment gets torch first, then the user's stack (pinned below), then cw_lens[dev] and

@@ -12,6 +12,8 @@ Public API (re-exports only; each function's module docstring states its formula
 - selection (P2): :func:`geometric_prf`, :func:`selection_geometry`; taxonomy:
   :func:`head_taxonomy`; pruning: :func:`prune_heads`, :func:`lone_head_costs`
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
+- live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
+  :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
 """
 
 from cw_lens.access import cache_names
@@ -40,6 +42,7 @@ from cw_lens.selection import (
     geometric_prf_batched,
     selection_geometry,
 )
+from cw_lens.sink_patching import PatchControls, SinkPatchComparison, compare_sink_patch
 from cw_lens.sinks import (
     SinkAblation,
     SinkStatistics,
@@ -66,13 +69,16 @@ __all__ = [
     "LayerContributions",
     "ModelLoadError",
     "ModelVerification",
+    "PatchControls",
     "PruningResult",
     "SelectionGeometryResult",
     "SinkAblation",
+    "SinkPatchComparison",
     "SinkStatistics",
     "UnsupportedModelError",
     "__version__",
     "cache_names",
+    "compare_sink_patch",
     "contribution_weights",
     "contribution_weights_from_cache",
     "detect_sinks",
@@ -89,8 +95,21 @@ __all__ = [
     "remove_heads",
     "selection_geometry",
     "sink_ablation",
+    "sink_patcher",
     "sink_rates",
     "sink_statistics",
     "stream_contributions",
     "verify_model",
 ]
+
+
+def __getattr__(name: str):
+    """``cw_lens.sink_patcher`` / ``cw_lens.SinkPatcher``: the widget, imported on first use (it
+    needs the optional ``anywidget``: ``pip install 'cw_lens[widget]'``)."""
+    if name in ("sink_patcher", "SinkPatcher"):
+        # the widget is a top layer (like the CLI) with an optional dependency: loaded by name
+        # on first use, so importing cw_lens (as report.py does) never imports it
+        import importlib
+
+        return getattr(importlib.import_module("cw_lens.widget"), name)
+    raise AttributeError(f"module 'cw_lens' has no attribute {name!r}")

@@ -46,7 +46,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.errors import CwLensError, InputError, UnsupportedModelError
 from cw_lens.geometry import head_gram
 
 HOOK_TEMPLATES = {
@@ -275,9 +275,16 @@ class ModelAccess:
     def output_weights(self, layer: int) -> LayerWeights:
         """``W_O``, ``b_O`` and the Gram matrices of ``layer`` (float32, on the model device)."""
         attn = self.model.blocks[layer].attn
-        with torch.no_grad():
-            W_O = attn.W_O
-            b_O = getattr(attn, "b_O", None)
+        try:
+            with torch.no_grad():
+                W_O = attn.W_O
+                b_O = getattr(attn, "b_O", None)
+        except Exception as exc:  # TransformerLens raises its own types for odd attentions
+            raise UnsupportedModelError(
+                f"{self.architecture}: blocks[{layer}].attn.W_O cannot be read "
+                f"({type(exc).__name__}: {exc}); cw_lens cannot read this model's output "
+                "projection per head."
+            ) from exc
         if tuple(W_O.shape) != (self.n_heads, self.d_head, self.d_model):
             raise UnsupportedModelError(
                 f"{self.architecture}: blocks[{layer}].attn.W_O has shape {tuple(W_O.shape)}, "
@@ -287,21 +294,49 @@ class ModelAccess:
         return LayerWeights.from_weights(W_O, b_O)
 
     def attention_module(self, layer: int) -> torch.nn.Module:
-        """The module whose output (or ``output[0]``) is ``sum_h z^h W_O^h + b_O`` of ``layer``:
-        the attention before any post-attention norm or residual multiplier."""
+        """The attention module of ``layer``: its output (or ``output[0]``) is what the block
+        adds to the residual stream, before any post-attention norm or residual multiplier.
+        Edits of the attention-output route act on it."""
         return self.model.blocks[layer].attn
+
+    def output_projection(self, layer: int) -> torch.nn.Module:
+        """The module whose output is exactly ``sum_h z^h W_O^h + b_O`` of ``layer``: the
+        bridge's output-projection component (Bloom's attention adds the residual after it),
+        the attention module of a HookedTransformer."""
+        attn = self.attention_module(layer)
+        projection = getattr(attn, "o", None) if self.api == "bridge" else None
+        return projection if isinstance(projection, torch.nn.Module) else attn
 
     def edits_at(self, layer: int) -> list[AttentionEdit]:
         """The entered interventions' edits of ``layer``, in the order they were entered."""
         return [edit for edit in self.active_edits if edit.layer == layer]
 
     def parameter_dtype(self) -> torch.dtype:
-        return self.model.blocks[0].attn.W_O.dtype
+        return next(self.attention_module(0).parameters()).dtype
 
     # ----------------------------------------------------------------- running
-    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Logits of ``tokens`` (right-padded; ``attention_mask`` 1 at real tokens)."""
-        return self.model(tokens, attention_mask=attention_mask)
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Logits of right-padded ``tokens``.
+
+        No attention mask is passed: with padding only at the end of a row, causal attention
+        never lets a real position see padding, so real positions get exactly the values they
+        would get alone (padded positions are never read). Passing a mask is also what some
+        bridges get wrong (OpenAI-GPT's then drops causality).
+        """
+        return self.model(tokens)
+
+    def probe_forward(self, tokens: Tensor) -> Tensor:
+        """:meth:`forward`, with a failure inside TransformerLens reported as unsupported."""
+        try:
+            return self.forward(tokens)
+        except CwLensError:
+            raise
+        except Exception as exc:
+            raise UnsupportedModelError(
+                f"{self.architecture}: a forward pass through this "
+                f"{type(self.model).__name__} fails ({type(exc).__name__}: {exc}); "
+                "TransformerLens cannot run this architecture, so cw_lens cannot analyse it."
+            ) from exc
 
     def hooks(self, fwd_hooks: Sequence[tuple[str, Callable]]) -> Any:
         """Context manager that adds TransformerLens forward hooks for its duration."""
@@ -332,7 +367,7 @@ class ModelAccess:
                 hooks.append((self.hook_name(kind, layer), record))
         tokens = probe_tokens(self, 1, 4)
         with torch.inference_mode(), self.hooks(hooks):
-            self.forward(tokens)
+            self.probe_forward(tokens)
         bad = [
             layer for layer, kinds in order.items() if sorted(set(kinds)) != sorted(ATTENTION_HOOKS)
         ]

@@ -1,104 +1,281 @@
 """Mergeable accumulators: how corpus analyses fold streamed layers into small results.
 
 Corpus analyses are map (per document batch, inside the forward pass) and reduce (merge the
-accumulators). Two building blocks make the reduce exact, whatever the order and sharding:
+accumulators). The building blocks make the reduce exact, whatever the order and sharding, and
+hold a fixed amount of memory whatever the number of documents:
 
-- :class:`DocSums` keeps float64 sums *per document*; totals add the documents in index order,
-  so a corpus split over ``torchrun`` ranks gives bit-identical totals to a single process.
+- :class:`ExactSums` keeps named sums of float64 values *exactly* (integer fixed point,
+  :mod:`cw_lens.exact`): any order of addition and any merge order give the same bits, so a
+  corpus split over ``torchrun`` ranks gives bit-identical totals to a single process. Its size
+  is fixed by the names and shapes summed (568 bytes per summed number), not by the corpus.
+- :class:`SampleReservoir` keeps at most ``capacity`` sample rows per group: those with the
+  smallest keys, a seeded hash of each row and its document, so the sample is the same however
+  the documents are sharded (a mergeable bottom-k sample).
 - :class:`Histogram` keeps integer counts over fixed bins (quantiles, shares); integer sums are
   exact in any order.
+- :class:`PerDocument` (opt-in, for resampling over documents such as a bootstrap) keeps a few
+  float32 numbers per document: ``4 * len(names) + 1`` bytes per document, the only
+  per-document state; :class:`BootstrapSums` is the fixed-size alternative (seeded Poisson
+  bootstrap replicates of exact sums).
 
-Both have ``merge(other)``; :func:`cw_lens.distributed.merge_across_ranks` gathers and merges any
-object with a ``merge`` method.
+All have ``merge(other)``; :func:`cw_lens.distributed.merge_across_ranks` gathers and merges any
+object with a ``merge`` method. :func:`state_bytes` measures what an accumulator holds.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from cw_lens import exact
 from cw_lens.errors import InputError
 
 
-class DocSums:
-    """Named float64 sums kept per document (exact to merge)."""
-
-    def __init__(self) -> None:
-        self._docs: dict[int, dict[str, Tensor]] = {}
-
-    def add(self, doc: int, name: str, value: Tensor | float) -> None:
-        value = torch.as_tensor(value).detach().to("cpu", torch.float64)
-        entry = self._docs.setdefault(int(doc), {})
-        if name in entry:
-            entry[name] = entry[name] + value
-        else:
-            entry[name] = value.clone()
-
-    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
-        """Add ``values[r]`` to document ``docs[r]`` for every row ``r``."""
-        values = values.detach().to("cpu", torch.float64)
-        for r, doc in enumerate(docs):
-            self.add(doc, name, values[r])
-
-    def merge(self, other: DocSums) -> None:
-        overlap = set(self._docs) & set(other._docs)
-        if overlap:
-            raise InputError(f"Cannot merge: documents {sorted(overlap)[:5]} were counted twice.")
-        self._docs.update(other._docs)
-
-    @property
-    def documents(self) -> list[int]:
-        return sorted(self._docs)
-
-    def total(self, name: str) -> Tensor:
-        """Sum over documents, in document order (float64)."""
-        out = None
-        for doc in self.documents:
-            value = self._docs[doc].get(name)
-            if value is None:
-                continue
-            out = value.clone() if out is None else out + value
-        if out is None:
-            raise KeyError(f"no document recorded {name!r}")
-        return out
-
-    def __contains__(self, name: str) -> bool:
-        return any(name in entry for entry in self._docs.values())
+def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
+    """A tensor as is; Python numbers as float64 (``torch.as_tensor(0.1)`` would be float32)."""
+    if isinstance(values, Tensor):
+        return values
+    return torch.as_tensor(values, dtype=torch.float64)
 
 
-class DocSamples:
-    """Per-document sample rows (``[n, n_columns]`` float32) under named groups.
+class ExactSums:
+    """Named float64 sums, exact and independent of the order of addition and merging.
 
-    For statistics that need raw samples (rank correlations). Which entries are sampled must be
-    decided per document (e.g. a generator seeded by the document index), so the union over
-    shards equals a single-process run; :meth:`table` concatenates in document order.
+    ``add_rows(docs, name, values)`` adds every row of ``values`` (one per document; the
+    document indices are not kept) to the sum ``name``; :meth:`total` is the correctly rounded
+    float64 of the exact sum of everything added under ``name``. Additions are copied into a
+    buffer allocated once (``buffer`` numbers) and folded into the integer limbs when it is
+    full: the state — limbs fixed by the names and shapes, plus the buffer — never grows with
+    the corpus, and no allocation outlives the call that made it (so the heap does not
+    fragment around long-lived small objects).
     """
 
-    def __init__(self, columns: Sequence[str]) -> None:
-        self.columns = list(columns)
-        self._docs: dict[int, dict[str, list[Tensor]]] = {}
+    def __init__(self, buffer: int = 1 << 16) -> None:
+        self.buffer = int(buffer)
+        self._slots: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (offset, shape)
+        self._size = 0
+        self._limbs, self._special = exact.zeros(0)
+        self._values: Tensor | None = None  # the buffer: values and their slot indices
+        self._index: Tensor | None = None
+        self._n_buffered = 0
+        self._since_carry = 0
+        self._totals: dict[str, Tensor] = {}
+
+    def _slot(self, name: str, shape: tuple[int, ...]) -> int:
+        if name in self._slots:
+            offset, known = self._slots[name]
+            if known != shape:
+                raise InputError(f"Sum {name!r} has shape {known}; cannot add shape {shape}.")
+            return offset
+        numel = int(np.prod(shape, dtype=np.int64))
+        if self._size + numel > self._limbs.shape[0]:  # grow by doubling (names come early)
+            capacity = max(2 * self._limbs.shape[0], self._size + numel, 64)
+            with torch.inference_mode(False):  # state outlives the (inference-mode) passes
+                limbs, special = exact.zeros(capacity)
+            limbs[: self._size] = self._limbs[: self._size]
+            special[: self._size] = self._special[: self._size]
+            self._limbs, self._special = limbs, special
+        self._slots[name] = (self._size, shape)
+        self._size += numel
+        return self._size - numel
+
+    def add(self, doc: int, name: str, value: Tensor | float) -> None:
+        self.add_rows([doc], name, _float64(value)[None])
+
+    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
+        """Add ``values[r]`` (the numbers of document ``docs[r]``) to ``name`` for every row."""
+        values = _float64(values).detach()
+        if values.ndim == 0 or values.shape[0] != len(docs):
+            raise InputError(
+                f"values must have one row per document ({len(docs)}), got {tuple(values.shape)}."
+            )
+        offset = self._slot(name, tuple(values.shape[1:]))
+        numel = values[0].numel()
+        self._totals.pop(name, None)
+        n = len(docs) * numel
+        if n > self.buffer:  # too large to buffer: fold it in directly
+            index = torch.arange(offset, offset + numel).repeat(len(docs))
+            self._fold(values.to("cpu", torch.float64).reshape(-1), index)
+            return
+        if self._values is None:
+            with torch.inference_mode(False):
+                self._values = torch.empty(self.buffer, dtype=torch.float64)
+                self._index = torch.empty(self.buffer, dtype=torch.int64)
+        if self._n_buffered + n > self.buffer:
+            self._flush()
+        rows = slice(self._n_buffered, self._n_buffered + n)
+        self._values[rows].view(len(docs), numel).copy_(values.reshape(len(docs), numel))
+        self._index[rows].view(len(docs), numel).copy_(torch.arange(offset, offset + numel))
+        self._n_buffered += n
+
+    def _fold(self, values: Tensor, index: Tensor) -> None:
+        if self._since_carry + values.numel() >= exact.CARRY_EVERY:
+            exact.carry(self._limbs)
+            self._since_carry = 0
+        exact.add(self._limbs, self._special, values, index)
+        self._since_carry += values.numel()
+
+    def _flush(self) -> None:
+        if self._n_buffered:
+            n, self._n_buffered = self._n_buffered, 0
+            self._fold(self._values[:n], self._index[:n])
+
+    def merge(self, other: ExactSums) -> None:
+        self._flush()
+        other._flush()
+        exact.carry(self._limbs)  # both in [0, 2^32) per limb: the sums cannot overflow
+        exact.carry(other._limbs)
+        self._since_carry = 0
+        for name, (offset, shape) in other._slots.items():
+            numel = int(np.prod(shape, dtype=np.int64))
+            mine = self._slot(name, shape)
+            self._limbs[mine : mine + numel] += other._limbs[offset : offset + numel]
+            self._special[mine : mine + numel] += other._special[offset : offset + numel]
+        self._totals.clear()
+
+    def total(self, name: str) -> Tensor:
+        """The correctly rounded float64 of the exact sum of every value added to ``name``."""
+        if name not in self._slots:
+            raise KeyError(f"nothing was added to {name!r}")
+        if name not in self._totals:
+            self._flush()
+            offset, shape = self._slots[name]
+            numel = int(np.prod(shape, dtype=np.int64))
+            rows = slice(offset, offset + numel)
+            self._totals[name] = exact.to_float(self._limbs[rows], self._special[rows]).reshape(
+                shape
+            )
+        return self._totals[name].clone()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._slots
+
+    def __getstate__(self) -> dict:
+        self._flush()  # what travels between ranks is the limbs alone, not the buffer
+        state = dict(self.__dict__)
+        state.update(_totals={}, _values=None, _index=None)
+        return state
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (uint64 arithmetic wraps around)."""
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def row_keys(seed: int, doc: int, group: str, rows: np.ndarray) -> np.ndarray:
+    """A uint64 hash per row of float32 ``rows`` ``[n, c]``, seeded by ``(seed, doc, group)``:
+    a function of the row and its document only."""
+    digest = hashlib.sha1(f"{seed}/{doc}/{group}".encode()).digest()
+    h = np.full(rows.shape[0], int.from_bytes(digest[:8], "little"), dtype=np.uint64)
+    bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    for c in range(rows.shape[1]):
+        h = _mix(h ^ (bits[:, c] | np.uint64(c << 32)))
+    return h
+
+
+class SampleReservoir:
+    """At most ``capacity`` sample rows (``[n, n_columns]`` float32) per named group.
+
+    For statistics that need raw samples (rank correlations). Each row gets a key, a seeded hash
+    of the row and its document (:func:`row_keys`); the reservoir keeps the ``capacity`` rows
+    with the smallest keys (ties: by the row's values). The kept rows are therefore a function
+    of the set of rows offered, not of their order or of how documents were split over ranks:
+    a uniform random sample of all rows offered, the same in a sharded and a single run.
+    Memory: a buffer of ``2 * capacity`` rows and keys per group, ``capacity * (8 * n_columns +
+    16)`` bytes, allocated once.
+    """
+
+    def __init__(self, columns: Sequence[str], capacity: int = 100_000, seed: int = 0) -> None:
+        if capacity < 1:
+            raise InputError(f"capacity must be at least 1, got {capacity}.")
+        self.columns, self.capacity, self.seed = list(columns), int(capacity), int(seed)
+        self._rows: dict[str, np.ndarray] = {}  # [2 capacity, n_columns] buffers
+        self._keys: dict[str, np.ndarray] = {}
+        self._n: dict[str, int] = {}  # rows held per group
 
     def add(self, doc: int, group: str, rows: Tensor) -> None:
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
-            raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}")
-        entry = self._docs.setdefault(int(doc), {})
-        entry.setdefault(group, []).append(rows.detach().to("cpu", torch.float32))
+            raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
+        table = rows.detach().to("cpu", torch.float32).numpy()
+        self._offer(group, table, row_keys(self.seed, doc, group, table))
 
-    def merge(self, other: DocSamples) -> None:
-        overlap = set(self._docs) & set(other._docs)
-        if overlap:
-            raise InputError(f"Cannot merge: documents {sorted(overlap)[:5]} were sampled twice.")
-        self._docs.update(other._docs)
+    def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray) -> None:
+        if group not in self._rows:
+            self._rows[group] = np.empty((2 * self.capacity, len(self.columns)), np.float32)
+            self._keys[group] = np.empty(2 * self.capacity, np.uint64)
+            self._n[group] = 0
+        for start in range(0, len(rows), self.capacity):
+            part = slice(start, start + self.capacity)
+            n, m = self._n[group], len(rows[part])
+            if n + m > 2 * self.capacity:
+                n = self._shrink(group)
+            self._rows[group][n : n + m] = rows[part]
+            self._keys[group][n : n + m] = keys[part]
+            self._n[group] = n + m
+
+    def _shrink(self, group: str) -> int:
+        """Keep the ``capacity`` smallest (key, row) in place; returns the rows held."""
+        n, k = self._n[group], self.capacity
+        if n > k:
+            rows, keys = self._rows[group][:n], self._keys[group][:n]
+            kth = np.partition(keys, k - 1)[k - 1]
+            below = np.flatnonzero(keys < kth)
+            tied = np.flatnonzero(keys == kth)  # practically one row: order ties by value
+            tied = tied[np.lexsort(rows[tied].T[::-1])][: k - len(below)]
+            keep = np.concatenate([below, tied])
+            self._rows[group][:k], self._keys[group][:k] = rows[keep], keys[keep]
+            self._n[group] = k
+        return self._n[group]
+
+    def _held(self, group: str) -> tuple[np.ndarray, np.ndarray]:
+        """The kept rows and keys of ``group``, ordered by key then values."""
+        if group not in self._rows:
+            return np.zeros((0, len(self.columns)), np.float32), np.zeros(0, np.uint64)
+        n = self._shrink(group)
+        rows, keys = self._rows[group][:n], self._keys[group][:n]
+        order = np.lexsort((*rows.T[::-1], keys))
+        return rows[order], keys[order]
+
+    def merge(self, other: SampleReservoir) -> None:
+        if other.columns != self.columns or (other.capacity, other.seed) != (
+            self.capacity,
+            self.seed,
+        ):
+            raise InputError("Cannot merge sample reservoirs with different columns, size or seed.")
+        for group in other._rows:
+            self._offer(group, *other._held(group))
 
     def table(self, group: str) -> Tensor:
-        """All rows of ``group`` in document order, ``[n, n_columns]``."""
-        parts = [r for d in sorted(self._docs) for r in self._docs[d].get(group, [])]
-        if not parts:
-            return torch.zeros(0, len(self.columns))
-        return torch.cat(parts)
+        """The kept rows of ``group`` in key order, ``[n, n_columns]``."""
+        return torch.from_numpy(self._held(group)[0].copy())
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)  # what travels between ranks: the kept rows, not the buffer
+        held = {g: self._held(g) for g in self._rows}
+        state.update(
+            _rows={g: r for g, (r, _) in held.items()},
+            _keys={g: k for g, (_, k) in held.items()},
+        )
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        kept = {g: (self._rows[g], self._keys[g]) for g in self._rows}
+        self._rows, self._keys, self._n = {}, {}, {}
+        for group, (rows, keys) in kept.items():
+            self._offer(group, rows, keys)
 
 
 class Histogram:
@@ -188,3 +365,115 @@ def merge_all(items: Iterable) -> object:
     for other in items[1:]:
         first.merge(other)
     return first
+
+
+class PerDocument:
+    """A few float32 numbers per document under named statistics (opt-in, for resampling).
+
+    For a bootstrap over documents, which needs each document's own numbers. Sized for a corpus
+    of ``n_documents`` up front: ``[n_documents, len(names)]`` float32 plus one byte per document
+    marking it seen — ``4 * len(names) + 1`` bytes per document, the only state that grows with
+    the corpus. Additions to one document happen on the rank that holds its batch, in the same
+    order as in a single process, so merged tables are bit-identical.
+    """
+
+    def __init__(self, names: Sequence[str], n_documents: int) -> None:
+        self.names = list(names)
+        self._column = {n: i for i, n in enumerate(self.names)}
+        self.values = torch.zeros(int(n_documents), len(self.names), dtype=torch.float32)
+        self.seen = torch.zeros(int(n_documents), dtype=torch.bool)
+
+    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
+        """Add ``values[r]`` (a number) to document ``docs[r]``'s statistic ``name``."""
+        if name not in self._column:
+            raise InputError(f"Unknown statistic {name!r}; this record keeps {self.names}.")
+        index = torch.as_tensor(list(docs), dtype=torch.long)
+        values = torch.as_tensor(values).detach().to("cpu", torch.float32).reshape(len(index))
+        self.values[index, self._column[name]] += values
+        self.seen[index] = True
+
+    def merge(self, other: PerDocument) -> None:
+        if other.names != self.names or other.values.shape != self.values.shape:
+            raise InputError("Cannot merge per-document records of different statistics.")
+        both = self.seen & other.seen
+        if bool(both.any()):
+            docs = both.nonzero().flatten()[:5].tolist()
+            raise InputError(f"Cannot merge: documents {docs} were recorded twice.")
+        self.values = torch.where(other.seen[:, None], other.values, self.values)
+        self.seen |= other.seen
+
+    def table(self) -> Float[Tensor, "document statistic"]:
+        """The numbers of the documents seen, in document order."""
+        return self.values[self.seen]
+
+
+class BootstrapSums:
+    """Seeded Poisson-bootstrap replicates of exact sums: a fixed-size alternative to
+    :class:`PerDocument`.
+
+    Each document gets ``n_replicates`` Poisson(1) weights drawn from a generator seeded by
+    ``(seed, document)`` — the same on any rank and for every statistic — and replicate ``r`` of
+    a sum is ``sum_d w[d, r] x_d``, kept in an :class:`ExactSums` (so sharded runs are
+    bit-identical). Size: ``n_replicates`` times 568 bytes per summed number, whatever the
+    corpus size; ``total(name)`` is ``[n_replicates, *shape]``.
+    """
+
+    def __init__(self, n_replicates: int = 1000, seed: int = 0) -> None:
+        if n_replicates < 1:
+            raise InputError(f"n_replicates must be at least 1, got {n_replicates}.")
+        self.n_replicates, self.seed = int(n_replicates), int(seed)
+        self.sums = ExactSums()
+
+    def weights(self, doc: int) -> Float[Tensor, " replicate"]:
+        """The Poisson(1) weights of document ``doc``, one per replicate."""
+        digest = hashlib.sha1(f"poisson/{self.seed}/{doc}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
+        return torch.poisson(torch.ones(self.n_replicates, dtype=torch.float64), generator=gen)
+
+    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
+        values = _float64(values).detach().to("cpu", torch.float64)
+        w = torch.stack([self.weights(d) for d in docs])  # [doc, replicate]
+        shape = (len(docs), self.n_replicates, *values.shape[1:])
+        self.sums.add_rows(
+            docs,
+            name,
+            (w.reshape(*w.shape, *[1] * (values.ndim - 1)) * values[:, None]).reshape(shape),
+        )
+
+    def merge(self, other: BootstrapSums) -> None:
+        if (other.n_replicates, other.seed) != (self.n_replicates, self.seed):
+            raise InputError("Cannot merge bootstrap sums with different replicates or seed.")
+        self.sums.merge(other.sums)
+
+    def total(self, name: str) -> Tensor:
+        return self.sums.total(name)
+
+
+def state_bytes(obj: object) -> int:
+    """Bytes an accumulator holds: tensors and arrays by their storage, other objects by
+    ``sys.getsizeof``, followed through attributes and containers (each object counted once).
+
+    Used by the tests to check that accumulator state does not grow with the corpus."""
+    seen: set[int] = set()
+
+    def walk(x: object) -> int:
+        if isinstance(x, (str, bytes, int, float, bool)):  # shared singletons: count each use
+            return sys.getsizeof(x)
+        if id(x) in seen or x is None or isinstance(x, type):
+            return 0
+        seen.add(id(x))
+        if isinstance(x, Tensor):
+            return x.untyped_storage().nbytes()
+        if isinstance(x, np.ndarray):
+            return int(x.nbytes if x.base is None else walk(x.base))
+        if isinstance(x, dict):
+            return sys.getsizeof(x) + sum(walk(k) + walk(v) for k, v in x.items())
+        if isinstance(x, (list, tuple, set, frozenset)):
+            return sys.getsizeof(x) + sum(walk(v) for v in x)
+        if callable(x) and not hasattr(x, "__dict__"):
+            return 0
+        if hasattr(x, "__dict__"):  # attributes (an instance dict's size is CPython's detail)
+            return sys.getsizeof(x) + sum(walk(v) for v in vars(x).values())
+        return sys.getsizeof(x)
+
+    return walk(obj)

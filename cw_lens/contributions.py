@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -323,6 +323,21 @@ class _ResultFiller:
             self.pv_norm[b, :, :, n:] = math.nan
 
 
+class _Both:
+    """The result filler (its layers) and a user's ``on_block`` (its own layers, or all)."""
+
+    def __init__(
+        self, filler: _ResultFiller, on_block: Callable, restrict: bool, layers: list[int]
+    ) -> None:
+        self.filler, self.on_block, self.restrict, self.layers = filler, on_block, restrict, layers
+
+    def __call__(self, lc: LayerContributions) -> None:
+        if lc.layer in self.filler.layer_pos:
+            self.filler(lc)
+        if not self.restrict or lc.layer in self.layers:
+            self.on_block(lc)
+
+
 def contribution_weights(
     model: Any,
     inputs: Any,
@@ -334,6 +349,9 @@ def contribution_weights(
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
+    on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
+    on_block: Callable[[LayerContributions], None] | None = None,
+    block_layers: int | Sequence[int] | None = None,
 ) -> ContributionResult:
     """Contribution weights of every (layer, head, query, key) for a few texts.
 
@@ -349,6 +367,12 @@ def contribution_weights(
         prepend_bos: Prepend BOS to text (position 0 is then BOS, the usual sink).
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
+        on_logits: If given, the pass runs to the end and this gets ``(batch, logits)`` of
+            the same pass (one forward pass for weights and predictions).
+        on_block: If given, also called with every streamed :class:`LayerContributions`
+            (inside the pass; see :func:`stream_contributions` for the lifetime rules).
+        block_layers: The layers whose blocks go to ``on_block`` (default: ``layers``); those
+            not in ``layers`` are streamed for ``on_block`` only, not stored in the result.
 
     Returns:
         A :class:`ContributionResult`. It holds ``2 x batch x layers x heads x pos^2`` floats;
@@ -359,6 +383,11 @@ def contribution_weights(
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     head_list = resolve_heads(model, heads)
+    extra = (
+        [] if block_layers is None or not len(block_layers) else resolve_layers(model, block_layers)
+    )
+    if extra and on_block is None:
+        raise InputError("block_layers needs on_block (the function that gets those blocks).")
     device = torch.device(model.cfg.device or "cpu")
     filler = _ResultFiller(
         batch.tokens.shape[0], batch.tokens.shape[1], layer_list, len(head_list), kind, device
@@ -366,13 +395,14 @@ def contribution_weights(
     stats = stream_contributions(
         model,
         batch.tokens,
-        filler,
-        layers=layer_list,
+        filler if on_block is None else _Both(filler, on_block, block_layers is not None, extra),
+        layers=sorted(set(layer_list) | set(extra)),
         heads=None if len(head_list) == model.cfg.n_heads else head_list,
         query_chunk=query_chunk,
         batch_size=batch_size,
         attention_mask=batch.mask.long(),  # always: a text may contain the pad token itself
         count_nan=(kind,),
+        on_logits=on_logits,
     )
     filler.mark_padding(batch.lengths.tolist())
     return ContributionResult(

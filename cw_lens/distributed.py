@@ -4,8 +4,10 @@ Under ``torchrun --nproc-per-node N`` (``RANK``/``WORLD_SIZE`` set) every corpus
 shards its document batches round-robin over the ranks — the batch plan is computed from the
 whole corpus on every rank, so each document is processed in exactly the batch it would be in
 a single process — and gathers and merges the accumulators on every rank. Accumulators keep
-per-document float64 sums and integer histograms (:mod:`cw_lens.accumulate`), so the merged
-numbers are bit-identical to a single-process run. The backend is gloo on CPU, nccl on GPU.
+exact (integer fixed-point) sums, integer histograms and hash-keyed sample reservoirs
+(:mod:`cw_lens.accumulate`), all independent of the order of addition and merging and of a
+fixed size, so the merged numbers are bit-identical to a single-process run. The backend is
+gloo on CPU, nccl on GPU.
 
 Example (2 CPU processes)::
 

@@ -130,6 +130,11 @@ class HookSet:
 # --------------------------------------------------------------------------- the edits
 
 
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    """float32 for half- and single-precision tensors, float64 for float64 ones."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 class _PatternEdit:
     """Base of the pattern-dependent edits; subclasses define ``keep`` (the effective
     attention as a multiple of ``alpha``, or a mask) and ``delta``."""
@@ -141,9 +146,10 @@ class _PatternEdit:
         raise NotImplementedError
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
-        """``z - z'`` ``[batch, query, head, d_head]`` (float32)."""
-        removed = pattern.float() - self.effective_pattern(pattern, values).float()
-        return grouped_scores_values(removed, values.float())
+        """``z - z'`` ``[batch, query, head, d_head]`` (float32, or float64 for such models)."""
+        dtype = _compute_dtype(pattern)
+        removed = pattern.to(dtype) - self.effective_pattern(pattern, values).to(dtype)
+        return grouped_scores_values(removed, values.to(dtype))
 
 
 class SinkPatch(_PatternEdit):
@@ -191,13 +197,14 @@ class SinkPatch(_PatternEdit):
         rows = ~sink_mask[:, None, :n_query, None]
         cols = sink_mask[:, None, None, :]
         scale = 1.0 - factor[:, :, None, None] * (rows & cols).to(factor.dtype)
-        return pattern.float() * scale
+        return pattern.to(_compute_dtype(pattern)) * scale.to(_compute_dtype(pattern))
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
         n_batch, _, n_query, n_key = pattern.shape
         sink_mask = self._sink_mask(n_batch, n_key, pattern.device)
         factor = self.removed_share(values, sink_mask)
-        term = sink_term(pattern.float(), values.float(), sink_mask)  # [batch, query, head, d]
+        dtype = _compute_dtype(pattern)
+        term = sink_term(pattern.to(dtype), values.to(dtype), sink_mask)  # [batch, query, head, d]
         term = term.masked_fill(sink_mask[:, :n_query, None, None], 0.0)  # sinks keep theirs
         return factor[:, None, :, None] * term
 
@@ -221,8 +228,9 @@ class PairMask(_PatternEdit):
         return pattern.masked_fill(self.removed(pattern), 0.0)
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
-        kept = pattern.float() * self.removed(pattern).to(torch.float32)
-        return grouped_scores_values(kept, values.float())
+        dtype = _compute_dtype(pattern)
+        kept = pattern.to(dtype) * self.removed(pattern).to(dtype)
+        return grouped_scores_values(kept, values.to(dtype))
 
 
 class HeadRemoval:
@@ -239,7 +247,8 @@ class HeadRemoval:
         return out
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
-        full = grouped_scores_values(pattern.float(), values.float())
+        dtype = _compute_dtype(pattern)
+        full = grouped_scores_values(pattern.to(dtype), values.to(dtype))
         keep = torch.zeros(full.shape[2], dtype=torch.bool, device=full.device)
         keep[self.heads] = True
         return full * keep[None, None, :, None]
@@ -303,9 +312,10 @@ def _edit_z(edit: _PatternEdit, store: dict[str, Tensor]) -> Callable:
 def _edit_output(edit: _PatternEdit, store: dict[str, Tensor], W_O: Tensor) -> Callable:
     def fn(module: Any, args: Any, output: Any) -> Any:
         pattern, values = store.pop("pattern"), store.pop("values")
-        delta = torch.einsum("bqhd,hdm->bqm", edit.delta(pattern, values), W_O.to(pattern.device))
-        if isinstance(output, tuple):
-            return (output[0] - delta.to(output[0].dtype), *output[1:])
+        delta = edit.delta(pattern, values)
+        delta = torch.einsum("bqhd,hdm->bqm", delta, W_O.to(delta.device, delta.dtype))
+        if isinstance(output, (tuple, list)):
+            return type(output)([output[0] - delta.to(output[0].dtype), *output[1:]])
         return output - delta.to(output.dtype)
 
     return fn

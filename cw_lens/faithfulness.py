@@ -50,7 +50,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.accumulate import DocSums
+from cw_lens.accumulate import ExactSums
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
@@ -300,10 +300,10 @@ class FaithfulnessResult:
 
 
 class _Outcomes:
-    """Per-document NLL / answer sums for the clean run and every configuration."""
+    """Exact NLL / answer sums for the clean run and every configuration."""
 
     def __init__(self) -> None:
-        self.sums = DocSums()
+        self.sums = ExactSums()
         self.tokens = 0
 
     def merge(self, other: _Outcomes) -> None:
@@ -435,10 +435,13 @@ def faithfulness(
         )
         outcomes.tokens += int(batch.mask.sum())
         bar.update(1)
-        for config in configs:
+        for config in configs:  # no reference to a pass's logits outlives its record
+            tag = "|".join(map(str, config))
             logits = run_logits(model, local, ranks.hooks(model, *config, layers))
-            outcomes.record("|".join(map(str, config)), batch, logits, batch.documents, spans)
+            outcomes.record(tag, batch, logits, batch.documents, spans)
+            del logits
             bar.update(1)
+        del ranks  # the batch's ranks (the largest state): freed before the next are built
     bar.close()
     outcomes = merge_across_ranks(outcomes)
     return _result(outcomes, configs, task, len(docs), ranking, seed, first_query)

@@ -52,10 +52,6 @@ class TokenBatch:
     def padded(self) -> bool:
         return not bool(self.mask.all())
 
-    def attention_mask(self) -> torch.Tensor | None:
-        """The mask to hand the model, or ``None`` when nothing is padded."""
-        return self.mask.long() if self.padded else None
-
     def str_tokens(self, model: Any) -> list[list[str]]:
         """Token strings per row (padding excluded)."""
         tok = model.tokenizer

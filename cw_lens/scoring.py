@@ -1,8 +1,8 @@
 """Scoring what the model predicts: next-token NLL on text, answer log-probability on tasks.
 
 Language-model text: the mean next-token negative log-likelihood over the scored positions
-(every real position that has a real successor), and ``PPL = exp(mean NLL)``; per-document sums
-are kept in a :class:`~cw_lens.accumulate.DocSums` so sharded runs merge exactly.
+(every real position that has a real successor), and ``PPL = exp(mean NLL)``; the sums
+are kept in a :class:`~cw_lens.accumulate.ExactSums` so sharded runs merge exactly.
 
 Task items (a prompt with a known answer): the answer ``a_1 .. a_m`` (its tokens after the
 prompt) is scored teacher-forced: its log-probability is ``sum_t log p(a_t | prompt, a_<t)``
@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums
+from cw_lens.accumulate import ExactSums
 from cw_lens.capture import run_layers
 from cw_lens.data import Document
 from cw_lens.distributed import current_shard, merge_across_ranks
@@ -65,13 +65,8 @@ def answer_scores(
     batch, spans = answer_spans(model, documents, prepend_bos)
     logprob = torch.empty(len(documents))
     correct = torch.zeros(len(documents), dtype=torch.bool)
-    device = torch.device(model.cfg.device or "cpu")
     for sub in iter_batches(batch, batch_size):
-        if run is None:
-            with torch.inference_mode():
-                logits = model(sub.tokens.to(device), attention_mask=sub.attention_mask())
-        else:
-            logits = run(sub)
+        logits = run_logits(model, sub) if run is None else run(sub)
         scores = score_answers(logits, sub.tokens, [spans[i] for i in sub.documents])
         logprob[sub.documents] = scores.logprob
         correct[sub.documents] = scores.correct
@@ -97,9 +92,9 @@ def token_nll(
 
 @dataclass
 class NLLResult:
-    """Per-document NLL sums and counts; ``mean_nll`` and ``ppl`` over all scored positions."""
+    """Exact NLL sums and counts; ``mean_nll`` and ``ppl`` over all scored positions."""
 
-    sums: DocSums
+    sums: ExactSums
 
     @property
     def mean_nll(self) -> float:
@@ -133,7 +128,7 @@ def corpus_nll(
     shard = current_shard()
     if shard is not None:
         batches = batches[shard[0] :: shard[1]]
-    sums = DocSums()
+    sums = ExactSums()
     for batch in batches:
         nll = token_nll(run_logits(model, batch, hooks), batch.tokens, batch.mask)
         sums.add_rows(batch.documents, "nll", nll.nansum(-1))

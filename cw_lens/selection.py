@@ -29,9 +29,10 @@ Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
   with ``(seed, d, l, i)``, so results do not depend on batching, sharding or the other documents;
 - ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
 
-Everything streams layer by layer (:func:`cw_lens.streaming.stream_corpus`) into per-document
-float64 sums, so corpora and ``torchrun`` ranks merge exactly. Results follow the weights the
-model runs (a raw bridge); a bridge in compatibility mode gives results for its folded weights.
+Everything streams layer by layer (:func:`cw_lens.streaming.stream_corpus`) into exact sums
+(:class:`cw_lens.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly.
+Results follow the weights the model runs (a raw bridge); a bridge in compatibility mode gives
+results for its folded weights.
 
 Example::
 
@@ -57,7 +58,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums
+from cw_lens.accumulate import ExactSums
 from cw_lens.capture import resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
@@ -367,7 +368,7 @@ def kv_of_heads(n_heads: int, n_kv: int, device: Any) -> Tensor:
 
 
 class _SelectionAccumulator:
-    """Per-document sums of P, R, F and counts, ``[rule, head, n, 4]`` per layer."""
+    """Exact sums of P, R, F and counts, ``[rule, head, n, 4]`` per layer."""
 
     def __init__(
         self,
@@ -380,7 +381,7 @@ class _SelectionAccumulator:
     ) -> None:
         self.n_grid, self.query, self.n_random = n_grid, query, n_random
         self.seed, self.sinks, self.distance = seed, sinks, distance
-        self.sums = DocSums()
+        self.sums = ExactSums()
 
     def merge(self, other: _SelectionAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -725,7 +726,7 @@ def selection_geometry(
         )
     layer_list = resolve_layers(model, layers)
     accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance)
-    accumulator, _ = stream_corpus(
+    accumulator, stats = stream_corpus(
         model,
         docs,
         accumulator,
@@ -744,6 +745,6 @@ def selection_geometry(
         seed=seed,
         sink_positions=sinks,
         distance=distance,
-        n_documents=len(accumulator.sums.documents),
+        n_documents=stats.n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
     )

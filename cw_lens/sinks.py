@@ -52,8 +52,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens import geometry as geo
-from cw_lens.accumulate import DocSamples, DocSums, Histogram
-from cw_lens.capture import resolve_layers
+from cw_lens.accumulate import ExactSums, Histogram, SampleReservoir
+from cw_lens.capture import LayerActivations, resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
@@ -65,6 +65,8 @@ from cw_lens.streaming import stream_contributions, stream_corpus
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
 RATE_BINS = 20
+# factor samples kept per group (sink / tail entries) for the rank correlations
+MAX_SAMPLES = 100_000
 FACTOR_COLUMNS = (
     "layer",
     "head",
@@ -139,15 +141,19 @@ def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch po
 
 
 class _MaxAttention:
-    """Per document: max over (layer, head) of each key's mean attention from later queries.
+    """Per document: the keys whose max over (layer, head) of the mean attention from later
+    queries exceeds ``threshold``.
 
     Only keys read by at least ``min_later`` later (real) queries are candidates: near the end
-    of a document a previous-token head alone would put a key over any threshold.
+    of a document a previous-token head alone would put a key over any threshold. The running
+    max lives for one batch (its layers stream in order); after ``last_layer`` the batch's
+    documents keep only their sink positions.
     """
 
-    def __init__(self, min_later: int) -> None:
-        self.min_later = min_later
-        self.docs: dict[int, Tensor] = {}
+    def __init__(self, min_later: int, threshold: float, last_layer: int) -> None:
+        self.min_later, self.threshold, self.last_layer = min_later, threshold, last_layer
+        self.positions: dict[int, tuple[int, ...]] = {}
+        self._best: Tensor | None = None  # [batch, key] of the batch in flight
 
     def update(self, lc: LayerContributions) -> None:
         if lc.queries.start != 0:
@@ -159,15 +165,17 @@ class _MaxAttention:
         weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
         n_later = weight.sum(1)  # [batch, key]
         mean = (acts.pattern * weight[:, None]).sum(2) / n_later[:, None].clamp_min(1)
-        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0).cpu()  # [batch, key]
-        for row, doc in enumerate(lc.batch.documents):
-            n = int(lc.batch.lengths[row])
-            prev = self.docs.get(doc)
-            cur = best[row, :n]
-            self.docs[doc] = cur if prev is None else torch.maximum(prev, cur)
+        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0)  # [batch, key]
+        self._best = best if self._best is None else torch.maximum(self._best, best)
+        if lc.layer == self.last_layer:
+            above = (self._best > self.threshold).cpu()
+            for row, doc in enumerate(lc.batch.documents):
+                n = int(lc.batch.lengths[row])
+                self.positions[doc] = tuple(int(p) for p in above[row, :n].nonzero().flatten())
+            self._best = None
 
     def merge(self, other: _MaxAttention) -> None:
-        self.docs.update(other.docs)
+        self.positions.update(other.positions)
 
 
 def detect_sinks(
@@ -186,27 +194,23 @@ def detect_sinks(
     are never sinks."""
     if min_later < 1:
         raise InputError(f"min_later must be at least 1, got {min_later}.")
+    layer_list = resolve_layers(model, layers)
     acc, _ = stream_corpus(
         model,
         corpus,
-        _MaxAttention(min_later),
-        layers=layers,
+        _MaxAttention(min_later, threshold, max(layer_list)),
+        layers=layer_list,
         batch_size=batch_size,
         prepend_bos=prepend_bos,
     )
-    docs = as_corpus(corpus)
-    out = []
-    for doc in range(len(docs)):
-        best = acc.docs[doc]
-        out.append(tuple(int(p) for p in (best > threshold).nonzero().flatten()))
-    return out
+    return [acc.positions[doc] for doc in range(len(as_corpus(corpus)))]
 
 
 # --------------------------------------------------------------------------- accumulation
 
 
 class _SinkAccumulator:
-    """Folds streamed layers into per-document sums, histograms and factor samples."""
+    """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
 
     def __init__(
         self,
@@ -217,6 +221,7 @@ class _SinkAccumulator:
         min_query: int,
         drift_k: int,
         samples_per_doc: int,
+        max_samples: int,
         seed: int,
     ) -> None:
         self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
@@ -224,8 +229,8 @@ class _SinkAccumulator:
         self.min_query, self.drift_k = min_query, drift_k
         self.samples_per_doc, self.seed = samples_per_doc, seed
         n = len(layers)
-        self.sums = DocSums()
-        self.samples = DocSamples(FACTOR_COLUMNS)
+        self.sums = ExactSums()
+        self.samples = SampleReservoir(FACTOR_COLUMNS, capacity=max_samples, seed=seed)
         self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
         self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
         self.drift_share = Histogram((n, n_heads), -2.0, 2.0, 200)
@@ -708,6 +713,7 @@ def sink_statistics(
     min_query: int = MIN_QUERY,
     drift_k: int = 4,
     samples_per_doc: int = 3000,
+    max_samples: int = MAX_SAMPLES,
     seed: int = 0,
     prepend_bos: bool = True,
     progress: bool | str = False,
@@ -723,7 +729,10 @@ def sink_statistics(
         batch_size: Documents per forward pass.
         min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
         drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
-        samples_per_doc: Factor samples per document and group for rank correlations.
+        samples_per_doc: Factor samples drawn per document and group for rank correlations.
+        max_samples: Factor samples kept per group over the whole corpus (a seeded bottom-k
+            reservoir: the same sample whatever the sharding; memory fixed at about 4 MB per
+            group); small corpora keep every sample drawn.
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
@@ -743,6 +752,7 @@ def sink_statistics(
         min_query=min_query,
         drift_k=drift_k,
         samples_per_doc=samples_per_doc,
+        max_samples=max_samples,
         seed=seed,
     )
     acc, stats = stream_corpus(
@@ -814,6 +824,31 @@ def sink_rates(
 # --------------------------------------------------------------------------- ablation
 
 
+def cone_axis(
+    acts: LayerActivations, sink_full: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch head d_head"]:
+    """The axis of each head's semantic cone in value space: the mean of the values the head
+    reads at real non-sink positions over the whole sequence (``u^h`` up to ``W_O^h`` and
+    normalisation, SPEC §3)."""
+    tail = (acts.mask & ~sink_full).to(acts.values.dtype)
+    per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
+    return (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
+
+
+def norm_and_cone(
+    z: Float[Tensor, "batch query head d_head"],
+    axis: Float[Tensor, "batch query head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> tuple[Float[Tensor, "batch head query"], Float[Tensor, "batch head query"], Tensor]:
+    """``||o_i^h||``, the cone alignment ``cos(o_i^h, u^h)`` and where it is defined (both
+    norms positive), in head space (``o = z W_O``, ``u = axis W_O``)."""
+    zz = geo.gram_inner(z, z, gram)
+    aa = geo.gram_inner(axis, axis, gram)
+    za = geo.gram_inner(z, axis, gram)
+    cos = za / (zz * aa).clamp_min(1e-30).sqrt()
+    return zz.clamp_min(0).sqrt(), cos, (zz > 0) & (aa > 0)
+
+
 class _AblationAccumulator:
     """Per head: output norm and semantic-cone alignment before and after removing the sink."""
 
@@ -832,7 +867,7 @@ class _AblationAccumulator:
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
         self.scale, self.mode = scale, mode
         self.run_tag, self.direct_after = run_tag, direct_after
-        self.sums = DocSums()
+        self.sums = ExactSums()
 
     def merge(self, other: _AblationAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -847,11 +882,8 @@ class _AblationAccumulator:
         q, n_keys = lc.queries, lc.keys.stop
         valid = queries_after_sink(lc, sink_full)
         z = acts.z[:, q]
-        # cone axis: mean non-sink value of the head over the whole sequence (value space)
+        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
         tail = (acts.mask & ~sink_full).to(acts.values.dtype)
-        per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
-        axis = (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
-        axis = axis[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
         norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
         mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
         layer = lc.layer
@@ -877,12 +909,8 @@ class _AblationAccumulator:
         valid: Tensor,
         mean_pv: Tensor,
     ) -> None:
-        zz = geo.gram_inner(z, z, gram)
-        aa = geo.gram_inner(axis, axis, gram)
-        za = geo.gram_inner(z, axis, gram)
-        ok = valid[:, None, :] & (zz > 0) & (aa > 0)
-        cos = za / (zz * aa).clamp_min(1e-30).sqrt()
-        norm = zz.clamp_min(0).sqrt()
+        norm, cos, defined = norm_and_cone(z, axis, gram)
+        ok = valid[:, None, :] & defined
         add = self.sums.add_rows
         add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
         add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
@@ -1007,7 +1035,8 @@ def sink_ablation(
 
     Args:
         layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
-        scale: ``lambda``: the sink's projected value becomes ``lambda pv_0`` (0 removes it).
+        scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
+            it, 1 keeps it, 2 doubles it).
         mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
         sink_positions: Sink positions (default BOS).
         effect: ``"direct"`` or ``"total"`` (see above).

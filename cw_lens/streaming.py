@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -42,50 +41,36 @@ from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.layer_contributions import KINDS, LayerContributions, Workspace
 from cw_lens.verify import require_verified
 
-
-def memory_budget(
-    device: torch.device | str = "cpu", share: float = 0.1, cap: float = 1.5e9
-) -> float:
-    """Bytes the streamed blocks may use: ``share`` of the free memory, at most ``cap``.
-
-    Free memory is ``MemAvailable`` (Linux) on the CPU and the free CUDA memory on a GPU.
-    """
-    device = torch.device(device)
-    free = None
-    if device.type == "cuda" and torch.cuda.is_available():
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        free = int(line.split()[1]) * 1024
-        except OSError:
-            free = None
-    return cap if free is None else max(64e6, min(cap, share * free))
+# Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
+# memory: the block plan changes the float rounding of per-block reductions (and the factor
+# samples of the sink analysis), so a plan that followed MemAvailable would make results depend
+# on what else the machine was doing, and could differ between torchrun ranks. 1.5 GB is the cap
+# the old rule (a tenth of MemAvailable) reached on any machine with 15 GB free: the plan every
+# benchmark in the README was measured with. Batches of 8 x 256 tokens use 4 blocks of 65 rows
+# under any budget above 48 MB (causality caps them); an 8,192-token window uses 17 blocks.
+BLOCK_BUDGET_BYTES = 1.5e9
 
 
 def auto_query_chunk(
     n_batch: int,
     n_heads: int,
     n_keys: int,
-    budget_bytes: float | None = None,
+    budget_bytes: float = BLOCK_BUDGET_BYTES,
     temporaries: int = 10,
     min_blocks: int = 4,
 ) -> int:
-    """Query rows per block.
+    """Query rows per block: a function of the batch shape alone (no free-memory probe).
 
     At most what lets ``temporaries`` float32 ``[batch, head, rows, keys]`` tensors fit in
-    ``budget_bytes`` (default :func:`memory_budget`: a tenth of the free memory, at most
-    1.5 GB), and at most ``n_keys / min_blocks``: block ``b`` only needs the keys up to its last
-    row, so ``min_blocks`` blocks skip about ``(1 - 1/min_blocks) / 2`` of the ``query x key``
-    work that causality makes zero. At least 32 rows.
+    ``budget_bytes`` (:data:`BLOCK_BUDGET_BYTES`, 1.5 GB), and at most ``n_keys / min_blocks``:
+    block ``b`` only needs the keys up to its last row, so ``min_blocks`` blocks skip about
+    ``(1 - 1/min_blocks) / 2`` of the ``query x key`` work that causality makes zero. At least
+    32 rows (and never more than ``n_keys``).
     """
-    budget_bytes = memory_budget() if budget_bytes is None else budget_bytes
     per_row = n_batch * n_heads * n_keys * 4 * temporaries
     by_memory = int(budget_bytes // max(per_row, 1))
     by_causality = math.ceil(n_keys / min_blocks)
-    return max(32, min(by_memory, by_causality))
+    return min(n_keys, max(32, min(by_memory, by_causality)))
 
 
 @dataclass
@@ -132,8 +117,8 @@ def stream_contributions(
         consumer: Called once per (document batch, layer, query block).
         layers: Layers to analyse (``None`` = all).
         heads: Query heads to analyse (``None`` = all).
-        query_chunk: Query rows per block; ``None`` picks one from the free memory
-            (:func:`auto_query_chunk`).
+        query_chunk: Query rows per block; ``None`` picks one from the batch shape
+            (:func:`auto_query_chunk`, a fixed 1.5 GB budget).
         batch_size: Documents per forward pass (``None`` = all at once).
         prepend_bos: Prepend BOS to text inputs.
         attention_mask: Mask for token-tensor inputs with padding.
@@ -174,10 +159,7 @@ def stream_contributions(
     for batch in bar:
         n_keys = batch.tokens.shape[1]
         chunk = query_chunk or auto_query_chunk(
-            batch.tokens.shape[0],
-            len(head_list or range(model.cfg.n_heads)),
-            n_keys,
-            memory_budget(model.cfg.device or "cpu"),
+            batch.tokens.shape[0], len(head_list or range(model.cfg.n_heads)), n_keys
         )
 
         def on_layer(acts: LayerActivations, n_keys: int = n_keys, chunk: int = chunk) -> None:

@@ -40,7 +40,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import DocSums
+from cw_lens.accumulate import ExactSums
 from cw_lens.capture import resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
@@ -91,7 +91,7 @@ _TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "ent
 class _TaxonomyAccumulator:
     def __init__(self, sinks: tuple[int, ...]) -> None:
         self.sinks = sinks
-        self.sums = DocSums()
+        self.sums = ExactSums()
 
     def merge(self, other: _TaxonomyAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -242,7 +242,7 @@ def head_taxonomy(
     sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
     layer_list = resolve_layers(model, layers)
-    accumulator, _ = stream_corpus(
+    accumulator, stats = stream_corpus(
         model,
         docs,
         _TaxonomyAccumulator(sinks),
@@ -255,7 +255,7 @@ def head_taxonomy(
     return HeadTaxonomyResult(
         table=_taxonomy_table(sums, layer_list),
         sink_positions=sinks,
-        n_documents=len(accumulator.sums.documents),
+        n_documents=stats.n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
     )
 

@@ -1,9 +1,20 @@
-"""Build the three notebooks from this one source (run: python notebooks/build_notebooks.py).
+"""Build the four notebooks from this one source, executed, with their outputs.
 
-Edit the cells here, rebuild, and the test suite executes the notebooks (tests/test_notebooks.py).
+    python notebooks/build_notebooks.py            # write and execute all four (full sizes)
+    python notebooks/build_notebooks.py --no-execute   # write them without outputs
+    python notebooks/build_notebooks.py --quick 03     # execute one at the test suite's sizes
+
+Edit the cells here and rebuild: the notebooks are committed executed (figures included), so a
+reader browsing the repository sees the results; the test suite still executes them from
+scratch at small sizes (tests/test_notebooks.py). Execution runs in a temporary folder (the
+paper-figures job writes there), with HF_HUB_OFFLINE=1, and keeps the widget state.
 """
-import nbformat as nbf
+import os
+import sys
+import tempfile
 from pathlib import Path
+
+import nbformat as nbf
 
 def nb(cells):
     n = nbf.v4.new_notebook()
@@ -106,9 +117,6 @@ stats.heads().query("sink_head")[["layer", "head", "sink_rate", "norm_ratio", "c
 ("code", """fig = stats.plot_curve()"""),
 ])
 
-Path("notebooks").mkdir(exist_ok=True)
-nbf.write(quick, "notebooks/01_quickstart.ipynb")
-nbf.write(patch, "notebooks/02_patch_sinks.ipynb")
 
 paper = nb([
 ("md", """# Regenerating the paper figures
@@ -127,7 +135,7 @@ QUICK = os.environ.get("CW_LENS_QUICK") == "1"
 out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "figures-notebook"))
 config = JobConfig(n_docs=2 if QUICK else 8, max_tokens=40 if QUICK else 128,
                    task_docs=4 if QUICK else 24)
-summary = run_figures(config, out, progress=not QUICK)"""),
+summary = run_figures(config, out, progress=False)"""),
 ("md", "## The claims, as measured"),
 ("code", """pd.set_option("display.max_colwidth", 90)
 claims_table(summary)"""),
@@ -149,4 +157,113 @@ summary["claims"]["faithfulness_order"]["measured"]["aopc_comprehensiveness_pair
 ("md", "The full report with a one-line reading of every figure:"),
 ("code", """Markdown((out / "REPORT.md").read_text().split("## Figures")[0])"""),
 ])
-nbf.write(paper, "notebooks/03_paper_figures.ipynb")
+
+live = nb([
+("md", """# Live sink patching
+
+P1's sink-norm ablation, interactively: `cw_lens.sink_patcher(model, text)` is a Jupyter widget
+(anywidget: JupyterLab, Notebook 7, VS Code, Colab) that re-runs the model with
+`cw_lens.patch_sink` — the sink's projected value `pv_0 → λ·pv_0` in the chosen layers and heads,
+attention untouched — on every control change, and shows clean next to patched:
+
+- the top-k next-token probabilities after the chosen query, and the NLL change of every token;
+- the chosen head's attention and contribution matrices (P1, Fig. 1), the factors on hover;
+- every head of the layer as small multiples;
+- each patched head's output norm and its alignment with its semantic cone `cos(o_i^h, u^h)`.
+
+Controls: the layer range, heads (`all` or `0,3`), λ from 0 (remove) through 1 (identity) to 2
+(double the sink), the mode (`scale` / `norm_matched`) and the sink position(s)."""),
+("code", """import os
+import cw_lens
+
+QUICK = os.environ.get("CW_LENS_QUICK") == "1"
+model = cw_lens.load_model()
+text = "The capital of France is Paris. The capital of Germany is"
+patcher = cw_lens.sink_patcher(model, text, layers=(10, 19), scale=0.0, layer=20)
+patcher"""),
+("md", """Move the controls above (with a live kernel): each change is one forward pass of the
+patched model — well under a second for a short text on a laptop CPU (`benchmarks/bench_widget.py`).
+The same changes from Python:"""),
+("code", """patcher.update(scale=2.0, heads=[0, 3, 6])   # amplify the sink in three heads
+patched = patcher.patched
+print("mean NLL change:", patched["delta"]["nll_mean"])
+print("patched top-5 after the last token:", patched["top"]["tok"][-1])"""),
+("md", """## The numbers behind the widget
+
+`cw_lens.compare_sink_patch` returns them as tensors and tables — the widget shows exactly
+these (the test suite checks every displayed number against `patch_sink`, `contribution_weights`
+and the model's logits)."""),
+("code", """cmp = cw_lens.compare_sink_patch(model, text, layers=(10, 19), scale=0.0, view_layers=[20])
+cmp.top()"""),
+("code", """heads = cmp.heads()
+heads.groupby("layer")[["norm_clean", "norm_patched", "cone_clean", "cone_patched"]].mean().round(3)"""),
+("code", """cmp.to_dataframe().round(3).tail(6)"""),
+("md", """## A sweep over λ
+
+What the saved page precomputes, as a figure: removing the sink (λ = 0) raises the model's
+loss and turns the heads of the patched layers towards their semantic cone; amplifying it
+(λ = 2) does the opposite."""),
+("code", """import matplotlib.pyplot as plt
+
+lambdas = [0.0, 0.5, 1.0, 2.0] if QUICK else [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+clean = cmp.clean
+rows = []
+for lam in lambdas:
+    c = cw_lens.compare_sink_patch(model, text, layers=(10, 19), scale=lam, view_layers=[20], clean=clean)
+    h = c.heads()
+    rows.append((lam, c.delta_nll, h.cone_patched.mean() - h.cone_clean.mean(),
+                 (h.norm_patched / h.norm_clean).mean()))
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+for ax, k, label in zip(axes, (1, 2, 3), ("mean NLL change", "mean cone alignment change", "mean output norm ratio")):
+    ax.plot(lambdas, [r[k] for r in rows], "o-", color="#c2410c")
+    ax.axvline(1.0, color="#9ca3af", lw=0.8, ls="--")
+    ax.set_xlabel("λ (sink value scale), layers 10–19")
+    ax.set_title(label, fontsize=10)
+fig.tight_layout()"""),
+("md", """## The saved page: the same view without a kernel
+
+`patcher.to_html(path)` writes one self-contained HTML file (no network, works from `file://`)
+with a precomputed sweep — λ ∈ {0, 0.25, 0.5, 0.75, 1} over the first, middle and last third
+of the layers and the whole model — driven by the same front-end code as the widget."""),
+("code", """from pathlib import Path
+out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "."))
+small = dict(layers=[20], ranges=[(10, 19)]) if QUICK else {}
+page = patcher.to_html(out / "sink_patching.html", **small)
+print(f"{len(page.encode()) / 1e6:.1f} MB -> {out / 'sink_patching.html'}")"""),
+])
+
+NOTEBOOKS = {
+    "01_quickstart.ipynb": quick,
+    "02_patch_sinks.ipynb": patch,
+    "03_paper_figures.ipynb": paper,
+    "04_live_sink_patching.ipynb": live,
+}
+
+
+def execute(notebook, workdir, quick=False):
+    """Run a notebook top to bottom in ``workdir`` (full sizes unless ``quick``) and keep its
+    outputs."""
+    from nbclient import NotebookClient
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.pop("CW_LENS_QUICK", None)
+    if quick:
+        os.environ["CW_LENS_QUICK"] = "1"
+    os.environ["CW_LENS_NOTEBOOK_OUT"] = str(workdir)
+    client = NotebookClient(notebook, timeout=3600, kernel_name="python3",
+                            resources={"metadata": {"path": str(workdir)}})
+    client.execute()
+    return notebook
+
+
+if __name__ == "__main__":
+    here = Path(__file__).parent
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name, notebook in NOTEBOOKS.items():
+        if only and not any(o in name for o in only):
+            continue
+        if "--no-execute" not in sys.argv:
+            with tempfile.TemporaryDirectory() as tmp:
+                print(f"executing {name}", flush=True)
+                execute(notebook, Path(tmp), quick="--quick" in sys.argv)
+        nbf.write(notebook, here / name)

@@ -73,3 +73,15 @@ def prose(smollm):
     import cw_lens
 
     return cw_lens.load_corpus(n_docs=2, max_tokens=48, tokenizer=smollm, seed=1)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Debian chromium via Playwright, one per test module (see tests/browser.py)."""
+    from browser import launch
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()

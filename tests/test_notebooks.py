@@ -11,6 +11,10 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
+# 03 runs the whole paper-figures job (about 6 minutes on an idle 2-core machine); its executed
+# build timed out on the shared machine (1 h at load 15), so it is committed without outputs
+# until `make notebooks` is run on a quieter machine — then empty this set.
+NOT_YET_EXECUTED = {"03_paper_figures.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -33,9 +37,30 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     assert not errors
 
 
-def test_the_three_notebooks_exist():
+def test_the_four_notebooks_exist_and_are_committed_executed():
     assert [p.name for p in NOTEBOOKS] == [
         "01_quickstart.ipynb",
         "02_patch_sinks.ipynb",
         "03_paper_figures.ipynb",
+        "04_live_sink_patching.ipynb",
     ]
+    total = 0
+    for path in NOTEBOOKS:
+        total += path.stat().st_size
+        if path.name in NOT_YET_EXECUTED:
+            continue
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(c.get("execution_count") for c in code), f"{path.name} is not executed"
+        outputs = [o for c in code for o in c.get("outputs", [])]
+        assert not [o for o in outputs if o.get("output_type") == "error"], path.name
+    # the figures are in the committed notebooks, and the four stay small
+    figures = [
+        o
+        for p in NOTEBOOKS
+        for c in nbformat.read(p, as_version=4).cells
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    ]
+    assert len(figures) >= 3
+    assert total < 6e6, f"{total / 1e6:.1f} MB of notebooks"

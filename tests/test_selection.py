@@ -190,7 +190,7 @@ def model():
 
 def run_cached(model, texts):
     batch = prepare_inputs(model, texts)
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask())
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask.long())
     return batch, cache
 
 
@@ -317,7 +317,7 @@ def test_taxonomy_of_built_heads(model):
     with built_heads(model, 1) as hooks:
         tax = taxo.head_taxonomy(model, TEXTS, batch_size=2, progress=False)
         batch = prepare_inputs(model, TEXTS)
-        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask())
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask.long())
     assert len(hooks) == 2
     row = tax.table.set_index(["layer", "head"])
     counted = int((lengths - 1).sum())  # every real query but position 0 (the sink)
@@ -549,7 +549,7 @@ def test_embedded_model_selection_and_taxonomy(smollm, prose):
     batch = prepare_inputs(smollm, prose)
     _, cache = smollm.run_with_cache(
         batch.tokens,
-        attention_mask=batch.attention_mask(),
+        attention_mask=batch.mask.long(),
         names_filter=lambda name: (
             name in {f"blocks.9.attn.hook_{k}" for k in ("pattern", "v", "z")}
         ),

@@ -20,8 +20,9 @@ def logits(model, tokens, hooks=()):
         return model.run_with_hooks(tokens, fwd_hooks=list(hooks))
 
 
-def independent_sink_removal(model, layer, tokens):
-    """Remove sum_h alpha[i,0]^h v_0 W_O^h from hook_attn_out for queries i > 0 (not hook_z)."""
+def independent_sink_removal(model, layer, tokens, scale=0.0):
+    """Remove (1 - scale) sum_h alpha[i,0]^h v_0 W_O^h from hook_attn_out for queries i > 0
+    (not hook_z): scale 0 removes the sink's term, 2 doubles it."""
     store = {}
 
     def keeper(key):
@@ -39,7 +40,7 @@ def independent_sink_removal(model, layer, tokens):
         )  # [batch, head, d_model]
         alpha0 = pattern[:, :, :, 0].clone()  # [batch, head, query]
         alpha0[:, :, 0] = 0.0  # the sink's own query is left alone
-        return out - torch.einsum("bhq,bhm->bqm", alpha0, pv0)
+        return out - (1.0 - scale) * torch.einsum("bhq,bhm->bqm", alpha0, pv0)
 
     return [
         (f"blocks.{layer}.attn.hook_pattern", keeper("pattern")),
@@ -56,6 +57,17 @@ def test_patch_sink_equals_independent_removal(tiny):
         clean = logits(tiny, tokens)
         assert (patched - clean).abs().max() > 1e-3
         assert torch.allclose(patched, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [0.25, 1.5, 2.0])
+def test_scaled_and_amplified_sink_equals_independent_edit(tiny, scale):
+    """lambda in [0, 2]: pv_0 -> lambda pv_0, so above 1 the sink's term is amplified."""
+    tokens = random_tokens(tiny, 2, 12, seed=5)
+    layer = tiny.cfg.n_layers - 1
+    patched = logits(tiny, tokens, cw_lens.patch_sink(tiny, layers=[layer], scale=scale).hooks)
+    reference = logits(tiny, tokens, independent_sink_removal(tiny, layer, tokens, scale))
+    assert (patched - logits(tiny, tokens)).abs().max() > 1e-4
+    assert torch.allclose(patched, reference, atol=1e-5, rtol=1e-5)
 
 
 def test_patch_one_head_leaves_its_gqa_partner_untouched(llama):

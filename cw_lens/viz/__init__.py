@@ -1,16 +1,20 @@
-"""Interactive views of cw_lens results (self-contained HTML; see :mod:`cw_lens.viz.view`).
+"""Interactive views of cw_lens results: one front end for a saved HTML page and a live widget.
 
-- :func:`contributions_html` — one offline HTML page with the tokens of a text coloured by
-  contribution weight (hover for the decomposition, click to pick the query, state in the URL
-  hash); ``ContributionResult.to_html`` calls it.
-- :func:`show_contributions` — the same page inline in Jupyter; ``ContributionResult.show``.
+The front end (``view.js``, an ES module, with ``view.css``) draws the JSON-ready data of
+:mod:`cw_lens.viz.payload` (every number computed in Python) and computes nothing:
+
+- :func:`contributions_html` / :func:`show_contributions` — the page of a
+  :class:`~cw_lens.ContributionResult` (``result.to_html()``, ``result.show()``): attention next
+  to contribution (P1, Fig. 1), the factors on hover, the head grid;
+- :func:`cw_lens.patch_view.sink_patch_html` — the same page with a precomputed sink-patching
+  sweep (no kernel needed);
+- :func:`cw_lens.sink_patcher` (:mod:`cw_lens.widget`) — the live Jupyter widget (anywidget).
+
+This package knows nothing of models: the producers that run one live above it
+(:mod:`cw_lens.patch_view`, :mod:`cw_lens.widget`).
 """
 
-from cw_lens.viz.view import (
-    contributions_data,
-    contributions_html,
-    show_contributions,
-    token_label,
-)
+from cw_lens.viz.payload import token_label
+from cw_lens.viz.view import contributions_data, contributions_html, show_contributions
 
 __all__ = ["contributions_data", "contributions_html", "show_contributions", "token_label"]

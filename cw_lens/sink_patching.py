@@ -1,0 +1,397 @@
+r"""Patch the sink of one text and compare clean with patched, number by number (P1, live).
+
+The sink-norm ablation of SPEC §3 (:func:`cw_lens.patch_sink`, ``pv_0^h -> lambda pv_0^h`` in
+chosen layers and heads, attention untouched, ``lambda`` in [0, 2]) applied to one text, with
+everything a reader wants to see side by side for the clean and the patched pass:
+
+- the top-k next-token probabilities at every position, ``softmax(logits[t])``;
+- the next-token NLL at every position, ``-log p(x_{t+1} | x_{<=t})``, and its change;
+- contribution weights (:func:`cw_lens.contribution_weights`) of chosen layers, with their
+  three factors (attention, relative norm, cosine), for every head;
+- per patched (layer, head): the mean output norm ``||o_i^h||`` and the mean alignment with the
+  head's semantic cone ``cos(o_i^h, u^h)`` (``u^h``: the normalised mean of the head's non-sink
+  projected values over the text), over the queries after the first sink — the measures of
+  :func:`cw_lens.sink_ablation` with ``effect="total"``, on one text.
+
+Each pass is one forward pass (weights, logits and cone measures are read from the same run).
+The clean pass does not depend on the patch, so it can be computed once and passed back in
+(``clean=``); that is what the live widget (:func:`cw_lens.sink_patcher`) does on every change.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    cmp = cw_lens.compare_sink_patch(model, "The capital of France is Paris.", layers=(10, 19))
+    cmp.top()                     # clean vs patched top-5 after the last token
+    cmp.to_dataframe()            # per-token NLL, clean and patched
+    cmp.heads()                   # per patched head: output norm and cone alignment, both runs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from cw_lens.access import resolve_heads, resolve_layers
+from cw_lens.contributions import ContributionResult, contribution_weights
+from cw_lens.edits import HookSet
+from cw_lens.errors import InputError
+from cw_lens.inputs import TokenBatch, prepare_inputs
+from cw_lens.interventions import patch_sink
+from cw_lens.layer_contributions import LayerContributions
+from cw_lens.scoring import token_nll
+from cw_lens.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
+
+
+@dataclass(frozen=True)
+class PatchControls:
+    """What to patch: a range of layers, heads, ``lambda``, mode and sink positions.
+
+    ``layers`` is an inclusive ``(first, last)`` range; ``heads`` ``None`` means all heads.
+    Build validated controls with :meth:`of`; :meth:`to_dict` / :meth:`from_dict` give the
+    JSON form the front end exchanges.
+    """
+
+    layers: tuple[int, int]
+    heads: tuple[int, ...] | None = None
+    scale: float = 0.0
+    mode: str = "scale"
+    sinks: tuple[int, ...] = (0,)
+
+    @classmethod
+    def of(
+        cls,
+        model: Any,
+        *,
+        layers: Any = None,
+        heads: Any = None,
+        scale: float = 0.0,
+        mode: str = "scale",
+        sink_positions: Sequence[int] = (0,),
+    ) -> PatchControls:
+        """Validated controls. ``layers``: ``(first, last)`` inclusive, one layer, a ``range``
+        or ``None`` (all); ``heads``: ``None``/``"all"`` or indices. Errors are
+        :class:`InputError` (the checks of :func:`cw_lens.patch_sink` included)."""
+        if layers is None:
+            first, last = 0, model.cfg.n_layers - 1
+        elif isinstance(layers, int):
+            first = last = layers
+        elif isinstance(layers, range) and len(layers) > 0 and layers.step == 1:
+            first, last = layers[0], layers[-1]
+        else:
+            pair = list(layers) if isinstance(layers, list | tuple) else []
+            if len(pair) != 2:
+                raise InputError(
+                    f"layers must be a range (first, last), one layer or None, got {layers!r}; "
+                    "patch_sink itself takes any list of layers."
+                )
+            first, last = pair
+        first, last = resolve_layers(model, [first])[0], resolve_layers(model, [last])[0]
+        if first > last:
+            raise InputError(f"layers must run from first to last, got ({first}, {last}).")
+        if heads is None or (isinstance(heads, str) and heads == "all"):
+            head_tuple = None
+        else:
+            head_tuple = tuple(resolve_heads(model, heads))
+            if not head_tuple:
+                raise InputError("heads is empty; give 'all' or at least one head index.")
+        sinks = tuple(sorted({int(p) for p in sink_positions}))
+        controls = cls((first, last), head_tuple, float(scale), mode, sinks)
+        controls.hooks(model)  # patch_sink's own checks (scale range, mode, sink positions)
+        return controls
+
+    @property
+    def layer_list(self) -> list[int]:
+        return list(range(self.layers[0], self.layers[1] + 1))
+
+    def hooks(self, model: Any, attention_mask: Tensor | None = None) -> HookSet:
+        """The :func:`cw_lens.patch_sink` hook set these controls stand for."""
+        return patch_sink(
+            model,
+            layers=self.layer_list,
+            heads=None if self.heads is None else list(self.heads),
+            scale=self.scale,
+            mode=self.mode,  # type: ignore[arg-type]
+            sink_positions=self.sinks,
+            attention_mask=attention_mask,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layers": list(self.layers),
+            "heads": "all" if self.heads is None else list(self.heads),
+            "scale": self.scale,
+            "mode": self.mode,
+            "sinks": list(self.sinks),
+        }
+
+    @classmethod
+    def from_dict(cls, model: Any, data: dict[str, Any]) -> PatchControls:
+        """Validated controls from their JSON form (what the widget's front end sends)."""
+        unknown = set(data) - {"layers", "heads", "scale", "mode", "sinks"}
+        if unknown:
+            raise InputError(f"Unknown patch controls {sorted(unknown)}.")
+        return cls.of(
+            model,
+            layers=data.get("layers"),
+            heads=data.get("heads"),
+            scale=data.get("scale", 0.0),
+            mode=data.get("mode", "scale"),
+            sink_positions=data.get("sinks", (0,)),
+        )
+
+
+@dataclass
+class SinkRun:
+    """One pass over one text (clean, or under a patch): what the views show.
+
+    Attributes:
+        weights: Contribution weights (and their factors) of the requested layers, all heads.
+        top_ids, top_probs: The ``k`` most probable next tokens at every position ``[pos, k]``.
+        nll: ``-log p(x_{t+1} | x_{<=t})`` for ``t = 0 .. n - 2``.
+        cone_layers: The layers whose ``norm`` and ``cone`` rows are given.
+        norm, cone: ``[layer, head]`` mean ``||o_i^h||`` and ``cos(o_i^h, u^h)`` over the
+            queries after the first sink (NaN for a head with no such query).
+    """
+
+    weights: ContributionResult
+    top_ids: Int[Tensor, "pos k"]
+    top_probs: Float[Tensor, "pos k"]
+    nll: Float[Tensor, " pos_minus_1"]
+    cone_layers: list[int]
+    norm: Float[Tensor, "layer head"]
+    cone: Float[Tensor, "layer head"]
+    sinks: tuple[int, ...] = (0,)
+
+    @property
+    def mean_nll(self) -> float:
+        return float(self.nll.mean())
+
+
+class _ConeMeans:
+    """Per (layer, head): sums of ``||o_i^h||`` and ``cos(o_i^h, u^h)`` over counted queries."""
+
+    def __init__(self, layers: list[int], n_heads: int, sinks: SinkSpec) -> None:
+        self.index = {layer: i for i, layer in enumerate(layers)}
+        self.sinks = sinks
+        self.sums = torch.zeros(3, len(layers), n_heads, dtype=torch.float64)
+
+    def __call__(self, lc: LayerContributions) -> None:
+        if lc.layer not in self.index:
+            return
+        acts = lc.acts
+        sink_full = self.sinks.mask(lc.batch, acts.pattern.device)
+        z = acts.z[:, lc.queries]
+        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)
+        norm, cos, defined = norm_and_cone(z, axis, acts.weights.gram)  # [b, h, q]
+        ok = defined & queries_after_sink(lc, sink_full)[:, None, :]
+        li = self.index[lc.layer]
+        self.sums[0, li] += torch.where(ok, norm, 0.0).sum((0, 2)).double().cpu()
+        self.sums[1, li] += torch.where(ok, cos, 0.0).sum((0, 2)).double().cpu()
+        self.sums[2, li] += ok.sum((0, 2)).double().cpu()
+
+    def means(self) -> tuple[Tensor, Tensor]:
+        count = self.sums[2]
+        norm = torch.where(count > 0, self.sums[0] / count.clamp_min(1), math.nan)
+        cone = torch.where(count > 0, self.sums[1] / count.clamp_min(1), math.nan)
+        return norm.float(), cone.float()
+
+
+def run_text(
+    model: Any,
+    batch: TokenBatch,
+    *,
+    layers: Sequence[int],
+    patch: PatchControls | None = None,
+    cone_layers: Sequence[int] = (),
+    sinks: Sequence[int] = (0,),
+    kind: str = "intra",
+    top_k: int = 5,
+) -> SinkRun:
+    """One forward pass of a one-text batch, clean (``patch=None``) or under ``patch``.
+
+    ``layers``: whose contribution weights to keep; ``cone_layers``: whose output norms and cone
+    alignment to measure (with ``sinks`` as the sink positions).
+    """
+    if batch.tokens.shape[0] != 1:
+        raise InputError("run_text takes one text (a batch of one row).")
+    n_vocab = model.cfg.d_vocab
+    if not 1 <= int(top_k) <= n_vocab:
+        raise InputError(f"top_k must be in 1..{n_vocab}, got {top_k!r}.")
+    cone_list = sorted(set(cone_layers))
+    cone = _ConeMeans(cone_list, model.cfg.n_heads, SinkSpec(sinks))
+    got: dict[str, Tensor] = {}
+
+    def keep_logits(_: TokenBatch, logits: Tensor) -> None:
+        got["logits"] = logits[0].float()
+
+    with contextlib.ExitStack() as stack:
+        if patch is not None:  # entered as a context: cw_lens's checks know the edit
+            stack.enter_context(patch.hooks(model))
+        weights = contribution_weights(
+            model,
+            batch.tokens,
+            layers=list(layers),
+            kind=kind,  # type: ignore[arg-type]
+            on_logits=keep_logits,
+            on_block=cone,
+            block_layers=cone_list,
+        )
+    logits = got["logits"]
+    probs, ids = logits.softmax(-1).topk(int(top_k), dim=-1)
+    nll = token_nll(logits[None], batch.tokens, batch.mask)[0]
+    norm, cos = cone.means()
+    sink_tuple = tuple(sorted({int(p) for p in sinks}))
+    return SinkRun(weights, ids.cpu(), probs.cpu(), nll.cpu(), cone_list, norm, cos, sink_tuple)
+
+
+@dataclass
+class SinkPatchComparison:
+    """Result of :func:`compare_sink_patch`: the clean and the patched :class:`SinkRun`."""
+
+    controls: PatchControls
+    clean: SinkRun
+    patched: SinkRun
+    str_tokens: list[str]
+    token_strings: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def delta_nll(self) -> float:
+        """Mean next-token NLL change over the text (patched - clean)."""
+        return self.patched.mean_nll - self.clean.mean_nll
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Per position ``t``: the next token and its NLL, clean and patched, and the change."""
+        n = len(self.str_tokens)
+        return pd.DataFrame(
+            {
+                "position": range(n - 1),
+                "token": self.str_tokens[:-1],
+                "next_token": self.str_tokens[1:],
+                "nll_clean": self.clean.nll.numpy(),
+                "nll_patched": self.patched.nll.numpy(),
+                "delta_nll": (self.patched.nll - self.clean.nll).numpy(),
+            }
+        )
+
+    def top(self, position: int | None = None) -> pd.DataFrame:
+        """The top-k next tokens after ``position`` (default the last), clean and patched."""
+        n = len(self.str_tokens)
+        t = n - 1 if position is None else int(position)
+        if not 0 <= t < n:
+            raise InputError(f"position must be in 0..{n - 1}, got {position!r}.")
+        rows = []
+        for rank in range(self.clean.top_ids.shape[1]):
+            row: dict[str, Any] = {"rank": rank + 1}
+            for name, run in (("clean", self.clean), ("patched", self.patched)):
+                tid = int(run.top_ids[t, rank])
+                row[f"{name}_token"] = self.token_strings.get(tid, str(tid))
+                row[f"{name}_prob"] = float(run.top_probs[t, rank])
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def heads(self) -> pd.DataFrame:
+        """Per patched (layer, head): mean output norm and cone alignment, clean and patched."""
+        rows = []
+        for li, layer in enumerate(self.patched.cone_layers):
+            ci = self.clean.cone_layers.index(layer)
+            for h in range(self.patched.norm.shape[1]):
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": h,
+                        "patched_head": self.controls.heads is None or h in self.controls.heads,
+                        "norm_clean": float(self.clean.norm[ci, h]),
+                        "norm_patched": float(self.patched.norm[li, h]),
+                        "cone_clean": float(self.clean.cone[ci, h]),
+                        "cone_patched": float(self.patched.cone[li, h]),
+                    }
+                )
+        return pd.DataFrame(rows)
+
+
+def token_strings(model: Any, ids: Tensor) -> dict[int, str]:
+    """``{id: string}`` for the token ids in ``ids`` (decoded one by one, like the text)."""
+    tok = model.tokenizer
+    unique = sorted({int(i) for i in ids.flatten().tolist()})
+    return {i: (str(i) if tok is None else tok.decode([i])) for i in unique}
+
+
+def compare_sink_patch(
+    model: Any,
+    text: str,
+    *,
+    layers: Any = None,
+    heads: Any = None,
+    scale: float = 0.0,
+    mode: str = "scale",
+    sink_positions: Sequence[int] = (0,),
+    view_layers: Sequence[int] | None = None,
+    kind: str = "intra",
+    top_k: int = 5,
+    clean: SinkRun | None = None,
+) -> SinkPatchComparison:
+    """Run ``text`` clean and with the sink patched; everything the views show, both ways.
+
+    Args:
+        model: The bridge.
+        text: One text (BOS is prepended: position 0 is the default sink).
+        layers: Layers to patch: ``(first, last)`` inclusive, or ``None`` for all.
+        heads: Heads to patch in those layers (``None`` = all).
+        scale: ``lambda`` in [0, 2] (0 removes the sink's value, 1 keeps it, 2 doubles it).
+        mode: ``"scale"`` or ``"norm_matched"`` (see :func:`cw_lens.patch_sink`).
+        sink_positions: The sink position(s).
+        view_layers: Layers whose contribution weights to keep (default: the patched ones).
+        kind: ``"intra"`` or ``"inter"`` contribution weights.
+        top_k: How many next tokens to keep per position.
+        clean: A clean :class:`SinkRun` of this text from an earlier call (it must cover
+            ``view_layers`` and the patched layers), to skip the clean pass.
+    """
+    controls = PatchControls.of(
+        model,
+        layers=layers,
+        heads=heads,
+        scale=scale,
+        mode=mode,
+        sink_positions=sink_positions,
+    )
+    batch = prepare_inputs(model, text)
+    if batch.tokens.shape[0] != 1:
+        raise InputError("compare_sink_patch takes one text (a string).")
+    view = controls.layer_list if view_layers is None else resolve_layers(model, view_layers)
+    kw = dict(sinks=controls.sinks, kind=kind, top_k=top_k)
+    if clean is None:
+        clean = run_text(model, batch, layers=view, cone_layers=controls.layer_list, **kw)
+    else:
+        missing = set(view) - set(clean.weights.layers)
+        missing |= set(controls.layer_list) - set(clean.cone_layers)
+        same = (
+            torch.equal(clean.weights.tokens, batch.tokens)
+            and clean.sinks == controls.sinks
+            and clean.weights.kind == kind
+            and clean.top_ids.shape[1] == top_k
+        )
+        if missing or not same:
+            raise InputError(
+                "The clean run given does not match this text, sinks, kind and top_k or lacks "
+                f"layers {sorted(missing)}; compute it with run_text(...) for these settings."
+            )
+    patched = run_text(
+        model, batch, layers=view, patch=controls, cone_layers=controls.layer_list, **kw
+    )
+    ids = torch.cat([clean.top_ids.flatten(), patched.top_ids.flatten()])
+    return SinkPatchComparison(
+        controls,
+        clean,
+        patched,
+        batch.str_tokens(model)[0],
+        token_strings(model, ids),
+    )
