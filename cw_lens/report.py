@@ -79,11 +79,15 @@ class JobConfig:
     lone_docs: int = 2
     device: str | None = None
     dtype: str = "float32"
+    api: str = "auto"
 
     def fingerprint(self) -> str:
+        from cw_lens.hooked import resolve_api
         from cw_lens.version import __version__
 
-        keys = {k: v for k, v in self.__dict__.items() if k != "device"}
+        keys = {k: v for k, v in self.__dict__.items() if k not in ("device", "api")}
+        if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
+            keys["api"] = "hooked"
         keys["version"] = __version__
         blob = json.dumps(keys, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
@@ -607,7 +611,7 @@ def run_figures(
 
         raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
     job = Job(config, out, force=force, progress=progress)
-    job.model = cw_lens.load_model(config.model, device=config.device, dtype=dtype)
+    job.model = cw_lens.load_model(config.model, api=config.api, device=config.device, dtype=dtype)
     job.corpus = cw_lens.load_corpus(
         config.corpus,
         n_docs=config.n_docs,

@@ -7,15 +7,19 @@ Two architectures cover what the analyses must handle:
 - :func:`tiny_gpt2` — GPT-2 with biases (so ``b_O`` is non-zero and ``hook_v`` carries the value
   bias) and LayerNorm.
 
-Both are random-initialised ``transformers`` models wrapped with
-``transformer_lens.model_bridge.sources.build_bridge_from_module`` and come with a byte-level
-tokenizer (256 byte tokens + BOS/EOS/PAD) built with ``tokenizers``, so string inputs work
-without any download.
+Both are random-initialised ``transformers`` models, wrapped as a ``TransformerBridge``
+(``api="bridge"``, via ``transformer_lens.model_bridge.sources.build_bridge_from_module``) or
+converted to a ``HookedTransformer`` with raw weights (``api="hooked"``, via
+:func:`cw_lens.hooked.from_hf`); the same seed gives the same weights in both. They come with a
+byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) built with ``tokenizers``, so string inputs
+work without any download. ``api="auto"`` picks the bridge where TransformerLens has one (3.x,
+4.x) and a HookedTransformer in 2.x.
 
 Example::
 
     from cw_lens.testing import tiny_llama
-    model = tiny_llama(seed=0)
+    model = tiny_llama(seed=0)                  # TransformerBridge
+    hooked = tiny_llama(seed=0, api="hooked")   # HookedTransformer, same weights
     cw = cw_lens.contribution_weights(model, "hello world")
 """
 
@@ -25,6 +29,8 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+
+from cw_lens.hooked import bridge_class, from_hf, resolve_api
 
 BYTE_VOCAB = 256
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -74,10 +80,13 @@ def _byte_of(ch: str) -> int:
     return others[code - 256]
 
 
-def _wrap(hf_model: Any, architecture: str, name: str) -> Any:
+def _wrap(hf_model: Any, architecture: str, name: str, api: str) -> Any:
+    hf_model.eval()
+    if resolve_api(api) == "hooked":
+        return from_hf(hf_model, byte_tokenizer(), name=name)
+    bridge_class()
     from transformer_lens.model_bridge.sources import build_bridge_from_module
 
-    hf_model.eval()
     bridge = build_bridge_from_module(
         hf_model,
         architecture,
@@ -89,7 +98,29 @@ def _wrap(hf_model: Any, architecture: str, name: str) -> Any:
     return bridge
 
 
-def tiny_llama(
+def tiny_llama(*, api: str = "auto", **kwargs: Any) -> Any:
+    """A random Llama with grouped-query attention, RMSNorm and rotary positions.
+
+    Args:
+        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
+        **kwargs: As for :func:`tiny_llama_hf` (``seed``, ``n_layers``, ``n_heads``,
+            ``n_kv_heads``, ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+    """
+    return _wrap(tiny_llama_hf(**kwargs), "LlamaForCausalLM", "tiny-llama-gqa", api)
+
+
+def tiny_gpt2(*, api: str = "auto", **kwargs: Any) -> Any:
+    """A random GPT-2 with non-zero biases, LayerNorm and learned positions.
+
+    Args:
+        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
+        **kwargs: As for :func:`tiny_gpt2_hf` (``seed``, ``n_layers``, ``n_heads``,
+            ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+    """
+    return _wrap(tiny_gpt2_hf(**kwargs), "GPT2LMHeadModel", "tiny-gpt2", api)
+
+
+def tiny_llama_hf(
     *,
     seed: int = 0,
     n_layers: int = 2,
@@ -100,7 +131,7 @@ def tiny_llama(
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
-    """A random Llama bridge with grouped-query attention (default 4 query / 2 KV heads).
+    """The ``transformers`` ``LlamaForCausalLM`` behind :func:`tiny_llama` (4 query / 2 KV heads).
 
     ``init_std`` is larger than transformers' 0.02 so that attention is far from uniform and
     head outputs are far from zero: random tests then exercise real cancellations.
@@ -123,11 +154,10 @@ def tiny_llama(
         attn_implementation="eager",
         tie_word_embeddings=False,
     )
-    model = LlamaForCausalLM(config).to(dtype)
-    return _wrap(model, "LlamaForCausalLM", "tiny-llama-gqa")
+    return LlamaForCausalLM(config).to(dtype).eval()
 
 
-def tiny_gpt2(
+def tiny_gpt2_hf(
     *,
     seed: int = 0,
     n_layers: int = 2,
@@ -137,7 +167,7 @@ def tiny_gpt2(
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
-    """A random GPT-2 bridge (biases everywhere, LayerNorm, learned positions).
+    """The ``transformers`` ``GPT2LMHeadModel`` behind :func:`tiny_gpt2`.
 
     Biases are re-drawn non-zero (transformers initialises them to zero) so that ``b_O`` and the
     value bias really take part in the tests.
@@ -162,7 +192,7 @@ def tiny_gpt2(
         for name, param in model.named_parameters():
             if name.endswith(".bias") and "ln" not in name:
                 param.normal_(0.0, init_std)
-    return _wrap(model.to(dtype), "GPT2LMHeadModel", "tiny-gpt2")
+    return model.to(dtype).eval()
 
 
 def random_tokens(model: Any, batch: int, seq: int, *, seed: int = 0) -> torch.Tensor:

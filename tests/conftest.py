@@ -1,43 +1,71 @@
-"""Shared fixtures: tiny random bridges (fast) and the embedded SmolLM2 (session-scoped)."""
+"""Shared fixtures: tiny random models (fast) and the embedded SmolLM2 (session-scoped)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import torch
+from apis import APIS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+@functools.cache
+def _tiny_model(arch: str, api: str):
+    from cw_lens import testing
+    from cw_lens.hooked import resolve_api
+
+    build = {"llama": testing.tiny_llama, "gpt2": testing.tiny_gpt2}[arch]
+    return build(seed=0, api=resolve_api(api))
+
+
 @pytest.fixture(scope="session")
 def llama():
-    from cw_lens.testing import tiny_llama
-
-    return tiny_llama(seed=0)
+    """The tiny Llama (GQA, RMSNorm, rotary): a bridge, or a HookedTransformer in TL 2.x."""
+    return _tiny_model("llama", "auto")
 
 
 @pytest.fixture(scope="session")
 def gpt2():
-    from cw_lens.testing import tiny_gpt2
+    """The tiny GPT-2 (biases, LayerNorm): a bridge, or a HookedTransformer in TL 2.x."""
+    return _tiny_model("gpt2", "auto")
 
-    return tiny_gpt2(seed=0)
+
+TINY_PARAMS = [(arch, api) for arch in ("llama", "gpt2") for api in APIS]
 
 
-@pytest.fixture(scope="session", params=["llama", "gpt2"])
-def tiny(request, llama, gpt2):
-    """Each tiny architecture in turn."""
-    return {"llama": llama, "gpt2": gpt2}[request.param]
+@pytest.fixture(scope="session", params=TINY_PARAMS, ids="-".join)
+def tiny(request):
+    """Each tiny architecture as each model class this TransformerLens has (the core
+    correctness tests run on both a TransformerBridge and a HookedTransformer in TL 3.x)."""
+    return _tiny_model(*request.param)
 
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The embedded SmolLM2-135M-Instruct (fails, never skips, when the wheel is missing)."""
+    """The embedded SmolLM2-135M-Instruct: a bridge, or a HookedTransformer in TL 2.x (fails,
+    never skips, when the wheel is missing)."""
     import cw_lens
 
     return cw_lens.load_model(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm_hooked(request):
+    """The embedded SmolLM2 as a raw-weight HookedTransformer (skips where TL has none)."""
+    from apis import HAS_BRIDGE, needs_hooked
+
+    import cw_lens
+
+    if needs_hooked.args[0]:
+        pytest.skip(needs_hooked.kwargs["reason"])
+    if not HAS_BRIDGE:  # TL 2.x: the default fixture already is a HookedTransformer
+        return request.getfixturevalue("smollm")
+    return cw_lens.load_model(api="hooked", device="cpu")
 
 
 @pytest.fixture(scope="session")

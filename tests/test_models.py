@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import torch
 from reference import model_reference
 
 import cw_lens
-from cw_lens import models
+from cw_lens import gguf_cache, models
 from cw_lens.errors import EmbeddedModelMissing, ModelLoadError, UnsupportedModelError
 
 pytestmark = pytest.mark.model
@@ -126,20 +127,20 @@ def test_plain_torch_module_is_rejected():
 def test_corrupt_cache_is_detected_and_rebuilt(smollm, tmp_path, monkeypatch):
     """A flipped byte in the cached weights is caught by the manifest digest and rebuilt."""
     gguf = models.embedded_gguf_path()
-    good = models._gguf_cache_dir(gguf)  # built by the smollm fixture
+    good = gguf_cache.gguf_cache_dir(gguf)  # built by the smollm fixture
     monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path))
-    folder = models._gguf_cache_dir(gguf)
+    folder = gguf_cache.gguf_cache_dir(gguf)
     shutil.copytree(good, folder)
-    digest = models._gguf_digest(gguf)
-    assert models._cache_is_valid(folder, digest)
+    digest = gguf_cache.gguf_digest(gguf)
+    assert gguf_cache.cache_is_valid(folder, digest)
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[len(data) // 2] ^= 0xFF
     weights.write_bytes(bytes(data))
-    assert not models._cache_is_valid(folder, digest)
-    bridge = cw_lens.load_model(device="cpu")
-    assert models._cache_is_valid(folder, digest)
-    assert bridge.cfg.n_layers == 30
+    assert not gguf_cache.cache_is_valid(folder, digest)
+    model = cw_lens.load_model(device="cpu")
+    assert gguf_cache.cache_is_valid(folder, digest)
+    assert model.cfg.n_layers == 30
 
 
 def test_corrupt_gguf_file_raises_a_clear_error(tmp_path, monkeypatch):
@@ -149,3 +150,80 @@ def test_corrupt_gguf_file_raises_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="corrupt"):
         cw_lens.load_model(str(bad))
     assert not any((tmp_path / "cache" / "models").glob("broken*/manifest.json"))
+
+
+@pytest.mark.compat
+def test_cache_is_written_for_transformers_4_and_5(smollm):
+    """Both rope spellings, a tokenizer class 4.x knows, the tied embedding stored as such."""
+    from safetensors import safe_open
+
+    folder = gguf_cache.gguf_cache_dir(models.embedded_gguf_path())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 1e5
+    assert "transformers_version" not in config
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    assert tok["tokenizer_class"] == "PreTrainedTokenizerFast"
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight" not in keys
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["expected"]["special_token_ids"] == {
+        "bos_token": 1,
+        "eos_token": 2,
+        "unk_token": 0,
+        "pad_token": 2,
+    }
+
+
+def _linked_copy(good, tmp_path, monkeypatch):
+    monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path))
+    folder = gguf_cache.gguf_cache_dir(models.embedded_gguf_path())
+    folder.mkdir(parents=True)
+    for path in good.iterdir():
+        (folder / path.name).symlink_to(path)
+    (folder / "manifest.json").unlink()
+    return folder, json.loads((good / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m["expected"].update(rope_theta=1e4), "rope_theta 100000.0 instead of 10000.0"),
+        (lambda m: m["expected"]["special_token_ids"].update(eos_token=1), "eos_token id 2"),
+    ],
+    ids=["rope", "eos"],
+)
+def test_cache_read_differently_is_refused(smollm, tmp_path, monkeypatch, edit, message):
+    """A cache that loads into another model than the one written raises, never runs."""
+    good = gguf_cache.gguf_cache_dir(models.embedded_gguf_path())
+    folder, manifest = _linked_copy(good, tmp_path, monkeypatch)
+    edit(manifest)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError, match=message):
+        gguf_cache.load_gguf_hf(models.embedded_gguf_path(), "cpu", torch.float32)
+
+
+def test_old_cache_format_is_not_used(smollm, tmp_path, monkeypatch):
+    good = gguf_cache.gguf_cache_dir(models.embedded_gguf_path())
+    folder, manifest = _linked_copy(good, tmp_path, monkeypatch)
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))
+    assert not gguf_cache.cache_is_valid(folder, manifest["gguf_sha256"])
+
+
+@pytest.mark.compat
+@pytest.mark.slow
+def test_cache_written_here_is_byte_identical_to_the_shared_one(smollm, tmp_path, monkeypatch):
+    """The shared cache was written by another transformers version (make test-compat runs after
+    make test): rebuilding it here (about 30 s) gives the same SHA-256 of every file."""
+    import transformers
+
+    shared = gguf_cache.gguf_cache_dir(models.embedded_gguf_path())
+    manifest = json.loads((shared / "manifest.json").read_text())
+    here = f"transformers {transformers.__version__}"
+    if manifest.get("written_by") == here:
+        pytest.skip(f"the shared cache was written by this version ({here})")
+    monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path))
+    folder = gguf_cache.gguf_cache_dir(models.embedded_gguf_path(), build=True)
+    rebuilt = json.loads((folder / "manifest.json").read_text())
+    assert rebuilt["written_by"] == here
+    assert rebuilt["files"] == manifest["files"]

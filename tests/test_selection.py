@@ -426,8 +426,10 @@ def test_pruning_levels_are_exact(model, pruned):
 
 def test_pruning_orders(model, pruned):
     stats = pruned.head_stats.set_index(["layer", "head"])
+    # W_V is [kv_head, ...] on the bridge, repeated to [head, ...] on a HookedTransformer
+    group = model.cfg.n_heads // model.blocks[0].attn.W_V.shape[0]
     magnitude = [
-        (layer, h, float(attn.W_V[h // 2].detach().norm() * attn.W_O[h].detach().norm()))
+        (layer, h, float(attn.W_V[h // group].detach().norm() * attn.W_O[h].detach().norm()))
         for layer in range(2)
         for attn in [model.blocks[layer].attn]
         for h in range(4)

@@ -27,11 +27,14 @@ def independent_sink_removal(model, layer, tokens, scale=0.0):
     (not hook_z): scale 0 removes the sink's term, 2 doubles it."""
     store = {}
 
-    def keep(t, hook):
-        store[hook.name.split(".")[-1]] = t
+    def keeper(key):
+        def keep(t, hook):  # hook.name is the bridge's canonical name, not the alias
+            store[key] = t
+
+        return keep
 
     def fix_out(out, hook):
-        pattern, values = store["hook_pattern"], store["hook_out"]
+        pattern, values = store["pattern"], store["values"]
         W_O = model.blocks[layer].attn.W_O.detach()
         group = model.cfg.n_heads // values.shape[2]
         pv0 = torch.stack(
@@ -42,8 +45,8 @@ def independent_sink_removal(model, layer, tokens, scale=0.0):
         return out - (1.0 - scale) * torch.einsum("bhq,bhm->bqm", alpha0, pv0)
 
     return [
-        (f"blocks.{layer}.attn.hook_pattern", keep),
-        (f"blocks.{layer}.attn.v.hook_out", keep),
+        (f"blocks.{layer}.attn.hook_pattern", keeper("pattern")),
+        (f"blocks.{layer}.attn.hook_v", keeper("values")),
         (f"blocks.{layer}.hook_attn_out", fix_out),
     ]
 
@@ -186,7 +189,7 @@ def planted_sink_hooks(model, sink_mass=0.6, sink_scale=-0.2):
     hooks = []
     for layer in range(model.cfg.n_layers):
         hooks += [
-            (f"blocks.{layer}.attn.v.hook_out", values),
+            (f"blocks.{layer}.attn.hook_v", values),
             (f"blocks.{layer}.attn.hook_pattern", pattern),
         ]
     return HookSet(model, hooks, "planted sink")
