@@ -615,7 +615,7 @@ def build(arch: Arch, seed: int = 0) -> Built:
     model = hf_model(arch, seed, arch.dtype)
     twin = copy.deepcopy(model).double()  # before wrapping: the bridge edits the model in place
     try:
-        bridge = _wrap(model, arch.hf_class, f"tiny-{arch.name}")
+        bridge = _wrap(model, arch.hf_class, f"tiny-{arch.name}", "bridge")
     except Exception as err:
         return Built(arch, twin, error=err)
     return Built(arch, twin, bridge=bridge)
