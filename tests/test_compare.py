@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sysconfig
 from pathlib import Path
 
 import matplotlib.colors as mcolors
@@ -274,3 +275,35 @@ def test_cli_bad_run_is_a_one_line_error(tmp_path):
     assert result.exit_code == 2
     assert f"error: {tmp_path} has no summary.json" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_compare_reads_two_runs_of_the_main_job(tmp_path):
+    """Two corpora through the real job on the tiny model: compare lines up exactly the claims,
+    numbers and verdicts each run's summary.json holds, whatever schema the job writes now."""
+    from cw_lens.report import JobConfig, run_figures
+
+    licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    text = tmp_path / "licence.txt"
+    text.write_text(licence.read_text() if licence.is_file() else "Permission is granted. " * 400)
+    tiny = dict(model="testing:tiny-llama", n_docs=3, max_tokens=24, task=None, batch_size=3)
+    run_figures(JobConfig(**tiny), tmp_path / "pydoc", progress=False)
+    run_figures(JobConfig(**tiny, corpus=str(text)), tmp_path / "licence", progress=False)
+    result = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "pydoc"), str(tmp_path / "licence"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    table = compare_runs([tmp_path / "pydoc", tmp_path / "licence"]).to_dataframe()
+    verdict = {True: "yes", False: "no"}
+    for label in ("pydoc", "licence"):
+        summary = load(tmp_path / label)
+        rows = table[table["run"] == label]
+        assert list(dict.fromkeys(rows["claim"])) == list(summary["claims"])
+        for cid, claim in summary["claims"].items():
+            mine = rows[rows["claim"] == cid]
+            assert set(mine["holds"]) == {verdict.get(claim["holds"], claim["holds"])}
+            values = [math.nan if c["value"] is None else c["value"] for c in claim["checks"]]
+            assert mine["number"].tolist() == [c["number"] for c in claim["checks"]]
+            assert mine["value"].tolist() == pytest.approx(values, nan_ok=True)
+            assert f"`{cid}`" in result.output
+    assert (tmp_path / "compare.png").is_file()
