@@ -14,9 +14,11 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
+- several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparison`
 """
 
 from cw_lens.access import cache_names
+from cw_lens.compare import RunComparison, compare_runs
 from cw_lens.contributions import (
     ContributionResult,
     contribution_weights,
@@ -71,6 +73,7 @@ __all__ = [
     "ModelVerification",
     "PatchControls",
     "PruningResult",
+    "RunComparison",
     "SelectionGeometryResult",
     "SinkAblation",
     "SinkPatchComparison",
@@ -78,6 +81,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "cache_names",
+    "compare_runs",
     "compare_sink_patch",
     "contribution_weights",
     "contribution_weights_from_cache",
