@@ -251,9 +251,15 @@ def _read(summary: Any, label: str, source: str) -> tuple[Run, list[dict[str, An
         base = {"run": label, "claim": cid, "holds": holds}
         if not checks:  # written before checks existed: the claim's verdict alone
             rows.append({**base, **NO_CHECK, "check": holds})
+        numbers = []
         for i, check in enumerate(checks):
             where = f"claim {cid!r}, check {i}"
             read = _read_check(check, schema, lambda p, w=where: fail(f"{w}: {p}"))
+            if read["number"] in numbers:
+                raise fail(
+                    f"claim {cid!r} checks {read['number']!r} twice; a number has one check."
+                )
+            numbers.append(read["number"])
             rows.append({**base, **read})
     return run, rows
 

@@ -226,6 +226,13 @@ BAD = {
         edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][1].update(value="1")),
         "check 1: expected a number, got '1'",
     ),
+    "one number checked twice": (
+        edited(
+            RUN_B,
+            lambda s: s["claims"]["retriever_share"]["checks"][1].update(number="retriever_share"),
+        ),
+        "claim 'retriever_share' checks 'retriever_share' twice",
+    ),
 }
 
 
