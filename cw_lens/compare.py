@@ -42,6 +42,7 @@ from typing import Any
 
 import pandas as pd
 
+from cw_lens.claims import threshold_text
 from cw_lens.errors import InputError
 
 VERDICTS = ("yes", "no", "inconclusive")
@@ -136,7 +137,9 @@ class RunComparison:
             for number in dict.fromkeys(checks["number"]):
                 rows = checks[checks["number"] == number].set_index("run")
                 # runs of different cw_lens versions may judge a number differently: show each
-                check = " / ".join(dict.fromkeys(map(_check_text, rows["op"], rows["threshold"])))
+                check = " / ".join(
+                    dict.fromkeys(map(threshold_text, rows["op"], rows["threshold"]))
+                )
                 cells = [_value_cell(rows.loc[lab]) if lab in rows.index else "—" for lab in labels]
                 lines.append(f"| ↳ {number} | {check} | " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
@@ -333,9 +336,3 @@ def _value_cell(row: pd.Series) -> str:
     if not (math.isnan(row["low"]) and math.isnan(row["high"])):
         value += f" [{row['low']:.3g}, {row['high']:.3g}]"
     return f"{value} {row['check']}"
-
-
-def _check_text(op: str, threshold: Any) -> str:
-    if op == "in":
-        return f"in [{threshold[0]:g}, {threshold[1]:g}]"
-    return f"{op} {threshold:g}"

@@ -7,6 +7,7 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
+from cw_lens.claims import threshold_text
 from cw_lens.plots._style import plt
 
 VERDICT_COLOURS = {"yes": "tab:green", "no": "tab:red", "inconclusive": "tab:orange"}
@@ -43,10 +44,9 @@ def plot_run_comparison(
             ax.axvspan(*first["threshold"], color="0.9", zorder=0)
             for bound in first["threshold"]:
                 ax.axvline(bound, color="0.4", ls="--", lw=0.8)
-            check = f"in [{first['threshold'][0]:g}, {first['threshold'][1]:g}]"
         else:
             ax.axvline(first["threshold"], color="0.4", ls="--", lw=0.8)
-            check = f"{first['op']} {first['threshold']:g}"
+        check = threshold_text(first["op"], first["threshold"])
         for y, label in enumerate(labels):
             mine = part[part["run"] == label]
             if mine.empty:
