@@ -283,11 +283,13 @@ def _read_check(check: Any, schema: int, fail: Any) -> dict[str, Any]:
     else:
         threshold = _number(threshold, fail)
     low = high = math.nan
-    if schema >= 2:
-        interval = check.get("interval")
-        if not (isinstance(interval, list) and len(interval) == 2):
-            raise fail(f"schema 2 needs an [low, high] interval, got {interval!r}.")
-        low, high = (_number(x, fail) for x in interval)
+    if schema >= 2:  # the key is always written; null = no interval was asked for
+        if "interval" not in check:
+            raise fail("schema 2 checks carry an 'interval' ([low, high] or null); none here.")
+        interval = check["interval"]
+        if interval is not None and not (isinstance(interval, list) and len(interval) == 2):
+            raise fail(f"the interval must be [low, high] or null, got {interval!r}.")
+        low, high = (math.nan, math.nan) if interval is None else map(_number, interval, [fail] * 2)
     return {
         "number": str(check["number"]),
         "value": _number(check["value"], fail),

@@ -120,6 +120,15 @@ def test_reads_what_the_claims_module_writes():
     assert "| ↳ z | in [0.1, 0.2] | n/a no |" in compare_runs([summary]).to_markdown()
 
 
+def test_schema_2_null_interval_is_no_interval():
+    summary = load(RUN_A)
+    summary["claims"]["retriever_share"]["checks"][1]["interval"] = None
+    comparison = compare_runs([summary], labels=["a"])
+    row = comparison.to_dataframe().query("number == 'n_heads'").iloc[0]
+    assert math.isnan(row["low"]) and math.isnan(row["high"]) and row["value"] == 270
+    assert "| ↳ n_heads | > 100 | 270 yes |" in comparison.to_markdown()
+
+
 def test_labels_default_to_folder_names_and_accept_files_and_dicts():
     assert [r.label for r in compare_runs([RUN_A, RUN_B / "summary.json"]).runs] == [
         "run_a",
@@ -208,7 +217,11 @@ BAD = {
     ),
     "schema 2 check without interval": (
         edited(RUN_A, lambda s: s["claims"]["retriever_share"]["checks"][1].pop("interval")),
-        "claim 'retriever_share', check 1: schema 2 needs an [low, high] interval, got None",
+        "claim 'retriever_share', check 1: schema 2 checks carry an 'interval'",
+    ),
+    "interval not a pair": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"]["checks"][1].update(interval=[1])),
+        "check 1: the interval must be [low, high] or null, got [1]",
     ),
     "unknown op": (
         edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][0].update(op="<=")),
