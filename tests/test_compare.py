@@ -120,6 +120,24 @@ def test_reads_what_the_claims_module_writes():
     assert "| ↳ z | in [0.1, 0.2] | n/a no |" in compare_runs([summary]).to_markdown()
 
 
+def test_reads_a_schema_2_summary_as_the_job_writes_it():
+    """fixtures/compare/tiny_schema2: `run_figures` of the intervals branch (2724857) on the
+    tiny model, 4 documents x 24 tokens, 200 resamples — every check reads back unchanged."""
+    path = FIXTURES / "tiny_schema2"
+    summary = load(path)
+    table = compare_runs([path]).to_dataframe()
+    checks = [(cid, c) for cid, claim in summary["claims"].items() for c in claim["checks"]]
+    assert len(table) == len(checks) > 12
+    nan = float("nan")
+    for (cid, check), (_, row) in zip(checks, table.iterrows(), strict=True):
+        interval = [nan, nan] if check["interval"] is None else check["interval"]
+        expected = [check["value"], *interval]
+        got = [row["value"], row["low"], row["high"]]
+        assert got == pytest.approx([nan if x is None else x for x in expected], nan_ok=True)
+        assert (row["claim"], row["number"], row["check"]) == (cid, check["number"], check["holds"])
+        assert row["holds"] == summary["claims"][cid]["holds"]
+
+
 def test_schema_2_null_interval_is_no_interval():
     summary = load(RUN_A)
     summary["claims"]["retriever_share"]["checks"][1]["interval"] = None
