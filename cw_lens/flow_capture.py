@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -157,17 +158,16 @@ class BlockActivations:
     def layer(self) -> int:
         return self.acts.layer
 
-    @property
-    def bias_piece(self) -> Float[Tensor, "batch pos d_model"]:
-        """``A_i(b_O) + beta`` (zeros when the block has neither)."""
-        b_O = self.acts.weights.b_O
-        shape = self.resid_post.shape
-        piece = torch.zeros(shape, device=self.resid_post.device)
+    @cached_property
+    def bias_piece(self) -> Float[Tensor, "batch pos d_model"] | None:
+        """``A_i(b_O) + beta``, or ``None`` when the block has neither."""
+        b_O, beta = self.acts.weights.b_O, self.attn_map.norm_bias
+        if b_O is None and beta is None:
+            return None
+        piece = torch.zeros(self.resid_post.shape, device=self.resid_post.device)
         if b_O is not None:
             piece = self.attn_map(piece + b_O)
-        if self.attn_map.norm_bias is not None:
-            piece = piece + self.attn_map.norm_bias
-        return piece
+        return piece if beta is None else piece + beta
 
 
 def _arch(model: Any) -> str:

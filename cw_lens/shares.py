@@ -143,7 +143,10 @@ class LayerShares:
     @cached_property
     def bias(self) -> Float[Tensor, "batch query"]:
         """``share(A_i(b_O) + beta)``: the output bias and the post-norm's bias."""
-        return self._plain_share(self.block.bias_piece)
+        piece = self.block.bias_piece
+        if piece is None:
+            return self.residual * 0.0  # 0, NaN where the row is undefined
+        return self._plain_share(piece)
 
     @cached_property
     def attention(self) -> Float[Tensor, "batch query"]:
@@ -297,7 +300,10 @@ def stream_shares(
     for batch in tqdm(batches, desc=label, disable=not progress, leave=False):
         n_pos = batch.tokens.shape[1]
         chunk = query_chunk or auto_query_chunk(
-            batch.tokens.shape[0], model.cfg.n_heads, n_pos, memory_budget(model.cfg.device)
+            batch.tokens.shape[0],
+            model.cfg.n_heads,
+            n_pos,
+            memory_budget(model.cfg.device or "cpu"),
         )
 
         def on_block(block: BlockActivations, n_pos: int = n_pos, chunk: int = chunk) -> None:

@@ -237,3 +237,28 @@ def test_deletion_skips_items_with_too_few_candidates(llama):
     df = d.to_dataframe()
     assert df[df["k"] == 8]["drop"].isna().all()  # 3 candidates before the target
     assert df[df["k"] == 2]["drop"].notna().all()
+
+
+@pytest.mark.browser
+def test_browser_panel_shows_an_edge_with_its_factors(llama, tmp_path):
+    import html
+    import re
+
+    from test_viz import chromium_bin, run_chromium
+
+    g = cw_lens.routes(llama, "hello world, routes", threshold=0.01)
+    edges = g.panel_data()["edges"]
+    i = next(n for n, e in enumerate(edges) if e["kind"] == "attention")
+    page = tmp_path / "routes.html"
+    page.write_text(g.to_html(), encoding="utf-8")
+    dom = run_chromium(chromium_bin(), tmp_path, f"{page.as_uri()}#edge={i}", "--dump-dom")
+    tip = re.search(r'<div id="tip"[^>]*data-edge="(\d+)"[^>]*>(.*?)</div>', dom, re.S)
+    assert tip is not None and int(tip.group(1)) == i
+    text = html.unescape(tip.group(2))
+    e = edges[i]
+    assert f"layer {e['layer']}  head {e['head']}" in text
+    shown = dict(re.findall(r"(share|attention|relative norm|cosine) (-?[\d.e+-]+)", text))
+    for label, key in (("share", "share"), ("attention", "attention"),
+                       ("relative norm", "relative_norm"), ("cosine", "cosine")):  # fmt: skip
+        assert float(shown[label]) == pytest.approx(e[key], rel=1e-3)
+    assert dom.count('class="edge"') == len(edges)
