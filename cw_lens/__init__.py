@@ -17,7 +17,7 @@ Public API (re-exports only; each function's module docstring states its formula
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """
 
-from cw_lens.capture import cache_names
+from cw_lens.access import cache_names
 from cw_lens.contributions import (
     ContributionResult,
     contribution_weights,
@@ -62,6 +62,7 @@ from cw_lens.sinks import (
 )
 from cw_lens.streaming import stream_contributions
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.verify import ModelVerification, verify_model
 from cw_lens.version import __version__
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "LayerContributions",
     "LayerShares",
     "ModelLoadError",
+    "ModelVerification",
     "PruningResult",
     "ResidualShares",
     "RolloutDeletion",
@@ -115,4 +117,5 @@ __all__ = [
     "sink_statistics",
     "stream_contributions",
     "stream_shares",
+    "verify_model",
 ]

@@ -1,74 +1,67 @@
-"""Model access in one place: the per-layer activation stream and the model checks.
+"""The per-layer activation stream: one forward pass, each attention layer handed over in turn.
 
-:func:`run_layers` runs one forward pass and, as each requested attention layer finishes, hands
-a :class:`LayerActivations` (pattern, values, ``z``, layer output, ``W_O``, ``b_O``, padding
-mask — all float32) to a callback *inside* the pass, then drops it. Memory therefore holds one
-layer at a time whatever the depth, and the pass stops after the last requested layer unless
-logits are needed. Only the four classic hooks are captured::
+:func:`run_layers` runs one forward pass and, as each requested attention layer has produced its
+three classic hooks — whatever order the model fires them in — hands a
+:class:`LayerActivations` (pattern, values, ``z``, the layer output, ``W_O``, ``b_O``, padding
+mask, all float32) to a callback *inside* the pass, then drops it. Memory holds one layer at a
+time whatever the depth, and the pass stops after the last requested layer unless logits are
+needed::
 
     blocks.{l}.attn.hook_pattern   [batch, head, query, key]
     blocks.{l}.attn.hook_v         [batch, key, kv_head, d_head]   (un-repeated under GQA)
     blocks.{l}.attn.hook_z         [batch, query, head, d_head]
-    blocks.{l}.hook_attn_out       [batch, query, d_model]         (= o_i + b_O)
 
-Interventions (hook lists) can be passed alongside and act in the same pass.
+The layer output ``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded) is computed from ``z`` and
+``W_O`` (SPEC §1), never read from ``hook_attn_out``.
+
+Interventions (hook sets of :mod:`cw_lens.edits`, or plain hook pairs) act in the same pass; the
+activations handed over describe the intervened layer exactly (its edits are applied to the
+pattern they report). Every captured layer is checked: ``z == pattern @ v`` on two random
+projections of the value space (a cheap, complete check, ``O(batch·head·query·key)``). A hook
+that edits ``z`` behind cw_lens's back, or a ``hook_pattern`` edit the model ignores, would make
+every number describe something the model did not compute — it raises instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from cw_lens.access import (
+    LayerWeights,
+    ModelAccess,
+    cache_names,
+    hook_name,
+    model_access,
+    model_device,
+    resolve_heads,
+    resolve_layers,
+)
 from cw_lens.errors import InputError, UnsupportedModelError
-from cw_lens.geometry import head_gram
+from cw_lens.geometry import grouped_scores_values
 from cw_lens.inputs import TokenBatch
 
-HOOK_TEMPLATES = {
-    "pattern": "blocks.{layer}.attn.hook_pattern",
-    "values": "blocks.{layer}.attn.hook_v",
-    "z": "blocks.{layer}.attn.hook_z",
-    "attn_out": "blocks.{layer}.hook_attn_out",
-}
+__all__ = [
+    "LayerActivations",
+    "LayerWeights",
+    "cache_names",
+    "check_consistent",
+    "hook_name",
+    "model_device",
+    "resolve_heads",
+    "resolve_layers",
+    "run_layers",
+]
 
-
-def hook_name(kind: str, layer: int) -> str:
-    return HOOK_TEMPLATES[kind].format(layer=layer)
-
-
-def cache_names(layers: int | list[int]) -> list[str]:
-    """The hook names contribution weights read, for ``run_with_cache(names_filter=...)``.
-
-    Example::
-
-        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([3, 4]))
-        cw = cw_lens.contribution_weights_from_cache(cache, model, 3)
-    """
-    layers = [layers] if isinstance(layers, int) else list(layers)
-    return [hook_name(kind, layer) for layer in layers for kind in HOOK_TEMPLATES]
-
-
-@dataclass
-class LayerWeights:
-    """The output projection of one layer, float32: ``W_O`` [head, d_head, d_model], ``b_O``."""
-
-    W_O: Float[Tensor, "head d_head d_model"]
-    b_O: Float[Tensor, " d_model"] | None
-    gram: Float[Tensor, "head d_head d_head"]
-
-    @classmethod
-    def of(cls, model: Any, layer: int) -> LayerWeights:
-        attn = model.blocks[layer].attn
-        with torch.no_grad():
-            W_O = attn.W_O.detach().float()
-            b_O = getattr(attn, "b_O", None)
-            b_O = None if b_O is None else b_O.detach().float()
-        return cls(W_O, b_O, head_gram(W_O))
+# relative tolerance of z == pattern @ v by the parameter dtype (half precision rounds z)
+CONSISTENCY_RTOL = {torch.float32: 1e-4, torch.float64: 1e-8}
+HALF_PRECISION_RTOL = 3e-2
 
 
 @dataclass
@@ -77,7 +70,8 @@ class LayerActivations:
 
     Attributes:
         layer: Layer index.
-        pattern: ``alpha`` [batch, head, query, key].
+        pattern: ``alpha`` [batch, head, query, key] — the effective attention when an entered
+            intervention edits this layer.
         values: ``v`` [batch, key, kv_head, d_head] (value bias included).
         z: ``z_i^h = sum_j alpha v_j`` [batch, query, head, d_head].
         layer_output: ``o_i = sum_h z_i^h W_O^h`` [batch, query, d_model], ``b_O`` excluded.
@@ -101,89 +95,7 @@ class LayerActivations:
         return self.pattern.shape[1]
 
 
-def check_model(model: Any) -> None:
-    """Raise :class:`UnsupportedModelError` unless ``model`` is a bridge with classic hooks."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    if not isinstance(model, TransformerBridge):
-        raise UnsupportedModelError(
-            f"cw_lens analyses a TransformerLens TransformerBridge; got {type(model).__name__}. "
-            "Load one with cw_lens.load_model(...) or TransformerBridge.boot_transformers(...)."
-        )
-    direction = getattr(model.cfg, "attention_dir", "causal")
-    if direction != "causal":
-        raise UnsupportedModelError(
-            f"{model.cfg.model_name!r} has {direction} attention. cw_lens implements the causal "
-            "(decoder-only) case of P1/P2, where query i reads keys j <= i; use a decoder such as "
-            "Llama, Mistral, Qwen or GPT-2."
-        )
-    hook_dict = model.hook_dict
-    needed = [hook_name(k, 0) for k in HOOK_TEMPLATES]
-    missing = [n for n in needed if n not in hook_dict and not _has_alias(model, n)]
-    if missing or not hasattr(model, "blocks"):
-        raise UnsupportedModelError(
-            f"{model.cfg.model_name!r} does not expose the attention hooks cw_lens needs "
-            f"({', '.join(missing)}). Contribution weights need a decoder with standard "
-            "multi-head / grouped-query attention (Llama, Mistral, Qwen, GPT-2, ...)."
-        )
-
-
-def _has_alias(model: Any, name: str) -> bool:
-    try:
-        from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
-
-        return name in build_alias_to_canonical_map(model.hook_dict)
-    except Exception:
-        return False
-
-
-def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
-    """Normalise an index selection (``None`` = all; negative counts from the end)."""
-    if values is None:
-        return list(range(n))
-    if isinstance(values, (int, np.integer)) or (
-        isinstance(values, torch.Tensor) and values.ndim == 0
-    ):
-        values = [values]
-    try:
-        values = list(values)
-    except TypeError:
-        raise InputError(
-            f"{what.capitalize()}s must be an integer or a list of integers, got {values!r}."
-        ) from None
-    out = []
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.ndim == 0:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise InputError(f"{what.capitalize()}s must be integers, got {value!r}.")
-        value = int(value)
-        if not -n <= value < n:
-            raise InputError(
-                f"{what.capitalize()} {value} is out of range: this model has {n} {unit} "
-                f"(0..{n - 1})."
-            )
-        out.append(value % n)
-    if not out:
-        raise InputError(f"The {what} selection is empty; pass {what}s=None for all {what}s.")
-    return sorted(set(out))
-
-
-def resolve_layers(model: Any, layers: Any) -> list[int]:
-    """Normalise a layer selection (``None`` = all; negative indices count from the end)."""
-    return _resolve_indices(layers, model.cfg.n_layers, "layer", "layers")
-
-
-def resolve_heads(model: Any, heads: Any) -> list[int]:
-    """Normalise a head selection (``None`` = all query heads)."""
-    return _resolve_indices(heads, model.cfg.n_heads, "head", "query heads per layer")
-
-
-def model_device(model: Any) -> torch.device:
-    return torch.device(model.cfg.device or "cpu")
-
-
-def _check_finite(layer: int, *tensors: Tensor) -> None:
+def check_finite(layer: int, *tensors: Tensor) -> None:
     """Fail loudly on NaN/inf activations (a NaN pattern shows up in z, which is small)."""
     for t in tensors:
         if not bool(torch.isfinite(t).all()):
@@ -192,6 +104,50 @@ def _check_finite(layer: int, *tensors: Tensor) -> None:
                 "weights would be meaningless. A float16 model often overflows: load it in "
                 "bfloat16 or float32 (cw_lens.load_model(..., dtype=torch.float32))."
             )
+
+
+def consistency_error(
+    pattern: Tensor, values: Tensor, z: Tensor, mask: Tensor | None = None, seed: int = 0
+) -> float:
+    """Largest relative violation of ``z == pattern @ v`` over (batch, query, head), read on two
+    seeded random projections ``r`` of the value space: ``|z r - pattern (v r)|`` relative to
+    ``sum_j alpha |v_j| |r| + |z| |r|`` (element-wise absolute values: the bound of float
+    rounding), so half-precision models pass with a few ulps and any real edit stands out."""
+    gen = torch.Generator().manual_seed(seed)
+    r = torch.randn(values.shape[-1], 2, generator=gen).to(values.device)
+    values, z, pattern = values.float(), z.float(), pattern.float()
+    zr = z @ r  # [batch, query, head, 2]
+    mixed = grouped_scores_values(pattern, values @ r)  # [batch, query, head, 2]
+    # what rounding can reach: sum_j alpha |v_j| |r| + |z| |r| (element-wise absolute values)
+    scale = grouped_scores_values(pattern.abs(), values.abs() @ r.abs()) + z.abs() @ r.abs()
+    err = (zr - mixed).abs() / scale.clamp_min(1e-30)
+    if mask is not None:
+        err = err * mask[:, : err.shape[1], None, None].to(err.dtype)
+    return float(err.max()) if err.numel() else 0.0
+
+
+def check_consistent(
+    access: ModelAccess,
+    layer: int,
+    pattern: Tensor,
+    values: Tensor,
+    z: Tensor,
+    mask: Tensor | None = None,
+) -> None:
+    """Raise unless ``z == pattern @ v`` (see :func:`consistency_error`)."""
+    dtype = access.parameter_dtype()
+    rtol = CONSISTENCY_RTOL.get(dtype, HALF_PRECISION_RTOL)
+    err = consistency_error(pattern, values, z, mask)
+    if err > rtol:
+        raise UnsupportedModelError(
+            f"{access.architecture}, layer {layer}: z differs from pattern @ v (relative error "
+            f"{err:.2g} > {rtol:g}), so contribution weights would not describe what the model "
+            "computed. Either a hook edits hook_z (or a hook_pattern edit that this model "
+            "ignores) behind cw_lens's back — enter cw_lens interventions with `with` instead "
+            "of passing them as plain hook lists, and edit hook_v or hook_pattern rather than "
+            "hook_z —, or this model's hooks do not show what its attention computes "
+            "(run cw_lens.verify_model(model))."
+        )
 
 
 class _StreamDone(Exception):
@@ -204,18 +160,19 @@ def run_layers(
     on_layer: Callable[[LayerActivations], None] | None,
     *,
     layers: Sequence[int],
-    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+    fwd_hooks: Sequence[Any] = (),
     need_logits: bool = False,
     weights: dict[int, LayerWeights] | None = None,
 ) -> Tensor | None:
     """One forward pass; ``on_layer`` is called with each requested layer's activations.
 
     Args:
-        model: The bridge.
+        model: A ``TransformerBridge`` or ``HookedTransformer``.
         batch: A prepared :class:`TokenBatch`.
         on_layer: Callback; ``None`` runs the pass for ``fwd_hooks`` alone.
         layers: Layers to stream (sorted).
-        fwd_hooks: Extra ``(hook_name, fn)`` pairs (interventions) active during this pass.
+        fwd_hooks: Interventions active during this pass: hook sets (entered as context
+            managers) and/or ``(hook_name, fn)`` pairs.
         need_logits: Run to the end and return the logits; otherwise the pass ends right
             after the last requested layer's attention and ``None`` is returned.
         weights: A dict reused across calls to cache each layer's ``W_O`` and Gram matrices.
@@ -223,55 +180,65 @@ def run_layers(
     Returns:
         The logits ``[batch, pos, vocab]`` (float32) when ``need_logits``, else ``None``.
     """
+    access = model_access(model)
     weights = {} if weights is None else weights
-    device = model_device(model)
+    device = access.device
     tokens = batch.tokens.to(device)
     mask = batch.mask.to(device)
     store: dict[int, dict[str, Tensor]] = {}
     hooks: list[tuple[str, Callable]] = []
+    last = max(layers) if layers else -1
+
+    def finish(layer: int) -> None:
+        got = store.pop(layer)
+        if layer not in weights:
+            weights[layer] = access.output_weights(layer)
+        w = weights[layer]
+        pattern, values, z = got["pattern"].float(), got["values"].float(), got["z"].float()
+        check_finite(layer, values, z)
+        for edit in access.edits_at(layer):
+            if edit.on_output:  # realised after hook_z: z still shows the unedited value
+                z = z - edit.delta(pattern, values)
+        for edit in access.edits_at(layer):
+            pattern = edit.effective_pattern(pattern, values)
+        check_consistent(access, layer, pattern, values, z, mask)
+        on_layer(
+            LayerActivations(
+                layer=layer,
+                pattern=pattern,
+                values=values,
+                z=z,
+                layer_output=w.to(z.device).layer_output(z),
+                weights=w,
+                mask=mask.to(pattern.device),
+                batch=batch,
+            )
+        )
+        if not need_logits and layer == last:
+            raise _StreamDone
 
     if on_layer is not None:
         for layer in layers:
             for kind in ("pattern", "values", "z"):
 
                 def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
-                    store.setdefault(layer, {})[kind] = t
+                    got = store.setdefault(layer, {})
+                    got[kind] = t
+                    if len(got) == 3:
+                        finish(layer)
 
-                hooks.append((hook_name(kind, layer), keep))
-
-            def finish(t: Tensor, hook: Any, layer: int = layer) -> None:
-                got = store.pop(layer)
-                if layer not in weights:
-                    weights[layer] = LayerWeights.of(model, layer)
-                w = weights[layer]
-                _check_finite(layer, got["values"], got["z"])
-                out = t.float()
-                if w.b_O is not None:
-                    out = out - w.b_O
-                on_layer(
-                    LayerActivations(
-                        layer=layer,
-                        pattern=got["pattern"].float(),
-                        values=got["values"].float(),
-                        z=got["z"].float(),
-                        layer_output=out,
-                        weights=w,
-                        mask=mask.to(got["pattern"].device),
-                        batch=batch,
-                    )
-                )
-
-                if not need_logits and layer == last:
-                    raise _StreamDone
-
-            hooks.append((hook_name("attn_out", layer), finish))
-    last = max(layers) if layers else -1
-    # interventions first, so captured activations are the intervened ones
-    all_hooks = [*fwd_hooks, *hooks]
+                hooks.append((access.hook_name(kind, layer), keep))
     mask_arg = batch.attention_mask().to(device) if batch.padded else None
-    with torch.inference_mode(), model.hooks(fwd_hooks=all_hooks):
+    with torch.inference_mode(), ExitStack() as stack:
+        # interventions first, so captured activations are the intervened ones
+        # (hook sets are entered as themselves, plain pairs through model.hooks)
+        hook_sets = [h for h in fwd_hooks if hasattr(h, "__enter__")]
+        stack.enter_context(access.hooks([h for h in fwd_hooks if not hasattr(h, "__enter__")]))
+        for hook_set in hook_sets:
+            stack.enter_context(hook_set)
+        stack.enter_context(access.hooks(hooks))
         try:
-            out = model(tokens, attention_mask=mask_arg)
+            out = access.forward(tokens, attention_mask=mask_arg)
         except _StreamDone:
             return None
     return out.float() if need_logits else None

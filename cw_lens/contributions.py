@@ -53,18 +53,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.capture import (
-    LayerActivations,
-    LayerWeights,
-    check_model,
-    hook_name,
-    resolve_heads,
-    resolve_layers,
-)
+from cw_lens.access import hook_name, model_access, resolve_heads, resolve_layers
+from cw_lens.capture import LayerActivations, check_consistent
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, prepare_inputs
 from cw_lens.layer_contributions import Kind, LayerContributions, check_kind
 from cw_lens.streaming import stream_contributions
+from cw_lens.verify import require_verified
 
 
 @dataclass
@@ -360,7 +355,7 @@ def contribution_weights(
         for corpora use :func:`stream_contributions` or the corpus analyses.
     """
     check_kind(kind)
-    check_model(model)
+    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     head_list = resolve_heads(model, heads)
@@ -411,9 +406,10 @@ def contribution_weights_from_cache(
 ) -> ContributionResult:
     """Contribution weights of one layer from an ``ActivationCache`` you already have.
 
-    The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v``, ``hook_z`` and
-    ``blocks.{layer}.hook_attn_out`` (a plain ``model.run_with_cache(tokens)`` has them; to
-    keep it small use ``names_filter=cw_lens.cache_names(layer)``).
+    The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v`` and ``hook_z`` (a plain
+    ``model.run_with_cache(tokens)`` has them; to keep it small use
+    ``names_filter=cw_lens.cache_names(layer)``). The layer output is ``sum_h z^h W_O^h``; the
+    cache is checked (``z == pattern @ v``) before any number is computed.
 
     Args:
         cache: An ``ActivationCache`` (or a dict) with the classic hook names.
@@ -425,7 +421,7 @@ def contribution_weights_from_cache(
         attention_mask: 1 at real tokens when the cached batch was padded (right padding).
     """
     check_kind(kind)
-    check_model(model)
+    require_verified(model)
     (layer,) = resolve_layers(model, layer)
     head_list = resolve_heads(model, heads)
     acts = activations_from_cache(cache, model, layer, tokens=tokens, attention_mask=attention_mask)
@@ -470,7 +466,7 @@ def activations_from_cache(
     attention_mask: Tensor | None = None,
 ) -> LayerActivations:
     """Build checked :class:`LayerActivations` for one layer from a cache."""
-    names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z", "attn_out")}
+    names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z")}
     got = {}
     for kind, name in names.items():
         try:
@@ -482,15 +478,15 @@ def activations_from_cache(
                 f"The cache has no {name!r}. Cache layer {layer} with "
                 f"model.run_with_cache(tokens, names_filter=cw_lens.cache_names({layer}))."
             )
-    pattern, values, z, attn_out = (got[k].detach() for k in names)
-    cfg = model.cfg
-    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    pattern, values, z = (got[k].detach() for k in names)
+    access = model_access(model)
+    n_heads, n_kv, d_head = access.n_heads, access.n_kv_heads, access.d_head
     if pattern.ndim == 3:  # run_with_cache(remove_batch_dim=True)
-        pattern, values, z, attn_out = (t[None] for t in (pattern, values, z, attn_out))
+        pattern, values, z = (t[None] for t in (pattern, values, z))
     expected = {
-        "pattern": (cfg.n_heads, None, None),
-        "values": (None, n_kv, cfg.d_head),
-        "z": (None, cfg.n_heads, cfg.d_head),
+        "pattern": (n_heads, None, None),
+        "values": (None, n_kv, d_head),
+        "z": (None, n_heads, d_head),
     }
     for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
         if tuple(t.shape[1:]) != tuple(
@@ -498,38 +494,30 @@ def activations_from_cache(
         ):
             raise InputError(
                 f"The cache's {names[kind]} has shape {tuple(t.shape)}, which does not fit this "
-                f"model ({cfg.n_heads} heads, {n_kv} kv heads, d_head {cfg.d_head}): the cache "
+                f"model ({n_heads} heads, {n_kv} kv heads, d_head {d_head}): the cache "
                 "comes from another model."
             )
-    if attn_out.shape[-1] != cfg.d_model:
-        raise InputError(
-            f"The cache's {names['attn_out']} has width {attn_out.shape[-1]} but the model's "
-            f"d_model is {cfg.d_model}: the cache comes from another model."
-        )
     n_pos = pattern.shape[-1]
-    for kind, t in (("values", values), ("z", z), ("attn_out", attn_out)):
+    for kind, t in (("values", values), ("z", z)):
         if t.shape[1] != n_pos:
             raise InputError(
                 f"The cache's {names[kind]} has {t.shape[1]} positions, the "
                 f"pattern {n_pos}: the hooks come from different runs."
             )
-    for kind, t in (("pattern", pattern), ("values", values), ("z", z), ("attn_out", attn_out)):
+    for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
         if not bool(torch.isfinite(t).all()):
             raise InputError(
                 f"The cache's {names[kind]} contains NaN or inf; contribution weights of "
                 "non-finite activations are meaningless. Check the model run (dtype overflow?)."
             )
     device = pattern.device
-    w = LayerWeights.of(model, layer)
-    w = LayerWeights(
-        w.W_O.to(device), None if w.b_O is None else w.b_O.to(device), w.gram.to(device)
-    )
-    out = attn_out.float() - (w.b_O if w.b_O is not None else 0)
+    w = access.output_weights(layer).to(device)
     n_batch = pattern.shape[0]
     if attention_mask is None:
         mask = torch.ones(n_batch, n_pos, dtype=torch.bool, device=device)
     else:
         mask = torch.as_tensor(attention_mask, device=device).bool().reshape(n_batch, n_pos)
+    check_consistent(access, layer, pattern, values, z, mask)
     if tokens is None:
         token_ids = torch.zeros(n_batch, n_pos, dtype=torch.long)
     else:
@@ -547,7 +535,7 @@ def activations_from_cache(
         pattern=pattern.float(),
         values=values.float(),
         z=z.float(),
-        layer_output=out,
+        layer_output=w.layer_output(z),
         weights=w,
         mask=mask,
         batch=batch,

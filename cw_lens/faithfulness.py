@@ -51,14 +51,15 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.accumulate import DocSums
-from cw_lens.capture import check_model, hook_name
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.interventions import mask_attention
 from cw_lens.layer_contributions import METRICS, LayerContributions
 from cw_lens.scoring import run_logits, score_answers, token_nll
 from cw_lens.streaming import stream_contributions
+from cw_lens.verify import require_verified
 
 ALL_METRICS = (*METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")
@@ -182,10 +183,16 @@ class _Ranks:
                 self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
 
     def hooks(
-        self, granularity: str, metric: str, mode: str, fraction: float, layers: list[int]
+        self,
+        model: Any,
+        granularity: str,
+        metric: str,
+        mode: str,
+        fraction: float,
+        layers: list[int],
     ) -> list:
-        """Pattern-masking hooks for one configuration, all layers at once."""
-        hooks = []
+        """The pair-masking intervention of one configuration, all layers at once."""
+        masks = {}
         n_heads = self.n_heads
         for layer in layers:
             if granularity == "pairs":
@@ -198,12 +205,8 @@ class _Ranks:
                 remove = remove.reshape(b, q, n_heads, -1).permute(0, 2, 1, 3)
             else:
                 remove = remove[:, None]
-
-            def apply(pattern: Tensor, hook: Any, remove: Tensor = remove) -> Tensor:
-                return pattern.masked_fill(remove.to(pattern.device), 0.0)
-
-            hooks.append((hook_name("pattern", layer), apply))
-        return hooks
+            masks[layer] = remove
+        return [mask_attention(model, masks)]
 
 
 # --------------------------------------------------------------------------- results
@@ -361,7 +364,7 @@ def faithfulness(
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
     """
-    check_model(model)
+    require_verified(model)
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     modes = [modes] if isinstance(modes, str) else list(modes)
     if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
@@ -433,7 +436,7 @@ def faithfulness(
         outcomes.tokens += int(batch.mask.sum())
         bar.update(1)
         for config in configs:
-            logits = run_logits(model, local, ranks.hooks(*config, layers))
+            logits = run_logits(model, local, ranks.hooks(model, *config, layers))
             outcomes.record("|".join(map(str, config)), batch, logits, batch.documents, spans)
             bar.update(1)
     bar.close()

@@ -34,6 +34,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from cw_lens import flow_geometry as fg
+from cw_lens.access import model_access
 from cw_lens.capture import LayerActivations, LayerWeights, _StreamDone, run_layers
 from cw_lens.errors import UnsupportedModelError
 from cw_lens.inputs import TokenBatch
@@ -71,12 +72,14 @@ class BlockWiring:
 def block_wiring(model: Any, layer: int) -> BlockWiring:
     """The hook names and the post-attention norm of one block (the only model look-ups here).
 
-    Works for ``TransformerBridge`` and ``HookedTransformer`` blocks: both name the
-    post-attention norm ``ln1_post`` and route ``hook_attn_out``/``hook_mlp_out`` through the
+    Hook names come from the access layer (:func:`cw_lens.access.model_access`); the
+    post-attention norm is ``blocks[layer].ln1_post`` on ``TransformerBridge`` and
+    ``HookedTransformer`` alike, and both route ``hook_attn_out``/``hook_mlp_out`` through the
     post-norms (verified on every pass by :func:`check_block`).
     """
+    access = model_access(model)
     hooks = {
-        kind: f"blocks.{layer}.hook_{kind}"
+        kind: access.hook_name(kind, layer)
         for kind in ("resid_pre", "attn_out", "mlp_out", "resid_post")
     }
     block = model.blocks[layer]
@@ -171,9 +174,8 @@ class BlockActivations:
 
 
 def _arch(model: Any) -> str:
-    cfg = model.cfg
-    arch = getattr(cfg, "architecture", None) or getattr(cfg, "original_architecture", None)
-    return f"{getattr(cfg, 'model_name', 'model')!r} ({arch or type(model).__name__})"
+    access = model_access(model)
+    return f"{access.name!r} ({access.architecture})"
 
 
 def _row_error(actual: Tensor, expected: Tensor, scale: Tensor, mask: Tensor) -> float:
@@ -265,9 +267,8 @@ def run_blocks(
 
         def finish(t: Tensor, hook: Any, layer: int = layer) -> None:
             got, acts = store.pop(layer), attention.pop(layer)
-            w = acts.weights
-            o = torch.einsum("bqhd,hdm->bqm", acts.z, w.W_O.to(acts.z.device))
-            a = o if w.b_O is None else o + w.b_O
+            o, b_O = acts.layer_output, acts.weights.b_O
+            a = o if b_O is None else o + b_O
             block = BlockActivations(
                 acts=acts,
                 resid_pre=got["resid_pre"].float(),

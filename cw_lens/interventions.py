@@ -1,80 +1,51 @@
-r"""Interventions as hook sets: patch the sink, remove heads, mask attention pairs.
+"""Interventions: patch the sink, remove heads, mask attention pairs (public entry points).
 
-Every function returns a :class:`HookSet`, which is at once
+Each function checks that the intervention is exact on the model (:func:`cw_lens.verify_model`
+tests every intervention against an independent edit of ``hook_z``) and returns a
+:class:`~cw_lens.edits.HookSet` — a context manager and, on most models, a list of
+``(hook_name, fn)`` pairs. :mod:`cw_lens.edits` has the formulas and how each edit is realised.
 
-- a context manager — ``with cw_lens.patch_sink(model, layers=[3]): model(tokens)``;
-- a list of ``(hook_name, fn)`` pairs — ``model.run_with_hooks(x, fwd_hooks=patch.hooks)`` or
-  ``with model.hooks(fwd_hooks=[*patch, *my_hooks]): ...``.
+Example::
 
-Hooks only act during a forward pass inside the context (or the ``hooks(...)`` call) and are
-removed on exit, so the model is restored exactly. Sets compose: ``a + b`` or nested ``with``.
-
-Sink-norm ablation (P1, SPEC §3): ``pv_0^h -> lambda pv_0^h`` for every query ``i > 0`` (queries
-at sink positions are left alone), attention probabilities untouched. Because
-``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}`` is linear in the values, the exact per-query-head edit
-under grouped-query attention is on ``hook_z``::
-
-    z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}
-
-which changes only head ``h`` — not the other query heads that share ``v_0^{g(h)}``.
-``mode="norm_matched"`` picks ``lambda`` per (sequence, head) so that ``||lambda pv_0^h||``
-equals the mean norm of the head's non-sink projected values.
-
-Head removal (P2 pruning) zeroes a head's ``hook_z``. Pair masking (P1 faithfulness) sets chosen
-``alpha[i,j]^h`` to 0 on ``hook_pattern`` without renormalising, which subtracts exactly
-``alpha[i,j]^h pv_j^h`` from ``o_i``.
+    import cw_lens
+    model = cw_lens.load_model()
+    tokens = model.to_tokens("The first token is the sink.")
+    with cw_lens.patch_sink(model, layers=[5], heads=[0, 3]):   # pv_0 -> 0 in two heads
+        patched = model(tokens)
+    with cw_lens.remove_heads(model, [(0, 3)]):
+        pruned = model(tokens)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from cw_lens.capture import LayerWeights, hook_name, resolve_heads, resolve_layers
-from cw_lens.errors import InputError
-from cw_lens.geometry import projected_value_norms
+from cw_lens.access import model_access, resolve_heads, resolve_layers
+from cw_lens.edits import (
+    MAX_SINK_SCALE,
+    HeadRemoval,
+    HookSet,
+    PairMask,
+    SinkPatch,
+    head_removal_hooks,
+    realise,
+    sink_scale,
+)
+from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.verify import require_verified
 
-Hook = tuple[str, Callable]
-
-
-class HookSet:
-    """Forward hooks that act together; a context manager and an iterable of hook pairs."""
-
-    def __init__(self, model: Any, hooks: Iterable[Hook], description: str = "") -> None:
-        self.model = model
-        self.hooks: list[Hook] = list(hooks)
-        self.description = description
-        self._contexts: list[Any] = []
-
-    def __iter__(self) -> Iterator[Hook]:
-        return iter(self.hooks)
-
-    def __len__(self) -> int:
-        return len(self.hooks)
-
-    def __add__(self, other: HookSet | Sequence[Hook]) -> HookSet:
-        """Combine with another hook set (of the same model) or a list of hook pairs."""
-        if not isinstance(other, HookSet):
-            return HookSet(self.model, [*self.hooks, *list(other)], self.description)
-        if other.model is not self.model:
-            raise InputError("Cannot combine hook sets of two different models.")
-        desc = " + ".join(d for d in (self.description, other.description) if d)
-        return HookSet(self.model, [*self.hooks, *other.hooks], desc)
-
-    def __enter__(self) -> HookSet:
-        ctx = self.model.hooks(fwd_hooks=self.hooks)
-        ctx.__enter__()
-        self._contexts.append(ctx)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._contexts.pop().__exit__(*exc)
-
-    def __repr__(self) -> str:
-        return f"HookSet({self.description or 'hooks'}, {len(self.hooks)} hooks)"
+__all__ = [
+    "HookSet",
+    "mask_attention",
+    "patch_sink",
+    "per_layer_heads",
+    "remove_heads",
+    "sink_scale",
+]
 
 
 def per_layer_heads(
@@ -96,6 +67,15 @@ def per_layer_heads(
     return {layer: resolve_heads(model, heads) for layer in resolve_layers(model, layers)}
 
 
+def _require(model: Any, intervention: str) -> None:
+    """Refuse an intervention that :func:`cw_lens.verify_model` did not find exact."""
+    verdict = require_verified(model).interventions.get(intervention, "")
+    if not verdict.startswith("exact"):
+        raise UnsupportedModelError(
+            f"{intervention} is not exact on {model_access(model).architecture}: {verdict}"
+        )
+
+
 def patch_sink(
     model: Any,
     *,
@@ -109,10 +89,11 @@ def patch_sink(
     """Scale the sink's projected value in chosen layers and heads (P1's sink-norm ablation).
 
     Args:
-        model: The bridge.
+        model: A ``TransformerBridge`` or ``HookedTransformer``.
         layers: Layers to patch (``None`` = all).
         heads: Query heads (``None`` = all; a list, or ``{layer: [heads]}``).
-        scale: ``lambda`` in [0, 1]: 0 removes the sink's value, 1 is the identity.
+        scale: ``lambda`` in [0, 2]: 0 removes the sink's value, 1 is the identity, above 1
+            amplifies it.
         mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
             the mean norm of the head's non-sink projected values (``scale`` is ignored; with
             several sinks, relative to their mean norm).
@@ -130,94 +111,29 @@ def patch_sink(
     """
     if mode not in ("scale", "norm_matched"):
         raise InputError(f"mode must be 'scale' or 'norm_matched', got {mode!r}.")
-    if mode == "scale" and not 0.0 <= float(scale) <= 1.0:
-        raise InputError(f"scale must lie in [0, 1], got {scale}.")
+    if mode == "scale" and not 0.0 <= float(scale) <= MAX_SINK_SCALE:
+        raise InputError(f"scale must lie in [0, {MAX_SINK_SCALE:g}], got {scale}.")
     sinks = sorted({int(p) for p in sink_positions})
     if not sinks or min(sinks) < 0:
         raise InputError(f"sink_positions must be non-negative positions, got {sink_positions}.")
     plan = per_layer_heads(model, layers, heads)
+    _require(model, "patch_sink")
+    access = model_access(model)
     real = None if attention_mask is None else torch.as_tensor(attention_mask).bool()
-    hooks: list[Hook] = []
-    for layer, head_list in plan.items():
-        hooks += _sink_hooks(model, layer, head_list, float(scale), mode, sinks, real)
-    desc = f"patch_sink({mode}, scale={scale}, layers={list(plan)})"
-    return HookSet(model, hooks, desc)
-
-
-def sink_scale(
-    mode: str,
-    scale: float,
-    norms: Tensor,
-    sink_mask: Tensor,
-    real_mask: Tensor | None = None,
-) -> Tensor:
-    """``1 - lambda`` per (batch, head): the share of the sink term that the patch removes.
-
-    Args:
-        mode: ``"scale"`` (``lambda = scale``) or ``"norm_matched"`` (``lambda`` = mean norm of
-            the head's non-sink projected values / mean norm of its sink projected values).
-        norms: ``||pv_j^h||`` ``[batch, head, pos]``.
-        sink_mask: ``[batch, pos]`` True at sinks; ``real_mask``: True at real tokens.
-    """
-    n_batch, n_heads, _ = norms.shape
-    if mode == "scale":
-        return torch.full((n_batch, n_heads), 1.0 - scale, device=norms.device)
-    real = torch.ones_like(sink_mask) if real_mask is None else real_mask
-    tail = (real & ~sink_mask).to(norms.dtype)[:, None, :]
-    sinks = sink_mask.to(norms.dtype)[:, None, :]
-    tail_mean = (norms * tail).sum(-1) / tail.sum(-1).clamp_min(1)
-    sink_mean = (norms * sinks).sum(-1) / sinks.sum(-1).clamp_min(1)
-    return 1.0 - tail_mean / sink_mean.clamp_min(1e-30)
-
-
-def _sink_hooks(
-    model: Any,
-    layer: int,
-    heads: list[int],
-    scale: float,
-    mode: str,
-    sinks: list[int],
-    real_mask: Tensor | None,
-) -> list[Hook]:
-    from cw_lens.geometry import sink_term
-
-    store: dict[str, Tensor] = {}
-    weights: dict[str, LayerWeights] = {}
-
-    def keep(name: str) -> Callable:
-        def fn(t: Tensor, hook: Any) -> None:
-            store[name] = t
-
-        return fn
-
-    def patch_z(z: Tensor, hook: Any) -> Tensor:
-        pattern, values = store.pop("pattern"), store.pop("values")
-        n_batch, n_pos = z.shape[0], z.shape[1]
-        sink_mask = torch.zeros(n_batch, n_pos, dtype=torch.bool, device=z.device)
-        sink_mask[:, [s for s in sinks if s < n_pos]] = True
-        if not bool(sink_mask.any()):
-            return z
-        norms = None
-        if mode == "norm_matched":
-            if "w" not in weights:
-                weights["w"] = LayerWeights.of(model, layer)
-            norms = projected_value_norms(values.float(), weights["w"].gram.to(z.device))
-        else:
-            norms = torch.zeros(n_batch, z.shape[2], 1, device=z.device)
-        real = None if real_mask is None else real_mask[:, :n_pos].to(z.device)
-        factor = sink_scale(mode, scale, norms, sink_mask, real)  # [batch, head]
-        keep_heads = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
-        keep_heads[heads] = True
-        factor = torch.where(keep_heads[None], factor, torch.zeros_like(factor))
-        term = sink_term(pattern.float(), values.float(), sink_mask)  # [batch, query, head, d]
-        term = term.masked_fill(sink_mask[:, :, None, None], 0.0)  # sink queries keep theirs
-        return z - (factor[:, None, :, None] * term).to(z.dtype)
-
-    return [
-        (hook_name("pattern", layer), keep("pattern")),
-        (hook_name("values", layer), keep("values")),
-        (hook_name("z", layer), patch_z),
+    edits = [
+        SinkPatch(
+            layer,
+            head_list,
+            access.n_heads,
+            float(scale),
+            mode,
+            sinks,
+            real,
+            access.output_weights(layer).gram if mode == "norm_matched" else None,
+        )
+        for layer, head_list in plan.items()
     ]
+    return realise(model, edits, f"patch_sink({mode}, scale={scale}, layers={list(plan)})")
 
 
 def remove_heads(model: Any, heads: Any) -> HookSet:
@@ -246,17 +162,10 @@ def remove_heads(model: Any, heads: Any) -> HookSet:
     for layer, head in pairs:
         (layer,) = resolve_layers(model, [layer])
         by_layer.setdefault(layer, []).extend(resolve_heads(model, [head]))
-    hooks: list[Hook] = []
-    for layer, hs in sorted(by_layer.items()):
-        idx = sorted(set(hs))
-
-        def zero(z: Tensor, hook: Any, idx: list[int] = idx) -> Tensor:
-            z = z.clone()
-            z[:, :, idx, :] = 0.0
-            return z
-
-        hooks.append((hook_name("z", layer), zero))
-    return HookSet(model, hooks, f"remove_heads({len(pairs)} heads)")
+    if pairs:
+        _require(model, "remove_heads")
+    edits = [HeadRemoval(layer, sorted(set(hs))) for layer, hs in sorted(by_layer.items())]
+    return head_removal_hooks(model, edits, f"remove_heads({len(pairs)} heads)")
 
 
 def mask_attention(model: Any, masks: dict[int, Tensor | Callable[[Tensor], Tensor]]) -> HookSet:
@@ -266,14 +175,27 @@ def mask_attention(model: Any, masks: dict[int, Tensor | Callable[[Tensor], Tens
         masks: ``{layer: mask}`` where ``mask`` is a bool tensor broadcastable to the pattern
             ``[batch, head, query, key]`` (True = remove), or a function of the pattern that
             returns one.
+
+    Example::
+
+        remove = torch.zeros(1, model.cfg.n_heads, n, n, dtype=torch.bool)
+        remove[..., 0] = True                           # no query reads position 0
+        with cw_lens.mask_attention(model, {3: remove, 4: remove}):
+            logits = model(tokens)
     """
-    hooks: list[Hook] = []
+    if not isinstance(masks, dict):
+        raise InputError("mask_attention needs {layer: bool mask or function of the pattern}.")
+    edits = []
     for layer, mask in masks.items():
         (layer,) = resolve_layers(model, [layer])
-
-        def apply(pattern: Tensor, hook: Any, mask: Any = mask) -> Tensor:
-            m = mask(pattern) if callable(mask) else mask
-            return pattern.masked_fill(m.to(pattern.device), 0.0)
-
-        hooks.append((hook_name("pattern", layer), apply))
-    return HookSet(model, hooks, f"mask_attention({len(masks)} layers)")
+        if not callable(mask):
+            mask = torch.as_tensor(mask)
+            if mask.dtype != torch.bool:
+                raise InputError(
+                    f"The mask of layer {layer} has dtype {mask.dtype}; pass a bool tensor "
+                    "(True = remove that attention probability)."
+                )
+        edits.append(PairMask(layer, mask))
+    if edits:
+        _require(model, "mask_attention")
+    return realise(model, edits, f"mask_attention({len(masks)} layers)")

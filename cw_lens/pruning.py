@@ -51,7 +51,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.capture import check_model, hook_name, resolve_heads, resolve_layers, run_layers
+from cw_lens.capture import hook_name, resolve_heads, resolve_layers, run_layers
 from cw_lens.data import Corpus, as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, prepare_inputs
@@ -59,6 +59,7 @@ from cw_lens.interventions import remove_heads
 from cw_lens.scoring import NLLResult, corpus_nll, token_nll
 from cw_lens.selection import check_count, check_sinks
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.verify import require_verified
 
 ORDERS = ("taxonomy", "magnitude", "entropy", "random")
 RETENTION = (0.9, 0.75, 0.5, 0.25)
@@ -361,7 +362,7 @@ def lone_head_costs(
         ``(clean_ppl, table)``; the table has ``layer``, ``head``, ``ppl``, ``delta_ppl``,
         ``nll``, ``delta_nll``, most costly first.
     """
-    check_model(model)
+    require_verified(model)
     check_count(heads_per_pass, "heads_per_pass")
     candidates = _check_lone_heads(model, heads, list(range(model.cfg.n_layers)))
     batch = _lone_batch(model, as_corpus(corpus), n_docs, n_tokens, prepend_bos)
@@ -521,7 +522,7 @@ def prune_heads(
         pruned.by_retention()     # ΔPPL: rows = retention, columns = order
         pruned.top(5)             # heads whose lone removal costs most
     """
-    check_model(model)
+    require_verified(model)
     orders = _check_orders(order)
     levels = _check_retention(retention)
     if scope not in ("global", "layer"):
@@ -601,7 +602,7 @@ def _pruning_table(
         plan, desc="pruning", disable=not progress, leave=False
     ):
         if removed not in scores:
-            hooks = remove_heads(model, sorted(removed)).hooks
+            hooks = [remove_heads(model, sorted(removed))]
             scores[removed] = corpus_nll(model, docs, hooks=hooks, **nll_args)
         score = scores[removed]
         rows.append(

@@ -41,10 +41,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens import flow_geometry as fg
-from cw_lens.capture import LayerActivations, check_model, run_layers
+from cw_lens.capture import LayerActivations, run_layers
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.shares import LayerShares, stream_shares
+from cw_lens.verify import require_verified
 
 METHODS = ("contribution", "attention")
 
@@ -208,7 +209,7 @@ def contribution_rollout(
     Returns:
         A :class:`RolloutResult` with ``contribution`` and ``attention`` ``[batch, pos, pos]``.
     """
-    check_model(model)
+    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
     out = {m: torch.full((n_docs, n_pos, n_pos), math.nan) for m in METHODS}
@@ -244,7 +245,7 @@ def attention_rollout(
     Returns ``[batch, pos, pos]`` (rows sum to 1; NaN rows at padding). Reads only the attention
     patterns, so it costs a forward pass; :func:`contribution_rollout` returns it too.
     """
-    check_model(model)
+    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
     out = torch.full((n_docs, n_pos, n_pos), math.nan)

@@ -38,10 +38,10 @@ import torch
 from torch import Tensor
 
 from cw_lens import flow_geometry as fg
-from cw_lens.capture import check_model
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
 from cw_lens.shares import LayerShares, stream_shares
+from cw_lens.verify import require_verified
 
 EDGE_COLUMNS = (
     "layer", "head", "kind", "source", "target", "source_token", "target_token",
@@ -280,7 +280,7 @@ def routes(
     Returns:
         A :class:`RouteGraph`.
     """
-    check_model(model)
+    require_verified(model)
     threshold = check_threshold(threshold)
     batch = prepare_inputs(model, text, prepend_bos=prepend_bos)
     if batch.tokens.shape[0] != 1:

@@ -58,11 +58,12 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.accumulate import DocSums
-from cw_lens.capture import check_model, resolve_layers
+from cw_lens.capture import resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
 from cw_lens.streaming import stream_corpus
+from cw_lens.verify import require_verified
 
 Distance = Literal["euclidean", "cosine"]
 DISTANCES = ("euclidean", "cosine")
@@ -707,7 +708,7 @@ def selection_geometry(
         geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
         geo.plot()
     """
-    check_model(model)
+    require_verified(model)
     if query not in ("last", "all"):
         raise InputError(f"query must be 'last' or 'all', got {query!r}.")
     check_count(n_random, "n_random (16 in P2)", minimum=0)

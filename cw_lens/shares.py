@@ -48,13 +48,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens import flow_geometry as fg
-from cw_lens.capture import LayerWeights, check_model, resolve_layers
+from cw_lens.capture import LayerWeights, resolve_layers
 from cw_lens.errors import InputError, UnsupportedModelError
 from cw_lens.flow_capture import CHECK_RTOL, BlockActivations, _arch, run_blocks
 from cw_lens.geometry import projected_value_norms
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.layer_contributions import Workspace
 from cw_lens.streaming import StreamStats, auto_query_chunk, memory_budget
+from cw_lens.verify import require_verified
 
 PIECES = ("residual", "attention", "bias", "mlp")
 
@@ -280,7 +281,7 @@ def stream_shares(
     Returns:
         A :class:`~cw_lens.streaming.StreamStats` (documents and tokens seen).
     """
-    check_model(model)
+    require_verified(model)
     if not callable(consumer):
         raise InputError(
             f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
@@ -484,7 +485,7 @@ def residual_shares(
         UnsupportedModelError: when a block's hooks do not add up (see
             :mod:`cw_lens.flow_capture`).
     """
-    check_model(model)
+    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     n_docs, n_pos = batch.tokens.shape

@@ -1021,14 +1021,15 @@ def sink_ablation(
 
     def patch(batch: TokenBatch) -> list:
         """The intervention for one document batch (its mask matters in norm_matched mode)."""
-        return patch_sink(
+        hook_set = patch_sink(
             model,
             heads=plan,
             scale=scale,
             mode=mode,
             sink_positions=sink_positions,
             attention_mask=batch.mask,
-        ).hooks
+        )
+        return [hook_set]
 
     sinks = SinkSpec(sink_positions)
     n_heads = model.cfg.n_heads

@@ -32,7 +32,6 @@ from tqdm.auto import tqdm
 from cw_lens.capture import (
     LayerActivations,
     LayerWeights,
-    check_model,
     resolve_heads,
     resolve_layers,
     run_layers,
@@ -41,6 +40,7 @@ from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.layer_contributions import KINDS, LayerContributions, Workspace
+from cw_lens.verify import require_verified
 
 
 def memory_budget(
@@ -150,7 +150,7 @@ def stream_contributions(
     Returns:
         A :class:`StreamStats`.
     """
-    check_model(model)
+    require_verified(model)
     if not callable(consumer):
         raise InputError(
             f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."

@@ -41,11 +41,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from cw_lens.accumulate import DocSums
-from cw_lens.capture import check_model, resolve_layers
+from cw_lens.capture import resolve_layers
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
 from cw_lens.streaming import stream_corpus
+from cw_lens.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
@@ -237,7 +238,7 @@ def head_taxonomy(
         tax.regime_shares()          # Retriever / Mixer / Reset
         tax.plot()
     """
-    check_model(model)
+    require_verified(model)
     sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
     layer_list = resolve_layers(model, layers)

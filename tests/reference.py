@@ -59,7 +59,7 @@ def model_reference(model, tokens, layer, kind="intra", attention_mask=None):
         _, cache = model.run_with_cache(
             tokens,
             attention_mask=attention_mask,
-            names_filter=cache_names(layer),
+            names_filter=[*cache_names(layer), f"blocks.{layer}.hook_attn_out"],
         )
     W_O = model.blocks[layer].attn.W_O.detach()
     ref = dense_contributions(

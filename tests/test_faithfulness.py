@@ -80,7 +80,9 @@ def test_removing_every_pair_equals_zeroing_the_attention_output(tiny):
     expected = run_logits(tiny, batch, zero_z)
     for granularity in ("pairs", "tokens"):
         got = run_logits(
-            tiny, batch, ranks.hooks(granularity, "attention", "comprehensiveness", 1.0, layers)
+            tiny,
+            batch,
+            ranks.hooks(tiny, granularity, "attention", "comprehensiveness", 1.0, layers),
         )
         real = batch.mask
         assert torch.allclose(got[real], expected[real], atol=1e-5)

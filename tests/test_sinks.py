@@ -100,7 +100,9 @@ def test_hook_sets_compose_with_user_hooks_and_nest(llama):
 
 def test_bad_patch_arguments(llama):
     with pytest.raises(cw_lens.InputError, match="scale must lie"):
-        cw_lens.patch_sink(llama, scale=1.5)
+        cw_lens.patch_sink(llama, scale=2.5)
+    with pytest.raises(cw_lens.InputError, match="scale must lie"):
+        cw_lens.patch_sink(llama, scale=-0.1)
     with pytest.raises(cw_lens.InputError, match="mode must be"):
         cw_lens.patch_sink(llama, mode="zero")
     with pytest.raises(cw_lens.InputError, match="out of range"):

@@ -1,0 +1,432 @@
+"""Model access: one interface over a ``TransformerBridge`` and a ``HookedTransformer``.
+
+Everything cw_lens needs from a TransformerLens model — hook names, the output projection, the
+attention module whose output is ``sum_h z^h W_O^h + b_O``, the forward pass, hook contexts — is
+read here, so no analysis asks what kind of model it holds:
+
+- ``TransformerBridge`` (TransformerLens 3.x and 4.x): classic hook names are aliases of the
+  bridge's own (``blocks.{l}.attn.hook_z`` is the input of the output projection);
+- ``HookedTransformer`` (TransformerLens 2.x and 3.x): the classic hooks themselves.
+
+The layer output ``o_i = sum_h z_i^h W_O^h`` is always computed from ``hook_z`` and ``W_O``
+(SPEC §1), never read from ``hook_attn_out``: on post-norm blocks (Gemma 2/3, OLMo 2/3, GLM-4,
+EXAONE 4) that hook is the output of the post-attention norm, and on Granite it carries the
+residual multiplier. Whether a model's hooks really satisfy ``pattern @ v == z`` and
+``sum_h z W_O + b_O ==`` the attention module's output is checked by
+:func:`cw_lens.verify.verify_model` before any number is returned.
+
+Two wirings of the attention hooks exist: on most architectures ``hook_pattern`` and ``hook_v``
+fire before ``hook_z`` (an edit of ``z`` computed from the pattern is possible in the ``hook_z``
+hook — the **hook_z route**); on bridges that delegate attention to the Hugging Face module and
+fire ``hook_pattern`` afterwards (GPT-J, GPT-Neo, OPT, XGLM) the pattern is only known once the
+attention module has run, so pattern-dependent interventions edit the module's output through a
+PyTorch forward hook — the **attention-output route**. :attr:`ModelAccess.route` is measured by
+a probe pass, not assumed from the architecture's name.
+
+Example::
+
+    import cw_lens
+    from cw_lens.access import model_access
+    access = model_access(cw_lens.load_model())
+    access.api, access.route          # ('bridge', 'hook_z')
+    access.hook_name("z", 3)          # 'blocks.3.attn.hook_z'
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.geometry import head_gram
+
+HOOK_TEMPLATES = {
+    "pattern": "blocks.{layer}.attn.hook_pattern",
+    "values": "blocks.{layer}.attn.hook_v",
+    "z": "blocks.{layer}.attn.hook_z",
+    "resid_pre": "blocks.{layer}.hook_resid_pre",
+    "resid_mid": "blocks.{layer}.hook_resid_mid",
+    "resid_post": "blocks.{layer}.hook_resid_post",
+    "attn_out": "blocks.{layer}.hook_attn_out",
+    "mlp_out": "blocks.{layer}.hook_mlp_out",
+}
+# the hooks contribution weights read
+ATTENTION_HOOKS = ("pattern", "values", "z")
+
+Api = Literal["bridge", "hooked"]
+Route = Literal["hook_z", "attention output"]
+
+
+class AttentionEdit(Protocol):
+    """An exact edit of one layer's attention (an intervention of :mod:`cw_lens.interventions`).
+
+    The model computes ``z' = z - delta(pattern, values)``; cw_lens accounts for it as an edit of
+    the attention pattern, ``effective_pattern(pattern, values) @ values == z'``, so activations
+    captured under the edit stay consistent. ``on_output`` is True when the edit is realised on
+    the attention module's output (the attention-output route): the model's ``hook_z`` then
+    still shows the unedited ``z``.
+    """
+
+    layer: int
+    on_output: bool
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor: ...
+
+    def delta(self, pattern: Tensor, values: Tensor) -> Tensor: ...
+
+
+def hook_name(kind: str, layer: int) -> str:
+    """The classic TransformerLens hook name of ``kind`` at ``layer``."""
+    try:
+        return HOOK_TEMPLATES[kind].format(layer=layer)
+    except KeyError:
+        raise InputError(
+            f"Unknown hook kind {kind!r}; one of {', '.join(HOOK_TEMPLATES)}."
+        ) from None
+
+
+def cache_names(layers: int | Sequence[int]) -> list[str]:
+    """The hook names contribution weights read, for ``run_with_cache(names_filter=...)``.
+
+    Example::
+
+        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([3, 4]))
+        cw = cw_lens.contribution_weights_from_cache(cache, model, 3)
+    """
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    return [hook_name(kind, layer) for layer in layers for kind in ATTENTION_HOOKS]
+
+
+def api_of(model: Any) -> Api | None:
+    """``"bridge"`` for a ``TransformerBridge``, ``"hooked"`` for a ``HookedTransformer``."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        if isinstance(model, TransformerBridge):
+            return "bridge"
+    except ImportError:  # TransformerLens 2.x has no bridge
+        pass
+    try:
+        from transformer_lens import HookedTransformer
+
+        if isinstance(model, HookedTransformer):
+            return "hooked"
+    except ImportError:  # TransformerLens 4.x has no HookedTransformer
+        pass
+    return None
+
+
+@dataclass
+class LayerWeights:
+    """The output projection of one layer, float32: ``W_O`` [head, d_head, d_model], ``b_O``."""
+
+    W_O: Float[Tensor, "head d_head d_model"]
+    b_O: Float[Tensor, " d_model"] | None
+    gram: Float[Tensor, "head d_head d_head"]
+
+    @classmethod
+    def from_weights(cls, W_O: Tensor, b_O: Tensor | None) -> LayerWeights:
+        W_O = W_O.detach().float()
+        b_O = None if b_O is None else b_O.detach().float()
+        return cls(W_O, b_O, head_gram(W_O))
+
+    def to(self, device: torch.device) -> LayerWeights:
+        b_O = None if self.b_O is None else self.b_O.to(device)
+        return LayerWeights(self.W_O.to(device), b_O, self.gram.to(device))
+
+    def layer_output(self, z: Float[Tensor, "batch pos head d_head"]) -> Tensor:
+        """``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded), float32 ``[batch, pos, d_model]``."""
+        return torch.einsum("bphd,hdm->bpm", z.float(), self.W_O.to(z.device))
+
+
+class ModelAccess:
+    """Read access to one TransformerLens model (bridge or HookedTransformer); see the module doc.
+
+    Attributes:
+        model: The model.
+        api: ``"bridge"`` or ``"hooked"``.
+        architecture: The Hugging Face architecture (bridge) or ``HookedTransformer(<original
+            architecture>)``.
+        n_layers, n_heads, n_kv_heads, d_head, d_model, n_ctx, d_vocab: Dimensions.
+    """
+
+    def __init__(self, model: Any) -> None:
+        api = api_of(model)
+        if api is None:
+            raise UnsupportedModelError(
+                f"cw_lens analyses TransformerLens models; got {type(model).__name__}. Load a "
+                "TransformerBridge with cw_lens.load_model(...) (or "
+                "TransformerBridge.boot_transformers(...)), or pass a HookedTransformer."
+            )
+        self._model = weakref.ref(model)
+        self.api: Api = api
+        cfg = model.cfg
+        self.n_layers = int(cfg.n_layers)
+        self.n_heads = int(cfg.n_heads)
+        self.n_kv_heads = int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
+        self.d_head = int(cfg.d_head)
+        self.d_model = int(cfg.d_model)
+        self.n_ctx = int(getattr(cfg, "n_ctx", 0) or 0)
+        self.d_vocab = int(getattr(cfg, "d_vocab", 0) or 0)
+        self._check_structure()
+        # edits of the interventions currently entered (``with``) on this model, in order
+        self.active_edits: list[AttentionEdit] = []
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def model(self) -> Any:
+        model = self._model()
+        if model is None:
+            raise InputError("The model of this ModelAccess no longer exists.")
+        return model
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.model.cfg, "model_name", "") or type(self.model).__name__)
+
+    @cached_property
+    def architecture(self) -> str:
+        cfg = self.model.cfg
+        if self.api == "bridge":
+            hf_config = getattr(self.model.original_model, "config", None)
+            names = getattr(hf_config, "architectures", None) or []
+            return str(names[0] if names else getattr(cfg, "architecture", None) or self.name)
+        original = getattr(cfg, "original_architecture", None)
+        return f"HookedTransformer({original or self.name})"
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.model, "tokenizer", None)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(getattr(self.model.cfg, "device", None) or "cpu")
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The Hugging Face config of a bridge's wrapped model (``None`` for HookedTransformer)."""
+        if self.api != "bridge":
+            return None
+        return getattr(getattr(self.model, "original_model", None), "config", None)
+
+    def _check_structure(self) -> None:
+        direction = getattr(self.model.cfg, "attention_dir", "causal")
+        if direction != "causal":
+            raise UnsupportedModelError(
+                f"{self.name!r} has {direction} attention. cw_lens implements the causal "
+                "(decoder-only) case of P1/P2, where query i reads keys j <= i; use a decoder "
+                "such as Llama, Mistral, Qwen or GPT-2."
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise UnsupportedModelError(
+                f"{self.name!r} has {self.n_heads} query heads and {self.n_kv_heads} key/value "
+                "heads, which do not form equal groups; cw_lens needs standard multi-head, "
+                "multi-query or grouped-query attention."
+            )
+        if not hasattr(self.model, "blocks"):
+            raise UnsupportedModelError(
+                f"{self.name!r} exposes no transformer blocks (model.blocks); cw_lens needs a "
+                "decoder whose attention TransformerLens hooks (Llama, Mistral, Qwen, GPT-2, ...)."
+            )
+        missing = [
+            hook_name(kind, 0) for kind in ATTENTION_HOOKS if not self.has_hook(hook_name(kind, 0))
+        ]
+        if missing:
+            raise UnsupportedModelError(
+                f"{self.name!r} ({self.architecture}) does not expose the attention hooks "
+                f"cw_lens needs ({', '.join(missing)}). Contribution weights need a decoder with "
+                "standard multi-head / grouped-query attention (Llama, Mistral, Qwen, GPT-2, ...)."
+            )
+
+    @cached_property
+    def _aliases(self) -> dict[str, str]:
+        if self.api != "bridge":
+            return {}
+        try:
+            from transformer_lens.model_bridge.bridge_core import build_alias_to_canonical_map
+
+            return dict(build_alias_to_canonical_map(self.model.hook_dict))
+        except Exception:  # older bridges resolve aliases themselves
+            return {}
+
+    def has_hook(self, name: str) -> bool:
+        return name in self.model.hook_dict or name in self._aliases
+
+    def hook_name(self, kind: str, layer: int) -> str:
+        """The hook name of ``kind`` at ``layer``; raises when this model lacks it."""
+        name = hook_name(kind, layer)
+        if not self.has_hook(name):
+            raise UnsupportedModelError(
+                f"{self.architecture} has no hook {name!r}; the analysis that needs it cannot "
+                "run on this model."
+            )
+        return name
+
+    # ----------------------------------------------------------------- weights and modules
+    def output_weights(self, layer: int) -> LayerWeights:
+        """``W_O``, ``b_O`` and the Gram matrices of ``layer`` (float32, on the model device)."""
+        attn = self.model.blocks[layer].attn
+        with torch.no_grad():
+            W_O = attn.W_O
+            b_O = getattr(attn, "b_O", None)
+        if tuple(W_O.shape) != (self.n_heads, self.d_head, self.d_model):
+            raise UnsupportedModelError(
+                f"{self.architecture}: blocks[{layer}].attn.W_O has shape {tuple(W_O.shape)}, "
+                f"expected [{self.n_heads}, {self.d_head}, {self.d_model}] (head, d_head, "
+                "d_model); cw_lens cannot read this model's output projection per head."
+            )
+        return LayerWeights.from_weights(W_O, b_O)
+
+    def attention_module(self, layer: int) -> torch.nn.Module:
+        """The module whose output (or ``output[0]``) is ``sum_h z^h W_O^h + b_O`` of ``layer``:
+        the attention before any post-attention norm or residual multiplier."""
+        return self.model.blocks[layer].attn
+
+    def edits_at(self, layer: int) -> list[AttentionEdit]:
+        """The entered interventions' edits of ``layer``, in the order they were entered."""
+        return [edit for edit in self.active_edits if edit.layer == layer]
+
+    def parameter_dtype(self) -> torch.dtype:
+        return self.model.blocks[0].attn.W_O.dtype
+
+    # ----------------------------------------------------------------- running
+    def forward(self, tokens: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Logits of ``tokens`` (right-padded; ``attention_mask`` 1 at real tokens)."""
+        return self.model(tokens, attention_mask=attention_mask)
+
+    def hooks(self, fwd_hooks: Sequence[tuple[str, Callable]]) -> Any:
+        """Context manager that adds TransformerLens forward hooks for its duration."""
+        return self.model.hooks(fwd_hooks=list(fwd_hooks))
+
+    @contextmanager
+    def module_hooks(self, hooks: Sequence[tuple[torch.nn.Module, Callable]]) -> Iterator[None]:
+        """Context manager that adds PyTorch forward hooks ``fn(module, args, output)``."""
+        handles = [module.register_forward_hook(fn) for module, fn in hooks]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @cached_property
+    def hook_order(self) -> dict[int, tuple[str, ...]]:
+        """Per layer, the order in which ``hook_pattern``, ``hook_v`` and ``hook_z`` fire (one
+        probe pass of four tokens)."""
+        order: dict[int, list[str]] = {layer: [] for layer in range(self.n_layers)}
+        hooks = []
+        for layer in range(self.n_layers):
+            for kind in ATTENTION_HOOKS:
+
+                def record(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
+                    order[layer].append(kind)
+
+                hooks.append((self.hook_name(kind, layer), record))
+        tokens = probe_tokens(self, 1, 4)
+        with torch.inference_mode(), self.hooks(hooks):
+            self.forward(tokens)
+        bad = [
+            layer for layer, kinds in order.items() if sorted(set(kinds)) != sorted(ATTENTION_HOOKS)
+        ]
+        if bad:
+            raise UnsupportedModelError(
+                f"{self.architecture}: at layer {bad[0]} the hooks {', '.join(ATTENTION_HOOKS)} "
+                f"did not all fire in a forward pass (fired: {order[bad[0]]}); cw_lens cannot "
+                "read this model's attention."
+            )
+        return {layer: tuple(dict.fromkeys(kinds)) for layer, kinds in order.items()}
+
+    @cached_property
+    def route(self) -> Route:
+        """``"hook_z"`` when ``hook_pattern`` and ``hook_v`` fire before ``hook_z`` in every
+        layer (pattern-dependent edits act on ``z``), else ``"attention output"``."""
+        for kinds in self.hook_order.values():
+            if kinds.index("z") < max(kinds.index("pattern"), kinds.index("values")):
+                return "attention output"
+        return "hook_z"
+
+
+_ACCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_access(model: Any) -> ModelAccess:
+    """The :class:`ModelAccess` of ``model`` (one per model object, kept while it lives)."""
+    if isinstance(model, ModelAccess):
+        return model
+    try:
+        access = _ACCESS.get(model)
+    except TypeError:  # not weak-referenceable: not a torch module, so not a TL model
+        access = None
+    if access is None:
+        access = ModelAccess(model)
+        _ACCESS[model] = access
+    return access
+
+
+def probe_tokens(access: ModelAccess, batch: int, length: int, seed: int = 0) -> Tensor:
+    """Seeded random token ids ``[batch, length]`` for probe passes (BOS first when known)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = access.d_vocab or 256
+    tokens = torch.randint(0, vocab, (batch, length), generator=gen)
+    tok = access.tokenizer
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    if bos is not None and bos < vocab:
+        tokens[:, 0] = bos
+    return tokens.to(access.device)
+
+
+# ---------------------------------------------------------------------- index selections
+
+
+def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
+    """Normalise an index selection (``None`` = all; negative counts from the end)."""
+    if values is None:
+        return list(range(n))
+    if isinstance(values, (int, np.integer)) or (
+        isinstance(values, torch.Tensor) and values.ndim == 0
+    ):
+        values = [values]
+    try:
+        values = list(values)
+    except TypeError:
+        raise InputError(
+            f"{what.capitalize()}s must be an integer or a list of integers, got {values!r}."
+        ) from None
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.ndim == 0:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise InputError(f"{what.capitalize()}s must be integers, got {value!r}.")
+        value = int(value)
+        if not -n <= value < n:
+            raise InputError(
+                f"{what.capitalize()} {value} is out of range: this model has {n} {unit} "
+                f"(0..{n - 1})."
+            )
+        out.append(value % n)
+    if not out:
+        raise InputError(f"The {what} selection is empty; pass {what}s=None for all {what}s.")
+    return sorted(set(out))
+
+
+def resolve_layers(model: Any, layers: Any) -> list[int]:
+    """Normalise a layer selection (``None`` = all; negative indices count from the end)."""
+    return _resolve_indices(layers, int(model.cfg.n_layers), "layer", "layers")
+
+
+def resolve_heads(model: Any, heads: Any) -> list[int]:
+    """Normalise a head selection (``None`` = all query heads)."""
+    return _resolve_indices(heads, int(model.cfg.n_heads), "head", "query heads per layer")
+
+
+def model_device(model: Any) -> torch.device:
+    return torch.device(getattr(model.cfg, "device", None) or "cpu")

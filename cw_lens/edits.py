@@ -1,0 +1,343 @@
+r"""The machinery of interventions: exact attention edits and the hook sets that realise them.
+
+Every function returns a :class:`HookSet`, which is at once
+
+- a context manager — ``with cw_lens.patch_sink(model, layers=[3]): model(tokens)``;
+- a list of ``(hook_name, fn)`` pairs — ``model.run_with_hooks(x, fwd_hooks=list(patch))`` or
+  ``with model.hooks(fwd_hooks=[*patch, *my_hooks]): ...`` (on models of the attention-output
+  route, below, pattern-dependent sets work only as context managers and say so).
+
+Hooks only act inside the context (or the ``hooks(...)`` call) and are removed on exit, so the
+model is restored exactly. Sets compose: ``a + b`` or nested ``with``.
+
+Every intervention is an exact edit of ``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}`` (linear in
+``alpha`` and in the values):
+
+- **Sink-norm ablation** (P1, SPEC §3): ``pv_0^h -> lambda pv_0^h`` for every query ``i`` that is
+  not itself a sink, attention untouched::
+
+      z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}
+
+  which changes only query head ``h`` — not the other heads sharing ``v_0^{g(h)}`` under GQA.
+  ``mode="norm_matched"`` picks ``lambda`` per (sequence, head) so that ``||lambda pv_0^h||`` is
+  the mean norm of the head's non-sink projected values.
+- **Pair masking** (P1 faithfulness): ``alpha[i,j]^h -> 0`` without renormalising, i.e.
+  ``z_i^h <- z_i^h - alpha[i,j]^h v_j``.
+- **Head removal** (P2 pruning): ``z^h <- 0``.
+
+Where it is realised depends on how the model wires its hooks
+(:attr:`cw_lens.access.ModelAccess.route`, measured, then verified by
+:func:`cw_lens.verify_model`): on the **hook_z route** (``hook_pattern`` and ``hook_v`` fire
+before ``hook_z``: Llama, GPT-2, Gemma, every HookedTransformer, ...) pair masks edit
+``hook_pattern`` and sink patches edit ``hook_z``; on the **attention-output route** (the pattern
+fires after ``z``: GPT-J, GPT-Neo, OPT, XGLM bridges) both subtract ``delta W_O`` from the
+attention module's output through a PyTorch forward hook. Head removal edits ``hook_z`` on every
+model. Activations that cw_lens captures inside an entered intervention describe the edited
+layer exactly: the edit is accounted for as an effective attention pattern (a sink patch scales
+``alpha[i,0]`` by ``lambda`` — the same weights as scaling ``pv_0``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from cw_lens.access import model_access
+from cw_lens.errors import InputError
+from cw_lens.geometry import grouped_scores_values, projected_value_norms, sink_term
+
+Hook = tuple[str, Callable]
+ModuleHook = tuple[torch.nn.Module, Callable]
+MAX_SINK_SCALE = 2.0
+
+
+class HookSet:
+    """Hooks that act together: a context manager and an iterable of ``(hook_name, fn)`` pairs.
+
+    Attributes:
+        hooks: TransformerLens hook pairs.
+        module_hooks: PyTorch forward hooks on attention modules (attention-output route).
+        edits: The exact attention edits these hooks perform (what captured activations account
+            for while the set is entered).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        hooks: Iterable[Hook] = (),
+        description: str = "",
+        *,
+        module_hooks: Iterable[ModuleHook] = (),
+        edits: Iterable[Any] = (),
+    ) -> None:
+        self.model = model
+        self.hooks: list[Hook] = list(hooks)
+        self.module_hooks: list[ModuleHook] = list(module_hooks)
+        self.edits: list[Any] = list(edits)
+        self.description = description
+        self._contexts: list[Any] = []
+
+    def __iter__(self) -> Iterator[Hook]:
+        if self.module_hooks:
+            raise InputError(
+                f"{self.description or 'This intervention'} acts on the attention modules' output "
+                "on this model (its attention fires hook_pattern after hook_z, so the edit cannot "
+                "be a TransformerLens hook). Use it as a context manager: `with hook_set: ...`."
+            )
+        return iter(self.hooks)
+
+    def __len__(self) -> int:
+        return len(self.hooks) + len(self.module_hooks)
+
+    def __add__(self, other: HookSet | Sequence[Hook]) -> HookSet:
+        """Combine with another hook set (of the same model) or a list of hook pairs."""
+        if not isinstance(other, HookSet):
+            other = HookSet(self.model, list(other))
+        if other.model is not self.model:
+            raise InputError("Cannot combine hook sets of two different models.")
+        desc = " + ".join(d for d in (self.description, other.description) if d)
+        return HookSet(
+            self.model,
+            [*self.hooks, *other.hooks],
+            desc,
+            module_hooks=[*self.module_hooks, *other.module_hooks],
+            edits=[*self.edits, *other.edits],
+        )
+
+    def __enter__(self) -> HookSet:
+        access = model_access(self.model)
+        contexts = [access.hooks(self.hooks), access.module_hooks(self.module_hooks)]
+        for ctx in contexts:
+            ctx.__enter__()
+        access.active_edits.extend(self.edits)
+        self._contexts.append(contexts)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        access = model_access(self.model)
+        for edit in self.edits:
+            access.active_edits.remove(edit)
+        for ctx in reversed(self._contexts.pop()):
+            ctx.__exit__(*exc)
+
+    def __repr__(self) -> str:
+        return f"HookSet({self.description or 'hooks'}, {len(self)} hooks)"
+
+
+# --------------------------------------------------------------------------- the edits
+
+
+class _PatternEdit:
+    """Base of the pattern-dependent edits; subclasses define ``keep`` (the effective
+    attention as a multiple of ``alpha``, or a mask) and ``delta``."""
+
+    layer: int
+    on_output: bool = False
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
+        """``z - z'`` ``[batch, query, head, d_head]`` (float32)."""
+        removed = pattern.float() - self.effective_pattern(pattern, values).float()
+        return grouped_scores_values(removed, values.float())
+
+
+class SinkPatch(_PatternEdit):
+    """``pv_s^h -> lambda pv_s^h`` at the sinks ``s`` of the chosen heads (non-sink queries)."""
+
+    def __init__(
+        self,
+        layer: int,
+        heads: list[int],
+        n_heads: int,
+        scale: float,
+        mode: str,
+        sinks: list[int],
+        real_mask: Tensor | None,
+        gram: Tensor | None,
+    ) -> None:
+        self.layer, self.heads, self.n_heads = layer, heads, n_heads
+        self.scale, self.mode, self.sinks = scale, mode, sinks
+        self.real_mask, self.gram = real_mask, gram
+
+    def _sink_mask(self, n_batch: int, n_pos: int, device: torch.device) -> Tensor:
+        mask = torch.zeros(n_batch, n_pos, dtype=torch.bool, device=device)
+        mask[:, [s for s in self.sinks if s < n_pos]] = True
+        return mask
+
+    def removed_share(self, values: Tensor, sink_mask: Tensor) -> Tensor:
+        """``1 - lambda`` per (batch, query head); 0 for heads not patched."""
+        n_batch, n_pos = sink_mask.shape
+        device = values.device
+        if self.mode == "norm_matched":
+            norms = projected_value_norms(values.float(), self.gram.to(device))
+        else:
+            norms = torch.zeros(n_batch, self.n_heads, 1, device=device)
+        real = None if self.real_mask is None else self.real_mask[:, :n_pos].to(device)
+        factor = sink_scale(self.mode, self.scale, norms, sink_mask, real)
+        chosen = torch.zeros(self.n_heads, dtype=torch.bool, device=device)
+        chosen[self.heads] = True
+        return torch.where(chosen[None], factor, torch.zeros_like(factor))
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
+        n_batch, _, n_query, n_key = pattern.shape
+        sink_mask = self._sink_mask(n_batch, n_key, pattern.device)
+        factor = self.removed_share(values, sink_mask)  # [batch, head]
+        # alpha[i, s] -> (1 - factor) alpha[i, s] at sink keys s of queries i that are no sink
+        rows = ~sink_mask[:, None, :n_query, None]
+        cols = sink_mask[:, None, None, :]
+        scale = 1.0 - factor[:, :, None, None] * (rows & cols).to(factor.dtype)
+        return pattern.float() * scale
+
+    def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
+        n_batch, _, n_query, n_key = pattern.shape
+        sink_mask = self._sink_mask(n_batch, n_key, pattern.device)
+        factor = self.removed_share(values, sink_mask)
+        term = sink_term(pattern.float(), values.float(), sink_mask)  # [batch, query, head, d]
+        term = term.masked_fill(sink_mask[:, :n_query, None, None], 0.0)  # sinks keep theirs
+        return factor[:, None, :, None] * term
+
+
+class PairMask(_PatternEdit):
+    """``alpha[i,j]^h -> 0`` where ``mask`` is True (no renormalisation)."""
+
+    def __init__(self, layer: int, mask: Tensor | Callable[[Tensor], Tensor]) -> None:
+        self.layer, self.mask = layer, mask
+
+    def removed(self, pattern: Tensor) -> Tensor:
+        mask = self.mask(pattern) if callable(self.mask) else self.mask
+        mask = torch.as_tensor(mask).to(pattern.device)
+        if mask.dtype != torch.bool:
+            raise InputError(
+                f"Attention masks must be bool tensors (True = remove), got {mask.dtype}."
+            )
+        return mask
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
+        return pattern.masked_fill(self.removed(pattern), 0.0)
+
+    def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
+        kept = pattern.float() * self.removed(pattern).to(torch.float32)
+        return grouped_scores_values(kept, values.float())
+
+
+class HeadRemoval:
+    """``z^h <- 0`` for the given heads (realised on ``hook_z`` on every model)."""
+
+    on_output = False
+
+    def __init__(self, layer: int, heads: list[int]) -> None:
+        self.layer, self.heads = layer, heads
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
+        out = pattern.clone()
+        out[:, self.heads] = 0.0
+        return out
+
+    def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
+        full = grouped_scores_values(pattern.float(), values.float())
+        keep = torch.zeros(full.shape[2], dtype=torch.bool, device=full.device)
+        keep[self.heads] = True
+        return full * keep[None, None, :, None]
+
+    def zero_heads(self, z: Tensor, hook: Any) -> Tensor:
+        z = z.clone()
+        z[:, :, self.heads, :] = 0.0
+        return z
+
+
+# --------------------------------------------------------------------------- realisation
+
+
+def realise(model: Any, edits: Sequence[_PatternEdit], description: str) -> HookSet:
+    """Turn pattern-dependent edits into the hooks that perform them on this model's route."""
+    access = model_access(model)
+    hooks: list[Hook] = []
+    module_hooks: list[ModuleHook] = []
+    for edit in edits:
+        if isinstance(edit, PairMask) and access.route == "hook_z":
+            hooks.append((access.hook_name("pattern", edit.layer), _mask_pattern(edit)))
+            continue
+        store: dict[str, Tensor] = {}
+        hooks += [
+            (access.hook_name("pattern", edit.layer), _keep(store, "pattern")),
+            (access.hook_name("values", edit.layer), _keep(store, "values")),
+        ]
+        if access.route == "hook_z":
+            hooks.append((access.hook_name("z", edit.layer), _edit_z(edit, store)))
+        else:
+            edit.on_output = True
+            W_O = access.output_weights(edit.layer).W_O
+            module_hooks.append(
+                (access.attention_module(edit.layer), _edit_output(edit, store, W_O))
+            )
+    return HookSet(model, hooks, description, module_hooks=module_hooks, edits=edits)
+
+
+def _keep(store: dict[str, Tensor], name: str) -> Callable:
+    def fn(t: Tensor, hook: Any) -> None:
+        store[name] = t
+
+    return fn
+
+
+def _mask_pattern(edit: PairMask) -> Callable:
+    def fn(pattern: Tensor, hook: Any) -> Tensor:
+        return pattern.masked_fill(edit.removed(pattern), 0.0)
+
+    return fn
+
+
+def _edit_z(edit: _PatternEdit, store: dict[str, Tensor]) -> Callable:
+    def fn(z: Tensor, hook: Any) -> Tensor:
+        pattern, values = store.pop("pattern"), store.pop("values")
+        return z - edit.delta(pattern, values).to(z.dtype)
+
+    return fn
+
+
+def _edit_output(edit: _PatternEdit, store: dict[str, Tensor], W_O: Tensor) -> Callable:
+    def fn(module: Any, args: Any, output: Any) -> Any:
+        pattern, values = store.pop("pattern"), store.pop("values")
+        delta = torch.einsum("bqhd,hdm->bqm", edit.delta(pattern, values), W_O.to(pattern.device))
+        if isinstance(output, tuple):
+            return (output[0] - delta.to(output[0].dtype), *output[1:])
+        return output - delta.to(output.dtype)
+
+    return fn
+
+
+def sink_scale(
+    mode: str,
+    scale: float,
+    norms: Tensor,
+    sink_mask: Tensor,
+    real_mask: Tensor | None = None,
+) -> Tensor:
+    """``1 - lambda`` per (batch, head): the share of the sink term that the patch removes.
+
+    Args:
+        mode: ``"scale"`` (``lambda = scale``) or ``"norm_matched"`` (``lambda`` = mean norm of
+            the head's non-sink projected values / mean norm of its sink projected values).
+        norms: ``||pv_j^h||`` ``[batch, head, pos]``.
+        sink_mask: ``[batch, pos]`` True at sinks; ``real_mask``: True at real tokens.
+    """
+    n_batch, n_heads, _ = norms.shape
+    if mode == "scale":
+        return torch.full((n_batch, n_heads), 1.0 - scale, device=norms.device)
+    real = torch.ones_like(sink_mask) if real_mask is None else real_mask
+    tail = (real & ~sink_mask).to(norms.dtype)[:, None, :]
+    sinks = sink_mask.to(norms.dtype)[:, None, :]
+    tail_mean = (norms * tail).sum(-1) / tail.sum(-1).clamp_min(1)
+    sink_mean = (norms * sinks).sum(-1) / sinks.sum(-1).clamp_min(1)
+    return 1.0 - tail_mean / sink_mean.clamp_min(1e-30)
+
+
+def head_removal_hooks(model: Any, edits: Sequence[HeadRemoval], description: str) -> HookSet:
+    access = model_access(model)
+    hooks = [(access.hook_name("z", edit.layer), edit.zero_heads) for edit in edits]
+    return HookSet(model, hooks, description, edits=edits)

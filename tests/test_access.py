@@ -1,0 +1,122 @@
+"""The model-access layer: verification, hook-order independence, interventions under capture.
+
+References here are independent of the code under test: dense float64 contributions from the
+captured pattern and values (tests/reference.py), and interventions recomputed from a clean
+run's pattern and values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import dense_contributions
+
+import cw_lens
+from cw_lens.access import model_access
+from cw_lens.capture import consistency_error
+from cw_lens.geometry import expand_kv
+
+
+def _tokens(model, n=12, batch=2, seed=3):
+    from cw_lens.testing import random_tokens
+
+    return random_tokens(model, batch, n, seed=seed)
+
+
+def _clean_layer(model, tokens, layer):
+    names = [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_v"]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=names)
+    return cache[names[0]].double(), cache[names[1]].double()
+
+
+def test_verify_model_reports_identities_routes_and_interventions(tiny):
+    report = cw_lens.verify_model(tiny)
+    assert report.ok, report.summary()
+    assert report.api == "bridge" and report.route == "hook_z"
+    assert len(report.layers) == tiny.cfg.n_layers
+    assert (report.layers[["pattern_v_z", "output"]] < 1e-5).all().all()
+    assert report.logits_vs_hf is not None and report.logits_vs_hf < 1e-5
+    assert all(v.startswith("exact") for v in report.interventions.values())
+    assert cw_lens.verify_model(tiny) is report  # cached per model
+    assert "verified" in str(report)
+
+
+def test_not_a_transformerlens_model_is_refused():
+    with pytest.raises(cw_lens.UnsupportedModelError, match="TransformerLens models"):
+        cw_lens.verify_model(torch.nn.Linear(3, 3))
+    with pytest.raises(cw_lens.UnsupportedModelError, match="TransformerLens models"):
+        cw_lens.contribution_weights(torch.nn.Linear(3, 3), "text")
+
+
+def test_consistency_error_catches_small_edits_of_z():
+    gen = torch.Generator().manual_seed(0)
+    pattern = torch.softmax(torch.randn(2, 4, 9, 9, generator=gen), -1).tril()
+    values = torch.randn(2, 9, 2, 8, generator=gen)
+    z = torch.einsum("bhqk,bkhd->bqhd", pattern, expand_kv(values, 4))
+    assert consistency_error(pattern, values, z) < 1e-5
+    edited = z.clone()
+    edited[1, 5, 3] *= 1.01  # one (batch, query, head) row off by 1%
+    assert consistency_error(pattern, values, edited) > 1e-4
+
+
+def test_capture_refuses_a_foreign_edit_of_z(llama):
+    """A plain hook list that edits z (here patch_sink's own pairs) inside a capture: cw_lens
+    cannot know the edit, so the captured pattern and values would not explain z — refuse."""
+    tokens = _tokens(llama)
+    pairs = list(cw_lens.patch_sink(llama, layers=[1]))
+    with llama.hooks(fwd_hooks=pairs):
+        with pytest.raises(cw_lens.UnsupportedModelError, match="z differs from pattern @ v"):
+            cw_lens.contribution_weights(llama, tokens, layers=[1])
+    # entered as a hook set, the same intervention is accounted for
+    with cw_lens.patch_sink(llama, layers=[1]):
+        cw_lens.contribution_weights(llama, tokens, layers=[1])
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.5, 1.5])
+def test_weights_inside_patch_sink_describe_the_patched_layer(tiny, scale):
+    """Inside ``with patch_sink``: the patched layer's weights equal a dense reference in which
+    the sink's projected value is scaled by lambda (queries after the sink), and rows sum to 1."""
+    layer, heads = 1, [0, 2]
+    tokens = _tokens(tiny)
+    pattern, values = _clean_layer(tiny, tokens, layer)  # layer 1's inputs are unpatched
+    effective = pattern.clone()
+    effective[:, heads, 1:, 0] *= scale  # alpha pv_0 -> alpha (lambda pv_0) == (lambda alpha) pv_0
+    ref = dense_contributions(effective, values, tiny.blocks[layer].attn.W_O.detach(), "intra")
+    with cw_lens.patch_sink(tiny, layers=[layer], heads=heads, scale=scale):
+        cw = cw_lens.contribution_weights(tiny, tokens, layers=[layer], kind="intra")
+    got = cw.weights[:, 0].double()
+    assert torch.allclose(got.nan_to_num(), ref["weights"].nan_to_num(), atol=2e-4)
+    sums = got.nansum(-1)
+    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
+
+
+def test_weights_inside_remove_heads_and_mask_attention(llama):
+    layer = 1
+    tokens = _tokens(llama)
+    pattern, values = _clean_layer(llama, tokens, layer)
+    remove = torch.zeros(pattern.shape, dtype=torch.bool)
+    remove[:, :, 4:, 1:3] = True
+    remove &= torch.ones(12, 12, dtype=torch.bool).tril()
+    effective = pattern.masked_fill(remove, 0.0)
+    ref = dense_contributions(effective, values, llama.blocks[layer].attn.W_O.detach(), "inter")
+    with cw_lens.mask_attention(llama, {layer: remove}):
+        cw = cw_lens.contribution_weights(llama, tokens, layers=[layer], kind="inter")
+    assert torch.allclose(cw.weights[:, 0].double(), ref["weights"], atol=2e-4)
+    assert torch.allclose(cw.attention[:, 0].double(), effective, atol=1e-6)
+    with cw_lens.remove_heads(llama, [(layer, 3)]):
+        cw = cw_lens.contribution_weights(llama, tokens, layers=[layer], kind="inter")
+    assert float(cw.attention[:, 0, 3].nan_to_num().abs().max()) == 0.0
+    sums = cw.weights[:, 0].nansum((1, 3))
+    assert torch.allclose(sums, torch.ones_like(sums), atol=1e-4)
+
+
+def test_access_dimensions_and_names(llama):
+    access = model_access(llama)
+    assert (access.n_layers, access.n_heads, access.n_kv_heads) == (2, 4, 2)
+    assert access.hook_name("z", 1) == "blocks.1.attn.hook_z"
+    assert access.hook_order[0][-1] == "z"
+    with pytest.raises(cw_lens.InputError, match="Unknown hook kind"):
+        access.hook_name("nope", 0)
+    w = access.output_weights(0)
+    assert w.W_O.shape == (4, 16, 64) and w.W_O.dtype == torch.float32
