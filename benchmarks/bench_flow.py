@@ -17,33 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-RESULTS = Path(__file__).parent / "results"
-
-
-def setup(n_docs: int, n_tokens: int):
-    import torch
-
-    import cw_lens
-    from cw_lens.inputs import prepare_inputs
-
-    model = cw_lens.load_model(device="cpu")
-    corpus = cw_lens.load_corpus(n_docs=n_docs, max_tokens=n_tokens - 1, tokenizer=model)
-    tokens = prepare_inputs(model, corpus).tokens
-    torch.set_grad_enabled(False)
-    return model, tokens
-
-
-def forward(model, tokens) -> None:
-    import torch
-
-    with torch.inference_mode():
-        model(tokens)
+from bench_contributions import RESULTS, forward, setup, timed_pairs  # same measurement helpers
 
 
 def shares(model, tokens) -> None:
@@ -58,19 +35,6 @@ def rollout(model, tokens) -> None:
 
     for _ in rollout_batches(model, prepare_inputs(model, tokens), None):
         pass
-
-
-def timed_pairs(fns: dict, repeats: int) -> dict:
-    """Interleave the functions ``repeats`` times; median seconds of each."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up
-        fn()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:

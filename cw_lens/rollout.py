@@ -44,7 +44,7 @@ from cw_lens import flow_geometry as fg
 from cw_lens.capture import LayerActivations, run_layers
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.shares import LayerShares, stream_shares
+from cw_lens.shares import LayerShares, resolve_row, stream_shares
 from cw_lens.verify import require_verified
 
 METHODS = ("contribution", "attention")
@@ -67,14 +67,7 @@ class RolloutResult:
     model_name: str = ""
 
     def _row(self, batch: int, query: int | None) -> tuple[int, int]:
-        n_batch = self.tokens.shape[0]
-        if not isinstance(batch, int) or not 0 <= batch < n_batch:
-            raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
-        n = int(self.mask[batch].sum())
-        q = n - 1 if query is None else (query + n if query < 0 else query)
-        if not 0 <= q < n:
-            raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
-        return batch, q
+        return resolve_row(self.mask, batch, query)
 
     def to_dataframe(self, *, batch: int = 0, query: int | None = None) -> pd.DataFrame:
         """One row per (query, key ``<= query``): ``contribution`` and ``attention`` rollout."""

@@ -45,16 +45,15 @@ import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from cw_lens import flow_geometry as fg
 from cw_lens.capture import LayerWeights, resolve_layers
 from cw_lens.errors import InputError, UnsupportedModelError
 from cw_lens.flow_capture import CHECK_RTOL, BlockActivations, _arch, run_blocks
 from cw_lens.geometry import projected_value_norms
-from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
+from cw_lens.inputs import TokenBatch, prepare_inputs
 from cw_lens.layer_contributions import Workspace
-from cw_lens.streaming import StreamStats, auto_query_chunk, memory_budget
+from cw_lens.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
 from cw_lens.verify import require_verified
 
 PIECES = ("residual", "attention", "bias", "mlp")
@@ -286,31 +285,21 @@ def stream_shares(
         raise InputError(
             f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
         )
-    if query_chunk is not None and (
-        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
-    ):
-        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
+    check_query_chunk(query_chunk)
     layer_list = resolve_layers(model, layers)
     prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     stats = StreamStats()
     weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
     name = _arch(model)
-    batches = list(iter_batches(prepared, batch_size))
     label = progress if isinstance(progress, str) else "shares"
-    for batch in tqdm(batches, desc=label, disable=not progress, leave=False):
-        n_pos = batch.tokens.shape[1]
-        chunk = query_chunk or auto_query_chunk(
-            batch.tokens.shape[0],
-            model.cfg.n_heads,
-            n_pos,
-            memory_budget(model.cfg.device or "cpu"),
-        )
+    for batch, chunk in document_batches(
+        model, prepared, batch_size, query_chunk, model.cfg.n_heads, progress=progress and label
+    ):
 
-        def on_block(block: BlockActivations, n_pos: int = n_pos, chunk: int = chunk) -> None:
+        def on_block(block: BlockActivations, chunk: int = chunk) -> None:
             shared: dict[str, Any] = {}
-            for start in range(0, n_pos, chunk):
-                rows = slice(start, min(n_pos, start + chunk))
+            for rows in query_blocks(block.resid_post.shape[1], chunk):
                 consumer(LayerShares(block, rows, shared, workspace, name))
 
         logits = run_blocks(
@@ -324,12 +313,24 @@ def stream_shares(
         )
         if on_logits is not None:
             on_logits(batch, logits)
-        stats.n_documents += batch.tokens.shape[0]
-        stats.n_tokens += int(batch.mask.sum())
+        stats.count(batch)
     return stats
 
 
 # ---------------------------------------------------------------------------- the result
+
+
+def resolve_row(mask: Tensor, batch: int, query: int | None) -> tuple[int, int]:
+    """Check a batch row and a query position (``None``: the last real token; negative
+    counts from the end of the row's real tokens)."""
+    n_batch = mask.shape[0]
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
+        raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
+    n = int(mask[batch].sum())
+    q = n - 1 if query is None else (query + n if query < 0 else query)
+    if not 0 <= q < n:
+        raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
+    return batch, q
 
 
 @dataclass
@@ -362,18 +363,8 @@ class ResidualShares:
             raise InputError(f"Layer {layer} is not in this result (layers {self.layers}).")
         return self.layers.index(layer)
 
-    def _check_batch(self, batch: int) -> int:
-        n = self.tokens.shape[0]
-        if not isinstance(batch, int) or not 0 <= batch < n:
-            raise InputError(f"batch must be a row index in 0..{n - 1}, got {batch!r}.")
-        return batch
-
-    def _query(self, batch: int, query: int | None) -> int:
-        n = int(self.mask[batch].sum())
-        q = n - 1 if query is None else (query + n if query < 0 else query)
-        if not 0 <= q < n:
-            raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
-        return q
+    def _row(self, batch: int, query: int | None) -> tuple[int, int]:
+        return resolve_row(self.mask, batch, query)
 
     def token_matrix(self, layer: int) -> Float[Tensor, "batch query key"]:
         """The token-level matrix ``T_l`` of SPEC §7 (rows sum to 1)."""
@@ -387,9 +378,8 @@ class ResidualShares:
     ) -> pd.DataFrame:
         """Long format, one row per piece: ``batch, layer, query, piece, head, key, share``
         (``head``/``key`` are -1 for the per-position pieces; pairs with ``key <= query``)."""
-        self._check_batch(batch)
-        n = int(self.mask[batch].sum())
-        queries = range(n) if query is None else [self._query(batch, query)]
+        n = int(self.mask[self._row(batch, 0)[0]].sum())
+        queries = range(n) if query is None else [self._row(batch, query)[1]]
         layer_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
         toks = np.array(self.str_tokens[batch], dtype=object)
         frames = []
@@ -424,7 +414,7 @@ class ResidualShares:
         self, *, query: int | None = None, k: int = 10, batch: int = 0, absolute: bool = False
     ) -> pd.DataFrame:
         """The ``k`` largest (head, key) pair shares of one query (default: the last token)."""
-        df = self.to_dataframe(batch=batch, query=self._query(self._check_batch(batch), query))
+        df = self.to_dataframe(batch=batch, query=self._row(batch, query)[1])
         df = df[df["piece"] == "pair"]
         order = df["share"].abs() if absolute else df["share"]
         return df.loc[order.sort_values(ascending=False).index].head(k).reset_index(drop=True)
@@ -433,7 +423,7 @@ class ResidualShares:
         """Residual / attention / MLP / bias share per layer for one query; a Figure."""
         from cw_lens.plots import plot_residual_shares
 
-        q = self._query(self._check_batch(batch), query)
+        _, q = self._row(batch, query)
         return plot_residual_shares(self, query=q, batch=batch, **kwargs)
 
 
