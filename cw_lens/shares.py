@@ -102,7 +102,7 @@ class LayerShares:
         return self.block.acts.mask[:, self.queries]
 
     @cached_property
-    def _map(self):
+    def _map(self) -> tuple[Tensor | None, Tensor | None, bool]:
         m = self.block.attn_map
         rows = None if m.row_scale is None else m.row_scale[:, self.queries]
         return rows, m.gain, m.centred

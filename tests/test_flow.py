@@ -259,3 +259,59 @@ def test_browser_panel_shows_an_edge_with_its_factors(llama, tmp_path):
                        ("relative norm", "relative_norm"), ("cosine", "cosine")):  # fmt: skip
         assert float(shown[label]) == pytest.approx(e[key], rel=1e-3)
     assert dom.count('class="edge"') == len(edges)
+
+
+def _hooked_transformer():
+    try:
+        from transformer_lens import HookedTransformer
+    except ImportError:
+        return None
+    return HookedTransformer
+
+
+@pytest.mark.skipif(
+    _hooked_transformer() is None,
+    reason="HookedTransformer exists in TransformerLens 2.x/3.x only (the compat venvs)",
+)
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_hooked_transformer_shares_match_a_dense_reference(post_norm):
+    """TL 2.x/3.x HookedTransformer, pre- and post-norm (Gemma-2-style) blocks, against pieces
+    built from its own modules (the post-norm linearised with the module itself)."""
+    from transformer_lens import HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, d_head=8, n_heads=4, n_key_value_heads=2, d_mlp=64, n_ctx=16,
+        d_vocab=50, act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary",
+        use_normalization_before_and_after=post_norm,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = _hooked_transformer()(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    tokens = torch.randint(0, 50, (2, 9))
+    result = cw_lens.residual_shares(model, tokens)
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(2):
+        c = {
+            k: cache[f"blocks.{layer}.{k}"].double() for k in ("hook_resid_pre", "hook_resid_post")
+        }
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        v = cache[f"blocks.{layer}.attn.hook_v"].double().repeat_interleave(2, dim=2)
+        W_O = model.blocks[layer].attn.W_O.detach().double()
+        pv = torch.einsum("bkhd,hdm->bhkm", v, W_O)
+        pieces = pattern[..., None] * pv[:, :, None]  # [batch, head, query, key, d_model]
+        if post_norm:
+            norm = model.blocks[layer].ln1_post
+            a = pieces.sum((1, 3)) + model.blocks[layer].attn.b_O.detach().double()
+            eps = norm.eps
+            pieces = (
+                norm(pieces.float()).double()
+                * (pieces.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+                / (a.pow(2).mean(-1, keepdim=True) + eps).sqrt()[:, None, :, None]
+            )
+        y = c["hook_resid_post"]
+        want = (pieces * y[:, None, :, None]).sum(-1) / y.pow(2).sum(-1)[:, None, :, None]
+        assert torch.allclose(result.pairs[:, layer].double(), want, atol=1e-5)
+        res = (c["hook_resid_pre"] * y).sum(-1) / y.pow(2).sum(-1)
+        assert torch.allclose(result.residual[:, layer].double(), res, atol=1e-5)
+    assert torch.allclose(result.total(), torch.ones(()), atol=1e-5)

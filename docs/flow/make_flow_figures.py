@@ -30,6 +30,10 @@ def main() -> None:
     out: dict = {"model": model.cfg.model_name, "sentence": SENTENCE}
     start = time.time()
 
+    def save() -> None:  # after every step, so a long run keeps what it has
+        out["seconds"] = time.time() - start
+        (HERE / "flow_results.json").write_text(json.dumps(out, indent=1, default=str))
+
     g = cw_lens.routes(model, SENTENCE, threshold=0.03)
     save_figure(g.plot(), HERE / "routes_ioi", formats=("png",))
     g.to_html(HERE / "routes_ioi.html")
@@ -44,6 +48,7 @@ def main() -> None:
         m: ro.top(k=5, by=m)[["key", "key_token", m]].to_dict("records")
         for m in ("contribution", "attention")
     }
+    save()
 
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
     texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, tokenizer=model, seed=1)
@@ -61,6 +66,7 @@ def main() -> None:
             }
             if not exclude_bos:
                 save_figure(d.plot(), HERE / f"deletion_{name}", formats=("png",))
+            save()
     for threshold in (0.02, 0.03, 0.05):
         stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
         out[f"ioi_routes_{threshold}"] = {
@@ -68,8 +74,7 @@ def main() -> None:
             "top_io_heads": stats.top(6).to_dict("records"),
             "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
         }
-    out["seconds"] = time.time() - start
-    (HERE / "flow_results.json").write_text(json.dumps(out, indent=1, default=str))
+        save()
     print(json.dumps(out, indent=1, default=str))
 
 
