@@ -237,18 +237,22 @@ def test_deletion_skips_items_with_too_few_candidates(llama):
 
 
 @pytest.mark.browser
-def test_browser_panel_shows_an_edge_with_its_factors(llama, tmp_path):
+def test_browser_panel_shows_an_edge_with_its_factors(llama, browser, tmp_path):
     import html
     import re
-
-    from test_viz import chromium_bin, run_chromium
 
     g = cw_lens.routes(llama, "hello world, routes", threshold=0.01)
     edges = g.panel_data()["edges"]
     i = next(n for n, e in enumerate(edges) if e["kind"] == "attention")
-    page = tmp_path / "routes.html"
-    page.write_text(g.to_html(), encoding="utf-8")
-    dom = run_chromium(chromium_bin(), tmp_path, f"{page.as_uri()}#edge={i}", "--dump-dom")
+    path = tmp_path / "routes.html"
+    path.write_text(g.to_html(), encoding="utf-8")
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{path.as_uri()}#edge={i}")
+    page.wait_for_selector(f'#tip[data-edge="{i}"]', timeout=20_000)
+    dom = page.content()
+    assert not errors
     tip = re.search(r'<div id="tip"[^>]*data-edge="(\d+)"[^>]*>(.*?)</div>', dom, re.S)
     assert tip is not None and int(tip.group(1)) == i
     text = html.unescape(tip.group(2))
@@ -259,6 +263,7 @@ def test_browser_panel_shows_an_edge_with_its_factors(llama, tmp_path):
                        ("relative norm", "relative_norm"), ("cosine", "cosine")):  # fmt: skip
         assert float(shown[label]) == pytest.approx(e[key], rel=1e-3)
     assert dom.count('class="edge"') == len(edges)
+    page.close()
 
 
 def _hooked_transformer():

@@ -26,7 +26,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from cw_lens.viz.view import _script_json, token_label
+from cw_lens.viz.payload import script_json, token_label
 
 _MARKER = re.compile(r"\{\{(title|js|data)\}\}")
 
@@ -40,6 +40,6 @@ def routes_html(data: dict[str, Any], title: str | None = None) -> str:
     parts = {
         "title": html.escape(title, quote=True),
         "js": files.joinpath("routes.js").read_text(encoding="utf-8"),
-        "data": _script_json(data),
+        "data": script_json(data),
     }
     return _MARKER.sub(lambda m: parts[m.group(1)], template)
