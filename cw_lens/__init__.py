@@ -14,12 +14,14 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
+- several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparison`
 - contribution flow (SPEC §7): :func:`residual_shares`, :func:`stream_shares`,
   :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """
 
 from cw_lens.access import cache_names
+from cw_lens.compare import RunComparison, compare_runs
 from cw_lens.contributions import (
     ContributionResult,
     contribution_weights,
@@ -89,6 +91,7 @@ __all__ = [
     "RolloutDeletion",
     "RolloutResult",
     "RouteGraph",
+    "RunComparison",
     "SelectionGeometryResult",
     "SinkAblation",
     "SinkPatchComparison",
@@ -97,6 +100,7 @@ __all__ = [
     "__version__",
     "attention_rollout",
     "cache_names",
+    "compare_runs",
     "compare_sink_patch",
     "contribution_rollout",
     "contribution_weights",

@@ -30,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -120,3 +120,11 @@ class Claim:
 def claims_dict(claims: Iterable[Claim]) -> dict[str, dict[str, Any]]:
     """``{claim id: claim.to_dict()}`` in the given order."""
     return {c.id: c.to_dict() for c in claims}
+
+
+def threshold_text(op: str, threshold: float | Sequence[float]) -> str:
+    """A check's criterion without its number: ``"< 0.5"``, ``"in [3, 10]"``."""
+    if op == "in":
+        low, high = threshold
+        return f"in [{low:g}, {high:g}]"
+    return f"{op} {threshold:g}"

@@ -128,5 +128,34 @@ def figures(
             typer.echo(f"  {'holds ' if claim['holds'] else 'FAILS '} {cid}")
 
 
+@app.command()
+@_clean_errors
+def compare(
+    runs: list[Path] = typer.Argument(
+        ..., help="Run folders of `cw-lens figures` (or their summary.json files)."
+    ),
+    labels: str | None = typer.Option(
+        None, help="Comma-separated labels, one per run (default: the folder names)."
+    ),
+    out: Path = typer.Option(Path("compare"), help="Output folder."),
+) -> None:
+    """Print several runs' claims side by side and write compare.md, compare.png and .pdf.
+
+    One column per run: each headline number with its interval (summary schema 2) and the
+    verdict (yes / no / inconclusive); schema 1 summaries are read too (no intervals).
+    """
+    from cw_lens.compare import compare_runs
+    from cw_lens.plots import save_figure
+    from cw_lens.report import atomic_write_text
+
+    names = None if labels is None else [s.strip() for s in labels.split(",")]
+    comparison = compare_runs(runs, labels=names)
+    table = comparison.to_markdown()
+    typer.echo(table)
+    atomic_write_text(out / "compare.md", "# Runs compared\n\n" + table)
+    paths = save_figure(comparison.plot(), out / "compare")
+    typer.echo(f"wrote {out / 'compare.md'}, " + ", ".join(str(p) for p in paths))
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,347 @@
+"""``cw_lens.compare`` and ``cw-lens compare``: several summaries side by side.
+
+Two hand-written runs in tests/fixtures/compare: ``run_a`` (schema 2: intervals, string
+verdicts, one inconclusive claim) and ``run_b`` (schema 1: bool verdicts, no intervals, and one
+claim written before checks existed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sysconfig
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import pytest
+from typer.testing import CliRunner
+
+from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.cli import app
+from cw_lens.compare import compare_runs
+from cw_lens.errors import InputError
+from cw_lens.plots.compare import VERDICT_COLOURS
+
+FIXTURES = Path(__file__).parent / "fixtures" / "compare"
+RUN_A, RUN_B = FIXTURES / "run_a", FIXTURES / "run_b"
+
+EXPECTED_MARKDOWN = """\
+| run | model | corpus | documents | tokens | seed | schema |
+|---|---|---|---|---|---|---|
+| a | tiny/model-a | pydoc | 8 | 1032 | 0 | 2 |
+| b | tiny/model-a | LICENSE.txt | 8 | 1024 | 1 | 1 |
+
+| claim / number | check | a | b |
+|---|---|---|---|
+| `sink_value_norm_ratio` | claim | yes | yes |
+| ↳ median_ratio_sink_heads | in [3, 10] | 4.84 [4.1, 5.62] yes | 3.5 yes |
+| `sink_attention_vs_contribution` | claim | **no** | **no** |
+| ↳ contribution_over_attention | < 0.5 | 0.642 [0.58, 0.71] no | 0.7 no |
+| `retriever_share` | claim | **inconclusive** | yes |
+| ↳ retriever_share | in [0.058, 0.172] | 0.06 [0.04, 0.09] inconclusive | 0.1 yes |
+| ↳ n_heads | > 100 | 270 [270, 270] yes | 270 yes |
+| `pruning_signal` | claim | — | **no** |
+"""
+
+
+def load(path: Path) -> dict:
+    return json.loads((path / "summary.json").read_text())
+
+
+@pytest.fixture
+def comparison():
+    return compare_runs([RUN_A, RUN_B], labels=["a", "b"])
+
+
+def test_markdown_table_has_exactly_the_expected_cells(comparison):
+    assert comparison.to_markdown() == EXPECTED_MARKDOWN
+
+
+def test_tidy_table_values_equal_the_inputs(comparison):
+    table = comparison.to_dataframe()
+    assert list(table.columns) == [
+        "run", "claim", "number", "value", "low", "high", "op", "threshold", "check", "holds",
+    ]  # fmt: skip
+    expected = 0
+    for label, path in (("a", RUN_A), ("b", RUN_B)):
+        summary = load(path)
+        for cid, claim in summary["claims"].items():
+            rows = table[(table["run"] == label) & (table["claim"] == cid)]
+            checks = claim.get("checks", [])
+            expected += max(1, len(checks))
+            assert len(rows) == max(1, len(checks))
+            if not checks:
+                assert rows["number"].tolist() == [""] and rows["value"].isna().all()
+            for check, (_, row) in zip(checks, rows.iterrows(), strict=bool(checks)):
+                assert row["number"] == check["number"]
+                assert row["value"] == check["value"]
+                assert row["op"] == check["op"]
+                threshold = check["threshold"]
+                assert row["threshold"] == (tuple(threshold) if check["op"] == "in" else threshold)
+                if "interval" in check:
+                    assert [row["low"], row["high"]] == check["interval"]
+                    assert row["check"] == check["holds"]
+                    assert row["holds"] == claim["holds"]
+                else:
+                    assert math.isnan(row["low"]) and math.isnan(row["high"])
+    assert len(table) == expected == 9
+
+
+def test_schema_1_bools_map_to_yes_no_and_have_no_interval(comparison):
+    table = comparison.to_dataframe().query("run == 'b'")
+    summary = load(RUN_B)
+    for _, row in table.iterrows():
+        claim = summary["claims"][row["claim"]]
+        assert row["holds"] == {True: "yes", False: "no"}[claim["holds"]]
+        if row["number"]:
+            check = next(c for c in claim["checks"] if c["number"] == row["number"])
+            assert row["check"] == {True: "yes", False: "no"}[check["holds"]]
+    assert set(table["holds"]) == {"yes", "no"}
+    # the claim written before checks existed keeps its verdict, with no number
+    old = table[table["claim"] == "pruning_signal"].iloc[0]
+    assert (old["number"], old["holds"], math.isnan(old["value"])) == ("", "no", True)
+    assert [r.schema for r in comparison.runs] == [2, 1]
+
+
+def test_reads_what_the_claims_module_writes():
+    """A schema 1 summary as cw_lens.claims writes it (today's report) reads back unchanged."""
+    claims = claims_dict(
+        [
+            Claim("c1", "p", "crit", [Check("x", 0.25, "<", 0.5), Check("y", 2.0, ">", 3.0)]),
+            Claim("c2", "p", "crit", [Check("z", float("nan"), "in", (0.1, 0.2))]),
+        ]
+    )
+    summary = json.loads(json.dumps({"model": "m", "claims": claims}).replace("NaN", "null"))
+    table = compare_runs([summary]).to_dataframe()
+    assert list(table["number"]) == ["x", "y", "z"]
+    assert list(table["check"]) == ["yes", "no", "no"]
+    assert list(table["holds"]) == ["no", "no", "no"]
+    assert table["value"].iloc[:2].tolist() == [0.25, 2.0] and math.isnan(table["value"].iloc[2])
+    assert "| ↳ z | in [0.1, 0.2] | n/a no |" in compare_runs([summary]).to_markdown()
+
+
+def test_reads_a_schema_2_summary_as_the_job_writes_it():
+    """fixtures/compare/tiny_schema2: `run_figures` of the intervals branch (2724857) on the
+    tiny model, 4 documents x 24 tokens, 200 resamples — every check reads back unchanged."""
+    path = FIXTURES / "tiny_schema2"
+    summary = load(path)
+    table = compare_runs([path]).to_dataframe()
+    checks = [(cid, c) for cid, claim in summary["claims"].items() for c in claim["checks"]]
+    assert len(table) == len(checks) > 12
+    nan = float("nan")
+    for (cid, check), (_, row) in zip(checks, table.iterrows(), strict=True):
+        interval = [nan, nan] if check["interval"] is None else check["interval"]
+        expected = [check["value"], *interval]
+        got = [row["value"], row["low"], row["high"]]
+        assert got == pytest.approx([nan if x is None else x for x in expected], nan_ok=True)
+        assert (row["claim"], row["number"], row["check"]) == (cid, check["number"], check["holds"])
+        assert row["holds"] == summary["claims"][cid]["holds"]
+
+
+def test_schema_2_null_interval_is_no_interval():
+    summary = load(RUN_A)
+    summary["claims"]["retriever_share"]["checks"][1]["interval"] = None
+    comparison = compare_runs([summary], labels=["a"])
+    row = comparison.to_dataframe().query("number == 'n_heads'").iloc[0]
+    assert math.isnan(row["low"]) and math.isnan(row["high"]) and row["value"] == 270
+    assert "| ↳ n_heads | > 100 | 270 yes |" in comparison.to_markdown()
+
+
+def test_labels_default_to_folder_names_and_accept_files_and_dicts():
+    assert [r.label for r in compare_runs([RUN_A, RUN_B / "summary.json"]).runs] == [
+        "run_a",
+        "run_b",
+    ]
+    same = compare_runs([RUN_A, RUN_A])
+    assert [r.label for r in same.runs] == ["1:run_a", "2:run_a"]
+    from_dict = compare_runs([load(RUN_A)], labels=["x"])
+    assert (
+        from_dict.to_dataframe()["value"].tolist() == compare_runs([RUN_A]).rows["value"].tolist()
+    )
+
+
+def test_disagreements_are_the_claims_whose_verdicts_differ(comparison):
+    diff = comparison.disagreements()
+    assert list(diff.index) == ["retriever_share", "pruning_signal"]
+    assert diff.loc["retriever_share"].tolist() == ["inconclusive", "yes"]
+
+
+def test_plot_has_one_row_per_run_per_number(comparison):
+    fig = comparison.plot()
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    table = comparison.to_dataframe()
+    numbers = table[table["number"] != ""]
+    assert len(axes) == numbers.groupby(["claim", "number"]).ngroups == 4
+    for ax in axes:
+        claim, title = ax.get_title().split("\n")
+        number = title.split(" ")[0]
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b"]
+        points = [line for line in ax.lines if line.get_marker() == "o"]
+        assert len(points) == 2
+        for y, label in enumerate(["a", "b"]):
+            row = numbers[
+                (numbers["run"] == label)
+                & (numbers["claim"] == claim)
+                & (numbers["number"] == number)
+            ].iloc[0]
+            point = points[y]
+            assert (point.get_xdata()[0], point.get_ydata()[0]) == (row["value"], y)
+            assert mcolors.same_color(point.get_color(), VERDICT_COLOURS[row["check"]])
+        # only run a (schema 2) has an interval bar, spanning [low, high]
+        bars = [seg for coll in ax.collections for seg in coll.get_segments()]
+        low, high = numbers[(numbers["run"] == "a") & (numbers["number"] == number)].iloc[0][
+            ["low", "high"]
+        ]
+        assert [tuple(map(tuple, seg)) for seg in bars] == [((low, 0), (high, 0))]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "summary.json").write_text(text)
+    return folder
+
+
+def edited(path: Path, edit) -> str:
+    summary = load(path)
+    edit(summary)
+    return json.dumps(summary)
+
+
+BAD = {
+    "not json": ("{not json", "is not a cw_lens summary: not JSON"),
+    "a list": ("[1, 2]", "not a cw_lens summary (no 'claims' object)"),
+    "no claims": ('{"model": "m"}', "not a cw_lens summary (no 'claims' object)"),
+    "empty claims": ('{"claims": {}}', "the summary has no claims"),
+    "schema 3": (
+        edited(RUN_A, lambda s: s.update(schema=3)),
+        "unknown summary schema 3; this cw_lens reads schemas (1, 2)",
+    ),
+    "schema as text": (
+        edited(RUN_A, lambda s: s.update(schema="2")),
+        "unknown summary schema '2'",
+    ),
+    "bool verdict in schema 2": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"].update(holds=True)),
+        "claim 'retriever_share': schema 2 verdicts are ('yes', 'no', 'inconclusive'), got True",
+    ),
+    "text verdict in schema 1": (
+        edited(RUN_B, lambda s: s["claims"]["retriever_share"].update(holds="yes")),
+        "claim 'retriever_share': schema 1 verdicts are true/false, got 'yes'",
+    ),
+    "no verdict": (
+        edited(RUN_B, lambda s: s["claims"]["pruning_signal"].pop("holds")),
+        "claim 'pruning_signal' has no 'holds' verdict",
+    ),
+    "schema 2 check without interval": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"]["checks"][1].pop("interval")),
+        "claim 'retriever_share', check 1: schema 2 checks carry an 'interval'",
+    ),
+    "interval not a pair": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"]["checks"][1].update(interval=[1])),
+        "check 1: the interval must be [low, high] or null, got [1]",
+    ),
+    "unknown op": (
+        edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][0].update(op="<=")),
+        "claim 'retriever_share', check 0: unknown op '<='",
+    ),
+    "in without a range": (
+        edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][0].update(threshold=3)),
+        "check 0: op 'in' needs a [low, high] threshold, got 3",
+    ),
+    "check without value": (
+        edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][1].pop("value")),
+        "claim 'retriever_share', check 1: missing ['value']",
+    ),
+    "value not a number": (
+        edited(RUN_B, lambda s: s["claims"]["retriever_share"]["checks"][1].update(value="1")),
+        "check 1: expected a number, got '1'",
+    ),
+    "one number checked twice": (
+        edited(
+            RUN_B,
+            lambda s: s["claims"]["retriever_share"]["checks"][1].update(number="retriever_share"),
+        ),
+        "claim 'retriever_share' checks 'retriever_share' twice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_summary_is_an_input_error_naming_file_and_problem(tmp_path, case):
+    text, message = BAD[case]
+    folder = write(tmp_path, "bad_run", text)
+    with pytest.raises(InputError) as info:
+        compare_runs([RUN_A, folder])
+    assert str(folder / "summary.json") in str(info.value)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("runs", "labels", "message"),
+    [
+        ([], None, "needs at least one run"),
+        (["no/such/run"], None, "no/such/run: no such file or folder"),
+        ([RUN_A, RUN_B], ["only-one"], "1 labels for 2 runs"),
+        ([RUN_A, RUN_B], ["x", "x"], "Labels must be unique"),
+    ],
+)
+def test_bad_runs_or_labels_are_input_errors(runs, labels, message):
+    with pytest.raises(InputError, match=message):
+        compare_runs(runs, labels=labels)
+
+
+def test_folder_without_summary_is_an_input_error(tmp_path):
+    with pytest.raises(InputError, match=r"has no summary.json: give a folder written by"):
+        compare_runs([tmp_path])
+
+
+def test_cli_prints_the_table_and_writes_markdown_and_figure(tmp_path):
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(
+        app, ["compare", str(RUN_A), str(RUN_B), "--labels", "a, b", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert EXPECTED_MARKDOWN in result.output
+    assert (out / "compare.md").read_text() == "# Runs compared\n\n" + EXPECTED_MARKDOWN
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "compare.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_cli_bad_run_is_a_one_line_error(tmp_path):
+    result = CliRunner().invoke(app, ["compare", str(RUN_A), str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"error: {tmp_path} has no summary.json" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_compare_reads_two_runs_of_the_main_job(tmp_path):
+    """Two corpora through the real job on the tiny model: compare lines up exactly the claims,
+    numbers and verdicts each run's summary.json holds, whatever schema the job writes now."""
+    from cw_lens.report import JobConfig, run_figures
+
+    licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    text = tmp_path / "licence.txt"
+    text.write_text(licence.read_text() if licence.is_file() else "Permission is granted. " * 400)
+    tiny = dict(model="testing:tiny-llama", n_docs=3, max_tokens=24, task=None, batch_size=3)
+    run_figures(JobConfig(**tiny), tmp_path / "pydoc", progress=False)
+    run_figures(JobConfig(**tiny, corpus=str(text)), tmp_path / "licence", progress=False)
+    result = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "pydoc"), str(tmp_path / "licence"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    table = compare_runs([tmp_path / "pydoc", tmp_path / "licence"]).to_dataframe()
+    verdict = {True: "yes", False: "no"}
+    for label in ("pydoc", "licence"):
+        summary = load(tmp_path / label)
+        rows = table[table["run"] == label]
+        assert list(dict.fromkeys(rows["claim"])) == list(summary["claims"])
+        for cid, claim in summary["claims"].items():
+            mine = rows[rows["claim"] == cid]
+            assert set(mine["holds"]) == {verdict.get(claim["holds"], claim["holds"])}
+            values = [math.nan if c["value"] is None else c["value"] for c in claim["checks"]]
+            assert mine["number"].tolist() == [c["number"] for c in claim["checks"]]
+            assert mine["value"].tolist() == pytest.approx(values, nan_ok=True)
+            assert f"`{cid}`" in result.output
+    assert (tmp_path / "compare.png").is_file()
