@@ -3,6 +3,7 @@ reference of ``flow_reference`` (pieces read from the Hugging Face modules thems
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 
 import pytest
@@ -22,9 +23,19 @@ ARCHS = ["llama", "gpt2", "neox", "gptj", "gemma2", "olmo2"]
 PIECES = ("residual", "attention", "bias", "mlp")
 
 
+TL_MAJOR = int(importlib.metadata.version("transformer-lens").split(".")[0])
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def arch_model(request):
-    return request.param, tiny_model(request.param, n_layers=3)
+    model = tiny_model(request.param, n_layers=3)
+    if request.param == "olmo2" and TL_MAJOR < 4:
+        # TransformerLens 3.x's OLMo 2 bridge: hook_attn_out is not the post-norm attention
+        # piece of the residual, so the flow checks must refuse it rather than give numbers
+        with pytest.raises(UnsupportedModelError, match="attn_out"):
+            cw_lens.residual_shares(model, random_tokens(model, 1, 8))
+        pytest.skip("OLMo 2 bridge of TransformerLens 3.x: flow analyses refuse it (asserted)")
+    return request.param, model
 
 
 def row_close(got, want, rtol, what):

@@ -80,7 +80,9 @@ def _numbers(claims, prefix=""):
     """Every number and flag of a claims dict, flattened to {path: value}."""
     out = {}
     for key, value in claims.items():
-        path = f"{prefix}{key}"
+        path = f"{prefix}{key}"  # lists (checks, intervals) are numbered
+        if isinstance(value, list):
+            value = dict(enumerate(value))
         if isinstance(value, dict):
             out.update(_numbers(value, path + "."))
         elif not isinstance(value, str):
