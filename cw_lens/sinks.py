@@ -52,14 +52,21 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens import geometry as geo
-from cw_lens.accumulate import ExactSums, Histogram, SampleReservoir
+from cw_lens.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
+from cw_lens.bootstrap import Bootstrap
 from cw_lens.capture import LayerActivations, resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
 from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.layer_contributions import LayerContributions
+from cw_lens.resampled import (
+    per_layer_rows,
+    sink_head_fields,
+    sink_numbers,
+    sink_numbers_per_layer,
+)
 from cw_lens.scoring import corpus_nll
 from cw_lens.streaming import stream_contributions, stream_corpus
 
@@ -72,6 +79,34 @@ MIN_S_STAR_QUERIES = 16
 # 1.9% relative beyond, over +-1e9 (SPEC §6 reads per-head medians from unclipped values)
 DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
 DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
+# the per-document record a bootstrap over documents reads (``per_document=True``): these sums
+# per (layer, head), and the s* edge counts (s* <= 0, s* >= 1, counted)
+RECORDED_SUMS = (
+    "rate_sum",
+    "rate_count",
+    "sink_attention_sum",
+    "sink_contribution_sum",
+    "sink_count",
+    "ratio_sum",
+    "geometry_count",
+    "cos_mixture_sum",
+    "cos_mixture_count",
+    "drift_neg",
+    "drift_count",
+    "s_star_lo",
+    "s_star_hi",
+    "s_star_n",
+)
+# and a coarse histogram of the cancelled share per (layer, head): 24 bins equal in
+# asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
+# two edge bins
+SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
+# the claims about layers and the number each reads per layer
+LAYER_NUMBERS = {
+    "sink_attention_vs_contribution": "contribution_over_attention",
+    "sink_value_norm_ratio": "median_ratio_sink_heads",
+    "sink_anti_alignment": "median_cos_sink_tail_mixture",
+}
 # factor samples kept per (layer, head) and group (sink / tail entries) for the per-head rank
 # correlations: a seeded bottom-k reservoir each (8 documents of the default run keep every draw)
 MAX_SAMPLES_PER_HEAD = 1024
@@ -231,6 +266,7 @@ class _SinkAccumulator:
         samples_per_head: int,
         max_samples: int,
         seed: int,
+        n_documents: int | None = None,
     ) -> None:
         self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
         self.pos = {layer: i for i, layer in enumerate(layers)}
@@ -242,15 +278,43 @@ class _SinkAccumulator:
         self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
         self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
         self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)
+        self.per_doc: PerDocument | None = None  # opt-in: the bootstrap's per-document record
+        self.share_hist: PerDocument | None = None
+        if n_documents is not None:
+            self.per_doc = PerDocument(RECORDED_SUMS, n_documents, (n, n_heads))
+            bins = SHARE_BINNING["n_bins"] + 2
+            self.share_hist = PerDocument(["drift_share"], n_documents, (n, n_heads, bins))
+            self._share_bins = Histogram((), **SHARE_BINNING)
 
     def merge(self, other: _SinkAccumulator) -> None:
         self.sums.merge(other.sums)
         self.samples.merge(other.samples)
         for name in ("s_star", "drift_cos", "drift_share"):
             getattr(self, name).merge(getattr(other, name))
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+            self.share_hist.merge(other.share_hist)
 
     def _add(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
         self.sums.add_rows(docs, f"{name}@{layer}", per_row)
+        self._record(docs, name, layer, per_row)
+
+    def _record(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
+        if self.per_doc is not None and name in RECORDED_SUMS:
+            self.per_doc.add_rows(docs, name, per_row, at=self.pos[layer])
+
+    def _record_edges(self, docs: list[int], layer: int, s_star: Tensor, share: Tensor) -> None:
+        """Per document and head: s* edge counts, and the coarse cancelled-share histogram."""
+        if self.per_doc is None:
+            return
+        counted = ~s_star.isnan()  # [b, h, q]
+        self._record(docs, "s_star_lo", layer, ((s_star <= 0) & counted).sum(-1))
+        self._record(docs, "s_star_hi", layer, ((s_star >= 1) & counted).sum(-1))
+        self._record(docs, "s_star_n", layer, counted.sum(-1))
+        ok = ~share.isnan()  # [b, h, q]
+        bins = self._share_bins.bin_index(share.nan_to_num(0.0))
+        onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
+        self.share_hist.add_rows(docs, "drift_share", onehot.sum(2), at=self.pos[layer])
 
     def update(self, lc: LayerContributions) -> None:
         acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
@@ -317,6 +381,7 @@ class _SinkAccumulator:
         li = self.pos[layer]
         self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
         self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self._record_edges(docs, layer, s_star, share)
         self._add(docs, "drift_neg", layer, ((cos_drift < 0) & ok_drift).sum(-1))
         self._add(docs, "drift_count", layer, ok_drift.sum(-1))
 
@@ -756,10 +821,52 @@ class SinkStatistics:
                 )
         return pd.DataFrame(rows)
 
-    def claims(self) -> dict[str, dict[str, Any]]:
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold
-        (:func:`sink_claims`)."""
-        return claims_dict(sink_claims(self.heads(), self.drivers()))
+        (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents and
+        the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
+        claims = sink_claims(self.heads(), self.drivers())
+        if bootstrap is not None:
+            claims = with_intervals(claims, *self.intervals(bootstrap))
+        return claims_dict(claims)
+
+    def intervals(
+        self, bootstrap: Bootstrap
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
+        """Bootstrap intervals over documents of the sink claims' numbers
+        (:mod:`cw_lens.resampled` says what each is of) and per-layer rows for the claims
+        about layers. ``median_abs_rho_*`` (Spearman over the factor samples, which do not
+        record their document) get none."""
+        per_doc, hist = self.acc.per_doc, self.acc.share_hist
+        if per_doc is None or not bool(per_doc.seen.any()):
+            raise InputError(
+                "Intervals need each document's sums: run sink_statistics(..., per_document=True)."
+            )
+        reps = bootstrap.resample(per_doc.table())  # [R, statistic, layer, head]
+        fields = sink_head_fields(
+            {name: reps[:, i] for i, name in enumerate(per_doc.names)},
+            bootstrap.resample(hist.table("drift_share")),
+            SHARE_BINNING,
+            self.threshold,
+        )
+        intervals = {
+            k: bootstrap.pair(v) for k, v in sink_numbers(fields, MIN_S_STAR_QUERIES).items()
+        }
+        exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
+        counts = self.acc.s_star.counts[None].double()
+        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
+        point = sink_head_fields(
+            exact, hist.table("drift_share").double().sum(0)[None], SHARE_BINNING, self.threshold
+        )
+        point_layers = sink_numbers_per_layer(point, MIN_S_STAR_QUERIES)
+        rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
+        per_layer = {
+            cid: per_layer_rows(
+                self.layers, number, point_layers[number][0], bootstrap.interval(rep_layers[number])
+            )
+            for cid, number in LAYER_NUMBERS.items()
+        }
+        return intervals, per_layer
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
@@ -803,6 +910,7 @@ def sink_statistics(
     seed: int = 0,
     prepend_bos: bool = True,
     progress: bool | str = False,
+    per_document: bool = False,
 ) -> SinkStatistics:
     """Sink geometry over a corpus in one streamed pass (SPEC §3).
 
@@ -824,6 +932,10 @@ def sink_statistics(
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
+        per_document: Also keep each document's sums per head (``RECORDED_SUMS`` and a coarse
+            cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
+            document, 43.2 KB for SmolLM2-135M's 270 heads) so that
+            :meth:`SinkStatistics.claims` can give bootstrap intervals.
     """
     if drift_k < 1:
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
@@ -844,6 +956,7 @@ def sink_statistics(
         samples_per_head=samples_per_head,
         max_samples=max_samples,
         seed=seed,
+        n_documents=len(as_corpus(corpus)) if per_document else None,
     )
     acc, stats = stream_corpus(
         model,

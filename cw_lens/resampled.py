@@ -1,0 +1,132 @@
+r"""The claims' headline numbers recomputed on bootstrap replicates of per-document sums.
+
+Each function takes the replicates ``[R, ...]`` of the sums an analysis keeps (what
+:meth:`cw_lens.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
+every headline number of its claims for all ``R`` replicates at once, ``{number: [R]}``, by the
+same formula as the claim's point value (SPEC §6). Applied to the corpus totals (``R = 1``) they
+give the point values back, which the tests check. Pure tensor math: no model, no pandas.
+
+What each interval is of, where the exact number cannot be recomputed from per-document sums:
+
+- ``median_cancelled_share`` (``sink_cancels_drift``): the median over sink heads of each
+  head's median cancelled share read from per-document *coarse* histograms (24 bins equal in
+  ``asinh(v / 1e-3)`` on ``[-10, 10]``, an edge at 0, plus the two edge bins: the sign of a
+  head's median is exact, its size resolved to a factor of about 2.5) instead of the fine
+  histogram of the point value.
+- Everything else is exact up to the float32 rounding of the per-document sums: sink heads,
+  per-head means and ratios are recomputed per resample from the resampled sums; the s* and
+  drift-cosine medians are decided by edge counts (``median s* in (0, 1)`` iff fewer than half
+  of the head's s* are ``<= 0`` and fewer than half ``>= 1``; ``median cos < 0`` iff more than
+  half of the cosines are negative), which is what the point value's histogram reads.
+
+Example::
+
+    from cw_lens.bootstrap import Bootstrap
+    from cw_lens.resampled import taxonomy_numbers
+    boot = Bootstrap(1000, seed=0)
+    counts = boot.resample(per_doc_counts)        # [R, layer, head, 3]
+    reps = taxonomy_numbers(counts)["retriever_share"]
+    boot.pair(reps)                              # (low, high)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxtyping import Float
+from torch import Tensor
+
+from cw_lens.accumulate import Histogram
+from cw_lens.bootstrap import masked_mean, masked_median, ratio
+
+Tables = dict[str, Tensor]
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+def sink_head_fields(
+    t: Tables, share_counts: Tensor, share_binning: dict, threshold: float
+) -> Tables:
+    """Per (replicate, layer, head) fields from resampled sums ``t[name]`` ``[R, L, H]``."""
+    rate = ratio(t["rate_sum"], t["rate_count"])
+    hist = Histogram((), **share_binning)
+    hist.counts = share_counts
+    n = t["s_star_n"]
+    return {
+        "sink": rate > threshold,  # NaN (nothing counted) is not a sink head
+        "attention": ratio(t["sink_attention_sum"], t["sink_count"]),
+        "contribution": ratio(t["sink_contribution_sum"], t["sink_count"]),
+        "norm_ratio": ratio(t["ratio_sum"], t["geometry_count"]),
+        "cos_mixture": ratio(t["cos_mixture_sum"], t["cos_mixture_count"]),
+        "s_star_n": n,
+        "s_star_interior": (n > 0) & (2 * t["s_star_lo"] < n) & (2 * t["s_star_hi"] < n),
+        "drift_negative": 2 * t["drift_neg"] > t["drift_count"],
+        "cancelled_median": hist.quantile(0.5),
+    }
+
+
+def _sink_reduce(f: Tables, min_s_star_queries: int) -> Tables:
+    """The sink claims' numbers over the last axis (heads) of the fields ``f``."""
+    sink = f["sink"]
+    judged = sink & (f["s_star_n"] >= min_s_star_queries)
+    return {
+        "contribution_over_attention": ratio(
+            masked_mean(f["contribution"], sink), masked_mean(f["attention"], sink)
+        ),
+        "median_ratio_sink_heads": masked_median(f["norm_ratio"], sink),
+        "median_cos_sink_tail_mixture": masked_median(f["cos_mixture"], sink),
+        "share_judged_sink_heads_interior_median_s_star": masked_mean(
+            f["s_star_interior"].double(), judged
+        ),
+        "share_sink_heads_negative_cosine": masked_mean(f["drift_negative"].double(), sink),
+        "median_cancelled_share": masked_median(f["cancelled_median"], sink),
+    }
+
+
+def sink_numbers(fields: Tables, min_s_star_queries: int) -> dict[str, Float[Tensor, " R"]]:
+    """The sink claims' numbers over all heads (``fields`` from :func:`sink_head_fields`)."""
+    flat = {k: v.flatten(-2) for k, v in fields.items()}
+    return _sink_reduce(flat, min_s_star_queries)
+
+
+def sink_numbers_per_layer(
+    fields: Tables, min_s_star_queries: int
+) -> dict[str, Float[Tensor, "R layer"]]:
+    """The same numbers within each layer's heads."""
+    return _sink_reduce(fields, min_s_star_queries)
+
+
+# --------------------------------------------------------------------------- taxonomy
+
+
+def retriever(counts: Float[Tensor, "... 3"]) -> Tensor:
+    """Is a head a Retriever: ``current`` is its most frequent category (ties to Retriever)."""
+    return counts.argmax(-1) == 0
+
+
+def taxonomy_numbers(counts: Float[Tensor, "R layer head 3"]) -> dict[str, Tensor]:
+    """``retriever_share`` ``[R]`` and per layer ``[R, layer]`` from (current, sink, other)
+    winner counts per head."""
+    is_retriever = retriever(counts).double()
+    return {
+        "retriever_share": is_retriever.flatten(-2).mean(-1),
+        "retriever_share_per_layer": is_retriever.mean(-1),
+    }
+
+
+def per_layer_rows(
+    layers: list[int], number: str, value: Tensor, interval: Tensor
+) -> list[dict[str, Any]]:
+    """Tidy rows ``{"layer", "number", "value", "low", "high"}`` from per-layer point values
+    ``[L]`` and intervals ``[2, L]``."""
+    return [
+        {
+            "layer": int(layer),
+            "number": number,
+            "value": float(value[i]),
+            "low": float(interval[0, i]),
+            "high": float(interval[1, i]),
+        }
+        for i, layer in enumerate(layers)
+    ]
