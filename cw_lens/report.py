@@ -270,6 +270,7 @@ def step_selection(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         batch_size=job.config.batch_size,
         progress=job.progress,
+        per_document=True,
     )
     return {"result": result}
 
@@ -416,7 +417,7 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
             "n_items": task["n_items"],
             **task_claim["measured"],
         }
-    claims.update(r["selection"]["result"].claims())
+    claims.update(r["selection"]["result"].claims(boot))
     claims.update(r["taxonomy"]["result"].claims(boot))
     claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["global"]))
     for cid, claim in claims.items():

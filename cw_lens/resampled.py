@@ -31,8 +31,10 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -130,3 +132,54 @@ def per_layer_rows(
         }
         for i, layer in enumerate(layers)
     ]
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _nan_extreme(x: Tensor, largest: bool) -> Tensor:
+    """Max (or min) over the last axis ignoring NaN; NaN where all are NaN."""
+    fill = -math.inf if largest else math.inf
+    filled = torch.where(x.isnan(), fill, x)
+    out = filled.amax(-1) if largest else filled.amin(-1)
+    return torch.where(x.isnan().all(-1), math.nan, out)
+
+
+def selection_numbers(
+    sums: Float[Tensor, "R layer rule head n 2"],
+    n_grid: list[int],
+    rules: tuple[str, ...],
+    small_n: tuple[int, ...],
+    sink_n: tuple[int, ...],
+) -> dict[str, Tensor]:
+    """``topn_beats_random`` and ``sink_lowers_fn``'s numbers from sums of (F, scored queries)
+    per (layer, rule, head, N), as :func:`cw_lens.selection.selection_claims` reads them: the
+    mean over heads of each head's mean F per rule and N; the median over heads of F(sink
+    excluded) / F(sink allowed) (``inf`` where only the sink-free F is positive)."""
+    f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
+    f = f.transpose(1, 2).flatten(2, 3)  # [R, rule, heads, n]
+    means = masked_mean(f.transpose(-1, -2), ~f.transpose(-1, -2).isnan())  # [R, rule, n]
+    rule = {r: i for i, r in enumerate(rules)}
+    n_index = {n: k for k, n in enumerate(n_grid)}
+    grid = [n for n in n_grid if n > 1]
+    out: dict[str, Tensor] = {}
+    if "random" in rule and grid:
+        gap = means[:, rule["top"]] - means[:, rule["random"]]  # [R, n]
+        out["min_over_n_f_top_minus_random"] = -_nan_extreme(
+            -gap[:, [n_index[n] for n in grid]], largest=True
+        )
+        small = [n_index[n] for n in grid if n in small_n]
+        large = [n_index[n] for n in grid if n > max(small_n)]
+        if large:
+            peak = _nan_extreme(gap[:, small], largest=True) if small else gap[:, 0] * math.nan
+            out["largest_gap_n2_n4_minus_larger_n"] = peak - _nan_extreme(
+                gap[:, large], largest=True
+            )
+    with_sink, without = f[:, rule["top"]], f[:, rule["top_no_sink"]]  # [R, heads, n]
+    head_ratio = without / torch.where(with_sink > 0, with_sink, math.nan)
+    head_ratio = torch.where((with_sink == 0) & (without > 0), math.inf, head_ratio)
+    for n in sink_n:
+        if n in n_index:
+            r = head_ratio[..., n_index[n]]
+            out[f"median_head_ratio_n{n}"] = masked_median(r, ~r.isnan())
+    return out
