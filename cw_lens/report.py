@@ -232,6 +232,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
         batch_size=job.config.batch_size,
         seed=job.config.seed,
         progress=job.progress,
+        per_document=True,
     )
     return {"result": result}
 
@@ -409,7 +410,7 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
     claims: dict[str, dict[str, Any]] = {}
     claims.update(r["sinks"]["stats"].claims(boot))
     claims.update(r["ablation"]["ablation"].claims())
-    claims.update(r["faithfulness"]["result"].claims())
+    claims.update(r["faithfulness"]["result"].claims(boot))
     if r.get("task_faithfulness"):
         task = r["task_faithfulness"]
         task_claim = task["result"].claims()["faithfulness_order"]

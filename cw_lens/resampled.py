@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -182,4 +183,48 @@ def selection_numbers(
         if n in n_index:
             r = head_ratio[..., n_index[n]]
             out[f"median_head_ratio_n{n}"] = masked_median(r, ~r.isnan())
+    return out
+
+
+# --------------------------------------------------------------------------- faithfulness
+
+
+def aopc_numbers(
+    sums: Float[Tensor, "R statistic"],
+    names: list[str],
+    configs: list[tuple],
+    task: bool,
+) -> dict[tuple[str, str, str], Tensor]:
+    """AOPC per (granularity, mode, metric) ``[R]`` from resampled per-configuration sums
+    (``"nll|<tag>"`` or ``"logprob|<tag>"`` and ``"count|<tag>"``, tag ``"clean"`` or
+    ``"g|metric|mode|fraction"``): the mean over the fractions of the change of the mean NLL
+    (on tasks: the drop of the mean answer log-probability), as
+    :meth:`cw_lens.faithfulness.FaithfulnessResult.aopc`."""
+    column = {n: i for i, n in enumerate(names)}
+    value = "logprob" if task else "nll"
+
+    def mean(tag: str) -> Tensor:
+        return ratio(sums[:, column[f"{value}|{tag}"]], sums[:, column[f"count|{tag}"]])
+
+    clean = mean("clean")
+    curves: dict[tuple[str, str, str], list[Tensor]] = {}
+    for g, m, mode, f in configs:
+        delta = mean("|".join(map(str, (g, m, mode, f)))) - clean
+        curves.setdefault((g, mode, m), []).append(-delta if task else delta)
+    return {key: torch.stack(parts).mean(0) for key, parts in curves.items()}
+
+
+def faithfulness_numbers(
+    aopc: dict[tuple[str, str, str], Tensor], metrics: tuple[str, ...]
+) -> dict[str, Tensor]:
+    """``faithfulness_order``'s numbers from AOPC replicates, as
+    :func:`cw_lens.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
+    comp = {m: aopc[("pairs", "comprehensiveness", m)] for m in metrics}
+    suff = {m: aopc[("pairs", "sufficiency", m)] for m in metrics}
+    out = {
+        f"comprehensiveness_{b}_minus_{a}": comp[b] - comp[a]
+        for a, b in itertools.pairwise(metrics)
+    }
+    others = torch.stack([suff[m] for m in metrics if m != "contribution"]).amin(0)
+    out["sufficiency_lowest_other_minus_contribution"] = others - suff["contribution"]
     return out
