@@ -214,7 +214,11 @@ def step_ablation(job: Job) -> dict[str, Any]:
     from cw_lens.sinks import sink_ablation
 
     ablation = sink_ablation(
-        job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
     )
     return {"ablation": ablation}
 
@@ -409,7 +413,7 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
     boot = job_bootstrap(job.config)
     claims: dict[str, dict[str, Any]] = {}
     claims.update(r["sinks"]["stats"].claims(boot))
-    claims.update(r["ablation"]["ablation"].claims())
+    claims.update(r["ablation"]["ablation"].claims(boot))
     claims.update(r["faithfulness"]["result"].claims(boot))
     if r.get("task_faithfulness"):
         task = r["task_faithfulness"]

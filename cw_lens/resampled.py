@@ -228,3 +228,31 @@ def faithfulness_numbers(
     others = torch.stack([suff[m] for m in metrics if m != "contribution"]).amin(0)
     out["sufficiency_lowest_other_minus_contribution"] = others - suff["contribution"]
     return out
+
+
+# --------------------------------------------------------------------------- sink ablation
+
+
+def ablation_numbers(
+    heads: Float[Tensor, "R statistic layer head"],
+    nll: Float[Tensor, "R 4"],
+    planned: Tensor,
+    low_norm_quantile: float,
+) -> dict[str, Tensor]:
+    """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before,
+    count_before, cone_after, count_after, rel_norm``) of the patched heads and NLL sums
+    (clean nll, count, patched nll, count), as :meth:`cw_lens.sinks.SinkAblation.claims`: the
+    low-norm heads (relative output norm at or below its ``low_norm_quantile``, re-picked per
+    resample) against the others."""
+    cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]
+    rel = rel / n_b.clamp_min(1)
+    before, after = cone_b / n_b.clamp_min(1), cone_a / n_a.clamp_min(1)
+    cut = torch.quantile(rel, low_norm_quantile, dim=-1, keepdim=True)
+    low = rel <= cut
+    rise = after - before
+    clean_ppl = torch.exp(nll[:, 0] / nll[:, 1])
+    patched_ppl = torch.exp(nll[:, 2] / nll[:, 3])
+    return {
+        "cone_rise_low_norm_minus_other": masked_mean(rise, low) - masked_mean(rise, ~low),
+        "delta_ppl": patched_ppl - clean_ppl,
+    }

@@ -62,6 +62,7 @@ from cw_lens.inputs import TokenBatch
 from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.layer_contributions import LayerContributions
 from cw_lens.resampled import (
+    ablation_numbers,
     per_layer_rows,
     sink_head_fields,
     sink_numbers,
@@ -101,6 +102,8 @@ RECORDED_SUMS = (
 # asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
 # two edge bins
 SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
+# the ablation's per-document record (per patched layer and head)
+ABLATION_SUMS = ("cone_before", "count_before", "cone_after", "count_after", "rel_norm")
 # the claims about layers and the number each reads per layer
 LAYER_NUMBERS = {
     "sink_attention_vs_contribution": "contribution_over_attention",
@@ -1064,16 +1067,26 @@ class _AblationAccumulator:
         mode: str,
         run_tag: str,
         direct_after: bool,
+        n_documents: int | None = None,
     ) -> None:
         """``run_tag``: what the streamed run measures ("before" = clean, "after" = patched);
-        ``direct_after``: also record the exact direct effect of the patch on the clean run."""
+        ``direct_after``: also record the exact direct effect of the patch on the clean run;
+        ``n_documents``: also keep each document's sums (for bootstrap intervals)."""
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
         self.scale, self.mode = scale, mode
         self.run_tag, self.direct_after = run_tag, direct_after
         self.sums = ExactSums()
+        self.pos = {layer: i for i, layer in enumerate(sorted(plan))}
+        self.per_doc = (
+            None
+            if n_documents is None
+            else PerDocument(ABLATION_SUMS, n_documents, (len(plan), n_heads))
+        )
 
     def merge(self, other: _AblationAccumulator) -> None:
         self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
 
     def update(self, lc: LayerContributions) -> None:
         if lc.layer not in self.plan:
@@ -1114,7 +1127,13 @@ class _AblationAccumulator:
     ) -> None:
         norm, cos, defined = norm_and_cone(z, axis, gram)
         ok = valid[:, None, :] & defined
-        add = self.sums.add_rows
+
+        def add(docs: list[int], key: str, values: Tensor) -> None:
+            self.sums.add_rows(docs, key, values)
+            name = key.split("@")[0]
+            if self.per_doc is not None and name in ABLATION_SUMS:
+                self.per_doc.add_rows(docs, name, values, at=self.pos[layer])
+
         add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
         add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
         add(docs, f"count_{tag}@{layer}", ok.sum(-1))
@@ -1146,6 +1165,10 @@ class SinkAblation:
     mode: str
     effect: str
     layers: list[int]
+    # opt-in: ([document, ABLATION_SUMS, layer, head] sums, [document, (clean nll, count,
+    # patched nll, count)], the patched heads' mask [layer, head]) for bootstrap intervals
+    per_document: tuple[Tensor, Tensor, Tensor] | None = None
+    low_norm_quantile: float = 0.25
 
     @property
     def delta_nll(self) -> float:
@@ -1173,8 +1196,25 @@ class SinkAblation:
         cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
         return df.groupby("group")[cols].mean()
 
-    def claims(self) -> dict[str, dict[str, Any]]:
-        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured."""
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured; with ``bootstrap``
+        each number's interval over documents (each resample re-picks the low-norm quarter;
+        needs ``per_document=True``)."""
+        claims = [self._claim()]
+        if bootstrap is not None:
+            if self.per_document is None:
+                raise InputError(
+                    "Intervals need each document's sums: run sink_ablation(..., "
+                    "per_document=True)."
+                )
+            heads, nll, planned = self.per_document
+            reps = ablation_numbers(
+                bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
+
+    def _claim(self) -> Claim:
         summary = self.summary()
 
         def mean(group: str, column: str) -> float:
@@ -1208,7 +1248,7 @@ class SinkAblation:
                 "mode": self.mode,
             },
         )
-        return claims_dict([claim])
+        return claim
 
     def plot(self, **kw: Any) -> Any:
         from cw_lens.plots.sinks import plot_sink_ablation_cone
@@ -1230,6 +1270,7 @@ def sink_ablation(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     progress: bool | str = False,
+    per_document: bool = False,
 ) -> SinkAblation:
     """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).
 
@@ -1247,6 +1288,9 @@ def sink_ablation(
         sink_positions: Sink positions (default BOS).
         effect: ``"direct"`` or ``"total"`` (see above).
         low_norm_quantile: Share of heads called "low-norm" (SPEC: a quarter).
+        per_document: Also keep each document's per-head sums and NLL sums (``20 *
+            n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
+            bootstrap intervals (:meth:`SinkAblation.claims`).
     """
     if effect not in ("direct", "total"):
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
@@ -1270,15 +1314,19 @@ def sink_ablation(
     n_heads = model.cfg.n_heads
     kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
     direct = effect == "direct"
-    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct)
+    n_docs = len(as_corpus(corpus)) if per_document else None
+    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct, n_docs)
     before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
-    after_sums = before.sums
+    after_sums, record = before.sums, before.per_doc
     if not direct:
-        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False)
+        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
         after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
         after_sums = after.sums
-    clean = corpus_nll(model, corpus, batch_size=batch_size, prepend_bos=prepend_bos)
-    patched = corpus_nll(model, corpus, hooks=patch, batch_size=batch_size, prepend_bos=prepend_bos)
+        if record is not None:  # the two records keep disjoint statistics
+            record.values += after.per_doc.values
+    kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
+    clean = corpus_nll(model, corpus, **kw_nll)
+    patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
     rows = []
     for layer, hs in sorted(plan.items()):
         total = {
@@ -1310,4 +1358,21 @@ def sink_ablation(
     df = pd.DataFrame(rows)
     cut = df["relative_output_norm"].quantile(low_norm_quantile)
     df["low_norm"] = df["relative_output_norm"] <= cut
-    return SinkAblation(clean.mean_nll, patched.mean_nll, df, scale, mode, effect, sorted(plan))
+    per_doc = None
+    if record is not None:
+        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool)
+        for i, layer in enumerate(sorted(plan)):
+            planned[i, plan[layer]] = True
+        nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)
+        per_doc = (record.table(), nll, planned)
+    return SinkAblation(
+        clean.mean_nll,
+        patched.mean_nll,
+        df,
+        scale,
+        mode,
+        effect,
+        sorted(plan),
+        per_doc,
+        low_norm_quantile,
+    )
