@@ -424,7 +424,8 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
         }
     claims.update(r["selection"]["result"].claims(boot))
     claims.update(r["taxonomy"]["result"].claims(boot))
-    claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["global"]))
+    pruning = r["pruning"]["result"]
+    claims.update(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]

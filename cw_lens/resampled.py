@@ -256,3 +256,26 @@ def ablation_numbers(
         "cone_rise_low_norm_minus_other": masked_mean(rise, low) - masked_mean(rise, ~low),
         "delta_ppl": patched_ppl - clean_ppl,
     }
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def pruning_numbers(
+    nll: dict[Any, Float[Tensor, "R 2"]], levels: tuple[float, ...]
+) -> dict[str, Tensor]:
+    """``pruning_signal``'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
+    from resampled (NLL sum, count) per ``(order, draw, level)`` and ``"clean"``."""
+
+    def ppl(t: Tensor) -> Tensor:
+        return torch.exp(t[:, 0] / t[:, 1])
+
+    clean = ppl(nll["clean"])
+    out = {}
+    for level in levels:
+        tax = [v for k, v in nll.items() if k != "clean" and k[0] == "taxonomy" and k[2] == level]
+        rand = [v for k, v in nll.items() if k != "clean" and k[0] == "random" and k[2] == level]
+        if tax and rand:
+            random_mean = torch.stack([ppl(r) - clean for r in rand]).mean(0)
+            out[f"random_minus_taxonomy_delta_ppl_at_{level}"] = random_mean - (ppl(tax[0]) - clean)
+    return out
