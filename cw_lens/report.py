@@ -307,7 +307,12 @@ def step_pruning(job: Job) -> dict[str, Any]:
         progress=job.progress,
     )
     result = prune_heads(
-        job.model, job.corpus, scope="layer", lone_docs=job.config.lone_docs, **common
+        job.model,
+        job.corpus,
+        scope="layer",
+        lone_docs=job.config.lone_docs,
+        per_document=True,
+        **common,
     )
     global_ranking = prune_heads(job.model, job.corpus, scope="global", lone=False, **common)
     return {"result": result, "global": global_ranking}
