@@ -86,7 +86,8 @@ class Bootstrap:
         q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
         out = torch.nanquantile(x, q, dim=0) if x.numel() else torch.full((2,), math.nan)
         undefined = x.isnan().double().mean(0)
-        return torch.where(undefined > tail, torch.tensor(math.nan, dtype=torch.float64), out)
+        too_many = undefined > tail + 1e-12
+        return torch.where(too_many, torch.tensor(math.nan, dtype=torch.float64), out)
 
     def pair(self, replicates: Tensor) -> tuple[float, float]:
         """:meth:`interval` of one number's ``[resamples]`` replicates, as two floats."""
