@@ -104,25 +104,13 @@ class Check:
     def _interval_verdict(self, low: float, high: float) -> Verdict:
         """yes: every value of ``[low, high]`` satisfies the comparison; no: none does."""
         if self.op == "<":
-            return (
-                "yes"
-                if high < self.threshold
-                else "no"
-                if low >= self.threshold
-                else "inconclusive"
-            )
-        if self.op == ">":
-            return (
-                "yes"
-                if low > self.threshold
-                else "no"
-                if high <= self.threshold
-                else "inconclusive"
-            )
-        a, b = self.threshold
-        if a <= low and high <= b:
-            return "yes"
-        return "no" if high < a or low > b else "inconclusive"
+            yes, no = high < self.threshold, low >= self.threshold
+        elif self.op == ">":
+            yes, no = low > self.threshold, high <= self.threshold
+        else:
+            a, b = self.threshold
+            yes, no = a <= low and high <= b, high < a or low > b
+        return "yes" if yes else "no" if no else "inconclusive"
 
     @property
     def holds(self) -> Verdict:

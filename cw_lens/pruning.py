@@ -574,8 +574,8 @@ def prune_heads(
         prepend_bos: Prepend BOS.
         progress: Show progress bars.
         per_document: Also keep each document's NLL sum and count per pruned configuration
-            (``8 * (1 + orders' draws * levels) + ...`` bytes per document: 0.2 KB with the
-            defaults) for bootstrap intervals (:meth:`PruningResult.claims`).
+            (``9 * (1 + rankings * levels)`` bytes per document — a ranking per order and
+            random draw: 225 bytes with the defaults) for bootstrap intervals (:meth:`PruningResult.claims`).
 
     Returns:
         A :class:`PruningResult`.
