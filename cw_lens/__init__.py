@@ -14,6 +14,9 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
+- contribution flow (SPEC §7): :func:`residual_shares`, :func:`stream_shares`,
+  :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
+  :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """
 
 from cw_lens.access import cache_names
@@ -32,16 +35,25 @@ from cw_lens.errors import (
     UnsupportedModelError,
 )
 from cw_lens.faithfulness import FaithfulnessResult, faithfulness
+from cw_lens.flow_evaluation import (
+    IOIRouteStatistics,
+    RolloutDeletion,
+    ioi_route_statistics,
+    rollout_deletion,
+)
 from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
 from cw_lens.layer_contributions import LayerContributions
 from cw_lens.models import load_model
 from cw_lens.pruning import PruningResult, lone_head_costs, prune_heads
+from cw_lens.rollout import RolloutResult, attention_rollout, contribution_rollout
+from cw_lens.routes import RouteGraph, routes
 from cw_lens.selection import (
     SelectionGeometryResult,
     geometric_prf,
     geometric_prf_batched,
     selection_geometry,
 )
+from cw_lens.shares import LayerShares, ResidualShares, residual_shares, stream_shares
 from cw_lens.sink_patching import PatchControls, SinkPatchComparison, compare_sink_patch
 from cw_lens.sinks import (
     SinkAblation,
@@ -65,20 +77,28 @@ __all__ = [
     "FaithfulnessResult",
     "HeadTaxonomyResult",
     "HookSet",
+    "IOIRouteStatistics",
     "InputError",
     "LayerContributions",
+    "LayerShares",
     "ModelLoadError",
     "ModelVerification",
     "PatchControls",
     "PruningResult",
+    "ResidualShares",
+    "RolloutDeletion",
+    "RolloutResult",
+    "RouteGraph",
     "SelectionGeometryResult",
     "SinkAblation",
     "SinkPatchComparison",
     "SinkStatistics",
     "UnsupportedModelError",
     "__version__",
+    "attention_rollout",
     "cache_names",
     "compare_sink_patch",
+    "contribution_rollout",
     "contribution_weights",
     "contribution_weights_from_cache",
     "detect_sinks",
@@ -86,6 +106,7 @@ __all__ = [
     "geometric_prf",
     "geometric_prf_batched",
     "head_taxonomy",
+    "ioi_route_statistics",
     "load_corpus",
     "load_model",
     "lone_head_costs",
@@ -93,12 +114,16 @@ __all__ = [
     "patch_sink",
     "prune_heads",
     "remove_heads",
+    "residual_shares",
+    "rollout_deletion",
+    "routes",
     "selection_geometry",
     "sink_ablation",
     "sink_patcher",
     "sink_rates",
     "sink_statistics",
     "stream_contributions",
+    "stream_shares",
     "verify_model",
 ]
 

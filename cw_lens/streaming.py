@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,11 +81,52 @@ class StreamStats:
     n_tokens: int = 0
     n_nan_rows: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
 
+    def count(self, batch: TokenBatch) -> None:
+        """Count a streamed document batch."""
+        self.n_documents += batch.tokens.shape[0]
+        self.n_tokens += int(batch.mask.sum())
+
     def merge(self, other: StreamStats) -> None:
         self.n_documents += other.n_documents
         self.n_tokens += other.n_tokens
         for kind, n in other.n_nan_rows.items():
             self.n_nan_rows[kind] = self.n_nan_rows.get(kind, 0) + n
+
+
+def check_query_chunk(query_chunk: Any) -> None:
+    """``query_chunk`` must be a positive integer or ``None`` (automatic)."""
+    if query_chunk is not None and (
+        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
+    ):
+        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
+
+
+def document_batches(
+    model: Any,
+    prepared: TokenBatch,
+    batch_size: int | None,
+    query_chunk: int | None,
+    n_heads: int,
+    *,
+    shard: tuple[int, int] | None = None,
+    progress: bool | str = False,
+) -> Iterator[tuple[TokenBatch, int]]:
+    """The document batches of a prepared input (this rank's share under ``shard``), each with
+    its query rows per block (``query_chunk``, or :func:`auto_query_chunk`)."""
+    batches = list(iter_batches(prepared, batch_size))
+    if shard is not None:
+        rank, world = shard
+        batches = batches[rank::world]
+    label = progress if isinstance(progress, str) else None
+    for batch in tqdm(batches, desc=label, disable=not progress, leave=False):
+        n_batch, n_pos = batch.tokens.shape
+        yield batch, query_chunk or auto_query_chunk(n_batch, n_heads, n_pos)
+
+
+def query_blocks(n_pos: int, chunk: int) -> Iterator[slice]:
+    """Consecutive blocks of at most ``chunk`` query rows covering ``0 .. n_pos - 1``."""
+    for start in range(0, n_pos, chunk):
+        yield slice(start, min(n_pos, start + chunk))
 
 
 def stream_contributions(
@@ -140,32 +181,22 @@ def stream_contributions(
         raise InputError(
             f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
         )
-    if query_chunk is not None and (
-        isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
-    ):
-        raise InputError(f"query_chunk must be a positive integer or None, got {query_chunk!r}.")
+    check_query_chunk(query_chunk)
     layer_list = resolve_layers(model, layers)
     head_list = None if heads is None else resolve_heads(model, heads)
     prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     stats = StreamStats()
     weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
-    batches = list(iter_batches(prepared, batch_size))
-    if shard is not None:
-        rank, world = shard
-        batches = batches[rank::world]
+    n_heads = len(head_list or range(model.cfg.n_heads))
     label = progress if isinstance(progress, str) else "contributions"
-    bar = tqdm(batches, desc=label, disable=not progress, leave=False)
-    for batch in bar:
-        n_keys = batch.tokens.shape[1]
-        chunk = query_chunk or auto_query_chunk(
-            batch.tokens.shape[0], len(head_list or range(model.cfg.n_heads)), n_keys
-        )
+    for batch, chunk in document_batches(
+        model, prepared, batch_size, query_chunk, n_heads, shard=shard, progress=progress and label
+    ):
 
-        def on_layer(acts: LayerActivations, n_keys: int = n_keys, chunk: int = chunk) -> None:
+        def on_layer(acts: LayerActivations, chunk: int = chunk) -> None:
             shared: dict[str, Any] = {}
-            for start in range(0, n_keys, chunk):
-                rows = slice(start, min(n_keys, start + chunk))
+            for rows in query_blocks(acts.pattern.shape[-1], chunk):
                 lc = LayerContributions(acts, head_list, rows, shared, workspace)
                 for kind in count_nan:
                     stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
@@ -182,8 +213,7 @@ def stream_contributions(
         )
         if on_logits is not None:
             on_logits(batch, logits)
-        stats.n_documents += batch.tokens.shape[0]
-        stats.n_tokens += int(batch.mask.sum())
+        stats.count(batch)
     for kind in count_nan:
         if stats.n_nan_rows[kind]:
             warnings.warn(

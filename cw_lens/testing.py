@@ -80,7 +80,7 @@ def _byte_of(ch: str) -> int:
     return others[code - 256]
 
 
-def _wrap(hf_model: Any, architecture: str, name: str, api: str) -> Any:
+def _wrap(hf_model: Any, architecture: str, name: str, api: str = "bridge") -> Any:
     hf_model.eval()
     if resolve_api(api) == "hooked":
         return from_hf(hf_model, byte_tokenizer(), name=name)

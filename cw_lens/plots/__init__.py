@@ -7,6 +7,12 @@ from cw_lens.plots._style import save_figure
 from cw_lens.plots.claims import plot_per_layer_intervals
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
+from cw_lens.plots.flow import (
+    plot_residual_shares,
+    plot_rollout,
+    plot_rollout_deletion,
+    plot_routes,
+)
 from cw_lens.plots.selection import (
     plot_pruning_signal,
     plot_retriever_share,
@@ -28,7 +34,11 @@ __all__ = [
     "plot_faithfulness_curves",
     "plot_per_layer_intervals",
     "plot_pruning_signal",
+    "plot_residual_shares",
     "plot_retriever_share",
+    "plot_rollout",
+    "plot_rollout_deletion",
+    "plot_routes",
     "plot_sink_ablation_cone",
     "plot_sink_attention_vs_contribution",
     "plot_sink_cancels_drift",

@@ -1,0 +1,298 @@
+"""Model access for contribution flow (SPEC §7): the residual-stream hooks, checked.
+
+:func:`run_blocks` runs one forward pass and, as each requested block finishes, hands a
+:class:`BlockActivations` — the attention layer's activations from
+:func:`cw_lens.capture.run_layers` plus the residual stream before and after the block, the
+attention and MLP pieces as they enter the residual, and the post-attention norm linearised at
+its actual input — to a callback inside the pass, then drops it.
+
+Every block is checked against the model before a number leaves it (a silent wrong number is
+the worst defect); a failure raises :class:`~cw_lens.UnsupportedModelError` naming the
+architecture, the layer, the identity and the size of the error:
+
+1. ``resid_post == resid_pre + attn_out + mlp_out`` (the block has no hidden pieces: no
+   residual multiplier, no un-hooked branch);
+2. ``attn_out == A(o + b_O)`` with ``o = sum_h z^h W_O^h`` from ``hook_z`` and ``A`` the
+   identity (pre-norm) or the post-attention norm recomputed from its parameters at its
+   actual input (post-norm: Gemma 2/3, OLMo 2/3).
+
+(The third identity, ``sum_{h,j} share(h, j) == <o, u>`` — the attention pattern and values
+are what ``z`` is made of — is checked by :class:`cw_lens.shares.LayerShares`.)
+
+All hook names and module look-ups of the flow analyses live in :func:`block_wiring`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from cw_lens import flow_geometry as fg
+from cw_lens.access import model_access
+from cw_lens.capture import LayerActivations, LayerWeights, _StreamDone, run_layers
+from cw_lens.errors import UnsupportedModelError
+from cw_lens.inputs import TokenBatch
+
+# Relative tolerance of the block checks, by the model's activation dtype: float32 rounding
+# leaves ~1e-6, half precision ~1e-2; a wrong wiring (a missing multiplier, a wrong hook) is O(1).
+CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 3e-2}
+
+
+@dataclass
+class NormSpec:
+    """A normalisation module as ``out = r(a) g ⊙ C(a) + beta`` (float32 parameters)."""
+
+    name: str
+    gain: Float[Tensor, " d_model"]
+    bias: Float[Tensor, " d_model"] | None
+    eps: float
+    centred: bool
+
+
+@dataclass
+class BlockWiring:
+    """Where block ``layer``'s residual-stream pieces are read.
+
+    ``hooks`` maps ``resid_pre``, ``attn_out`` (the attention piece as it enters the
+    residual), ``mlp_out`` (likewise, after any post-MLP norm) and ``resid_post`` to hook
+    names; ``post_norm`` is the post-attention norm (``None`` on pre-norm blocks).
+    """
+
+    layer: int
+    hooks: dict[str, str]
+    post_norm: NormSpec | None
+
+
+def block_wiring(model: Any, layer: int) -> BlockWiring:
+    """The hook names and the post-attention norm of one block (the only model look-ups here).
+
+    Hook names come from the access layer (:func:`cw_lens.access.model_access`); the
+    post-attention norm is ``blocks[layer].ln1_post`` on ``TransformerBridge`` and
+    ``HookedTransformer`` alike, and both route ``hook_attn_out``/``hook_mlp_out`` through the
+    post-norms (verified on every pass by :func:`check_block`).
+    """
+    access = model_access(model)
+    hooks = {
+        kind: access.hook_name(kind, layer)
+        for kind in ("resid_pre", "attn_out", "mlp_out", "resid_post")
+    }
+    block = model.blocks[layer]
+    norm = getattr(block, "ln1_post", None)
+    return BlockWiring(layer, hooks, None if norm is None else norm_spec(model, norm, layer))
+
+
+def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
+    """Read a norm's gain, bias and eps; refuse kinds whose formula is not known here."""
+    inner = getattr(module, "original_component", None) or module
+    name = type(inner).__name__
+    weight = getattr(inner, "weight", None)
+    if weight is None:
+        weight = getattr(inner, "w", None)
+    bias = getattr(inner, "bias", None)
+    if bias is None:
+        bias = getattr(inner, "b", None)
+    eps = next(
+        (getattr(inner, a) for a in ("variance_epsilon", "eps", "epsilon") if hasattr(inner, a)),
+        None,
+    )
+    is_rms = "RMS" in name.upper()
+    is_layer = isinstance(inner, torch.nn.LayerNorm) or (not is_rms and "LayerNorm" in name)
+    if weight is None or eps is None or not (is_rms or is_layer):
+        raise UnsupportedModelError(
+            f"{_arch(model)}: the post-attention norm of layer {layer} ({name}) is not an "
+            "RMSNorm or LayerNorm with readable weight and eps, so it cannot be linearised "
+            "exactly (SPEC §7). Contribution flow supports pre-norm blocks and post-norm blocks "
+            "with RMSNorm/LayerNorm (Gemma 2/3, OLMo 2/3)."
+        )
+    gain = weight.detach().float()
+    if is_rms and "Gemma" in name:
+        gain = gain + 1.0  # Gemma's RMSNorm scales by (1 + weight)
+    bias = None if bias is None or is_rms else bias.detach().float()
+    return NormSpec(name, gain, bias, float(eps), centred=is_layer)
+
+
+@dataclass
+class AttentionMap:
+    """The map ``A`` from the attention output to its residual piece, for one batch.
+
+    ``A_i(p) = row_scale_i * gain ⊙ C(p)`` (all ``None``: the identity) and ``norm_bias`` the
+    norm's bias (it belongs to the bias piece).
+    """
+
+    row_scale: Float[Tensor, "batch pos"] | None = None
+    gain: Float[Tensor, " d_model"] | None = None
+    centred: bool = False
+    norm_bias: Float[Tensor, " d_model"] | None = None
+
+    def __call__(self, p: Tensor) -> Tensor:
+        return fg.apply_linear_map(p, self.row_scale, self.gain, self.centred)
+
+
+@dataclass
+class BlockActivations:
+    """One block's residual-stream pieces for one batch (float32, on the model's device).
+
+    Attributes:
+        acts: The attention layer's :class:`~cw_lens.capture.LayerActivations`.
+        resid_pre: ``x_l`` [batch, pos, d_model].
+        resid_post: ``x_{l+1}``.
+        attn_out: The attention piece as it enters the residual (``A(o + b_O)``).
+        mlp_out: The MLP piece as it enters the residual (after any post-MLP norm).
+        layer_output: ``o = sum_h z^h W_O^h`` (``b_O`` excluded, before ``A``).
+        attn_map: The (linearised) map ``A``.
+    """
+
+    acts: LayerActivations
+    resid_pre: Float[Tensor, "batch pos d_model"]
+    resid_post: Float[Tensor, "batch pos d_model"]
+    attn_out: Float[Tensor, "batch pos d_model"]
+    mlp_out: Float[Tensor, "batch pos d_model"]
+    layer_output: Float[Tensor, "batch pos d_model"]
+    attn_map: AttentionMap
+    dtype: torch.dtype
+
+    @property
+    def layer(self) -> int:
+        return self.acts.layer
+
+    @cached_property
+    def bias_piece(self) -> Float[Tensor, "batch pos d_model"] | None:
+        """``A_i(b_O) + beta``, or ``None`` when the block has neither."""
+        b_O, beta = self.acts.weights.b_O, self.attn_map.norm_bias
+        if b_O is None and beta is None:
+            return None
+        piece = torch.zeros(self.resid_post.shape, device=self.resid_post.device)
+        if b_O is not None:
+            piece = self.attn_map(piece + b_O)
+        return piece if beta is None else piece + beta
+
+
+def _arch(model: Any) -> str:
+    access = model_access(model)
+    return f"{access.name!r} ({access.architecture})"
+
+
+def _row_error(actual: Tensor, expected: Tensor, scale: Tensor, mask: Tensor) -> float:
+    """Largest ``||actual - expected|| / scale`` over real positions."""
+    err = (actual - expected).norm(dim=-1) / scale.clamp_min(1e-30)
+    err = err.masked_fill(~mask, 0.0)
+    return float(err.max()) if err.numel() else 0.0
+
+
+def check_block(model: Any, block: BlockActivations) -> None:
+    """Identities 1 and 2 of the module docstring; raise UnsupportedModelError if one fails."""
+    rtol = CHECK_RTOL.get(block.dtype, 6e-2)
+    mask = block.acts.mask
+    pieces = (block.resid_pre, block.attn_out, block.mlp_out)
+    scale = sum(p.norm(dim=-1) for p in pieces)
+    err = _row_error(sum(pieces), block.resid_post, scale, mask)
+    if not err <= rtol:
+        raise UnsupportedModelError(
+            f"{_arch(model)}, layer {block.layer}: resid_post != resid_pre + attn_out + mlp_out "
+            f"(relative error {err:.2e} > {rtol:.0e}). The block adds something the hooks do "
+            "not show (a residual multiplier such as Granite's, or another branch), so the "
+            "residual shares would not add up; this architecture is not supported by the "
+            "flow analyses."
+        )
+    a = block.layer_output
+    b_O = block.acts.weights.b_O
+    if b_O is not None:
+        a = a + b_O
+    expected = block.attn_map(a)
+    if block.attn_map.norm_bias is not None:
+        expected = expected + block.attn_map.norm_bias
+    err = _row_error(expected, block.attn_out, block.attn_out.norm(dim=-1) + 1e-6, mask)
+    if not err <= rtol:
+        what = "the post-attention norm recomputed at" if block.attn_map.gain is not None else ""
+        raise UnsupportedModelError(
+            f"{_arch(model)}, layer {block.layer}: attn_out != {what} sum_h z W_O + b_O "
+            f"(relative error {err:.2e} > {rtol:.0e}). The attention piece of the residual is "
+            "not the head outputs (a multiplier, an unknown post-attention transform, or "
+            "hooks that do not reflect the computation), so pair shares would be wrong; "
+            "this architecture is not supported by the flow analyses."
+        )
+
+
+def attention_map(wiring: BlockWiring, a: Tensor) -> AttentionMap:
+    """``A`` for one batch: the identity, or the post-norm linearised at ``a = o + b_O``."""
+    spec = wiring.post_norm
+    if spec is None:
+        return AttentionMap()
+    device = a.device
+    return AttentionMap(
+        row_scale=fg.norm_row_scale(a, spec.eps, spec.centred),
+        gain=spec.gain.to(device),
+        centred=spec.centred,
+        norm_bias=None if spec.bias is None else spec.bias.to(device),
+    )
+
+
+def run_blocks(
+    model: Any,
+    batch: TokenBatch,
+    on_block: Callable[[BlockActivations], None],
+    *,
+    layers: Sequence[int],
+    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+    need_logits: bool = False,
+    weights: dict[int, LayerWeights] | None = None,
+) -> Tensor | None:
+    """One forward pass; ``on_block`` gets each requested block's checked activations.
+
+    Without ``need_logits`` the pass ends after the last requested block. Returns the logits
+    (float32) when ``need_logits``, else ``None``.
+    """
+    wirings = {layer: block_wiring(model, layer) for layer in layers}
+    last = max(layers)
+    attention: dict[int, LayerActivations] = {}
+    store: dict[int, dict[str, Tensor]] = {}
+    hooks: list[tuple[str, Callable]] = []
+
+    def stash(acts: LayerActivations) -> None:
+        attention[acts.layer] = acts
+
+    for layer, wiring in wirings.items():
+        for kind in ("resid_pre", "attn_out", "mlp_out"):
+
+            def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
+                store.setdefault(layer, {})[kind] = t
+
+            hooks.append((wiring.hooks[kind], keep))
+
+        def finish(t: Tensor, hook: Any, layer: int = layer) -> None:
+            got, acts = store.pop(layer), attention.pop(layer)
+            o, b_O = acts.layer_output, acts.weights.b_O
+            a = o if b_O is None else o + b_O
+            block = BlockActivations(
+                acts=acts,
+                resid_pre=got["resid_pre"].float(),
+                resid_post=t.float(),
+                attn_out=got["attn_out"].float(),
+                mlp_out=got["mlp_out"].float(),
+                layer_output=o,
+                attn_map=attention_map(wirings[layer], a),
+                dtype=t.dtype,
+            )
+            check_block(model, block)
+            on_block(block)
+            if not need_logits and layer == last:
+                raise _StreamDone
+
+        hooks.append((wirings[layer].hooks["resid_post"], finish))
+    # run_layers must not stop at the last attention layer (its MLP is needed): it runs to
+    # the end, unless ``finish`` ends the pass (run_layers turns _StreamDone into ``None``)
+    return run_layers(
+        model,
+        batch,
+        stash,
+        layers=list(layers),
+        fwd_hooks=[*fwd_hooks, *hooks],
+        need_logits=True,
+        weights=weights,
+    )

@@ -1,0 +1,191 @@
+r"""The pure math of contribution flow (SPEC §7) in head space — no TransformerLens inside.
+
+The residual stream of position ``i`` after block ``l`` is a sum of pieces::
+
+    x_{l+1,i} = x_{l,i} + sum_h sum_{j<=i} A_i(alpha[i,j]^h pv_j^h) + (A_i(b_O) + beta) + f_i
+
+with ``pv_j^h = v_j^{g(h)} W_O^h`` the projected value, ``f_i`` the MLP output (after any post-MLP
+norm) and ``A_i`` the identity on pre-norm blocks. On post-norm blocks (Gemma 2/3, OLMo 2/3)
+``A_i`` is the post-attention norm **linearised at its actual input** ``a_i = o_i + b_O``: with
+the centring ``C`` (``p - mean(p)`` for LayerNorm, the identity for RMSNorm), the gain ``g`` and
+the row scale ``r_i = 1 / sqrt(mean(C(a_i)^2) + eps)`` computed on ``a_i`` and then held fixed,
+``A_i(p) = r_i g ⊙ C(p)`` is linear in each piece and ``beta`` (the norm's bias) goes with the
+bias piece. Then ``sum_pieces A_i(piece) + beta`` is exactly the norm's real output.
+
+**Projection shares** (the same form as P1's inter-head contribution weights, on the residual
+stream): ``share(p) = <p, x_{l+1,i}> / ||x_{l+1,i}||^2``; they sum to 1 over the pieces.
+
+Head-space arithmetic, never a ``[query, key, d_model]`` tensor. ``A_i`` is self-adjoint up to
+the fixed scale, so ``<A_i(p), y> = <p, u_i>`` with the **read vector**
+
+    u_i = r_i C(g ⊙ y_i) / ||y_i||^2          (y_i = x_{l+1,i})
+
+and the share of the pair ``(h, j)`` is ``alpha[i,j]^h v_j^{g(h)} (W_O^h u_i^T)`` — ``u_i``
+projected into each head once, then one ``query x key`` product per head, the cost of ``QK^T``
+(:func:`pair_shares`).
+
+**Token-level matrix** of a block: ``T[i, j] = sum_h share(h, j)`` for ``j != i`` and
+``T[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)``; rows sum to 1.
+**Contribution rollout** ``R = T_{L-1} ... T_0`` (:func:`compose`); **attention rollout**
+(Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers") composes
+``0.5 * mean_h alpha + 0.5 I`` (:func:`attention_rollout_step`). Both treat shares as linear
+mixing of the token streams — a heuristic, like ALTI's aggregation (Ferrando et al. 2022).
+
+**Route graphs** (Ferrando & Voita 2024, "Information Flow Routes"; :func:`trace_routes`): from
+node ``(L, target)`` keep the edges to ``(l, j)`` whose pair share exceeds the threshold and
+the residual edge when its share does; continue from every node reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from cw_lens.geometry import grouped_scores, head_gram, project_into_heads
+
+# A residual stream whose norm is below this (absolute, float32) has undefined shares.
+ZERO_STREAM_NORM = 1e-12
+
+
+def center(x: Float[Tensor, "... d_model"], centred: bool) -> Float[Tensor, "... d_model"]:
+    """``C(x) = x - mean(x)`` (LayerNorm) or ``x`` (RMSNorm, identity maps)."""
+    return x - x.mean(-1, keepdim=True) if centred else x
+
+
+def norm_row_scale(
+    a: Float[Tensor, "batch pos d_model"], eps: float, centred: bool
+) -> Float[Tensor, "batch pos"]:
+    """``r_i = 1 / sqrt(mean(C(a_i)^2) + eps)``: the norm's scale at its actual input."""
+    c = center(a, centred)
+    return torch.rsqrt(c.pow(2).mean(-1) + eps)
+
+
+def apply_linear_map(
+    p: Float[Tensor, "batch pos d_model"],
+    row_scale: Float[Tensor, "batch pos"] | None,
+    gain: Float[Tensor, " d_model"] | None,
+    centred: bool,
+) -> Float[Tensor, "batch pos d_model"]:
+    """``A_i(p) = r_i g ⊙ C(p)`` (the identity when ``row_scale`` and ``gain`` are None)."""
+    out = center(p, centred)
+    if gain is not None:
+        out = out * gain
+    if row_scale is not None:
+        out = out * row_scale[..., None]
+    return out
+
+
+def read_vectors(
+    y: Float[Tensor, "batch pos d_model"],
+    row_scale: Float[Tensor, "batch pos"] | None,
+    gain: Float[Tensor, " d_model"] | None,
+    centred: bool,
+) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch pos"]]:
+    """``u_i = r_i C(g ⊙ y_i) / ||y_i||^2`` and ``||y_i||^2``, so ``<A_i(p), y_i> /
+    ||y_i||^2 = <p, u_i>``. Rows with ``||y_i|| <= 1e-12`` get NaN (undefined shares)."""
+    sq = y.pow(2).sum(-1)
+    inv = sq.reciprocal().masked_fill(sq <= ZERO_STREAM_NORM**2, float("nan"))
+    u = y * gain if gain is not None else y
+    u = center(u, centred)
+    scale = inv if row_scale is None else inv * row_scale
+    return u * scale[..., None], sq
+
+
+def head_read_vectors(
+    u: Float[Tensor, "batch pos d_model"], W_O: Float[Tensor, "head d_head d_model"]
+) -> Float[Tensor, "batch pos head d_head"]:
+    """``W_O^h u_i^T`` for every head: the read vector in each head's value space."""
+    return project_into_heads(u, W_O)
+
+
+def pair_shares(
+    pattern: Float[Tensor, "batch head query key"],
+    values: Float[Tensor, "batch key kv_head d_head"],
+    head_side: Float[Tensor, "batch query head d_head"],
+    out: Float[Tensor, "batch head query key"] | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """``share(h, j)[i] = alpha[i,j]^h <v_j^{g(h)}, W_O^h u_i>`` (GQA grouped, no repeat).
+
+    ``pattern`` holds the query rows of ``head_side`` and the keys of ``values``; ``out`` (a
+    contiguous buffer of the result's shape) receives the result when given.
+    """
+    scores = grouped_scores(head_side, values, out=out)
+    return scores.mul_(pattern)
+
+
+def token_matrix(
+    pairs_over_heads: Float[Tensor, "batch query key"],
+    self_share: Float[Tensor, "batch query"],
+    first_query: int = 0,
+) -> Float[Tensor, "batch query key"]:
+    """``T[i, j] = sum_h share(h, j)``, plus ``self_share[i]`` (residual + MLP + bias) on the
+    diagonal ``j = i``. Rows are the query positions ``first_query, first_query + 1, ...``;
+    the input is modified in place and returned."""
+    n_rows = pairs_over_heads.shape[1]
+    rows = torch.arange(n_rows, device=pairs_over_heads.device)
+    pairs_over_heads[:, rows, rows + first_query] += self_share
+    return pairs_over_heads
+
+
+def attention_rollout_step(
+    pattern: Float[Tensor, "batch head query key"],
+) -> Float[Tensor, "batch query key"]:
+    """Abnar & Zuidema's per-layer matrix ``0.5 * mean_h alpha + 0.5 I`` (square pattern)."""
+    step = pattern.mean(1) * 0.5
+    n = step.shape[-1]
+    idx = torch.arange(n, device=step.device)
+    step[:, idx, idx] += 0.5
+    return step
+
+
+def compose(
+    rollout: Float[Tensor, "batch query key"] | None, step: Float[Tensor, "batch query key"]
+) -> Float[Tensor, "batch query key"]:
+    """``step @ rollout`` (the rollout so far is ``T_l ... T_0``; ``None`` means the identity)."""
+    return step.clone() if rollout is None else torch.bmm(step, rollout)
+
+
+def effective_gram(
+    W_O: Float[Tensor, "head d_head d_model"],
+    gain: Float[Tensor, " d_model"] | None,
+    centred: bool,
+) -> Float[Tensor, "head d_head d_head"]:
+    """Gram matrix of ``W_O^h C diag(g)``: ``||A_i(pv_j^h)||^2 = r_i^2 v_j G_eff^h v_j^T``."""
+    W = center(W_O, centred)
+    if gain is not None:
+        W = W * gain
+    return head_gram(W)
+
+
+def trace_routes(
+    edges: Sequence[tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n"]]],
+    residual_kept: Bool[Tensor, "layer pos"],
+    target: int,
+) -> tuple[list[Bool[Tensor, " n"]], Bool[Tensor, "layer_plus_1 pos"]]:
+    """Trace the route graph back from node ``(L, target)`` (SPEC §7).
+
+    Args:
+        edges: Per block ``l``, the candidate pair edges above the threshold as
+            ``(head, query, key)`` index tensors: edge ``(l, key) -> (l+1, query)``.
+        residual_kept: ``[L, pos]``, True where block ``l``'s residual share at a position
+            exceeds the threshold: edge ``(l, i) -> (l+1, i)``.
+        target: The position whose final stream the routes explain.
+
+    Returns:
+        Per block, which candidate edges lie on a route (reachable back from the target), and
+        the nodes reached ``[L + 1, pos]`` (row ``l`` = the stream entering block ``l``).
+    """
+    n_layers, n_pos = residual_kept.shape
+    reached = torch.zeros(n_layers + 1, n_pos, dtype=torch.bool)
+    reached[n_layers, target] = True
+    kept: list[Tensor] = [torch.zeros(0, dtype=torch.bool)] * n_layers
+    for layer in range(n_layers - 1, -1, -1):
+        _, query, key = edges[layer]
+        on_route = reached[layer + 1][query.cpu()]
+        kept[layer] = on_route
+        reached[layer, key.cpu()[on_route]] = True
+        reached[layer] |= reached[layer + 1] & residual_kept[layer].cpu()
+    return kept, reached

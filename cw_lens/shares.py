@@ -1,0 +1,509 @@
+r"""Residual contribution shares (SPEC §7): what each piece adds to the residual stream.
+
+For block ``l`` and position ``i`` the stream after the block is a sum of pieces, ``x_{l+1,i} =
+x_{l,i} + sum_{h,j} A_i(alpha[i,j]^h pv_j^h) + (A_i(b_O) + beta) + f_i`` (``A`` the identity on
+pre-norm blocks, the post-attention norm linearised at its actual input on post-norm blocks;
+``f_i`` the MLP output, which on parallel blocks — GPT-J, GPT-NeoX — reads ``x_{l,i}``: the sum
+is the same). Each piece's **projection share**
+
+    share(p) = < p , x_{l+1,i} > / ||x_{l+1,i}||^2
+
+says how much of the stream lies along it; the shares of the residual, every (head, key) pair,
+the bias and the MLP sum to 1 exactly and can be negative or exceed 1 (the projection form of
+P1's contribution weights — Cunningham & Muca Cirone, ICML 2026 — applied to the residual
+stream). The pair shares are computed in head space (:mod:`cw_lens.flow_geometry`): one
+``query x key`` product per head and layer, the cost of ``QK^T``; no ``[query, key, d_model]``
+tensor is ever built.
+
+Entry points:
+
+- :func:`residual_shares` — a :class:`ResidualShares` ``[batch, layer, head, query, key]`` for a
+  few texts (``.to_dataframe()``, ``.top()``, ``.plot()``, ``.token_matrix(layer)``);
+- :func:`stream_shares` — the streaming form: a callback gets one :class:`LayerShares` (one
+  block, one block of query rows) at a time, inside the forward pass.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    shares = cw_lens.residual_shares(model, "When Mary and John went to the store, John gave a")
+    shares.top(k=5)          # the pieces that make up the last token's stream, per layer
+    shares.plot()            # residual / attention / MLP / bias share per layer
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from cw_lens import flow_geometry as fg
+from cw_lens.capture import LayerWeights, resolve_layers
+from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.flow_capture import CHECK_RTOL, BlockActivations, _arch, run_blocks
+from cw_lens.geometry import projected_value_norms
+from cw_lens.inputs import TokenBatch, prepare_inputs
+from cw_lens.layer_contributions import Workspace
+from cw_lens.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
+from cw_lens.verify import require_verified
+
+PIECES = ("residual", "attention", "bias", "mlp")
+
+
+class LayerShares:
+    """Residual shares of one block for one block of query rows (the streaming unit).
+
+    Pair tensors are ``[batch, head, query, key]`` over the rows ``queries`` and the keys
+    ``0 .. queries.stop - 1``; per-position pieces are ``[batch, query]``. Rows at padding and
+    rows whose stream norm is zero are NaN. With a reusing workspace, :meth:`pairs` lives in a
+    buffer the next block overwrites: reduce it in the callback or ``.clone()`` it.
+    """
+
+    def __init__(
+        self,
+        block: BlockActivations,
+        queries: slice,
+        shared: dict[str, Any],
+        workspace: Workspace,
+        model_name: str = "",
+    ) -> None:
+        self.block = block
+        self.layer = block.layer
+        self.queries = queries
+        self.keys = slice(0, queries.stop)
+        self._shared = shared
+        self._ws = workspace
+        self._model_name = model_name
+        self._pairs: Tensor | None = None
+
+    @property
+    def batch(self) -> TokenBatch:
+        return self.block.acts.batch
+
+    @property
+    def n_positions(self) -> int:
+        return self.block.resid_post.shape[1]
+
+    @property
+    def is_last_block(self) -> bool:
+        return self.queries.stop == self.n_positions
+
+    @cached_property
+    def query_mask(self) -> Bool[Tensor, "batch query"]:
+        return self.block.acts.mask[:, self.queries]
+
+    @cached_property
+    def _map(self) -> tuple[Tensor | None, Tensor | None, bool]:
+        m = self.block.attn_map
+        rows = None if m.row_scale is None else m.row_scale[:, self.queries]
+        return rows, m.gain, m.centred
+
+    @cached_property
+    def _read(self) -> tuple[Tensor, Tensor]:
+        """``u_i`` (NaN at padded and zero-norm rows) and ``||y_i||^2``."""
+        y = self.block.resid_post[:, self.queries]
+        u, sq = fg.read_vectors(y, *self._map)
+        u = u.masked_fill(~self.query_mask[..., None], math.nan)
+        return u, sq
+
+    @cached_property
+    def _inv_sq(self) -> Float[Tensor, "batch query"]:
+        _, sq = self._read
+        inv = sq.reciprocal().masked_fill(sq <= fg.ZERO_STREAM_NORM**2, math.nan)
+        return inv.masked_fill(~self.query_mask, math.nan)
+
+    def _plain_share(self, piece: Tensor) -> Float[Tensor, "batch query"]:
+        y = self.block.resid_post[:, self.queries]
+        return (piece[:, self.queries] * y).sum(-1) * self._inv_sq
+
+    @cached_property
+    def _head_side(self) -> Float[Tensor, "batch query head d_head"]:
+        return fg.head_read_vectors(self._read[0], self.block.acts.weights.W_O)
+
+    # ------------------------------------------------------------------ per-position pieces
+    @cached_property
+    def residual(self) -> Float[Tensor, "batch query"]:
+        """``share(x_{l,i})``: the stream entering the block."""
+        return self._plain_share(self.block.resid_pre)
+
+    @cached_property
+    def mlp(self) -> Float[Tensor, "batch query"]:
+        """``share(f_i)``: the MLP output (after any post-MLP norm)."""
+        return self._plain_share(self.block.mlp_out)
+
+    @cached_property
+    def bias(self) -> Float[Tensor, "batch query"]:
+        """``share(A_i(b_O) + beta)``: the output bias and the post-norm's bias."""
+        piece = self.block.bias_piece
+        if piece is None:
+            return self.residual * 0.0  # 0, NaN where the row is undefined
+        return self._plain_share(piece)
+
+    @cached_property
+    def attention(self) -> Float[Tensor, "batch query"]:
+        """``share(A_i(o_i))`` from ``hook_z`` (= the sum of the pair shares, checked)."""
+        z = self.block.acts.z[:, self.queries]
+        return (z * self._head_side).sum((-1, -2))
+
+    @property
+    def self_share(self) -> Float[Tensor, "batch query"]:
+        """Residual + MLP + bias: the pieces that stay on the token (the diagonal of ``T``)."""
+        return self.residual + self.mlp + self.bias
+
+    # ------------------------------------------------------------------ pairs
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        p = self.block.acts.pattern
+        return (p.shape[0], p.shape[1], self.queries.stop - self.queries.start, self.keys.stop)
+
+    def pairs(self) -> Float[Tensor, "batch head query key"]:
+        """``share(h, j)`` of every (head, key) pair; 0 for ``j > i``."""
+        if self._pairs is None:
+            acts = self.block.acts
+            buf = self._ws.get("pairs", self.shape, acts.pattern.device)
+            pattern = acts.pattern[:, :, self.queries, self.keys]
+            self._pairs = fg.pair_shares(
+                pattern, acts.values[:, self.keys], self._head_side, out=buf
+            )
+            self._check_pairs()
+        return self._pairs
+
+    @cached_property
+    def pairs_over_heads(self) -> Float[Tensor, "batch query key"]:
+        """``sum_h share(h, j)`` (a fresh tensor)."""
+        return self.pairs().sum(1)
+
+    def _check_pairs(self) -> None:
+        """Identity 3: the pair shares add up to the attention piece read from ``hook_z``."""
+        over = self.pairs_over_heads
+        total = over.sum(-1)
+        scale = over.abs().sum(-1) + self.attention.abs()
+        err = ((total - self.attention).abs() / scale.clamp_min(1e-30)).nan_to_num(0.0)
+        rtol = CHECK_RTOL.get(self.block.dtype, 6e-2)
+        worst = float(err.max()) if err.numel() else 0.0
+        if not worst <= rtol:
+            raise UnsupportedModelError(
+                f"{self._model_name or 'this model'}, layer {self.layer}: the pair shares "
+                f"(from hook_pattern and hook_v) do not add up to the attention share read from "
+                f"hook_z (relative error {worst:.2e} > {rtol:.0e}): pattern @ v != z, so the "
+                "hooks do not show what the attention computes."
+            )
+
+    def token_rows(self) -> Float[Tensor, "batch query key"]:
+        """Rows of the token-level matrix ``T`` (a fresh tensor; rows sum to 1)."""
+        rows = self.pairs_over_heads.clone()
+        return fg.token_matrix(rows, self.self_share, self.queries.start)
+
+    # ------------------------------------------------------------------ factors
+    @cached_property
+    def _key_norms(self) -> Float[Tensor, "batch head key"]:
+        """``||pv_j^h||`` through the map: ``sqrt(v G_eff v)`` (without the row scale)."""
+
+        def compute() -> Tensor:
+            acts, m = self.block.acts, self.block.attn_map
+            if m.gain is None and not m.centred:
+                gram = acts.weights.gram
+            else:
+                gram = fg.effective_gram(acts.weights.W_O, m.gain, m.centred)
+            return projected_value_norms(acts.values, gram)
+
+        if "key_norms" not in self._shared:
+            self._shared["key_norms"] = compute()
+        return self._shared["key_norms"]
+
+    def factors(
+        self, index: Int[Tensor, "n 4"]
+    ) -> tuple[Float[Tensor, " n"], Float[Tensor, " n"], Float[Tensor, " n"]]:
+        """``(attention, relative_norm, cosine)`` of chosen pairs, so that ``share =
+        attention * relative_norm * cosine``.
+
+        ``index`` rows are ``(batch, head, query_row, key)`` into :meth:`pairs`;
+        ``relative_norm = ||A_i(pv_j^h)|| / ||x_{l+1,i}||`` and ``cosine = cos(A_i(pv_j^h),
+        x_{l+1,i})`` (0 for a zero projected value).
+        """
+        b, h, q, k = index.unbind(-1)
+        acts = self.block.acts
+        alpha = acts.pattern[b, h, q + self.queries.start, k]
+        norm = self._key_norms[b, h, k]
+        rows, _, _ = self._map
+        if rows is not None:
+            norm = norm * rows[b, q]
+        rel = norm * self._inv_sq[b, q].sqrt()
+        share = self.pairs()[b, h, q, k]
+        denom = alpha * rel
+        cos = torch.where(denom > 0, share / denom, torch.zeros((), device=share.device))
+        return alpha, rel, cos
+
+
+def stream_shares(
+    model: Any,
+    inputs: Any,
+    consumer: Callable[[LayerShares], None],
+    *,
+    layers: int | Sequence[int] | None = None,
+    query_chunk: int | None = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    attention_mask: Tensor | None = None,
+    fwd_hooks: Sequence | Callable[[TokenBatch], Sequence] = (),
+    on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
+    progress: bool | str = False,
+    reuse_buffers: bool = True,
+) -> StreamStats:
+    """Stream one block (and one block of query rows) at a time to ``consumer``.
+
+    Args:
+        model: A ``TransformerBridge``.
+        inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
+        consumer: Called with a :class:`LayerShares` per (document batch, layer, query block),
+            layers in increasing order, query blocks in increasing order.
+        layers: Blocks to analyse (``None`` = all).
+        query_chunk: Query rows per block (``None``: from the free memory).
+        batch_size: Documents per forward pass (``None`` = all at once).
+        prepend_bos: Prepend BOS to text inputs.
+        attention_mask: Mask for token-tensor inputs with padding.
+        fwd_hooks: Interventions active during the passes (hook pairs, or a function of the
+            document batch that returns them).
+        on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
+        progress: Show a tqdm bar over document batches.
+        reuse_buffers: Reuse one buffer for the pair shares across blocks.
+
+    Returns:
+        A :class:`~cw_lens.streaming.StreamStats` (documents and tokens seen).
+    """
+    require_verified(model)
+    if not callable(consumer):
+        raise InputError(
+            f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
+        )
+    check_query_chunk(query_chunk)
+    layer_list = resolve_layers(model, layers)
+    prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    stats = StreamStats()
+    weights: dict[int, LayerWeights] = {}
+    workspace = Workspace(reuse=reuse_buffers)
+    name = _arch(model)
+    label = progress if isinstance(progress, str) else "shares"
+    for batch, chunk in document_batches(
+        model, prepared, batch_size, query_chunk, model.cfg.n_heads, progress=progress and label
+    ):
+
+        def on_block(block: BlockActivations, chunk: int = chunk) -> None:
+            shared: dict[str, Any] = {}
+            for rows in query_blocks(block.resid_post.shape[1], chunk):
+                consumer(LayerShares(block, rows, shared, workspace, name))
+
+        logits = run_blocks(
+            model,
+            batch,
+            on_block,
+            layers=layer_list,
+            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
+            need_logits=on_logits is not None,
+            weights=weights,
+        )
+        if on_logits is not None:
+            on_logits(batch, logits)
+        stats.count(batch)
+    return stats
+
+
+# ---------------------------------------------------------------------------- the result
+
+
+def resolve_row(mask: Tensor, batch: int, query: int | None) -> tuple[int, int]:
+    """Check a batch row and a query position (``None``: the last real token; negative
+    counts from the end of the row's real tokens)."""
+    n_batch = mask.shape[0]
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
+        raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
+    n = int(mask[batch].sum())
+    q = n - 1 if query is None else (query + n if query < 0 else query)
+    if not 0 <= q < n:
+        raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
+    return batch, q
+
+
+@dataclass
+class ResidualShares:
+    """Residual contribution shares of a few texts.
+
+    ``pairs`` ``[batch, layer, head, query, key]`` (0 for ``j > i``), and per position
+    ``residual``, ``attention`` (the sum of the pairs), ``bias``, ``mlp`` ``[batch, layer,
+    query]``. ``residual + attention + bias + mlp == 1`` at every real (layer, position); rows
+    at padding are NaN. ``layers`` names the layer axis.
+    """
+
+    pairs: Float[Tensor, "batch layer head query key"]
+    residual: Float[Tensor, "batch layer query"]
+    attention: Float[Tensor, "batch layer query"]
+    bias: Float[Tensor, "batch layer query"]
+    mlp: Float[Tensor, "batch layer query"]
+    tokens: Int[Tensor, "batch pos"]
+    mask: Bool[Tensor, "batch pos"]
+    str_tokens: list[list[str]]
+    layers: list[int]
+    model_name: str = ""
+
+    def total(self) -> Float[Tensor, "batch layer query"]:
+        """The sum of all shares (1 up to float rounding)."""
+        return self.residual + self.attention + self.bias + self.mlp
+
+    def _layer_index(self, layer: int) -> int:
+        if layer not in self.layers:
+            raise InputError(f"Layer {layer} is not in this result (layers {self.layers}).")
+        return self.layers.index(layer)
+
+    def _row(self, batch: int, query: int | None) -> tuple[int, int]:
+        return resolve_row(self.mask, batch, query)
+
+    def token_matrix(self, layer: int) -> Float[Tensor, "batch query key"]:
+        """The token-level matrix ``T_l`` of SPEC §7 (rows sum to 1)."""
+        li = self._layer_index(layer)
+        rows = self.pairs[:, li].sum(1)
+        self_share = self.residual[:, li] + self.bias[:, li] + self.mlp[:, li]
+        return fg.token_matrix(rows, self_share)
+
+    def to_dataframe(
+        self, *, batch: int = 0, layer: int | None = None, query: int | None = None
+    ) -> pd.DataFrame:
+        """Long format, one row per piece: ``batch, layer, query, piece, head, key, share``
+        (``head``/``key`` are -1 for the per-position pieces; pairs with ``key <= query``)."""
+        n = int(self.mask[self._row(batch, 0)[0]].sum())
+        queries = range(n) if query is None else [self._row(batch, query)[1]]
+        layer_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
+        toks = np.array(self.str_tokens[batch], dtype=object)
+        frames = []
+        for li in layer_idx:
+            pairs = self.pairs[batch, li].detach().cpu().numpy()
+            for q in queries:
+                heads, keys = np.meshgrid(
+                    np.arange(pairs.shape[0]), np.arange(q + 1), indexing="ij"
+                )
+                heads, keys = heads.ravel(), keys.ravel()
+                pieces = [
+                    getattr(self, p)[batch, li, q].item() for p in ("residual", "bias", "mlp")
+                ]
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "piece": ["residual", "bias", "mlp"] + ["pair"] * heads.size,
+                            "head": np.r_[[-1, -1, -1], heads],
+                            "key": np.r_[[-1, -1, -1], keys],
+                            "share": np.r_[pieces, pairs[heads, q, keys]],
+                        }
+                    ).assign(layer=self.layers[li], query=q)
+                )
+        df = pd.concat(frames, ignore_index=True)
+        df["batch"] = batch
+        df["query_token"] = toks[df["query"].to_numpy()]
+        df["key_token"] = [toks[k] if k >= 0 else "" for k in df["key"]]
+        cols = ["batch", "layer", "query", "query_token", "piece", "head", "key", "key_token"]
+        return df[[*cols, "share"]]
+
+    def top(
+        self, *, query: int | None = None, k: int = 10, batch: int = 0, absolute: bool = False
+    ) -> pd.DataFrame:
+        """The ``k`` largest (head, key) pair shares of one query (default: the last token)."""
+        df = self.to_dataframe(batch=batch, query=self._row(batch, query)[1])
+        df = df[df["piece"] == "pair"]
+        order = df["share"].abs() if absolute else df["share"]
+        return df.loc[order.sort_values(ascending=False).index].head(k).reset_index(drop=True)
+
+    def plot(self, *, query: int | None = None, batch: int = 0, **kwargs: Any):
+        """Residual / attention / MLP / bias share per layer for one query; a Figure."""
+        from cw_lens.plots import plot_residual_shares
+
+        _, q = self._row(batch, query)
+        return plot_residual_shares(self, query=q, batch=batch, **kwargs)
+
+
+class _SharesFiller:
+    """Consumer writing each streamed block into preallocated result tensors."""
+
+    def __init__(self, n_docs: int, n_pos: int, n_heads: int, layers: list[int], device) -> None:
+        self.layer_pos = {layer: i for i, layer in enumerate(layers)}
+        self.pairs = torch.zeros(n_docs, len(layers), n_heads, n_pos, n_pos, device=device)
+        self.pieces = {
+            p: torch.full((n_docs, len(layers), n_pos), math.nan, device=device) for p in PIECES
+        }
+
+    def __call__(self, ls: LayerShares) -> None:
+        li = self.layer_pos[ls.layer]
+        docs = torch.tensor(ls.batch.documents, device=self.pairs.device)
+        q, k = ls.queries, ls.keys
+        self.pairs[docs, li, :, q, k] = ls.pairs()
+        for p in PIECES:
+            self.pieces[p][docs, li, q] = getattr(ls, p)
+
+
+def residual_shares(
+    model: Any,
+    inputs: Any,
+    *,
+    layers: int | Sequence[int] | None = None,
+    query_chunk: int | None = None,
+    prepend_bos: bool = True,
+    attention_mask: Tensor | None = None,
+    batch_size: int | None = 8,
+) -> ResidualShares:
+    """Residual contribution shares of every (layer, head, query, key) for a few texts.
+
+    Args:
+        model: A ``TransformerBridge`` (``cw_lens.load_model()``).
+        inputs: A string, a list of strings (right-padded; padding rows are NaN), or token ids.
+        layers: Blocks (``None`` = all; negative indices allowed).
+        query_chunk: Query rows per streamed block (``None``: automatic).
+        prepend_bos: Prepend BOS to text.
+        attention_mask: For token tensors with padding.
+        batch_size: Texts per forward pass.
+
+    Returns:
+        A :class:`ResidualShares` (``batch x layers x heads x pos^2`` floats; for corpora use
+        :func:`stream_shares`).
+
+    Raises:
+        UnsupportedModelError: when a block's hooks do not add up (see
+            :mod:`cw_lens.flow_capture`).
+    """
+    require_verified(model)
+    batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
+    layer_list = resolve_layers(model, layers)
+    n_docs, n_pos = batch.tokens.shape
+    filler = _SharesFiller(
+        n_docs, n_pos, model.cfg.n_heads, layer_list, torch.device(model.cfg.device or "cpu")
+    )
+    stream_shares(
+        model,
+        batch.tokens,
+        filler,
+        layers=layer_list,
+        query_chunk=query_chunk,
+        batch_size=batch_size,
+        attention_mask=batch.mask.long(),
+    )
+    n_nan = int((filler.pieces["residual"].isnan() & batch.mask[:, None, :]).sum())
+    if n_nan:
+        warnings.warn(
+            f"{n_nan} (layer, position) rows have a zero residual stream; their shares are NaN.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return ResidualShares(
+        pairs=filler.pairs,
+        **filler.pieces,
+        tokens=batch.tokens,
+        mask=batch.mask,
+        str_tokens=batch.str_tokens(model),
+        layers=layer_list,
+        model_name=str(getattr(model.cfg, "model_name", "")),
+    )

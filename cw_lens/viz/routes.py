@@ -1,0 +1,45 @@
+r"""Interactive route-graph panel: one self-contained HTML page (no network, no dependencies).
+
+The page draws the routes of :meth:`cw_lens.RouteGraph.panel_data` on a grid — positions left
+to right (token strings below), layers bottom to top — with attention edges coloured and
+widened by their share and residual edges in grey. **Hover an edge**: its layer and head, the
+source and target tokens, the share and its factors (``share = attention x relative norm x
+cosine``). **Hover a node**: the MLP, bias and residual shares of the block that produced it.
+The state can be set in the URL hash: ``page.html#edge=3`` opens edge 3's tooltip (for
+headless screenshots and tests).
+
+This is a minimal stand-alone panel; the data come from a JSON-able dict
+(``RouteGraph.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
+same panel.
+
+Example::
+
+    import cw_lens
+    from cw_lens.testing import tiny_llama
+    cw_lens.routes(tiny_llama(), "hello world", threshold=0.02).to_html("routes.html")
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from importlib import resources
+from typing import Any
+
+from cw_lens.viz.payload import script_json, token_label
+
+_MARKER = re.compile(r"\{\{(title|js|data)\}\}")
+
+
+def routes_html(data: dict[str, Any], title: str | None = None) -> str:
+    """The panel page for ``RouteGraph.panel_data()`` (token labels made visible)."""
+    data = {**data, "labels": [token_label(t) for t in data["tokens"]]}
+    title = title or f"Routes to position {data['target']}"
+    files = resources.files("cw_lens.viz")
+    template = files.joinpath("routes.html").read_text(encoding="utf-8")
+    parts = {
+        "title": html.escape(title, quote=True),
+        "js": files.joinpath("routes.js").read_text(encoding="utf-8"),
+        "data": script_json(data),
+    }
+    return _MARKER.sub(lambda m: parts[m.group(1)], template)

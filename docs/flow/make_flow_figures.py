@@ -1,0 +1,82 @@
+"""Regenerate the contribution-flow figures and numbers of the README (embedded SmolLM2-135M).
+
+    python docs/flow/make_flow_figures.py            # ~30 min on 2 busy CPU cores
+
+Writes, next to this file: ``routes_ioi.png``, ``routes_ioi.html`` (the interactive panel),
+``rollout_ioi.png``, ``deletion_ioi.png``, ``deletion_text.png`` and ``flow_results.json``
+(the deletion summaries, the IOI route statistics and their top heads).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+HERE = Path(__file__).parent
+SENTENCE = "When Mary and John went to the store, John gave a drink to"
+
+
+def main() -> None:
+    import torch
+
+    import cw_lens
+    from cw_lens.plots import save_figure
+
+    torch.set_grad_enabled(False)
+    model = cw_lens.load_model(device="cpu")
+    out: dict = {"model": model.cfg.model_name, "sentence": SENTENCE}
+    start = time.time()
+
+    def save() -> None:  # after every step, so a long run keeps what it has
+        out["seconds"] = time.time() - start
+        (HERE / "flow_results.json").write_text(json.dumps(out, indent=1, default=str))
+
+    g = cw_lens.routes(model, SENTENCE, threshold=0.03)
+    save_figure(g.plot(), HERE / "routes_ioi", formats=("png",))
+    g.to_html(HERE / "routes_ioi.html")
+    out["routes_ioi"] = {
+        "threshold": 0.03,
+        "attention_edges": int((g.to_dataframe()["kind"] == "attention").sum()),
+        "top_edges": g.top(8).drop(columns=["kind"]).to_dict("records"),
+    }
+    ro = cw_lens.contribution_rollout(model, SENTENCE)
+    save_figure(ro.plot(), HERE / "rollout_ioi", formats=("png",))
+    out["rollout_ioi_top"] = {
+        m: ro.top(k=5, by=m)[["key", "key_token", m]].to_dict("records")
+        for m in ("contribution", "attention")
+    }
+    save()
+
+    ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
+    texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, tokenizer=model, seed=1)
+    for name, corpus in (("ioi", ioi), ("text", texts)):
+        for exclude_bos in (False, True):
+            d = cw_lens.rollout_deletion(
+                model, corpus, ks=(1, 2, 4, 8), n_random=5, exclude_bos=exclude_bos
+            )
+            key = f"deletion_{name}" + ("_no_bos" if exclude_bos else "")
+            out[key] = {
+                "n_items": len(corpus),
+                "summary": d.summary().to_dict("records"),
+                "aopc": d.aopc().to_dict(),
+                "contribution_beats_attention": d.wins().to_dict(),
+            }
+            if not exclude_bos:
+                save_figure(d.plot(), HERE / f"deletion_{name}", formats=("png",))
+            save()
+    for threshold in (0.02, 0.03, 0.05):
+        stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
+        out[f"ioi_routes_{threshold}"] = {
+            "summary": stats.summary(),
+            "top_io_heads": stats.top(6).to_dict("records"),
+            "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
+        }
+        save()
+    print(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Contribution flow on tiny random models of six architectures, against the dense float64
+reference of ``flow_reference`` (pieces read from the Hugging Face modules themselves)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from flow_reference import (
+    dense_flow_reference,
+    dense_route_edges,
+    dense_token_matrix,
+    tiny_model,
+)
+
+import cw_lens
+from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.testing import random_tokens
+
+ARCHS = ["llama", "gpt2", "neox", "gptj", "gemma2", "olmo2"]
+PIECES = ("residual", "attention", "bias", "mlp")
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_model(request):
+    return request.param, tiny_model(request.param, n_layers=3)
+
+
+def row_close(got, want, rtol, what):
+    """Row-relative comparison: each (batch, query) row against its largest entry."""
+    got, want = got.double(), want.double()
+    dims = tuple(range(1, want.dim())) if want.dim() > 2 else (-1,)
+    if want.dim() == 4:  # [batch, head, query, key]: a row is (head, key) of one query
+        scale = want.abs().amax((1, 3), keepdim=True)
+    else:
+        scale = want.abs().amax(dims, keepdim=True)
+    err = ((got - want).abs() / scale.clamp_min(1e-12)).max().item()
+    assert err < rtol, f"{what}: row-relative error {err:.2e}"
+
+
+def test_shares_match_the_dense_reference(arch_model):
+    arch, model = arch_model
+    tokens = random_tokens(model, 2, 11, seed=2)
+    ref = dense_flow_reference(model, tokens)
+    result = cw_lens.residual_shares(model, tokens, query_chunk=4)
+    for layer, want in enumerate(ref):
+        # the reference's own identities: pieces rebuild the HF attention and layer outputs
+        assert max(want["errors"].values()) < 1e-4, (arch, layer, want["errors"])
+        row_close(result.pairs[:, layer], want["pairs"], 1e-4, f"{arch} L{layer} pairs")
+        for piece in PIECES:
+            got, exp = getattr(result, piece)[:, layer], want[piece]
+            assert torch.allclose(got.double(), exp, atol=2e-5), (arch, layer, piece)
+    total = result.total()
+    assert torch.allclose(total, torch.ones_like(total), atol=1e-5)
+    for layer, want in enumerate(ref):
+        rows = result.token_matrix(layer)
+        assert torch.allclose(rows.double(), dense_token_matrix(want), atol=2e-5)
+        assert torch.allclose(rows.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def test_padded_batches_match_single_texts(llama):
+    texts = ["a longer text with several words", "short"]
+    both = cw_lens.residual_shares(llama, texts, query_chunk=3)
+    for i, text in enumerate(texts):
+        one = cw_lens.residual_shares(llama, text)
+        n = one.tokens.shape[1]
+        assert torch.allclose(both.pairs[i, :, :, :n, :n], one.pairs[0], atol=1e-5)
+        assert torch.allclose(both.mlp[i, :, :n], one.mlp[0], atol=1e-5)
+        assert both.residual[i, :, n:].isnan().all()  # padding rows are NaN
+
+
+def test_rollout_is_the_product_of_the_dense_token_matrices(arch_model):
+    arch, model = arch_model
+    tokens = random_tokens(model, 2, 9, seed=4)
+    ref = dense_flow_reference(model, tokens)
+    want = torch.eye(9, dtype=torch.float64).expand(2, 9, 9)
+    for layer in ref:
+        want = dense_token_matrix(layer) @ want
+    result = cw_lens.contribution_rollout(model, tokens, query_chunk=5)
+    assert torch.allclose(result.contribution.double(), want, atol=1e-4), arch
+    assert torch.allclose(result.contribution.sum(-1), torch.ones(()), atol=1e-4)
+    assert torch.allclose(result.attention.sum(-1), torch.ones(()), atol=1e-5)
+    # the attention rollout of the same pass equals the stand-alone one
+    alone = cw_lens.attention_rollout(model, tokens)
+    assert torch.allclose(alone, result.attention, atol=1e-6)
+
+
+def test_rollout_result_views(llama):
+    ro = cw_lens.contribution_rollout(llama, ["hello world", "hi"])
+    assert ro.contribution[1, 3:].isnan().all() and (ro.contribution[1, :3, 3:] == 0).all()
+    top = ro.top(k=3)
+    row = ro.contribution[0, -1]
+    assert top["contribution"].tolist() == sorted(row.tolist(), reverse=True)[:3]
+    df = ro.to_dataframe(batch=1)
+    assert len(df) == 3 * 4 // 2  # causal triangle of 3 real tokens
+    with pytest.raises(InputError):
+        ro.top(query=7, batch=1)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.02, 0.1])
+def test_routes_hold_exactly_the_reachable_edges_above_threshold(arch_model, threshold):
+    arch, model = arch_model
+    tokens = random_tokens(model, 1, 10, seed=6)
+    ref = dense_flow_reference(model, tokens)
+    g = cw_lens.routes(model, tokens, target=-2, threshold=threshold, query_chunk=4)
+    want_edges, want_nodes = dense_route_edges(ref, 8, threshold)
+    assert set(g.graph.edges(keys=True)) == want_edges, arch
+    assert set(g.graph.nodes) == want_nodes
+    # edge factors multiply back to the share and match the dense pieces
+    for (_, j), (_, i), h, d in g.graph.edges(keys=True, data=True):
+        if h == "residual":
+            assert d["share"] == pytest.approx(ref[d["layer"]]["residual"][0, i].item(), abs=1e-5)
+            continue
+        r = ref[d["layer"]]
+        assert d["share"] == pytest.approx(r["pairs"][0, h, i, j].item(), abs=1e-5)
+        assert d["attention"] * d["relative_norm"] * d["cosine"] == pytest.approx(d["share"])
+        assert d["relative_norm"] == pytest.approx(r["relative_norm"][0, h, i, j].item(), rel=1e-4)
+        assert d["cosine"] == pytest.approx(r["cosine"][0, h, i, j].item(), abs=1e-4)
+
+
+def test_route_views_and_panel(llama):
+    g = cw_lens.routes(llama, "hello <b>world</b> & more", threshold=0.01)
+    df = g.to_dataframe()
+    assert len(df) == g.graph.number_of_edges()
+    assert set(df["kind"]) <= {"attention", "residual"}
+    top = g.top(k=3)
+    att = df[df["kind"] == "attention"]["share"].sort_values(ascending=False)
+    assert top["share"].tolist() == att.head(3).tolist()
+    data = g.panel_data()
+    assert json.loads(json.dumps(data, allow_nan=False)) == data
+    assert len(data["edges"]) == len(df) and data["target"] == g.target
+    page = g.to_html()
+    assert "<b>world" not in page  # tokens travel as escaped JSON only
+    blob = page.split('id="route-data">')[1].split("</script>")[0]
+    assert json.loads(blob)["edges"] == data["edges"]
+
+
+def test_routes_validate_their_input(llama):
+    with pytest.raises(InputError, match="threshold"):
+        cw_lens.routes(llama, "hello", threshold=1.5)
+    with pytest.raises(InputError, match="target"):
+        cw_lens.routes(llama, "hello", target=40)
+    with pytest.raises(InputError, match="one text"):
+        cw_lens.routes(llama, ["a", "b"])
+
+
+def test_granite_residual_multiplier_is_refused():
+    """hook_attn_out of Granite carries the residual multiplier: not o + b_O -> refused."""
+    import transformers as tf
+
+    from cw_lens.testing import VOCAB_SIZE, _wrap
+
+    torch.manual_seed(0)
+    cfg = tf.GraniteConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, residual_multiplier=0.5,
+        attn_implementation="eager", initializer_range=0.2,
+    )  # fmt: skip
+    model = _wrap(tf.GraniteForCausalLM(cfg), "GraniteForCausalLM", "tiny-granite")
+    with pytest.raises(UnsupportedModelError, match=r"attn_out != .*relative error"):
+        cw_lens.residual_shares(model, random_tokens(model, 1, 6))
+
+
+def test_hooks_that_do_not_add_up_are_refused(llama):
+    """Something the hooks do not show: refused, never a wrong number."""
+    tokens = random_tokens(llama, 1, 6)
+    layer = llama.blocks[1]._original_component
+
+    # the decoder layer adds a constant after its last hook point: resid_post does not add up
+    def add_one(mod, args, out):
+        return (out[0] + 1.0, *out[1:]) if isinstance(out, tuple) else out + 1.0
+
+    handle = layer.register_forward_hook(add_one)
+    try:
+        with pytest.raises(UnsupportedModelError, match="resid_post != resid_pre"):
+            cw_lens.residual_shares(llama, tokens)
+    finally:
+        handle.remove()
+    # z edited after the pattern: the pattern and values are not what z is made of
+    with llama.hooks(fwd_hooks=[("blocks.0.attn.hook_z", lambda t, hook: 0.5 * t)]):
+        with pytest.raises(UnsupportedModelError, match="pattern @ v"):
+            cw_lens.residual_shares(llama, tokens)
+
+
+def test_unknown_post_norm_is_refused(llama):
+    from cw_lens.flow_capture import norm_spec
+
+    class FancyNorm(torch.nn.Module):  # no RMS/LayerNorm formula we know
+        weight = torch.nn.Parameter(torch.ones(4))
+        eps = 1e-6
+
+    with pytest.raises(UnsupportedModelError, match="post-attention norm of layer 3"):
+        norm_spec(llama, FancyNorm(), 3)
+    gemma_like = type("Gemma3RMSNorm", (FancyNorm,), {})()
+    assert torch.equal(norm_spec(llama, gemma_like, 0).gain, torch.full((4,), 2.0))  # 1 + w
+
+
+def test_deletion_equals_an_independent_key_mask(llama):
+    """The deleted run's log-prob equals a hand-written run that zeroes the keys' attention."""
+    texts = ["the quick brown fox jumps", "a b c d e f g"]
+    d = cw_lens.rollout_deletion(llama, texts, ks=(1, 3), n_random=2, batch_size=None)
+    ro = cw_lens.contribution_rollout(llama, texts)
+    df = d.to_dataframe()
+    assert set(df["method"]) == {"contribution", "attention", "random"}
+    assert len(df) == 2 * 2 * (2 + 2)  # items x ks x (2 rankings + 2 draws)
+    for item, text in enumerate(texts):
+        batch = cw_lens.inputs.prepare_inputs(llama, text)
+        n = batch.tokens.shape[1]
+        target = n - 2
+        row = ro.contribution[item, target, :target]
+        chosen = torch.argsort(row, descending=True, stable=True)[:3].tolist()
+
+        def zero(pattern, hook, chosen=chosen):
+            pattern = pattern.clone()
+            pattern[..., chosen] = 0.0
+            return pattern
+
+        hooks = [(f"blocks.{layer}.attn.hook_pattern", zero) for layer in range(2)]
+        with torch.no_grad():
+            clean = llama(batch.tokens).log_softmax(-1)[0, target, batch.tokens[0, -1]]
+            with llama.hooks(fwd_hooks=hooks):
+                masked = llama(batch.tokens).log_softmax(-1)[0, target, batch.tokens[0, -1]]
+        rec = df[(df["item"] == item) & (df["method"] == "contribution") & (df["k"] == 3)]
+        assert rec["clean_logprob"].item() == pytest.approx(clean.item(), abs=1e-4)
+        assert rec["drop"].item() == pytest.approx((clean - masked).item(), abs=1e-4)
+    summary = d.summary()
+    assert set(summary["method"]) == {"contribution", "attention", "random"}
+    assert d.aopc().index.tolist() == sorted(d.aopc().index.tolist())
+
+
+def test_deletion_skips_items_with_too_few_candidates(llama):
+    d = cw_lens.rollout_deletion(llama, ["abcd"], ks=(2, 8), n_random=1)
+    df = d.to_dataframe()
+    assert df[df["k"] == 8]["drop"].isna().all()  # 3 candidates before the target
+    assert df[df["k"] == 2]["drop"].notna().all()
+
+
+@pytest.mark.browser
+def test_browser_panel_shows_an_edge_with_its_factors(llama, browser, tmp_path):
+    import html
+    import re
+
+    g = cw_lens.routes(llama, "hello world, routes", threshold=0.01)
+    edges = g.panel_data()["edges"]
+    i = next(n for n, e in enumerate(edges) if e["kind"] == "attention")
+    path = tmp_path / "routes.html"
+    path.write_text(g.to_html(), encoding="utf-8")
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{path.as_uri()}#edge={i}")
+    page.wait_for_selector(f'#tip[data-edge="{i}"]', timeout=20_000)
+    dom = page.content()
+    assert not errors
+    tip = re.search(r'<div id="tip"[^>]*data-edge="(\d+)"[^>]*>(.*?)</div>', dom, re.S)
+    assert tip is not None and int(tip.group(1)) == i
+    text = html.unescape(tip.group(2))
+    e = edges[i]
+    assert f"layer {e['layer']}  head {e['head']}" in text
+    shown = dict(re.findall(r"(share|attention|relative norm|cosine) (-?[\d.e+-]+)", text))
+    for label, key in (("share", "share"), ("attention", "attention"),
+                       ("relative norm", "relative_norm"), ("cosine", "cosine")):  # fmt: skip
+        assert float(shown[label]) == pytest.approx(e[key], rel=1e-3)
+    assert dom.count('class="edge"') == len(edges)
+    page.close()
+
+
+def _hooked_transformer():
+    try:
+        from transformer_lens import HookedTransformer
+    except ImportError:
+        return None
+    return HookedTransformer
+
+
+@pytest.mark.skipif(
+    _hooked_transformer() is None,
+    reason="HookedTransformer exists in TransformerLens 2.x/3.x only (the compat venvs)",
+)
+@pytest.mark.parametrize("post_norm", [False, True])
+def test_hooked_transformer_shares_match_a_dense_reference(post_norm):
+    """TL 2.x/3.x HookedTransformer, pre- and post-norm (Gemma-2-style) blocks, against pieces
+    built from its own modules (the post-norm linearised with the module itself)."""
+    from transformer_lens import HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=2, d_model=32, d_head=8, n_heads=4, n_key_value_heads=2, d_mlp=64, n_ctx=16,
+        d_vocab=50, act_fn="gelu", normalization_type="RMS", positional_embedding_type="rotary",
+        use_normalization_before_and_after=post_norm,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = _hooked_transformer()(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    tokens = torch.randint(0, 50, (2, 9))
+    result = cw_lens.residual_shares(model, tokens)
+    _, cache = model.run_with_cache(tokens)
+    for layer in range(2):
+        c = {
+            k: cache[f"blocks.{layer}.{k}"].double() for k in ("hook_resid_pre", "hook_resid_post")
+        }
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"].double()
+        v = cache[f"blocks.{layer}.attn.hook_v"].double().repeat_interleave(2, dim=2)
+        W_O = model.blocks[layer].attn.W_O.detach().double()
+        pv = torch.einsum("bkhd,hdm->bhkm", v, W_O)
+        pieces = pattern[..., None] * pv[:, :, None]  # [batch, head, query, key, d_model]
+        if post_norm:
+            norm = model.blocks[layer].ln1_post
+            a = pieces.sum((1, 3)) + model.blocks[layer].attn.b_O.detach().double()
+            eps = norm.eps
+            pieces = (
+                norm(pieces.float()).double()
+                * (pieces.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+                / (a.pow(2).mean(-1, keepdim=True) + eps).sqrt()[:, None, :, None]
+            )
+        y = c["hook_resid_post"]
+        want = (pieces * y[:, None, :, None]).sum(-1) / y.pow(2).sum(-1)[:, None, :, None]
+        assert torch.allclose(result.pairs[:, layer].double(), want, atol=1e-5)
+        res = (c["hook_resid_pre"] * y).sum(-1) / y.pow(2).sum(-1)
+        assert torch.allclose(result.residual[:, layer].double(), res, atol=1e-5)
+    assert torch.allclose(result.total(), torch.ones(()), atol=1e-5)
