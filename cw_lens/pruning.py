@@ -575,7 +575,8 @@ def prune_heads(
         progress: Show progress bars.
         per_document: Also keep each document's NLL sum and count per pruned configuration
             (``9 * (1 + rankings * levels)`` bytes per document — a ranking per order and
-            random draw: 225 bytes with the defaults) for bootstrap intervals (:meth:`PruningResult.claims`).
+            random draw: 225 bytes with the defaults) for bootstrap intervals
+            (:meth:`PruningResult.claims`).
 
     Returns:
         A :class:`PruningResult`.
