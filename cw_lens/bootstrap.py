@@ -105,6 +105,16 @@ class Bootstrap:
         }
 
 
+def require_record(record: Any, call: str) -> Any:
+    """``record`` (an analysis's per-document record), or a clear error naming the call that
+    keeps one."""
+    if record is None:
+        raise InputError(
+            f"Intervals need each document's own sums: run {call}(..., per_document=True)."
+        )
+    return record
+
+
 def masked_median(
     values: Float[Tensor, "... n"], mask: Bool[Tensor, "... n"]
 ) -> Float[Tensor, "..."]:

@@ -54,7 +54,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
@@ -283,11 +283,7 @@ class FaithfulnessResult:
         claim.measured["first_query"] = self.first_query
         if bootstrap is None:
             return claims_dict([claim])
-        if self.per_document is None:
-            raise InputError(
-                "Intervals need each document's NLL sums: run faithfulness(..., per_document=True)."
-            )
-        names, table, configs = self.per_document
+        names, table, configs = require_record(self.per_document, "faithfulness")
         aopc = aopc_numbers(bootstrap.resample(table), names, configs, self.task)
         for (g, mode, metric), reps in aopc.items():
             key = f"aopc_interval_{mode}_{g}"

@@ -53,7 +53,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.bootstrap import Bootstrap
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import hook_name, resolve_heads, resolve_layers, run_layers
 from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import Corpus, as_corpus
@@ -256,11 +256,7 @@ class PruningResult:
         variants = [r for r in results if r is not main]
         claims = [pruning_claim(main, variants[0] if variants else None)]
         if bootstrap is not None:
-            if main.per_document is None:
-                raise InputError(
-                    "Intervals need each document's NLL sums: run prune_heads(..., "
-                    "per_document=True)."
-                )
+            require_record(main.per_document, "prune_heads")
             reps = pruning_numbers(
                 {k: bootstrap.resample(v) for k, v in main.per_document.items()}, MODERATE
             )

@@ -59,7 +59,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import resolve_layers
 from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
@@ -719,11 +719,7 @@ class SelectionGeometryResult:
         (:func:`cw_lens.resampled.selection_numbers`; needs ``per_document=True``)."""
         claims = selection_claims(self.to_dataframe())
         if bootstrap is not None:
-            if self.per_document is None:
-                raise InputError(
-                    "Intervals need each document's F sums: run selection_geometry(..., "
-                    "per_document=True)."
-                )
+            require_record(self.per_document, "selection_geometry")
             reps = selection_numbers(
                 bootstrap.resample(self.per_document), self.n_grid, RULES, SMALL_N, SINK_N
             )

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from cw_lens import geometry as geo
 from cw_lens.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
-from cw_lens.bootstrap import Bootstrap
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import LayerActivations, resolve_layers
 from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
@@ -840,11 +840,8 @@ class SinkStatistics:
         (:mod:`cw_lens.resampled` says what each is of) and per-layer rows for the claims
         about layers. ``median_abs_rho_*`` (Spearman over the factor samples, which do not
         record their document) get none."""
-        per_doc, hist = self.acc.per_doc, self.acc.share_hist
-        if per_doc is None or not bool(per_doc.seen.any()):
-            raise InputError(
-                "Intervals need each document's sums: run sink_statistics(..., per_document=True)."
-            )
+        per_doc = require_record(self.acc.per_doc, "sink_statistics")
+        hist = self.acc.share_hist
         reps = bootstrap.resample(per_doc.table())  # [R, statistic, layer, head]
         fields = sink_head_fields(
             {name: reps[:, i] for i, name in enumerate(per_doc.names)},
@@ -1202,11 +1199,7 @@ class SinkAblation:
         needs ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
-            if self.per_document is None:
-                raise InputError(
-                    "Intervals need each document's sums: run sink_ablation(..., "
-                    "per_document=True)."
-                )
+            require_record(self.per_document, "sink_ablation")
             heads, nll, planned = self.per_document
             reps = ablation_numbers(
                 bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile

@@ -41,7 +41,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import resolve_layers
 from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
@@ -205,11 +205,7 @@ class HeadTaxonomyResult:
         winner counts) and the per-layer Retriever shares (needs ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
-            if self.per_document is None:
-                raise InputError(
-                    "Intervals need each document's winner counts: run head_taxonomy(..., "
-                    "per_document=True)."
-                )
+            require_record(self.per_document, "head_taxonomy")
             reps = taxonomy_numbers(bootstrap.resample(self.per_document))
             layers = self.layers
             point = self.table.groupby("layer")["regime"].apply(lambda r: (r == "Retriever").mean())
