@@ -259,8 +259,8 @@ MUTANTS = [
     m(
         "ablation: cone cosine taken before W_O",
         "cw_lens/sinks.py",
-        "        cos = za / (zz * aa).clamp_min(1e-30).sqrt()",
-        "        cos = torch.nn.functional.cosine_similarity(z, axis, dim=-1).transpose(1, 2)",
+        "    cos = za / (zz * aa).clamp_min(1e-30).sqrt()",
+        "    cos = torch.nn.functional.cosine_similarity(z, axis, dim=-1).transpose(1, 2)",
         ABLATION,
     ),
     m(
