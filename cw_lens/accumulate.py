@@ -409,26 +409,46 @@ def merge_all(items: Iterable) -> object:
 class PerDocument:
     """A few float32 numbers per document under named statistics (opt-in, for resampling).
 
-    For a bootstrap over documents, which needs each document's own numbers. Sized for a corpus
-    of ``n_documents`` up front: ``[n_documents, len(names)]`` float32 plus one byte per document
-    marking it seen — ``4 * len(names) + 1`` bytes per document, the only state that grows with
-    the corpus. Additions to one document happen on the rank that holds its batch, in the same
-    order as in a single process, so merged tables are bit-identical.
+    For a bootstrap over documents (:mod:`cw_lens.bootstrap`), which needs each document's own
+    numbers. Sized for a corpus of ``n_documents`` up front: each statistic is a ``shape``
+    float32 array per document (``()``: one number; ``(layer, head)``: one per head), plus one
+    byte per document marking it seen — ``4 * len(names) * prod(shape) + 1`` bytes per document
+    (:attr:`bytes_per_document`), the only state that grows with the corpus. Additions to one
+    document happen on the rank that holds its batch, in the same order as in a single process,
+    so merged tables are bit-identical.
     """
 
-    def __init__(self, names: Sequence[str], n_documents: int) -> None:
+    def __init__(self, names: Sequence[str], n_documents: int, shape: Sequence[int] = ()) -> None:
         self.names = list(names)
+        self.shape = tuple(int(s) for s in shape)
         self._column = {n: i for i, n in enumerate(self.names)}
-        self.values = torch.zeros(int(n_documents), len(self.names), dtype=torch.float32)
+        self.values = torch.zeros(
+            int(n_documents), len(self.names), *self.shape, dtype=torch.float32
+        )
         self.seen = torch.zeros(int(n_documents), dtype=torch.bool)
 
-    def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
-        """Add ``values[r]`` (a number) to document ``docs[r]``'s statistic ``name``."""
+    @property
+    def bytes_per_document(self) -> int:
+        return 4 * len(self.names) * int(np.prod(self.shape, dtype=np.int64)) + 1
+
+    def add_rows(
+        self, docs: Sequence[int], name: str, values: Tensor, at: int | tuple | None = None
+    ) -> None:
+        """Add ``values[r]`` to document ``docs[r]``'s statistic ``name`` (to its part ``at``,
+        an index into ``shape``, when given: e.g. one layer of a ``(layer, head)`` statistic)."""
         if name not in self._column:
             raise InputError(f"Unknown statistic {name!r}; this record keeps {self.names}.")
         index = torch.as_tensor(list(docs), dtype=torch.long)
-        values = torch.as_tensor(values).detach().to("cpu", torch.float32).reshape(len(index))
-        self.values[index, self._column[name]] += values
+        if len(index) and int(index.max()) >= self.values.shape[0]:
+            raise InputError(
+                f"Document {int(index.max())} is beyond the {self.values.shape[0]} documents "
+                "this record was sized for."
+            )
+        target = self.values[:, self._column[name]]
+        if at is not None:
+            target = target[(slice(None), *(at if isinstance(at, tuple) else (at,)))]
+        values = torch.as_tensor(values).detach().to("cpu", torch.float32)
+        target[index] += values.reshape(len(index), *target.shape[1:])
         self.seen[index] = True
 
     def merge(self, other: PerDocument) -> None:
@@ -438,12 +458,15 @@ class PerDocument:
         if bool(both.any()):
             docs = both.nonzero().flatten()[:5].tolist()
             raise InputError(f"Cannot merge: documents {docs} were recorded twice.")
-        self.values = torch.where(other.seen[:, None], other.values, self.values)
+        seen = other.seen.reshape(-1, *[1] * (self.values.ndim - 1))
+        self.values = torch.where(seen, other.values, self.values)
         self.seen |= other.seen
 
-    def table(self) -> Float[Tensor, "document statistic"]:
-        """The numbers of the documents seen, in document order."""
-        return self.values[self.seen]
+    def table(self, name: str | None = None) -> Float[Tensor, "document ..."]:
+        """The numbers of the documents seen, in document order: ``[document, statistic,
+        *shape]``, or ``[document, *shape]`` for one statistic ``name``."""
+        values = self.values[self.seen]
+        return values if name is None else values[:, self._column[name]]
 
 
 class BootstrapSums:

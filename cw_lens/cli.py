@@ -119,13 +119,15 @@ def figures(
     from cw_lens.distributed import is_main_process
 
     if is_main_process():
-        held = sum(c["holds"] for c in summary["claims"].values())
+        verdicts = [c["holds"] for c in summary["claims"].values()]
         typer.echo(
-            f"{held}/{len(summary['claims'])} claims hold; wrote {out}/REPORT.md, "
+            f"{verdicts.count('yes')}/{len(verdicts)} claims hold, "
+            f"{verdicts.count('inconclusive')} inconclusive; wrote {out}/REPORT.md, "
             f"{out}/summary.json and the figures"
         )
         for cid, claim in summary["claims"].items():
-            typer.echo(f"  {'holds ' if claim['holds'] else 'FAILS '} {cid}")
+            mark = {"yes": "holds ", "no": "FAILS ", "inconclusive": "UNSURE"}[claim["holds"]]
+            typer.echo(f"  {mark} {cid}")
 
 
 @app.command()

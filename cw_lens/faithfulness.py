@@ -53,14 +53,16 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.accumulate import ExactSums
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.accumulate import ExactSums, PerDocument
+from cw_lens.bootstrap import Bootstrap, require_record
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.distributed import current_shard, merge_across_ranks
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 from cw_lens.interventions import mask_attention
 from cw_lens.layer_contributions import METRICS, LayerContributions
+from cw_lens.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.scoring import run_logits, score_answers, token_nll
 from cw_lens.streaming import stream_contributions
 from cw_lens.verify import require_verified
@@ -240,6 +242,8 @@ class FaithfulnessResult:
     ranking: str
     seed: int
     first_query: int = 1
+    # opt-in: (statistic names, [document, statistic] sums, configurations) for intervals
+    per_document: tuple[list[str], Tensor, list] | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.curves.copy()
@@ -269,11 +273,23 @@ class FaithfulnessResult:
         ascending = mode == "sufficiency"
         return table.sort_values(table.columns[0], ascending=ascending).head(k)
 
-    def claims(self) -> dict[str, dict[str, Any]]:
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``;
-        :func:`faithfulness_claim`)."""
+        :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
+        and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
+        ranking's included: its interval over documents for its one seeded draw, not a spread
+        over draws). Needs ``per_document=True``."""
         claim = faithfulness_claim(self.aopc(), self.value_column, self.clean)
         claim.measured["first_query"] = self.first_query
+        if bootstrap is None:
+            return claims_dict([claim])
+        names, table, configs = require_record(self.per_document, "faithfulness")
+        aopc = aopc_numbers(bootstrap.resample(table), names, configs, self.task)
+        for (g, mode, metric), reps in aopc.items():
+            key = f"aopc_interval_{mode}_{g}"
+            claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps))
+        numbers = faithfulness_numbers(aopc, METRICS)
+        claim = with_intervals([claim], {k: bootstrap.pair(v) for k, v in numbers.items()})[0]
         return claims_dict([claim])
 
     def plot(self, **kw: Any) -> Any:
@@ -333,28 +349,37 @@ def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) 
 
 
 class _Outcomes:
-    """Exact NLL / answer sums for the clean run and every configuration."""
+    """Exact NLL / answer sums for the clean run and every configuration (and, opt-in, each
+    document's own, for bootstrap intervals)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: list[str] | None = None, n_documents: int = 0) -> None:
         self.sums = ExactSums()
         self.tokens = 0
+        self.per_doc = None if names is None else PerDocument(names, n_documents)
 
     def merge(self, other: _Outcomes) -> None:
         self.sums.merge(other.sums)
         self.tokens += other.tokens
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+
+    def _add(self, docs: list[int], name: str, values: Tensor) -> None:
+        self.sums.add_rows(docs, name, values)
+        if self.per_doc is not None and name in self.per_doc.names:
+            self.per_doc.add_rows(docs, name, values)
 
     def record(
         self, tag: str, batch: TokenBatch, logits: Tensor, docs: list[int], spans: list | None
     ) -> None:
         if spans is None:
             nll = token_nll(logits, batch.tokens, batch.mask)
-            self.sums.add_rows(docs, f"nll|{tag}", nll.nansum(-1))
-            self.sums.add_rows(docs, f"count|{tag}", (~nll.isnan()).sum(-1))
+            self._add(docs, f"nll|{tag}", nll.nansum(-1))
+            self._add(docs, f"count|{tag}", (~nll.isnan()).sum(-1))
         else:
             scores = score_answers(logits, batch.tokens, spans)
-            self.sums.add_rows(docs, f"logprob|{tag}", scores.logprob)
-            self.sums.add_rows(docs, f"correct|{tag}", scores.correct.double())
-            self.sums.add_rows(docs, f"count|{tag}", torch.ones(len(docs)))
+            self._add(docs, f"logprob|{tag}", scores.logprob)
+            self._add(docs, f"correct|{tag}", scores.correct.double())
+            self._add(docs, f"count|{tag}", torch.ones(len(docs)))
 
 
 def faithfulness(
@@ -371,6 +396,7 @@ def faithfulness(
     first_query: int = 1,
     prepend_bos: bool = True,
     progress: bool = True,
+    per_document: bool = False,
 ) -> FaithfulnessResult:
     """Run the faithfulness protocol of SPEC §5 on a corpus.
 
@@ -393,6 +419,10 @@ def faithfulness(
             query 0 is left intact: it has a single candidate, BOS reading itself, and the
             at-least-one rule would remove the sink's own attention output in every layer for
             every metric and mode; ``first_query=0`` intervenes on every query).
+        per_document: Also keep each document's NLL (or answer log-probability) sum and count
+            per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
+            with both granularities and the defaults) for bootstrap intervals of the AOPCs
+            (:meth:`FaithfulnessResult.claims`).
 
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
@@ -432,7 +462,10 @@ def faithfulness(
         batches = batches[shard[0] :: shard[1]]
     layers = list(range(model.cfg.n_layers))
     configs = [(g, m, mode, f) for g in grans for m in metrics for mode in modes for f in fractions]
-    outcomes = _Outcomes()
+    tags = ["clean"] + ["|".join(map(str, c)) for c in configs]
+    value = "logprob" if task else "nll"
+    names = [f"{k}|{t}" for t in tags for k in (value, "count")] if per_document else None
+    outcomes = _Outcomes(names, len(docs))
     bar = tqdm(
         total=len(batches) * (1 + len(configs)),
         desc="faithfulness",
@@ -477,7 +510,10 @@ def faithfulness(
         del ranks  # the batch's ranks (the largest state): freed before the next are built
     bar.close()
     outcomes = merge_across_ranks(outcomes)
-    return _result(outcomes, configs, task, len(docs), ranking, seed, first_query)
+    result = _result(outcomes, configs, task, len(docs), ranking, seed, first_query)
+    if outcomes.per_doc is not None:
+        result.per_document = (outcomes.per_doc.names, outcomes.per_doc.table(), configs)
+    return result
 
 
 def _result(

@@ -53,12 +53,14 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import hook_name, resolve_heads, resolve_layers, run_layers
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import Corpus, as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, prepare_inputs
 from cw_lens.interventions import remove_heads
+from cw_lens.resampled import pruning_numbers
 from cw_lens.scoring import NLLResult, corpus_nll, token_nll
 from cw_lens.selection import check_count, check_sinks
 from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
@@ -184,6 +186,8 @@ class PruningResult:
     lone_clean_ppl: float | None = None
     lone_shape: tuple[int, int] | None = None
     model_name: str = ""
+    # opt-in: each document's (NLL sum, count) per (order, draw, retention) and "clean"
+    per_document: dict | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table.copy()
@@ -230,11 +234,16 @@ class PruningResult:
             ]
         return out
 
-    def claims(self, other_scope: PruningResult | None = None) -> dict[str, dict[str, Any]]:
+    def claims(
+        self, other_scope: PruningResult | None = None, bootstrap: Bootstrap | None = None
+    ) -> dict[str, dict[str, Any]]:
         """P2's pruning claim (SPEC §6 ``pruning_signal``), measured.
 
         The criterion reads the per-layer ranking (``scope="layer"``); a result of the other
-        scope (passed as ``other_scope``, either way round) is reported as the variant."""
+        scope (passed as ``other_scope``, either way round) is reported as the variant. With
+        ``bootstrap``, each number's interval over documents (the per-layer result needs
+        ``per_document=True``; the random orders' draws stay fixed, their mean ΔPPL is
+        recomputed on each resample)."""
         results = [r for r in (self, other_scope) if r is not None]
         per_layer = [r for r in results if r.scope == "layer"]
         if not per_layer:
@@ -245,7 +254,14 @@ class PruningResult:
             )
         main = per_layer[0]
         variants = [r for r in results if r is not main]
-        return claims_dict([pruning_claim(main, variants[0] if variants else None)])
+        claims = [pruning_claim(main, variants[0] if variants else None)]
+        if bootstrap is not None:
+            require_record(main.per_document, "prune_heads")
+            reps = pruning_numbers(
+                {k: bootstrap.resample(v) for k, v in main.per_document.items()}, MODERATE
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
 
     def plot(self, **kwargs: Any) -> Any:
         """ΔPPL against retention per order (claim ``pruning_signal``)."""
@@ -519,6 +535,7 @@ def prune_heads(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     progress: bool = True,
+    per_document: bool = False,
 ) -> PruningResult:
     """P2's structured head pruning: ΔPPL per removal order and retention level.
 
@@ -552,6 +569,10 @@ def prune_heads(
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS.
         progress: Show progress bars.
+        per_document: Also keep each document's NLL sum and count per pruned configuration
+            (``9 * (1 + rankings * levels)`` bytes per document — a ranking per order and
+            random draw: 225 bytes with the defaults) for bootstrap intervals
+            (:meth:`PruningResult.claims`).
 
     Returns:
         A :class:`PruningResult`.
@@ -585,9 +606,9 @@ def prune_heads(
     }
     stats = _head_statistics(model, docs, layer_list, orders, taxonomy, stream_args)
     rankings = pruning_rankings(stats, orders, n_draws, seed)
-    nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos}
+    nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos, "per_document": per_document}
     clean = corpus_nll(model, docs, **nll_args)
-    table = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
+    table, per_doc = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
     result = PruningResult(
         table=table,
         head_stats=stats,
@@ -600,6 +621,7 @@ def prune_heads(
         seed=seed,
         n_documents=len(docs),
         model_name=str(getattr(model.cfg, "model_name", "")),
+        per_document=per_doc,
     )
     if lone_batch is not None:
         result.lone_clean_ppl, result.lone = lone_head_costs(
@@ -629,7 +651,9 @@ def _pruning_table(
     clean: NLLResult,
     nll_args: dict[str, Any],
     progress: bool,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, dict | None]:
+    """ΔPPL per (order, draw, level) and, when ``nll_args`` asks for it, each document's (NLL
+    sum, count) per (order, draw, level) with ``"clean"``'s."""
     plan = [
         (name, draw, level, frozenset(removed_heads(ranking, level, scope)), len(ranking))
         for name, draws in rankings.items()
@@ -658,4 +682,9 @@ def _pruning_table(
                 "delta_nll": score.mean_nll - clean.mean_nll,
             }
         )
-    return pd.DataFrame(rows)
+    per_doc = None
+    if clean.per_doc is not None:
+        per_doc = {"clean": clean.per_doc.table()}
+        for name, draw, level, removed, _ in plan:
+            per_doc[(name, draw, level)] = scores[removed].per_doc.table()
+    return pd.DataFrame(rows), per_doc

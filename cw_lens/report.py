@@ -31,7 +31,12 @@ from typing import Any
 import pandas as pd
 import torch
 
+from cw_lens.bootstrap import Bootstrap
 from cw_lens.distributed import barrier, init_from_env, is_main_process
+
+# summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
+# per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers
+SCHEMA = 2
 
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",
@@ -80,6 +85,7 @@ class JobConfig:
     device: str | None = None
     dtype: str = "float32"
     api: str = "auto"
+    bootstrap: int = 1000  # resamples of the claims' intervals (seeded by ``seed``)
 
     def fingerprint(self) -> str:
         from cw_lens.hooked import resolve_api
@@ -174,6 +180,7 @@ def step_sinks(job: Job) -> dict[str, Any]:
         batch_size=job.config.batch_size,
         seed=job.config.seed,
         progress=job.progress,
+        per_document=True,
     )
     return {"stats": stats}
 
@@ -207,7 +214,11 @@ def step_ablation(job: Job) -> dict[str, Any]:
     from cw_lens.sinks import sink_ablation
 
     ablation = sink_ablation(
-        job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
     )
     return {"ablation": ablation}
 
@@ -225,6 +236,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
         batch_size=job.config.batch_size,
         seed=job.config.seed,
         progress=job.progress,
+        per_document=True,
     )
     return {"result": result}
 
@@ -263,6 +275,7 @@ def step_selection(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         batch_size=job.config.batch_size,
         progress=job.progress,
+        per_document=True,
     )
     return {"result": result}
 
@@ -271,7 +284,11 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
     from cw_lens.taxonomy import head_taxonomy
 
     result = head_taxonomy(
-        job.model, job.corpus, batch_size=job.config.batch_size, progress=job.progress
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
     )
     return {"result": result}
 
@@ -290,7 +307,12 @@ def step_pruning(job: Job) -> dict[str, Any]:
         progress=job.progress,
     )
     result = prune_heads(
-        job.model, job.corpus, scope="layer", lone_docs=job.config.lone_docs, **common
+        job.model,
+        job.corpus,
+        scope="layer",
+        lone_docs=job.config.lone_docs,
+        per_document=True,
+        **common,
     )
     global_ranking = prune_heads(job.model, job.corpus, scope="global", lone=False, **common)
     return {"result": result, "global": global_ranking}
@@ -311,8 +333,9 @@ STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
 # --------------------------------------------------------------------------- figures
 
 
-def make_figures(job: Job) -> dict[str, list[Path]]:
-    """Every figure, named after its claim; returns ``{name: [png, pdf]}``."""
+def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, list[Path]]:
+    """Every figure, named after its claim (and, given the summary, the per-layer intervals of
+    the claims about layers); returns ``{name: [png, pdf]}``."""
     from cw_lens import plots
 
     r = job.results
@@ -351,6 +374,8 @@ def make_figures(job: Job) -> dict[str, list[Path]]:
     figures["retriever_share"] = r["taxonomy"]["result"].plot()
     figures["pruning_signal"] = r["pruning"]["result"].plot()
     figures["pruning_signal_global"] = r["pruning"]["global"].plot()
+    if summary is not None:
+        figures["per_layer_intervals"] = plots.plot_per_layer_intervals(summary["claims"])
     written = {}
     for name, fig in figures.items():
         written[name] = plots.save_figure(fig, job.out / name)
@@ -382,12 +407,19 @@ def _round(value: Any, digits: int = 6) -> Any:
     return str(value)
 
 
+def job_bootstrap(config: JobConfig) -> Bootstrap:
+    """The bootstrap of a run's claim intervals: ``config.bootstrap`` resamples, 95%, seeded by
+    the run's seed."""
+    return Bootstrap(resamples=config.bootstrap, level=0.95, seed=config.seed)
+
+
 def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
     r = job.results
+    boot = job_bootstrap(job.config)
     claims: dict[str, dict[str, Any]] = {}
-    claims.update(r["sinks"]["stats"].claims())
-    claims.update(r["ablation"]["ablation"].claims())
-    claims.update(r["faithfulness"]["result"].claims())
+    claims.update(r["sinks"]["stats"].claims(boot))
+    claims.update(r["ablation"]["ablation"].claims(boot))
+    claims.update(r["faithfulness"]["result"].claims(boot))
     if r.get("task_faithfulness"):
         task = r["task_faithfulness"]
         task_claim = task["result"].claims()["faithfulness_order"]
@@ -395,9 +427,10 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
             "n_items": task["n_items"],
             **task_claim["measured"],
         }
-    claims.update(r["selection"]["result"].claims())
-    claims.update(r["taxonomy"]["result"].claims())
-    claims.update(r["pruning"]["result"].claims(other_scope=r["pruning"]["global"]))
+    claims.update(r["selection"]["result"].claims(boot))
+    claims.update(r["taxonomy"]["result"].claims(boot))
+    pruning = r["pruning"]["result"]
+    claims.update(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
@@ -425,6 +458,7 @@ def build_summary(job: Job) -> dict[str, Any]:
     corpus = job.corpus
     n_tokens = sum(len(d.tokens) for d in corpus if d.tokens is not None)
     summary = {
+        "schema": SCHEMA,
         "model": model_name(job.model),
         "corpus": corpus.name,
         "n_documents": len(corpus),
@@ -434,6 +468,7 @@ def build_summary(job: Job) -> dict[str, Any]:
         "prepend_bos": True,
         "bos_token": job.model.tokenizer.bos_token if job.model.tokenizer else None,
         "versions": versions(),
+        "bootstrap": job_bootstrap(cfg).to_dict(),
         "claims": collect_claims(job),
     }
     return _round(summary)
@@ -466,22 +501,25 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         "## Claims",
         "",
-        "| claim | paper says | we measured | holds |",
-        "|---|---|---|---|",
+        f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
+        "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
+        "the interval straddles the threshold (SPEC §6).",
+        "",
+        claims_markdown(summary),
+        "",
+        "Criteria (SPEC §6) and the other measured numbers:",
+        "",
     ]
     for cid, claim in summary["claims"].items():
         measured = claim["measured"]
-        text = "; ".join(f"{k} = {_fmt(v)}" for k, v in list(measured.items())[:5])
-        mark = "yes" if claim["holds"] else "**no**"
-        lines.append(f"| `{cid}` | {claim['paper']} | {text} | {mark} |")
-    lines += ["", "Criteria (SPEC §6; `holds` = every check holds):", ""]
-    for cid, claim in summary["claims"].items():
-        checks = "; ".join(
-            f"{c['number']} = {_fmt(c['value'])} ({_check_text(c)}: "
-            f"{'yes' if c['holds'] else 'no'})"
-            for c in claim.get("checks", [])
+        numbers = {c["number"] for c in claim.get("checks", [])}
+        other = "; ".join(
+            f"{k} = {_fmt(v)}" for k, v in list(measured.items()) if k not in numbers
+        )[:600]
+        lines.append(
+            f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
+            f"Also measured: {other or 'nothing else'}."
         )
-        lines.append(f"- `{cid}`: {claim.get('criterion', '')}. Checks: {checks}.")
     lines += ["", "## Figures", ""]
     readings = figure_readings(summary)
     for name, paths in figures.items():
@@ -497,6 +535,47 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
     return "\n".join(lines)
 
 
+def _interval_words(summary: dict[str, Any]) -> str:
+    boot = summary.get("bootstrap")
+    if not boot:
+        return "interval (none computed)"
+    return (
+        f"{boot['level']:.0%} bootstrap interval over {boot['unit']}s ({boot['resamples']} "
+        f"resamples, seed {boot['seed']}, {boot['method'].split(';')[0]})"
+    )
+
+
+def _interval_text(interval: Any) -> str:
+    if interval is None:
+        return "no interval"
+    low, high = interval
+    if low is None or high is None:
+        return "[n/a]"
+    return f"[{low:.3g}, {high:.3g}]"
+
+
+VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
+
+
+def claims_markdown(summary: dict[str, Any]) -> str:
+    """The claims table of a schema-2 summary as Markdown (REPORT.md; paste it into the README):
+    per claim the paper's statement, the criterion's checks — each number with its interval
+    and threshold — and the three-valued verdict."""
+    lines = [
+        "| claim | paper says | number = value [interval] (criterion) | verdict |",
+        "|---|---|---|---|",
+    ]
+    for cid, claim in summary["claims"].items():
+        checks = "<br>".join(
+            f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))} "
+            f"({_check_text(c)}: {c['holds']})"
+            for c in claim.get("checks", [])
+        )
+        mark = VERDICT_MARK.get(claim["holds"], str(claim["holds"]))
+        lines.append(f"| `{cid}` | {claim['paper']} | {checks} | {mark} |")
+    return "\n".join(lines)
+
+
 def _check_text(check: dict[str, Any]) -> str:
     if check["op"] == "in":
         low, high = check["threshold"]
@@ -507,10 +586,8 @@ def _check_text(check: dict[str, Any]) -> str:
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     """One line per figure, written from the measured numbers."""
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
-    held = {
-        cid: "holds" if claim["holds"] else "does not hold"
-        for cid, claim in summary["claims"].items()
-    }
+    words = {"yes": "holds", "no": "does not hold", "inconclusive": "is inconclusive"}
+    held = {cid: words[claim["holds"]] for cid, claim in summary["claims"].items()}
     sink = c["sink_attention_vs_contribution"]
     ratio = c["sink_value_norm_ratio"]
     anti = c["sink_anti_alignment"]
@@ -585,6 +662,10 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
             f"(SPEC's reading); the claim {held['pruning_signal']}."
         ),
         "pruning_signal_global": "The variant: one global ranking of all heads.",
+        "per_layer_intervals": (
+            "The claims about layers, layer by layer: each layer's number (dot) with its "
+            "bootstrap interval over documents (bar) and the criterion's threshold (dashed)."
+        ),
     }
 
 
@@ -623,7 +704,7 @@ def run_figures(
         job.step(name, fn)
     summary = build_summary(job)
     if is_main_process():
-        figures = make_figures(job)
+        figures = make_figures(job, summary)
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write_text(out / "REPORT.md", build_report(job, summary, figures))
     barrier()
@@ -631,7 +712,8 @@ def run_figures(
 
 
 def claims_table(summary: dict[str, Any]) -> pd.DataFrame:
-    """The claims of a summary as a table (paper, holds, figure)."""
+    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive",
+    figure)."""
     rows = [
         {"claim": cid, "holds": c["holds"], "paper": c["paper"], "figure": c["figure"]}
         for cid, c in summary["claims"].items()

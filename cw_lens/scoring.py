@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums
+from cw_lens.accumulate import ExactSums, PerDocument
 from cw_lens.capture import run_layers
 from cw_lens.data import Document
 from cw_lens.distributed import current_shard, merge_across_ranks
@@ -95,6 +95,7 @@ class NLLResult:
     """Exact NLL sums and counts; ``mean_nll`` and ``ppl`` over all scored positions."""
 
     sums: ExactSums
+    per_doc: PerDocument | None = None  # opt-in: each document's "nll" sum and "count"
 
     @property
     def mean_nll(self) -> float:
@@ -106,6 +107,8 @@ class NLLResult:
 
     def merge(self, other: NLLResult) -> None:
         self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
 
 
 def run_logits(model: Any, batch: TokenBatch, hooks: HookSource = ()) -> Tensor:
@@ -121,16 +124,23 @@ def corpus_nll(
     hooks: HookSource = (),
     batch_size: int | None = 8,
     prepend_bos: bool = True,
+    per_document: bool = False,
 ) -> NLLResult:
-    """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun)."""
+    """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun);
+    ``per_document=True`` also keeps each document's NLL sum and count (9 bytes per document)."""
     prepared = prepare_inputs(model, corpus, prepend_bos=prepend_bos)
     batches = list(iter_batches(prepared, batch_size))
     shard = current_shard()
     if shard is not None:
         batches = batches[shard[0] :: shard[1]]
-    sums = ExactSums()
+    result = NLLResult(
+        ExactSums(),
+        PerDocument(["nll", "count"], prepared.tokens.shape[0]) if per_document else None,
+    )
     for batch in batches:
         nll = token_nll(run_logits(model, batch, hooks), batch.tokens, batch.mask)
-        sums.add_rows(batch.documents, "nll", nll.nansum(-1))
-        sums.add_rows(batch.documents, "count", (~nll.isnan()).sum(-1))
-    return merge_across_ranks(NLLResult(sums))
+        for name, rows in (("nll", nll.nansum(-1)), ("count", (~nll.isnan()).sum(-1))):
+            result.sums.add_rows(batch.documents, name, rows)
+            if result.per_doc is not None:
+                result.per_doc.add_rows(batch.documents, name, rows)
+    return merge_across_ranks(result)

@@ -58,12 +58,14 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums
+from cw_lens.accumulate import ExactSums, PerDocument
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
+from cw_lens.resampled import selection_numbers
 from cw_lens.streaming import stream_corpus
 from cw_lens.verify import require_verified
 
@@ -379,13 +381,22 @@ class _SelectionAccumulator:
         seed: int,
         sinks: tuple[int, ...],
         distance: Distance,
+        record: tuple[list[int], int, int] | None = None,
     ) -> None:
         self.n_grid, self.query, self.n_random = n_grid, query, n_random
         self.seed, self.sinks, self.distance = seed, sinks, distance
         self.sums = ExactSums()
+        self.per_doc: PerDocument | None = None  # opt-in (layers, heads, documents) record
+        if record is not None:
+            layers, n_heads, n_documents = record
+            self.pos = {layer: i for i, layer in enumerate(layers)}
+            shape = (len(layers), len(RULES), n_heads, len(n_grid), 2)
+            self.per_doc = PerDocument(["f_and_count"], n_documents, shape)
 
     def merge(self, other: _SelectionAccumulator) -> None:
         self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
 
     def update(self, lc: Any) -> None:
         if lc.queries.start != 0:  # the whole layer is handled with its first query block
@@ -401,6 +412,9 @@ class _SelectionAccumulator:
             sums = self._score(acts, rows, queries)
             totals.index_add_(0, rows.cpu(), sums)
         self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", totals)
+        if self.per_doc is not None:  # F sums and scored queries, per document
+            at = self.pos[acts.layer]
+            self.per_doc.add_rows(acts.batch.documents, "f_and_count", totals[..., 2:], at=at)
 
     def _score(self, acts: Any, rows: Tensor, queries: Tensor) -> Tensor:
         """``[pair, rule, head, n, (P, R, F, count)]`` sums for (batch row, query) pairs."""
@@ -593,6 +607,7 @@ class SelectionGeometryResult:
     distance: str
     n_documents: int
     model_name: str = ""
+    per_document: Tensor | None = None  # [document, layer, rule, head, n, (F sum, queries)]
 
     @property
     def rules(self) -> tuple[str, ...]:
@@ -698,10 +713,18 @@ class SelectionGeometryResult:
         out["claims_hold"] = {cid: claim["holds"] for cid, claim in self.claims().items()}
         return out
 
-    def claims(self) -> dict[str, dict[str, Any]]:
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P2's selection claims (SPEC §6) with the numbers measured here
-        (:func:`selection_claims`)."""
-        return claims_dict(selection_claims(self.to_dataframe()))
+        (:func:`selection_claims`); with ``bootstrap``, each number's interval over documents
+        (:func:`cw_lens.resampled.selection_numbers`; needs ``per_document=True``)."""
+        claims = selection_claims(self.to_dataframe())
+        if bootstrap is not None:
+            require_record(self.per_document, "selection_geometry")
+            reps = selection_numbers(
+                bootstrap.resample(self.per_document), self.n_grid, RULES, SMALL_N, SINK_N
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
 
     def plot(self, **kwargs: Any) -> Any:
         """F_N against N for top-N and the random baseline (claim ``topn_beats_random``)."""
@@ -730,6 +753,7 @@ def selection_geometry(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     progress: bool = True,
+    per_document: bool = False,
 ) -> SelectionGeometryResult:
     """P2's token-selection geometry: F_N of top-N, random and sink-free selections per head.
 
@@ -749,6 +773,10 @@ def selection_geometry(
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS (position 0 is then the usual sink).
         progress: Show a progress bar over document batches.
+        per_document: Also keep each document's F sums and scored queries per (layer, rule,
+            head, N) (``24 * n_layers * n_heads * len(n_grid) + 1`` bytes per document, 45 KB
+            for SmolLM2-135M at 128 tokens) for bootstrap intervals
+            (:meth:`SelectionGeometryResult.claims`).
 
     Returns:
         A :class:`SelectionGeometryResult`.
@@ -775,7 +803,8 @@ def selection_geometry(
             "documents (load_corpus(max_tokens=...))."
         )
     layer_list = resolve_layers(model, layers)
-    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance)
+    record = (layer_list, model.cfg.n_heads, len(docs)) if per_document else None
+    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record)
     accumulator, stats = stream_corpus(
         model,
         docs,
@@ -797,4 +826,7 @@ def selection_geometry(
         distance=distance,
         n_documents=stats.n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
+        per_document=None
+        if accumulator.per_doc is None
+        else accumulator.per_doc.table("f_and_count"),
     )

@@ -52,14 +52,22 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens import geometry as geo
-from cw_lens.accumulate import ExactSums, Histogram, SampleReservoir
+from cw_lens.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import LayerActivations, resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch
 from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.layer_contributions import LayerContributions
+from cw_lens.resampled import (
+    ablation_numbers,
+    per_layer_rows,
+    sink_head_fields,
+    sink_numbers,
+    sink_numbers_per_layer,
+)
 from cw_lens.scoring import corpus_nll
 from cw_lens.streaming import stream_contributions, stream_corpus
 
@@ -72,6 +80,36 @@ MIN_S_STAR_QUERIES = 16
 # 1.9% relative beyond, over +-1e9 (SPEC §6 reads per-head medians from unclipped values)
 DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
 DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
+# the per-document record a bootstrap over documents reads (``per_document=True``): these sums
+# per (layer, head), and the s* edge counts (s* <= 0, s* >= 1, counted)
+RECORDED_SUMS = (
+    "rate_sum",
+    "rate_count",
+    "sink_attention_sum",
+    "sink_contribution_sum",
+    "sink_count",
+    "ratio_sum",
+    "geometry_count",
+    "cos_mixture_sum",
+    "cos_mixture_count",
+    "drift_neg",
+    "drift_count",
+    "s_star_lo",
+    "s_star_hi",
+    "s_star_n",
+)
+# and a coarse histogram of the cancelled share per (layer, head): 24 bins equal in
+# asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
+# two edge bins
+SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
+# the ablation's per-document record (per patched layer and head)
+ABLATION_SUMS = ("cone_before", "count_before", "cone_after", "count_after", "rel_norm")
+# the claims about layers and the number each reads per layer
+LAYER_NUMBERS = {
+    "sink_attention_vs_contribution": "contribution_over_attention",
+    "sink_value_norm_ratio": "median_ratio_sink_heads",
+    "sink_anti_alignment": "median_cos_sink_tail_mixture",
+}
 # factor samples kept per (layer, head) and group (sink / tail entries) for the per-head rank
 # correlations: a seeded bottom-k reservoir each (8 documents of the default run keep every draw)
 MAX_SAMPLES_PER_HEAD = 1024
@@ -231,6 +269,7 @@ class _SinkAccumulator:
         samples_per_head: int,
         max_samples: int,
         seed: int,
+        n_documents: int | None = None,
     ) -> None:
         self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
         self.pos = {layer: i for i, layer in enumerate(layers)}
@@ -242,15 +281,43 @@ class _SinkAccumulator:
         self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
         self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
         self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)
+        self.per_doc: PerDocument | None = None  # opt-in: the bootstrap's per-document record
+        self.share_hist: PerDocument | None = None
+        if n_documents is not None:
+            self.per_doc = PerDocument(RECORDED_SUMS, n_documents, (n, n_heads))
+            bins = SHARE_BINNING["n_bins"] + 2
+            self.share_hist = PerDocument(["drift_share"], n_documents, (n, n_heads, bins))
+            self._share_bins = Histogram((), **SHARE_BINNING)
 
     def merge(self, other: _SinkAccumulator) -> None:
         self.sums.merge(other.sums)
         self.samples.merge(other.samples)
         for name in ("s_star", "drift_cos", "drift_share"):
             getattr(self, name).merge(getattr(other, name))
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+            self.share_hist.merge(other.share_hist)
 
     def _add(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
         self.sums.add_rows(docs, f"{name}@{layer}", per_row)
+        self._record(docs, name, layer, per_row)
+
+    def _record(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
+        if self.per_doc is not None and name in RECORDED_SUMS:
+            self.per_doc.add_rows(docs, name, per_row, at=self.pos[layer])
+
+    def _record_edges(self, docs: list[int], layer: int, s_star: Tensor, share: Tensor) -> None:
+        """Per document and head: s* edge counts, and the coarse cancelled-share histogram."""
+        if self.per_doc is None:
+            return
+        counted = ~s_star.isnan()  # [b, h, q]
+        self._record(docs, "s_star_lo", layer, ((s_star <= 0) & counted).sum(-1))
+        self._record(docs, "s_star_hi", layer, ((s_star >= 1) & counted).sum(-1))
+        self._record(docs, "s_star_n", layer, counted.sum(-1))
+        ok = ~share.isnan()  # [b, h, q]
+        bins = self._share_bins.bin_index(share.nan_to_num(0.0))
+        onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
+        self.share_hist.add_rows(docs, "drift_share", onehot.sum(2), at=self.pos[layer])
 
     def update(self, lc: LayerContributions) -> None:
         acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
@@ -317,6 +384,7 @@ class _SinkAccumulator:
         li = self.pos[layer]
         self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
         self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self._record_edges(docs, layer, s_star, share)
         self._add(docs, "drift_neg", layer, ((cos_drift < 0) & ok_drift).sum(-1))
         self._add(docs, "drift_count", layer, ok_drift.sum(-1))
 
@@ -756,10 +824,49 @@ class SinkStatistics:
                 )
         return pd.DataFrame(rows)
 
-    def claims(self) -> dict[str, dict[str, Any]]:
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold
-        (:func:`sink_claims`)."""
-        return claims_dict(sink_claims(self.heads(), self.drivers()))
+        (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents and
+        the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
+        claims = sink_claims(self.heads(), self.drivers())
+        if bootstrap is not None:
+            claims = with_intervals(claims, *self.intervals(bootstrap))
+        return claims_dict(claims)
+
+    def intervals(
+        self, bootstrap: Bootstrap
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
+        """Bootstrap intervals over documents of the sink claims' numbers
+        (:mod:`cw_lens.resampled` says what each is of) and per-layer rows for the claims
+        about layers. ``median_abs_rho_*`` (Spearman over the factor samples, which do not
+        record their document) get none."""
+        per_doc = require_record(self.acc.per_doc, "sink_statistics")
+        hist = self.acc.share_hist
+        reps = bootstrap.resample(per_doc.table())  # [R, statistic, layer, head]
+        fields = sink_head_fields(
+            {name: reps[:, i] for i, name in enumerate(per_doc.names)},
+            bootstrap.resample(hist.table("drift_share")),
+            SHARE_BINNING,
+            self.threshold,
+        )
+        intervals = {
+            k: bootstrap.pair(v) for k, v in sink_numbers(fields, MIN_S_STAR_QUERIES).items()
+        }
+        exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
+        counts = self.acc.s_star.counts[None].double()
+        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
+        point = sink_head_fields(
+            exact, hist.table("drift_share").double().sum(0)[None], SHARE_BINNING, self.threshold
+        )
+        point_layers = sink_numbers_per_layer(point, MIN_S_STAR_QUERIES)
+        rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
+        per_layer = {
+            cid: per_layer_rows(
+                self.layers, number, point_layers[number][0], bootstrap.interval(rep_layers[number])
+            )
+            for cid, number in LAYER_NUMBERS.items()
+        }
+        return intervals, per_layer
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
@@ -803,6 +910,7 @@ def sink_statistics(
     seed: int = 0,
     prepend_bos: bool = True,
     progress: bool | str = False,
+    per_document: bool = False,
 ) -> SinkStatistics:
     """Sink geometry over a corpus in one streamed pass (SPEC §3).
 
@@ -824,6 +932,10 @@ def sink_statistics(
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
+        per_document: Also keep each document's sums per head (``RECORDED_SUMS`` and a coarse
+            cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
+            document, 43.2 KB for SmolLM2-135M's 270 heads) so that
+            :meth:`SinkStatistics.claims` can give bootstrap intervals.
     """
     if drift_k < 1:
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
@@ -844,6 +956,7 @@ def sink_statistics(
         samples_per_head=samples_per_head,
         max_samples=max_samples,
         seed=seed,
+        n_documents=len(as_corpus(corpus)) if per_document else None,
     )
     acc, stats = stream_corpus(
         model,
@@ -951,16 +1064,26 @@ class _AblationAccumulator:
         mode: str,
         run_tag: str,
         direct_after: bool,
+        n_documents: int | None = None,
     ) -> None:
         """``run_tag``: what the streamed run measures ("before" = clean, "after" = patched);
-        ``direct_after``: also record the exact direct effect of the patch on the clean run."""
+        ``direct_after``: also record the exact direct effect of the patch on the clean run;
+        ``n_documents``: also keep each document's sums (for bootstrap intervals)."""
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
         self.scale, self.mode = scale, mode
         self.run_tag, self.direct_after = run_tag, direct_after
         self.sums = ExactSums()
+        self.pos = {layer: i for i, layer in enumerate(sorted(plan))}
+        self.per_doc = (
+            None
+            if n_documents is None
+            else PerDocument(ABLATION_SUMS, n_documents, (len(plan), n_heads))
+        )
 
     def merge(self, other: _AblationAccumulator) -> None:
         self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
 
     def update(self, lc: LayerContributions) -> None:
         if lc.layer not in self.plan:
@@ -1001,7 +1124,13 @@ class _AblationAccumulator:
     ) -> None:
         norm, cos, defined = norm_and_cone(z, axis, gram)
         ok = valid[:, None, :] & defined
-        add = self.sums.add_rows
+
+        def add(docs: list[int], key: str, values: Tensor) -> None:
+            self.sums.add_rows(docs, key, values)
+            name = key.split("@")[0]
+            if self.per_doc is not None and name in ABLATION_SUMS:
+                self.per_doc.add_rows(docs, name, values, at=self.pos[layer])
+
         add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
         add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
         add(docs, f"count_{tag}@{layer}", ok.sum(-1))
@@ -1033,6 +1162,10 @@ class SinkAblation:
     mode: str
     effect: str
     layers: list[int]
+    # opt-in: ([document, ABLATION_SUMS, layer, head] sums, [document, (clean nll, count,
+    # patched nll, count)], the patched heads' mask [layer, head]) for bootstrap intervals
+    per_document: tuple[Tensor, Tensor, Tensor] | None = None
+    low_norm_quantile: float = 0.25
 
     @property
     def delta_nll(self) -> float:
@@ -1060,8 +1193,21 @@ class SinkAblation:
         cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
         return df.groupby("group")[cols].mean()
 
-    def claims(self) -> dict[str, dict[str, Any]]:
-        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured."""
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured; with ``bootstrap``
+        each number's interval over documents (each resample re-picks the low-norm quarter;
+        needs ``per_document=True``)."""
+        claims = [self._claim()]
+        if bootstrap is not None:
+            require_record(self.per_document, "sink_ablation")
+            heads, nll, planned = self.per_document
+            reps = ablation_numbers(
+                bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
+
+    def _claim(self) -> Claim:
         summary = self.summary()
 
         def mean(group: str, column: str) -> float:
@@ -1095,7 +1241,7 @@ class SinkAblation:
                 "mode": self.mode,
             },
         )
-        return claims_dict([claim])
+        return claim
 
     def plot(self, **kw: Any) -> Any:
         from cw_lens.plots.sinks import plot_sink_ablation_cone
@@ -1117,6 +1263,7 @@ def sink_ablation(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     progress: bool | str = False,
+    per_document: bool = False,
 ) -> SinkAblation:
     """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).
 
@@ -1134,6 +1281,9 @@ def sink_ablation(
         sink_positions: Sink positions (default BOS).
         effect: ``"direct"`` or ``"total"`` (see above).
         low_norm_quantile: Share of heads called "low-norm" (SPEC: a quarter).
+        per_document: Also keep each document's per-head sums and NLL sums (``20 *
+            n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
+            bootstrap intervals (:meth:`SinkAblation.claims`).
     """
     if effect not in ("direct", "total"):
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
@@ -1157,15 +1307,19 @@ def sink_ablation(
     n_heads = model.cfg.n_heads
     kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
     direct = effect == "direct"
-    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct)
+    n_docs = len(as_corpus(corpus)) if per_document else None
+    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct, n_docs)
     before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
-    after_sums = before.sums
+    after_sums, record = before.sums, before.per_doc
     if not direct:
-        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False)
+        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
         after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
         after_sums = after.sums
-    clean = corpus_nll(model, corpus, batch_size=batch_size, prepend_bos=prepend_bos)
-    patched = corpus_nll(model, corpus, hooks=patch, batch_size=batch_size, prepend_bos=prepend_bos)
+        if record is not None:  # the two records keep disjoint statistics
+            record.values += after.per_doc.values
+    kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
+    clean = corpus_nll(model, corpus, **kw_nll)
+    patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
     rows = []
     for layer, hs in sorted(plan.items()):
         total = {
@@ -1197,4 +1351,21 @@ def sink_ablation(
     df = pd.DataFrame(rows)
     cut = df["relative_output_norm"].quantile(low_norm_quantile)
     df["low_norm"] = df["relative_output_norm"] <= cut
-    return SinkAblation(clean.mean_nll, patched.mean_nll, df, scale, mode, effect, sorted(plan))
+    per_doc = None
+    if record is not None:
+        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool)
+        for i, layer in enumerate(sorted(plan)):
+            planned[i, plan[layer]] = True
+        nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)
+        per_doc = (record.table(), nll, planned)
+    return SinkAblation(
+        clean.mean_nll,
+        patched.mean_nll,
+        df,
+        scale,
+        mode,
+        effect,
+        sorted(plan),
+        per_doc,
+        low_norm_quantile,
+    )

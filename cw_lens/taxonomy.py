@@ -40,11 +40,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums
+from cw_lens.accumulate import ExactSums, PerDocument
+from cw_lens.bootstrap import Bootstrap, require_record
 from cw_lens.capture import resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict
+from cw_lens.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.data import as_corpus
 from cw_lens.errors import InputError
+from cw_lens.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
 from cw_lens.streaming import stream_corpus
 from cw_lens.verify import require_verified
@@ -91,12 +93,23 @@ _TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "ent
 
 
 class _TaxonomyAccumulator:
-    def __init__(self, sinks: tuple[int, ...]) -> None:
+    def __init__(
+        self, sinks: tuple[int, ...], layers: list[int], n_heads: int, n_documents: int | None
+    ) -> None:
         self.sinks = sinks
         self.sums = ExactSums()
+        self.pos = {layer: i for i, layer in enumerate(layers)}
+        # opt-in, for bootstrap intervals: each document's winner counts per head
+        self.per_doc = (
+            None
+            if n_documents is None
+            else PerDocument(["winners"], n_documents, (len(layers), n_heads, len(CATEGORIES)))
+        )
 
     def merge(self, other: _TaxonomyAccumulator) -> None:
         self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
 
     def update(self, lc: Any) -> None:
         acts = lc.acts
@@ -119,6 +132,10 @@ class _TaxonomyAccumulator:
             .double(),
         ]
         self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", torch.cat(stats, -1))
+        if self.per_doc is not None:
+            self.per_doc.add_rows(
+                acts.batch.documents, "winners", stats[0], at=self.pos[acts.layer]
+            )
 
 
 @dataclass
@@ -136,6 +153,7 @@ class HeadTaxonomyResult:
     sink_positions: tuple[int, ...]
     n_documents: int
     model_name: str = ""
+    per_document: Tensor | None = None  # [document, layer, head, category] winner counts
 
     @property
     def layers(self) -> list[int]:
@@ -181,8 +199,27 @@ class HeadTaxonomyResult:
             "dominant_regime": str(shares.idxmax()),
         }
 
-    def claims(self) -> dict[str, dict[str, Any]]:
-        """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured."""
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured; with ``bootstrap`` its
+        interval over documents (each resample reclassifies every head from its resampled
+        winner counts) and the per-layer Retriever shares (needs ``per_document=True``)."""
+        claims = [self._claim()]
+        if bootstrap is not None:
+            require_record(self.per_document, "head_taxonomy")
+            reps = taxonomy_numbers(bootstrap.resample(self.per_document))
+            layers = self.layers
+            point = self.table.groupby("layer")["regime"].apply(lambda r: (r == "Retriever").mean())
+            rows = per_layer_rows(
+                layers,
+                "retriever_share",
+                torch.tensor(point.loc[layers].to_numpy()),
+                bootstrap.interval(reps["retriever_share_per_layer"]),
+            )
+            intervals = {"retriever_share": bootstrap.pair(reps["retriever_share"])}
+            claims = with_intervals(claims, intervals, {"retriever_share": rows})
+        return claims_dict(claims)
+
+    def _claim(self) -> Claim:
         shares = self.regime_shares()
         claim = Claim(
             "retriever_share",
@@ -195,7 +232,7 @@ class HeadTaxonomyResult:
                 "n_heads": len(self.table),
             },
         )
-        return claims_dict([claim])
+        return claim
 
     def plot(self, **kwargs: Any) -> Any:
         """Regimes over depth: stacked shares of heads per layer (claim ``retriever_share``)."""
@@ -213,6 +250,7 @@ def head_taxonomy(
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     progress: bool = True,
+    per_document: bool = False,
 ) -> HeadTaxonomyResult:
     """P2's parameter-free head taxonomy (source winner ``argmax_j alpha[i,j] ||v_j||``).
 
@@ -228,6 +266,9 @@ def head_taxonomy(
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS (position 0 is then the usual sink).
         progress: Show a progress bar over document batches.
+        per_document: Also keep each document's winner counts per head (``12 * n_layers *
+            n_heads + 1`` bytes per document, 3.2 KB for SmolLM2-135M) for bootstrap
+            intervals (:meth:`HeadTaxonomyResult.claims`).
 
     Returns:
         A :class:`HeadTaxonomyResult`.
@@ -245,7 +286,9 @@ def head_taxonomy(
     accumulator, stats = stream_corpus(
         model,
         docs,
-        _TaxonomyAccumulator(sinks),
+        _TaxonomyAccumulator(
+            sinks, layer_list, model.cfg.n_heads, len(docs) if per_document else None
+        ),
         layers=layer_list,
         batch_size=batch_size,
         prepend_bos=prepend_bos,
@@ -257,6 +300,7 @@ def head_taxonomy(
         sink_positions=sinks,
         n_documents=stats.n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
+        per_document=None if accumulator.per_doc is None else accumulator.per_doc.table("winners"),
     )
 
 

@@ -42,6 +42,12 @@ TOKENS = (
 QUERY0 = "tests/test_faithfulness.py::test_query_zero_is_never_intervened_on_by_default"
 SCOPE = "tests/test_selection.py::test_layer_scope_removes_the_same_fraction_per_layer"
 HISTOGRAM = "tests/test_accumulate.py"
+BOOT = "tests/test_bootstrap.py"
+BOOT_FAST = "tests/test_bootstrap.py::test_vectorised_bootstrap_equals_a_direct_resampling_loop"
+BOOT_SINKS = (
+    "tests/test_bootstrap.py::test_sink_intervals_are_the_statistics_of_the_resampled_corpora"
+)
+VERDICTS = "tests/test_bootstrap.py::test_three_valued_verdict_reads_the_whole_interval"
 
 
 @dataclass(frozen=True)
@@ -253,8 +259,8 @@ MUTANTS = [
     m(
         "ablation: cone cosine taken before W_O",
         "cw_lens/sinks.py",
-        "        cos = za / (zz * aa).clamp_min(1e-30).sqrt()",
-        "        cos = torch.nn.functional.cosine_similarity(z, axis, dim=-1).transpose(1, 2)",
+        "    cos = za / (zz * aa).clamp_min(1e-30).sqrt()",
+        "    cos = torch.nn.functional.cosine_similarity(z, axis, dim=-1).transpose(1, 2)",
         ABLATION,
     ),
     m(
@@ -399,6 +405,43 @@ MUTANTS = [
         "        return low <= v <= high",
         "        return low < v < high",
         CLAIMS,
+    ),
+    # ---------------------------------------------------------------- intervals and verdicts
+    m(
+        "verdict: a straddling interval read as yes",
+        "cw_lens/claims.py",
+        "            yes, no = low > self.threshold, high <= self.threshold",
+        "            yes, no = high > self.threshold, high <= self.threshold",
+        VERDICTS,
+    ),
+    m(
+        "verdict: the interval ignored",
+        "cw_lens/claims.py",
+        "        if self.interval is None:\n            return point",
+        "        if True:\n            return point",
+        VERDICTS,
+    ),
+    m(
+        "bootstrap: weights drawn without replacement (every document once)",
+        "cw_lens/bootstrap.py",
+        "        return torch.randint(n_documents, (self.resamples, n_documents), generator=gen)",
+        "        return torch.stack([torch.randperm(n_documents, generator=gen) "
+        "for _ in range(self.resamples)])",
+        BOOT_FAST,
+    ),
+    m(
+        "bootstrap: sink heads fixed at the point estimate's",
+        "cw_lens/resampled.py",
+        '        "sink": rate > threshold,',
+        '        "sink": (rate > threshold).any(0, keepdim=True).expand_as(rate),',
+        BOOT_SINKS,
+    ),
+    m(
+        "bootstrap: mean instead of median over sink heads",
+        "cw_lens/resampled.py",
+        '        "median_ratio_sink_heads": masked_median(f["norm_ratio"], sink),',
+        '        "median_ratio_sink_heads": masked_mean(f["norm_ratio"], sink),',
+        BOOT_SINKS,
     ),
     flip(
         "reversed: pruning_signal",

@@ -66,8 +66,8 @@ SPEC_CRITERIA = {
 )
 def test_check_comparisons(value, op, threshold, holds):
     check = Check("x", value, op, threshold)
-    assert check.holds is holds
-    assert check.to_dict()["holds"] is holds
+    assert check.holds == ("yes" if holds else "no")
+    assert check.to_dict()["holds"] == check.holds
 
 
 def test_check_rejects_bad_ops_and_claims_need_every_check():
@@ -78,9 +78,9 @@ def test_check_rejects_bad_ops_and_claims_need_every_check():
     with pytest.raises(ValueError, match="low, high"):
         Check("x", 1.0, "<", (0.0, 1.0))
     yes, no = Check("a", 1.0, ">", 0.0), Check("b", -1.0, ">", 0.0)
-    assert Claim("c", "p", "k", [yes, yes]).holds
-    assert not Claim("c", "p", "k", [yes, no]).holds
-    assert not Claim("c", "p", "k", []).holds
+    assert Claim("c", "p", "k", [yes, yes]).holds == "yes"
+    assert Claim("c", "p", "k", [yes, no]).holds == "no"
+    assert Claim("c", "p", "k", []).holds == "no"
     d = claims_dict([Claim("c", "p", "k", [yes, no], {"extra": 2})])["c"]
     assert list(d["measured"]) == ["a", "b", "extra"]  # headline numbers first
     assert d["checks"][1] == {
@@ -88,9 +88,10 @@ def test_check_rejects_bad_ops_and_claims_need_every_check():
         "value": -1.0,
         "op": ">",
         "threshold": 0.0,
-        "holds": False,
+        "interval": None,
+        "holds": "no",
     }
-    assert d["holds"] is False and d["criterion"] == "k" and d["paper"] == "p"
+    assert d["holds"] == "no" and d["criterion"] == "k" and d["paper"] == "p"
 
 
 # =========================================================================== sink claims
@@ -176,7 +177,7 @@ def _rho(values):
 
 def sink_verdicts(heads, drivers=None):
     claims = claims_dict(sink_claims(heads, driver_table() if drivers is None else drivers))
-    return {cid: c["holds"] for cid, c in claims.items()}, claims
+    return {cid: c["holds"] == "yes" for cid, c in claims.items()}, claims
 
 
 def test_every_sink_claim_holds_on_its_fixture_and_reads_the_spec_numbers():
@@ -307,12 +308,14 @@ def ablation(low=(0.2, 0.5), other=(0.5, 0.6), clean=3.0, patched=3.5):
 def test_sink_ablation_cone_on_both_sides():
     # low-norm heads rise 0.3, others 0.1, PPL up: holds (although low-norm heads end lower)
     claim = ablation().claims()["sink_ablation_cone"]
-    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["sink_ablation_cone"]
+    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["sink_ablation_cone"]
     assert claim["measured"]["cone_rise_low_norm_minus_other"] == pytest.approx(0.2)
     assert claim["measured"]["delta_ppl"] == pytest.approx(math.exp(3.5) - math.exp(3.0))
-    assert not ablation(patched=2.9).claims()["sink_ablation_cone"]["holds"]  # PPL down
-    assert not ablation(patched=3.0).claims()["sink_ablation_cone"]["holds"]  # unchanged
-    assert not ablation(low=(0.2, 0.3), other=(0.4, 0.6)).claims()["sink_ablation_cone"]["holds"]
+    assert ablation(patched=2.9).claims()["sink_ablation_cone"]["holds"] == "no"  # PPL down
+    assert ablation(patched=3.0).claims()["sink_ablation_cone"]["holds"] == "no"  # unchanged
+    assert (
+        ablation(low=(0.2, 0.3), other=(0.4, 0.6)).claims()["sink_ablation_cone"]["holds"] == "no"
+    )
 
 
 # =========================================================================== selection
@@ -339,7 +342,7 @@ def selection_table(top, random, top_no_sink=None, grid=(1, 2, 4, 8, 16), n_head
 
 def selection_verdicts(table):
     claims = claims_dict(selection_claims(table))
-    return {cid: c["holds"] for cid, c in claims.items()}, claims
+    return {cid: c["holds"] == "yes" for cid, c in claims.items()}, claims
 
 
 def test_topn_beats_random_on_both_sides():
@@ -417,7 +420,7 @@ def test_retriever_share_range_is_closed(n_retrievers, holds):
     regimes = ["Retriever"] * n_retrievers + ["Mixer"] * (1000 - n_retrievers)
     table = pd.DataFrame({"layer": 0, "head": range(1000), "regime": regimes})
     claim = HeadTaxonomyResult(table, (0,), 1).claims()["retriever_share"]
-    assert claim["holds"] is holds
+    assert claim["holds"] == ("yes" if holds else "no")
     assert claim["measured"]["retriever_share"] == n_retrievers / 1000
     assert claim["criterion"] == SPEC_CRITERIA["retriever_share"]
 
@@ -460,13 +463,15 @@ RANDOM = ((0.5, 4.0, 4.5), (5.0, 5.0, 8.0), (20.0, 20.0, 20.0), (40.0, 40.0, 40.
 def test_pruning_signal_on_both_sides():
     result = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)  # beats the mean draw (3, 6), not the min
     claim = result.claims()["pruning_signal"]
-    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["pruning_signal"]
+    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["pruning_signal"]
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.9"] == pytest.approx(2.0)
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.75"] == pytest.approx(4.0)
     assert claim["measured"]["best_order"] == {"0.5": "magnitude", "0.25": "magnitude"}
-    assert not pruning((1.0, 7.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]
-    assert not pruning((3.5, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]
-    assert not pruning((3.0, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"]  # tie
+    assert pruning((1.0, 7.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
+    assert pruning((3.5, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
+    assert (
+        pruning((3.0, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
+    )  # tie
 
 
 def test_pruning_signal_is_judged_on_the_per_layer_ranking():
@@ -476,13 +481,13 @@ def test_pruning_signal_is_judged_on_the_per_layer_ranking():
         per_layer.claims(other_scope=global_)["pruning_signal"],
         global_.claims(other_scope=per_layer)["pruning_signal"],
     ):
-        assert claim["holds"]
+        assert claim["holds"] == "yes"
         variant = claim["measured"]["global_ranking"]
         assert variant["random_minus_taxonomy"]["0.9"] == pytest.approx(3.0 - 240.0)
     with pytest.raises(InputError, match="per-layer ranking"):
         global_.claims()
     failing = pruning((9.0, 2.0, 10.0, 30.0), RANDOM)
-    assert not global_.claims(other_scope=failing)["pruning_signal"]["holds"]
+    assert global_.claims(other_scope=failing)["pruning_signal"]["holds"] == "no"
 
 
 # =========================================================================== faithfulness
@@ -519,7 +524,7 @@ HOLDS_SUFF = (0.5, 0.4, 0.3, 0.2, 0.05)  # random (a control) lower still: not c
 
 def test_faithfulness_order_on_both_sides():
     claim = faithfulness_result(HOLDS_COMP, HOLDS_SUFF).claims()["faithfulness_order"]
-    assert claim["holds"] and claim["criterion"] == SPEC_CRITERIA["faithfulness_order"]
+    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["faithfulness_order"]
     values = {c["number"]: c["value"] for c in claim["checks"]}
     assert values == pytest.approx(
         {
@@ -545,7 +550,7 @@ def test_faithfulness_order_on_both_sides():
     ],
 )
 def test_faithfulness_order_fails_on_counter_fixtures(comp, suff):
-    assert not faithfulness_result(comp, suff).claims()["faithfulness_order"]["holds"]
+    assert faithfulness_result(comp, suff).claims()["faithfulness_order"]["holds"] == "no"
 
 
 def test_faithfulness_order_needs_pairs_granularity_and_every_metric():

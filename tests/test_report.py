@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cw_lens.bootstrap import METHOD
+from cw_lens.claims import VERDICTS, combine
 from cw_lens.report import CLAIM_ORDER, STEPS, JobConfig, run_figures
 
 pytestmark = pytest.mark.slow
@@ -50,12 +52,45 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     for key in ("model", "corpus", "n_documents", "n_tokens", "seed", "versions"):
         assert key in summary
     assert summary["n_documents"] == 4 and summary["n_tokens"] == 4 * 25
+    assert summary["schema"] == 2
+    assert summary["bootstrap"] == {
+        "resamples": 1000,
+        "level": 0.95,
+        "seed": 0,
+        "unit": "document",
+        "method": METHOD,
+    }
+    layered = {
+        "sink_attention_vs_contribution": "contribution_over_attention",
+        "sink_value_norm_ratio": "median_ratio_sink_heads",
+        "sink_anti_alignment": "median_cos_sink_tail_mixture",
+        "retriever_share": "retriever_share",
+    }
+    for cid, claim in summary["claims"].items():
+        assert ("per_layer" in claim) == (cid in layered), cid
+        if cid in layered:  # tidy rows, one per layer of the tiny model, the claim's number
+            rows = claim["per_layer"]
+            assert [r["layer"] for r in rows] == [0, 1], cid
+            assert all(set(r) == {"layer", "number", "value", "low", "high"} for r in rows)
+            assert {r["number"] for r in rows} == {layered[cid]}
+    taxonomy = summary["claims"]["retriever_share"]
+    # the tiny model's per-layer Retriever shares average to the overall share (equal layers)
+    shares = [r["value"] for r in taxonomy["per_layer"]]
+    assert abs(sum(shares) / 2 - taxonomy["checks"][0]["value"]) < 1e-6
     for cid, claim in summary["claims"].items():
         assert set(claim) >= {"paper", "measured", "holds", "figure", "criterion", "checks"}, cid
         assert claim["checks"], cid
-        assert claim["holds"] is all(c["holds"] for c in claim["checks"]), cid
+        assert claim["holds"] == combine(c["holds"] for c in claim["checks"]), cid
         for check in claim["checks"]:  # every headline number is in measured
             assert claim["measured"][check["number"]] == check["value"], (cid, check)
+            assert set(check) == {"number", "value", "op", "threshold", "interval", "holds"}
+            assert check["holds"] in VERDICTS, (cid, check)
+            if cid == "sink_contribution_drivers":  # Spearman over samples: no interval
+                assert check["interval"] is None
+                continue
+            low, high = check["interval"]
+            if low is not None:  # None: undefined (e.g. no sink head in the tiny model)
+                assert low <= high, (cid, check)
         stem = out / Path(claim["figure"]).stem
         assert stem.with_suffix(".png").stat().st_size > 1000, cid
         assert stem.with_suffix(".pdf").stat().st_size > 1000, cid
@@ -63,7 +98,8 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     pruning = summary["claims"]["pruning_signal"]["measured"]
     assert "global_ranking" in pruning and "top_lone_heads" in pruning
     report = (out / "REPORT.md").read_text()
-    assert "| claim | paper says | we measured | holds |" in report
+    assert "| claim | paper says | number = value [interval] (criterion) | verdict |" in report
+    assert (out / "per_layer_intervals.png").stat().st_size > 1000
     for cid in CLAIM_ORDER:
         assert f"`{cid}`" in report
     assert not list(out.rglob(".*.tmp*"))

@@ -4,6 +4,7 @@ statistic. Figures are named after the claim they illustrate (SPEC §6).
 """
 
 from cw_lens.plots._style import save_figure
+from cw_lens.plots.claims import plot_per_layer_intervals
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
 from cw_lens.plots.flow import (
@@ -31,6 +32,7 @@ __all__ = [
     "plot_attention_vs_contribution",
     "plot_convex_sink_curve",
     "plot_faithfulness_curves",
+    "plot_per_layer_intervals",
     "plot_pruning_signal",
     "plot_residual_shares",
     "plot_retriever_share",

@@ -1,0 +1,281 @@
+r"""The claims' headline numbers recomputed on bootstrap replicates of per-document sums.
+
+Each function takes the replicates ``[R, ...]`` of the sums an analysis keeps (what
+:meth:`cw_lens.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
+every headline number of its claims for all ``R`` replicates at once, ``{number: [R]}``, by the
+same formula as the claim's point value (SPEC §6). Applied to the corpus totals (``R = 1``) they
+give the point values back, which the tests check. Pure tensor math: no model, no pandas.
+
+What each interval is of, where the exact number cannot be recomputed from per-document sums:
+
+- ``median_cancelled_share`` (``sink_cancels_drift``): the median over sink heads of each
+  head's median cancelled share read from per-document *coarse* histograms (24 bins equal in
+  ``asinh(v / 1e-3)`` on ``[-10, 10]``, an edge at 0, plus the two edge bins: the sign of a
+  head's median is exact, its size resolved to a factor of about 2.5) instead of the fine
+  histogram of the point value.
+- Everything else is exact up to the float32 rounding of the per-document sums: sink heads,
+  per-head means and ratios are recomputed per resample from the resampled sums; the s* and
+  drift-cosine medians are decided by edge counts (``median s* in (0, 1)`` iff fewer than half
+  of the head's s* are ``<= 0`` and fewer than half ``>= 1``; ``median cos < 0`` iff more than
+  half of the cosines are negative), which is what the point value's histogram reads.
+
+Example::
+
+    from cw_lens.bootstrap import Bootstrap
+    from cw_lens.resampled import taxonomy_numbers
+    boot = Bootstrap(1000, seed=0)
+    counts = boot.resample(per_doc_counts)        # [R, layer, head, 3]
+    reps = taxonomy_numbers(counts)["retriever_share"]
+    boot.pair(reps)                              # (low, high)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from cw_lens.accumulate import Histogram
+from cw_lens.bootstrap import masked_mean, masked_median, ratio
+
+Tables = dict[str, Tensor]
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+def sink_head_fields(
+    t: Tables, share_counts: Tensor, share_binning: dict, threshold: float
+) -> Tables:
+    """Per (replicate, layer, head) fields from resampled sums ``t[name]`` ``[R, L, H]``."""
+    rate = ratio(t["rate_sum"], t["rate_count"])
+    hist = Histogram((), **share_binning)
+    hist.counts = share_counts
+    n = t["s_star_n"]
+    return {
+        "sink": rate > threshold,  # NaN (nothing counted) is not a sink head
+        "attention": ratio(t["sink_attention_sum"], t["sink_count"]),
+        "contribution": ratio(t["sink_contribution_sum"], t["sink_count"]),
+        "norm_ratio": ratio(t["ratio_sum"], t["geometry_count"]),
+        "cos_mixture": ratio(t["cos_mixture_sum"], t["cos_mixture_count"]),
+        "s_star_n": n,
+        "s_star_interior": (n > 0) & (2 * t["s_star_lo"] < n) & (2 * t["s_star_hi"] < n),
+        "drift_negative": 2 * t["drift_neg"] > t["drift_count"],
+        "cancelled_median": hist.quantile(0.5),
+    }
+
+
+def _sink_reduce(f: Tables, min_s_star_queries: int) -> Tables:
+    """The sink claims' numbers over the last axis (heads) of the fields ``f``."""
+    sink = f["sink"]
+    judged = sink & (f["s_star_n"] >= min_s_star_queries)
+    return {
+        "contribution_over_attention": ratio(
+            masked_mean(f["contribution"], sink), masked_mean(f["attention"], sink)
+        ),
+        "median_ratio_sink_heads": masked_median(f["norm_ratio"], sink),
+        "median_cos_sink_tail_mixture": masked_median(f["cos_mixture"], sink),
+        "share_judged_sink_heads_interior_median_s_star": masked_mean(
+            f["s_star_interior"].double(), judged
+        ),
+        "share_sink_heads_negative_cosine": masked_mean(f["drift_negative"].double(), sink),
+        "median_cancelled_share": masked_median(f["cancelled_median"], sink),
+    }
+
+
+def sink_numbers(fields: Tables, min_s_star_queries: int) -> dict[str, Float[Tensor, " R"]]:
+    """The sink claims' numbers over all heads (``fields`` from :func:`sink_head_fields`)."""
+    flat = {k: v.flatten(-2) for k, v in fields.items()}
+    return _sink_reduce(flat, min_s_star_queries)
+
+
+def sink_numbers_per_layer(
+    fields: Tables, min_s_star_queries: int
+) -> dict[str, Float[Tensor, "R layer"]]:
+    """The same numbers within each layer's heads."""
+    return _sink_reduce(fields, min_s_star_queries)
+
+
+# --------------------------------------------------------------------------- taxonomy
+
+
+def retriever(counts: Float[Tensor, "... 3"]) -> Tensor:
+    """Is a head a Retriever: ``current`` is its most frequent category (ties to Retriever)."""
+    return counts.argmax(-1) == 0
+
+
+def taxonomy_numbers(counts: Float[Tensor, "R layer head 3"]) -> dict[str, Tensor]:
+    """``retriever_share`` ``[R]`` and per layer ``[R, layer]`` from (current, sink, other)
+    winner counts per head."""
+    is_retriever = retriever(counts).double()
+    return {
+        "retriever_share": is_retriever.flatten(-2).mean(-1),
+        "retriever_share_per_layer": is_retriever.mean(-1),
+    }
+
+
+def per_layer_rows(
+    layers: list[int], number: str, value: Tensor, interval: Tensor
+) -> list[dict[str, Any]]:
+    """Tidy rows ``{"layer", "number", "value", "low", "high"}`` from per-layer point values
+    ``[L]`` and intervals ``[2, L]``."""
+    return [
+        {
+            "layer": int(layer),
+            "number": number,
+            "value": float(value[i]),
+            "low": float(interval[0, i]),
+            "high": float(interval[1, i]),
+        }
+        for i, layer in enumerate(layers)
+    ]
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _nan_extreme(x: Tensor, largest: bool) -> Tensor:
+    """Max (or min) over the last axis ignoring NaN; NaN where all are NaN."""
+    fill = -math.inf if largest else math.inf
+    filled = torch.where(x.isnan(), fill, x)
+    out = filled.amax(-1) if largest else filled.amin(-1)
+    return torch.where(x.isnan().all(-1), math.nan, out)
+
+
+def selection_numbers(
+    sums: Float[Tensor, "R layer rule head n 2"],
+    n_grid: list[int],
+    rules: tuple[str, ...],
+    small_n: tuple[int, ...],
+    sink_n: tuple[int, ...],
+) -> dict[str, Tensor]:
+    """``topn_beats_random`` and ``sink_lowers_fn``'s numbers from sums of (F, scored queries)
+    per (layer, rule, head, N), as :func:`cw_lens.selection.selection_claims` reads them: the
+    mean over heads of each head's mean F per rule and N; the median over heads of F(sink
+    excluded) / F(sink allowed) (``inf`` where only the sink-free F is positive)."""
+    f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
+    f = f.transpose(1, 2).flatten(2, 3)  # [R, rule, heads, n]
+    means = masked_mean(f.transpose(-1, -2), ~f.transpose(-1, -2).isnan())  # [R, rule, n]
+    rule = {r: i for i, r in enumerate(rules)}
+    n_index = {n: k for k, n in enumerate(n_grid)}
+    grid = [n for n in n_grid if n > 1]
+    out: dict[str, Tensor] = {}
+    if "random" in rule and grid:
+        gap = means[:, rule["top"]] - means[:, rule["random"]]  # [R, n]
+        out["min_over_n_f_top_minus_random"] = -_nan_extreme(
+            -gap[:, [n_index[n] for n in grid]], largest=True
+        )
+        small = [n_index[n] for n in grid if n in small_n]
+        large = [n_index[n] for n in grid if n > max(small_n)]
+        if large:
+            peak = _nan_extreme(gap[:, small], largest=True) if small else gap[:, 0] * math.nan
+            out["largest_gap_n2_n4_minus_larger_n"] = peak - _nan_extreme(
+                gap[:, large], largest=True
+            )
+    with_sink, without = f[:, rule["top"]], f[:, rule["top_no_sink"]]  # [R, heads, n]
+    head_ratio = without / torch.where(with_sink > 0, with_sink, math.nan)
+    head_ratio = torch.where((with_sink == 0) & (without > 0), math.inf, head_ratio)
+    for n in sink_n:
+        if n in n_index:
+            r = head_ratio[..., n_index[n]]
+            out[f"median_head_ratio_n{n}"] = masked_median(r, ~r.isnan())
+    return out
+
+
+# --------------------------------------------------------------------------- faithfulness
+
+
+def aopc_numbers(
+    sums: Float[Tensor, "R statistic"],
+    names: list[str],
+    configs: list[tuple],
+    task: bool,
+) -> dict[tuple[str, str, str], Tensor]:
+    """AOPC per (granularity, mode, metric) ``[R]`` from resampled per-configuration sums
+    (``"nll|<tag>"`` or ``"logprob|<tag>"`` and ``"count|<tag>"``, tag ``"clean"`` or
+    ``"g|metric|mode|fraction"``): the mean over the fractions of the change of the mean NLL
+    (on tasks: the drop of the mean answer log-probability), as
+    :meth:`cw_lens.faithfulness.FaithfulnessResult.aopc`."""
+    column = {n: i for i, n in enumerate(names)}
+    value = "logprob" if task else "nll"
+
+    def mean(tag: str) -> Tensor:
+        return ratio(sums[:, column[f"{value}|{tag}"]], sums[:, column[f"count|{tag}"]])
+
+    clean = mean("clean")
+    curves: dict[tuple[str, str, str], list[Tensor]] = {}
+    for g, m, mode, f in configs:
+        delta = mean("|".join(map(str, (g, m, mode, f)))) - clean
+        curves.setdefault((g, mode, m), []).append(-delta if task else delta)
+    return {key: torch.stack(parts).mean(0) for key, parts in curves.items()}
+
+
+def faithfulness_numbers(
+    aopc: dict[tuple[str, str, str], Tensor], metrics: tuple[str, ...]
+) -> dict[str, Tensor]:
+    """``faithfulness_order``'s numbers from AOPC replicates, as
+    :func:`cw_lens.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
+    comp = {m: aopc[("pairs", "comprehensiveness", m)] for m in metrics}
+    suff = {m: aopc[("pairs", "sufficiency", m)] for m in metrics}
+    out = {
+        f"comprehensiveness_{b}_minus_{a}": comp[b] - comp[a]
+        for a, b in itertools.pairwise(metrics)
+    }
+    others = torch.stack([suff[m] for m in metrics if m != "contribution"]).amin(0)
+    out["sufficiency_lowest_other_minus_contribution"] = others - suff["contribution"]
+    return out
+
+
+# --------------------------------------------------------------------------- sink ablation
+
+
+def ablation_numbers(
+    heads: Float[Tensor, "R statistic layer head"],
+    nll: Float[Tensor, "R 4"],
+    planned: Tensor,
+    low_norm_quantile: float,
+) -> dict[str, Tensor]:
+    """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before,
+    count_before, cone_after, count_after, rel_norm``) of the patched heads and NLL sums
+    (clean nll, count, patched nll, count), as :meth:`cw_lens.sinks.SinkAblation.claims`: the
+    low-norm heads (relative output norm at or below its ``low_norm_quantile``, re-picked per
+    resample) against the others."""
+    cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]
+    rel = rel / n_b.clamp_min(1)
+    before, after = cone_b / n_b.clamp_min(1), cone_a / n_a.clamp_min(1)
+    cut = torch.quantile(rel, low_norm_quantile, dim=-1, keepdim=True)
+    low = rel <= cut
+    rise = after - before
+    clean_ppl = torch.exp(nll[:, 0] / nll[:, 1])
+    patched_ppl = torch.exp(nll[:, 2] / nll[:, 3])
+    return {
+        "cone_rise_low_norm_minus_other": masked_mean(rise, low) - masked_mean(rise, ~low),
+        "delta_ppl": patched_ppl - clean_ppl,
+    }
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def pruning_numbers(
+    nll: dict[Any, Float[Tensor, "R 2"]], levels: tuple[float, ...]
+) -> dict[str, Tensor]:
+    """``pruning_signal``'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
+    from resampled (NLL sum, count) per ``(order, draw, level)`` and ``"clean"``."""
+
+    def ppl(t: Tensor) -> Tensor:
+        return torch.exp(t[:, 0] / t[:, 1])
+
+    clean = ppl(nll["clean"])
+    out = {}
+    for level in levels:
+        tax = [v for k, v in nll.items() if k != "clean" and k[0] == "taxonomy" and k[2] == level]
+        rand = [v for k, v in nll.items() if k != "clean" and k[0] == "random" and k[2] == level]
+        if tax and rand:
+            random_mean = torch.stack([ppl(r) - clean for r in rand]).mean(0)
+            out[f"random_minus_taxonomy_delta_ppl_at_{level}"] = random_mean - (ppl(tax[0]) - clean)
+    return out

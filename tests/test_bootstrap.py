@@ -1,0 +1,300 @@
+"""Bootstrap intervals and three-valued verdicts: the vectorised bootstrap against a direct,
+slow resampling loop; every analysis's replicate numbers against the analysis rerun on the
+resampled corpus itself; verdicts on both sides of a threshold and straddling it; seeds."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cw_lens
+from cw_lens import pruning
+from cw_lens.accumulate import PerDocument, state_bytes
+from cw_lens.bootstrap import Bootstrap, masked_median
+from cw_lens.claims import Check, Claim, with_intervals
+from cw_lens.errors import InputError
+
+WORDS = "the sink holds attention while tokens drift in cones of value space".split()
+
+
+def _texts(n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choices(WORDS, k=rng.randint(lo, hi))) for _ in range(n)]
+
+
+# =========================================================================== the bootstrap
+
+
+def test_vectorised_bootstrap_equals_a_direct_resampling_loop():
+    """W @ X and the percentile interval against drawing the documents one resample at a time
+    (the same seeded draws) and computing a ratio of sums on each resampled table."""
+    gen = torch.Generator().manual_seed(3)
+    table = torch.rand(7, 2, generator=gen, dtype=torch.float64) + 0.1
+    boot = Bootstrap(resamples=200, seed=11)
+    reps = boot.resample(table)
+    ratio = reps[:, 0] / reps[:, 1]
+    draws = torch.Generator().manual_seed(11)
+    idx = torch.randint(7, (200, 7), generator=draws)
+    direct = []
+    for r in range(200):  # the slow loop: the resampled corpus, summed
+        rows = [table[int(i)] for i in idx[r]]
+        s0, s1 = sum(float(x[0]) for x in rows), sum(float(x[1]) for x in rows)
+        direct.append(s0 / s1)
+    assert torch.allclose(ratio, torch.tensor(direct, dtype=torch.float64), rtol=1e-12, atol=0)
+    low, high = boot.pair(ratio)
+    expected = np.quantile(direct, [0.025, 0.975])  # numpy's default: linear interpolation
+    assert low == pytest.approx(expected[0], rel=1e-12)
+    assert high == pytest.approx(expected[1], rel=1e-12)
+    assert boot.weights(7).sum(1).eq(7).all()  # every resample draws D documents
+
+
+def test_same_seed_same_intervals_other_seed_other_intervals():
+    table = torch.arange(20, dtype=torch.float64)[:, None] ** 1.5
+    a = Bootstrap(1000, seed=5).interval(Bootstrap(1000, seed=5).resample(table))
+    b = Bootstrap(1000, seed=5).interval(Bootstrap(1000, seed=5).resample(table))
+    c = Bootstrap(1000, seed=6).interval(Bootstrap(1000, seed=6).resample(table))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_interval_leaves_out_undefined_replicates_up_to_the_tail_share():
+    boot = Bootstrap(resamples=100, level=0.9)
+    x = torch.arange(100, dtype=torch.float64)
+    x[:5] = math.nan  # 5% undefined: within the 5% tail, left out
+    low, high = boot.pair(x)
+    assert low == pytest.approx(np.quantile(np.arange(5, 100), 0.05))
+    assert high == pytest.approx(np.quantile(np.arange(5, 100), 0.95))
+    x[:6] = math.nan  # 6% > 5%: no interval
+    assert all(math.isnan(v) for v in boot.pair(x))
+    with pytest.raises(InputError, match="resamples"):
+        Bootstrap(resamples=0)
+    with pytest.raises(InputError, match="level"):
+        Bootstrap(level=1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.floats(-5, 5), st.just(math.nan)), min_size=1, max_size=9))
+def test_masked_median_is_pandas_median(values):
+    mask = [i % 3 != 1 for i in range(len(values))]
+    got = float(masked_median(torch.tensor(values)[None], torch.tensor(mask)[None])[0])
+    expected = pd.Series([v for v, m in zip(values, mask, strict=True) if m]).median()
+    assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected)
+
+
+# =========================================================================== verdicts
+
+
+@pytest.mark.parametrize(
+    ("op", "threshold", "interval", "verdict"),
+    [
+        ("<", 0.5, (0.3, 0.45), "yes"),
+        ("<", 0.5, (0.45, 0.55), "inconclusive"),  # straddles
+        ("<", 0.5, (0.5, 0.6), "no"),  # 0.5 < 0.5 fails: the whole interval fails
+        ("<", 0.5, (0.3, 0.5), "inconclusive"),  # its top fails
+        (">", 0.0, (0.01, 0.2), "yes"),
+        (">", 0.0, (-0.1, 0.2), "inconclusive"),
+        (">", 0.0, (-0.3, 0.0), "no"),
+        ("in", (3.0, 10.0), (3.0, 10.0), "yes"),  # closed
+        ("in", (3.0, 10.0), (2.5, 4.0), "inconclusive"),
+        ("in", (3.0, 10.0), (9.0, 11.0), "inconclusive"),
+        ("in", (3.0, 10.0), (1.0, 2.9), "no"),
+        ("in", (3.0, 10.0), (10.5, 12.0), "no"),
+        ("in", (3.0, 10.0), (math.nan, math.nan), "inconclusive"),  # no interval computed
+    ],
+)
+def test_three_valued_verdict_reads_the_whole_interval(op, threshold, interval, verdict):
+    low, high = interval
+    value = 0.5 * (low + high) if not math.isnan(low) else 4.0
+    check = Check("x", value, op, threshold, interval=interval)
+    assert check.holds == verdict
+    assert check.to_dict()["interval"] == list(interval) or math.isnan(low)
+
+
+def test_verdict_reads_the_point_value_with_its_interval():
+    # a percentile interval that misses the point value: the hull decides
+    assert Check("x", -0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "inconclusive"
+    assert Check("x", 0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "yes"
+    assert Check("x", math.nan, ">", 0.0, interval=(0.05, 0.2)).holds == "no"  # not measured
+    with pytest.raises(ValueError, match="low <= high"):
+        Check("x", 1.0, ">", 0.0, interval=(2.0, 1.0))
+
+
+def test_claim_verdict_combines_its_checks():
+    yes = Check("a", 1.0, ">", 0.0, interval=(0.5, 1.5))
+    unsure = Check("b", 1.0, ">", 0.0, interval=(-0.5, 1.5))
+    no = Check("c", -1.0, ">", 0.0, interval=(-1.5, -0.5))
+    assert Claim("k", "p", "c", [yes, yes]).holds == "yes"
+    assert Claim("k", "p", "c", [yes, unsure]).holds == "inconclusive"
+    assert Claim("k", "p", "c", [unsure, no]).holds == "no"
+    bare = Claim("k", "p", "c", [Check("a", 1.0, ">", 0.0), Check("b", 1.0, ">", 0.0)])
+    rows = [{"layer": 0, "number": "a", "value": 1.0, "low": 0.5, "high": 1.5}]
+    [claim] = with_intervals([bare], {"a": (0.5, 1.5), "b": (-0.5, 1.5)}, {"k": rows})
+    assert [c.holds for c in claim.checks] == ["yes", "inconclusive"]
+    assert claim.holds == "inconclusive" and claim.to_dict()["per_layer"] == rows
+    assert "per_layer" not in bare.to_dict()
+
+
+def test_per_document_record_costs_its_documented_bytes():
+    record = PerDocument(["a", "b"], n_documents=10, shape=(3, 4))
+    assert record.bytes_per_document == 4 * 2 * 12 + 1
+    assert state_bytes(record.values) + state_bytes(record.seen) == 10 * (4 * 2 * 12 + 1)
+    record.add_rows([2, 5], "b", torch.ones(2, 4), at=1)
+    assert record.table("b").shape == (2, 3, 4) and record.table("b")[:, 1].eq(1).all()
+    assert record.table("a").eq(0).all()
+    with pytest.raises(InputError, match="beyond"):
+        record.add_rows([10], "a", torch.ones(1, 3, 4))
+
+
+# =========================================================================== each analysis
+
+
+def _resampled_corpus(texts: list[str], boot: Bootstrap, r: int) -> list[str]:
+    """Resample ``r`` of the bootstrap as a corpus: the drawn documents, in draw order."""
+    return [texts[int(i)] for i in boot.indices(len(texts))[r]]
+
+
+def _numbers(claims: dict) -> dict[str, float]:
+    return {c["number"]: c["value"] for claim in claims.values() for c in claim["checks"]}
+
+
+def _check_against_reruns(texts, run, claims_of, skip=(), rtol=2e-5):
+    """Replicate r of every number equals the number measured on resample r's corpus."""
+    boot = Bootstrap(resamples=3, seed=4)
+    result = run(texts)
+    captured: dict[str, torch.Tensor] = {}
+
+    class Capture(Bootstrap):
+        def pair(self, replicates):
+            captured.setdefault(f"#{len(captured)}", replicates.clone())
+            return super().pair(replicates)
+
+    claims = claims_of(result, Capture(resamples=3, seed=4))
+    checked = [
+        (c["number"], c)
+        for claim in claims.values()
+        for c in claim["checks"]
+        if c["interval"] is not None
+    ]
+    order = list(captured.values())[-len(checked) :] if checked else []
+    reps = dict(zip([n for n, _ in checked], order, strict=True))
+    compared = 0
+    for r in range(3):
+        direct = _numbers(claims_of(run(_resampled_corpus(texts, boot, r)), None))
+        for number, values in reps.items():
+            if number in skip:
+                continue
+            want, got = direct[number], float(values[r])
+            if math.isnan(want):
+                assert math.isnan(got), (number, r)
+            else:
+                assert got == pytest.approx(want, rel=rtol, abs=1e-9), (number, r)
+                compared += 1
+    assert compared >= 3
+    return reps
+
+
+def _sink_claims(stats, bootstrap):
+    stats.threshold = 0.025  # the tiny model has no sink head at 0.3: make some
+    return stats.claims(bootstrap)
+
+
+def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
+    texts = _texts(10, 20, 30)
+    run = lambda t: cw_lens.sink_statistics(llama, t, min_query=4, per_document=True)  # noqa: E731
+    reps = _check_against_reruns(
+        texts,
+        run,
+        _sink_claims,
+        skip=("median_cancelled_share",),  # coarse: checked below
+    )
+    assert set(reps) >= {
+        "contribution_over_attention",
+        "median_ratio_sink_heads",
+        "median_cos_sink_tail_mixture",
+        "share_judged_sink_heads_interior_median_s_star",
+        "share_sink_heads_negative_cosine",
+        "median_cancelled_share",
+    }
+    # the coarse cancelled share has the fine one's sign
+    stats = run(texts)
+    claim = _sink_claims(stats, Bootstrap(200))["sink_cancels_drift"]
+    value, (low, high) = claim["checks"][1]["value"], claim["checks"][1]["interval"]
+    assert np.sign(low) == np.sign(high) == np.sign(value)
+
+
+def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
+    texts = _texts(6, 20, 30)
+    stats = cw_lens.sink_statistics(llama, texts, min_query=4, per_document=True)
+    stats.threshold = 0.025
+    claims = stats.claims(Bootstrap(300))
+    heads = stats.heads()
+    for layer, row in zip(
+        (0, 1), claims["sink_value_norm_ratio"]["per_layer"], strict=True
+    ):  # the per-layer number: the median over that layer's sink heads
+        sink = heads[(heads["layer"] == layer) & heads["sink_head"]]
+        assert row["value"] == pytest.approx(sink["norm_ratio"].median())
+        assert row["low"] <= row["high"]
+    bare = cw_lens.sink_statistics(llama, texts, min_query=4)
+    assert bare.acc.per_doc is None
+    with pytest.raises(InputError, match="per_document=True"):
+        bare.claims(Bootstrap(10))
+
+
+def test_taxonomy_interval_is_the_share_of_the_resampled_corpora(llama):
+    run = lambda t: cw_lens.head_taxonomy(llama, t, per_document=True, progress=False)  # noqa: E731
+    _check_against_reruns(_texts(8, 6, 12), run, lambda res, b: res.claims(b))
+
+
+def test_selection_intervals_are_the_statistics_of_the_resampled_corpora(llama):
+    def run(t):
+        return cw_lens.selection_geometry(llama, t, per_document=True, progress=False)
+
+    # the random rankings are seeded per document index, which a resample changes
+    reps = _check_against_reruns(
+        _texts(8, 10, 14),
+        run,
+        lambda res, b: res.claims(b),
+        skip=("min_over_n_f_top_minus_random", "largest_gap_n2_n4_minus_larger_n"),
+    )
+    assert "min_over_n_f_top_minus_random" in reps
+
+
+def test_faithfulness_intervals_are_the_aopcs_of_the_resampled_corpora(llama):
+    def run(t):
+        return cw_lens.faithfulness(
+            llama, t, fractions=(0.1, 0.5), per_document=True, progress=False, batch_size=4
+        )
+
+    _check_against_reruns(_texts(6, 8, 12), run, lambda res, b: res.claims(b), rtol=1e-4)
+
+
+def test_ablation_intervals_are_the_statistics_of_the_resampled_corpora(llama):
+    run = lambda t: cw_lens.sink_ablation(llama, t, per_document=True)  # noqa: E731
+    _check_against_reruns(_texts(6, 8, 12), run, lambda res, b: res.claims(b), rtol=1e-4)
+
+
+def test_pruning_intervals_are_the_statistics_of_the_resampled_corpora(llama):
+    """The removed heads stay those ranked on the whole corpus (the taxonomy is passed in):
+    each replicate is the ΔPPL difference measured on the resampled corpus with them."""
+    texts = _texts(6, 8, 12)
+    taxonomy = cw_lens.head_taxonomy(llama, texts, progress=False)
+
+    def run(t):
+        return pruning.prune_heads(
+            llama,
+            t,
+            order=("taxonomy", "random"),
+            taxonomy=taxonomy,
+            lone=False,
+            progress=False,
+            per_document=True,
+        )
+
+    _check_against_reruns(texts, run, lambda res, b: res.claims(bootstrap=b), rtol=1e-4)
