@@ -34,9 +34,9 @@ def tiny_model(arch: str, seed: int = 0, n_layers: int = 2):
     from cw_lens.testing import tiny_gpt2, tiny_llama
 
     if arch == "llama":
-        return tiny_llama(seed=seed, n_layers=n_layers)
+        return tiny_llama(seed=seed, n_layers=n_layers, api="bridge")
     if arch == "gpt2":
-        return tiny_gpt2(seed=seed, n_layers=n_layers)
+        return tiny_gpt2(seed=seed, n_layers=n_layers, api="bridge")
     torch.manual_seed(seed)
     common = {"vocab_size": VOCAB_SIZE, "attn_implementation": "eager", **SPECIAL}
     common["initializer_range"] = 0.2
