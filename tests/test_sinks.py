@@ -186,6 +186,7 @@ def planted_sink_hooks(model, sink_mass=0.6, sink_scale=-0.2):
         out[..., 0, 0] = 1.0
         return (out * causal).to(p.dtype)
 
+    cw_lens.verify_model(model)  # before planting: the probe has its own shapes
     hooks = []
     for layer in range(model.cfg.n_layers):
         hooks += [
@@ -307,10 +308,11 @@ def plant(model, patterns, values):
 
         return hook
 
+    cw_lens.verify_model(model)  # before planting: the probe has its own shapes
     hooks = []
     for layer in range(model.cfg.n_layers):
         hooks += [
-            (f"blocks.{layer}.attn.v.hook_out", put(values)),
+            (f"blocks.{layer}.attn.hook_v", put(values)),
             (f"blocks.{layer}.attn.hook_pattern", put(patterns)),
         ]
     return HookSet(model, hooks, "planted tensors")
