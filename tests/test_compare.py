@@ -104,14 +104,15 @@ def test_schema_1_bools_map_to_yes_no_and_have_no_interval(comparison):
 
 
 def test_reads_what_the_claims_module_writes():
-    """A schema 1 summary as cw_lens.claims writes it (today's report) reads back unchanged."""
+    """Claims as cw_lens.claims writes them (no intervals asked for) read back unchanged."""
     claims = claims_dict(
         [
             Claim("c1", "p", "crit", [Check("x", 0.25, "<", 0.5), Check("y", 2.0, ">", 3.0)]),
             Claim("c2", "p", "crit", [Check("z", float("nan"), "in", (0.1, 0.2))]),
         ]
     )
-    summary = json.loads(json.dumps({"model": "m", "claims": claims}).replace("NaN", "null"))
+    summary = {"schema": 2, "model": "m", "claims": claims}
+    summary = json.loads(json.dumps(summary).replace("NaN", "null"))
     table = compare_runs([summary]).to_dataframe()
     assert list(table["number"]) == ["x", "y", "z"]
     assert list(table["check"]) == ["yes", "no", "no"]
