@@ -133,8 +133,9 @@ from cw_lens.report import JobConfig, claims_table, run_figures
 
 QUICK = os.environ.get("CW_LENS_QUICK") == "1"
 out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "figures-notebook"))
-config = JobConfig(n_docs=2 if QUICK else 8, max_tokens=40 if QUICK else 128,
-                   task_docs=4 if QUICK else 24)
+# the test suite's size: 2 short documents, no task, faithfulness on one document
+config = (JobConfig(n_docs=2, max_tokens=32, task=None, faithfulness_docs=1) if QUICK
+          else JobConfig())
 summary = run_figures(config, out, progress=False)"""),
 ("md", "## The claims, as measured"),
 ("code", """pd.set_option("display.max_colwidth", 90)
@@ -163,7 +164,8 @@ CPython's standard library; the standard library's own docstrings stand in where
 moved it) — then both runs' claims side by side: every headline number with its interval where
 the summary has one (schema 2), and the verdict per run. `cw-lens compare DIR DIR` prints the
 same table and writes the figure."""),
-("code", """import inspect
+("code", """import dataclasses
+import inspect
 import sysconfig
 import argparse, json, logging, pathlib
 from cw_lens.compare import compare_runs
@@ -175,8 +177,7 @@ if not second.is_file():
     docs = [inspect.getdoc(o) for m in modules for o in [m, *vars(m).values()] if inspect.getmodule(o) is m]
     second.write_text("\\n\\n".join(d for d in docs if d))
 out_second = out / "second_corpus"
-run_figures(JobConfig(corpus=str(second), n_docs=config.n_docs, max_tokens=config.max_tokens,
-                      task_docs=config.task_docs), out_second, progress=False)
+run_figures(dataclasses.replace(config, corpus=str(second)), out_second, progress=False)
 cmp = compare_runs([out, out_second], labels=["pydoc", second.stem])
 Markdown(cmp.to_markdown())"""),
 ("code", """cmp.plot();"""),

@@ -12,6 +12,7 @@ from apis import needs_both
 import cw_lens
 from cw_lens import models
 from cw_lens.gguf_cache import load_gguf_hf
+from cw_lens.selection import RULES
 from cw_lens.weight_processing import processing_warnings
 
 pytestmark = [pytest.mark.model, pytest.mark.compat]
@@ -90,7 +91,7 @@ def _numbers(claims, prefix=""):
     return out
 
 
-def _assert_same_claims(ours, theirs, rtol=1e-4):
+def _assert_same_claims(ours, theirs, rtol=1e-4, atol=0.0):
     a, b = _numbers(ours), _numbers(theirs)
     assert a.keys() == b.keys()
     for path, x in a.items():
@@ -100,18 +101,36 @@ def _assert_same_claims(ours, theirs, rtol=1e-4):
         elif isinstance(x, (bool, int, str)) or x is None:
             assert x == y, path
         else:
-            assert abs(x - y) <= rtol * max(abs(x), abs(y), 1e-3), (path, x, y)
+            assert abs(x - y) <= atol + rtol * max(abs(x), abs(y), 1e-3), (path, x, y)
 
 
 @needs_both
 @pytest.mark.slow
 def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, prose):
-    """Contribution weights to 1e-5, and P1's sink and P2's selection claims (every number)."""
+    """Contribution weights to 1e-5, P1's sink claims (every number to 1e-4), and P2's selection
+    geometry cell by cell (its counts flip at near-ties, see below)."""
     for kind in ("intra", "inter"):
         ours = cw_lens.contribution_weights(smollm_hooked, PROMPT, kind=kind).weights
         theirs = cw_lens.contribution_weights(smollm, PROMPT, kind=kind).weights
         assert torch.equal(ours.isnan(), theirs.isnan())
         assert (ours - theirs).nan_to_num().abs().max() <= 1e-5  # measured 7e-6 / 2.5e-6
-    for analysis in (cw_lens.sink_statistics, cw_lens.selection_geometry):
-        ours, theirs = analysis(smollm_hooked, prose), analysis(smollm, prose)
-        _assert_same_claims(ours.claims(), theirs.claims())
+    ours, theirs = cw_lens.sink_statistics(smollm_hooked, prose), cw_lens.sink_statistics(
+        smollm, prose
+    )
+    _assert_same_claims(ours.claims(), theirs.claims())
+    # P_N and R_N count keys on either side of a distance threshold, so a hook difference of
+    # ~5e-6 (relative) flips a count wherever two keys are that close: attention tied at the
+    # top-N boundary (L10H1 q44: a 3e-7 gap at alpha 0.15) or, for random selections, two
+    # near-zero y_j both at distance ~||s_N||. Measured on these 2 x 48 tokens (TL 3.9): of
+    # 1,350 (layer, head, N) cells, 1 differs for top, 1 for top_no_sink, 94 (13 by > 1e-3)
+    # for random; every other cell is equal to 1e-9, and the claim numbers move by <= 1.3e-4.
+    ours, theirs = cw_lens.selection_geometry(smollm_hooked, prose), cw_lens.selection_geometry(
+        smollm, prose
+    )
+    assert torch.equal(ours.n_queries, theirs.n_queries)
+    f_sums = (ours.sums[..., 2] - theirs.sums[..., 2]).abs()  # [layer, rule, head, n]
+    for r, rule in enumerate(RULES):  # the sums' rule axis
+        flipped = int((f_sums[:, r] > 1e-9).sum())
+        limit = 0.15 if rule == "random" else 0.02
+        assert flipped <= limit * f_sums[:, r].numel(), (rule, flipped)
+    _assert_same_claims(ours.claims(), theirs.claims(), atol=1e-3)

@@ -11,10 +11,6 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
-# 03 runs the whole paper-figures job (about 6 minutes on an idle 2-core machine); its executed
-# build timed out on the shared machine (1 h at load 15), so it is committed without outputs
-# until `make notebooks` is run on a quieter machine — then empty this set.
-NOT_YET_EXECUTED = {"03_paper_figures.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -47,8 +43,6 @@ def test_the_four_notebooks_exist_and_are_committed_executed():
     total = 0
     for path in NOTEBOOKS:
         total += path.stat().st_size
-        if path.name in NOT_YET_EXECUTED:
-            continue
         nb = nbformat.read(path, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.get("execution_count") for c in code), f"{path.name} is not executed"
