@@ -114,8 +114,9 @@ def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, p
         theirs = cw_lens.contribution_weights(smollm, PROMPT, kind=kind).weights
         assert torch.equal(ours.isnan(), theirs.isnan())
         assert (ours - theirs).nan_to_num().abs().max() <= 1e-5  # measured 7e-6 / 2.5e-6
-    ours, theirs = cw_lens.sink_statistics(smollm_hooked, prose), cw_lens.sink_statistics(
-        smollm, prose
+    ours, theirs = (
+        cw_lens.sink_statistics(smollm_hooked, prose),
+        cw_lens.sink_statistics(smollm, prose),
     )
     _assert_same_claims(ours.claims(), theirs.claims())
     # P_N and R_N count keys on either side of a distance threshold, so a hook difference of
@@ -124,8 +125,9 @@ def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, p
     # near-zero y_j both at distance ~||s_N||. Measured on these 2 x 48 tokens (TL 3.9): of
     # 1,350 (layer, head, N) cells, 1 differs for top, 1 for top_no_sink, 94 (13 by > 1e-3)
     # for random; every other cell is equal to 1e-9, and the claim numbers move by <= 1.3e-4.
-    ours, theirs = cw_lens.selection_geometry(smollm_hooked, prose), cw_lens.selection_geometry(
-        smollm, prose
+    ours, theirs = (
+        cw_lens.selection_geometry(smollm_hooked, prose),
+        cw_lens.selection_geometry(smollm, prose),
     )
     assert torch.equal(ours.n_queries, theirs.n_queries)
     f_sums = (ours.sums[..., 2] - theirs.sums[..., 2]).abs()  # [layer, rule, head, n]
