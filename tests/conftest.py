@@ -8,6 +8,13 @@ import os
 import pytest
 import torch
 from apis import APIS
+from hypothesis import settings
+
+# hypothesis draws the same examples on every run (CI must not pass or fail by chance);
+# HYPOTHESIS_PROFILE=explore searches afresh
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("explore", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
