@@ -43,7 +43,7 @@ browser-deps:
 	  --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
 test: lint browser-deps
-	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)

@@ -64,6 +64,22 @@ def merge_across_ranks(obj: Any) -> Any:
     return merge_all(gathered)
 
 
+def main_process_decides(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (``flag`` itself outside a process group).
+
+    For choices every rank must make alike because collectives follow them — e.g. whether a step
+    is loaded from disk or computed: a rank that checked a moment later could otherwise see a file
+    rank 0 has just written, skip the step's collectives and deadlock the others.
+    """
+    if current_shard() is None:
+        return flag
+    import torch.distributed as dist
+
+    box = [bool(flag)]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
+
+
 def barrier() -> None:
     if current_shard() is not None:
         import torch.distributed as dist

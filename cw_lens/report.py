@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from cw_lens.bootstrap import Bootstrap
-from cw_lens.distributed import barrier, init_from_env, is_main_process
+from cw_lens.distributed import barrier, init_from_env, is_main_process, main_process_decides
 
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
 # per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers
@@ -119,14 +119,19 @@ class Job:
     def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
         """Load step ``name`` if stored (and not forced), else compute and store atomically."""
         path = self.state_dir / f"{name}.pkl"
-        if path.exists() and not self.force:
-            try:
-                with open(path, "rb") as f:
-                    self.results[name] = pickle.load(f)
-                self._log(f"[{name}] loaded from {path}")
-                return self.results[name]
-            except Exception:  # a corrupt state file is recomputed, never used
-                self._log(f"[{name}] stored result unreadable; recomputing")
+        stored = _MISSING if self.force else _load_pickle(path)
+        # every rank follows rank 0: loading skips the step's collectives, so ranks must agree
+        if main_process_decides(stored is not _MISSING):
+            if stored is _MISSING:  # rank 0 read the file but this rank cannot
+                raise RuntimeError(
+                    f"Rank 0 loaded {path} but this rank cannot read it; do all ranks share "
+                    "the output folder? Rerun with --force to recompute."
+                )
+            self.results[name] = stored
+            self._log(f"[{name}] loaded from {path}")
+            return stored
+        if not self.force and path.exists():
+            self._log(f"[{name}] stored result unreadable; recomputing")
         start = time.perf_counter()
         self._log(f"[{name}] computing")
         value = fn(self)
@@ -141,6 +146,21 @@ class Job:
     def _log(self, message: str) -> None:
         if self.progress and is_main_process():
             print(message, file=sys.stderr, flush=True)
+
+
+_MISSING = object()
+
+
+def _load_pickle(path: Path) -> Any:
+    """The stored step result at ``path``, or ``_MISSING`` if absent or unreadable (a corrupt
+    state file is recomputed, never used)."""
+    if not path.exists():
+        return _MISSING
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:
+        return _MISSING
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

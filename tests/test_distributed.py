@@ -1,0 +1,80 @@
+"""Resuming under torchrun: every rank loads or computes each step alike, whatever the timing.
+
+Two gloo processes run two steps of a job: "quick" (no collectives, so rank 0 can finish and
+store it before a slow rank 1 even looks) and "merged" (an all-gather). Rank 1 arrives late. If
+each rank decided on its own whether to load a step, rank 1 would find "quick" on disk, skip
+its barrier and meet rank 0 in a different collective: a deadlock that, with PyTorch's
+30-minute default timeout, ended a CI run. Here the process group times out after 20 s instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from cw_lens.distributed import merge_across_ranks
+from cw_lens.report import Job, JobConfig
+
+
+class _Count:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def merge(self, other: _Count) -> None:  # in place, as the accumulators do
+        self.n += other.n
+
+
+def _quick(job: Job) -> str:
+    return "stored by rank 0"
+
+
+def _merged(job: Job) -> int:
+    return merge_across_ranks(_Count(dist.get_rank() + 1)).n
+
+
+def _run_two_steps(rank: int, port: int, out: str, delay: float, errors: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20)
+        )
+        job = Job(JobConfig(model="testing:tiny-llama"), Path(out), progress=False)
+        if rank == 1:
+            time.sleep(delay)
+        quick = job.step("quick", _quick)
+        merged = job.step("merged", _merged)
+        assert (quick, merged) == ("stored by rank 0", 3), (quick, merged)
+        dist.barrier()
+    except BaseException as error:  # reported to the parent, which asserts on it
+        Path(errors, f"rank{rank}.txt").write_text(f"{type(error).__name__}: {error}")
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_late_rank_computes_the_step_rank_0_has_just_stored(tmp_path):
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    for attempt in ("fresh", "resumed"):  # the second run loads both steps on both ranks
+        mp.spawn(
+            _run_two_steps,
+            args=(_free_port(), str(tmp_path / "out"), 2.0, str(errors)),
+            nprocs=2,
+            join=True,
+        )
+        assert not list(errors.iterdir()), (attempt, [p.read_text() for p in errors.iterdir()])
+    stored = sorted(p.name for p in (tmp_path / "out" / ".state").rglob("*.pkl"))
+    assert stored == ["merged.pkl", "quick.pkl"]
