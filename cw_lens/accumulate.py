@@ -175,11 +175,19 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
+def _start_key(seed: int, doc: int, group: str) -> int:
+    digest = hashlib.sha1(f"{seed}/{doc}/{group}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 def row_keys(seed: int, doc: int, group: str, rows: np.ndarray) -> np.ndarray:
     """A uint64 hash per row of float32 ``rows`` ``[n, c]``, seeded by ``(seed, doc, group)``:
     a function of the row and its document only."""
-    digest = hashlib.sha1(f"{seed}/{doc}/{group}".encode()).digest()
-    h = np.full(rows.shape[0], int.from_bytes(digest[:8], "little"), dtype=np.uint64)
+    return _hash_rows(np.full(rows.shape[0], _start_key(seed, doc, group), np.uint64), rows)
+
+
+def _hash_rows(h: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Fold each row's float32 bits, column by column, into its start key ``h``."""
     bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32).astype(np.uint64)
     for c in range(rows.shape[1]):
         h = _mix(h ^ (bits[:, c] | np.uint64(c << 32)))
@@ -211,6 +219,32 @@ class SampleReservoir:
             raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
         table = rows.detach().to("cpu", torch.float32).numpy()
         self._offer(group, table, row_keys(self.seed, doc, group, table))
+
+    def add_many(
+        self,
+        docs: Sequence[int],
+        groups: Sequence[str],
+        rows: Tensor,
+        row_doc: Tensor,
+        row_group: Tensor,
+    ) -> None:
+        """Rows of several documents and groups at once: row ``i`` belongs to document
+        ``docs[row_doc[i]]`` and group ``groups[row_group[i]]``. The same as :meth:`add` for
+        each (document, group) that has rows, with the keys hashed in one pass."""
+        if rows.ndim != 2 or rows.shape[1] != len(self.columns):
+            raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
+        if not (len(rows) == len(row_doc) == len(row_group)):
+            raise InputError("rows, row_doc and row_group must have the same length.")
+        table = rows.detach().to("cpu", torch.float32).numpy()
+        doc_of = row_doc.detach().cpu().numpy().astype(np.int64)
+        group_of = row_group.detach().cpu().numpy().astype(np.int64)
+        start = np.array(
+            [[_start_key(self.seed, doc, group) for group in groups] for doc in docs], np.uint64
+        ).reshape(len(docs), len(groups))
+        keys = _hash_rows(start[doc_of, group_of], table)
+        for g in np.unique(group_of).tolist():
+            mine = group_of == g
+            self._offer(groups[g], table[mine], keys[mine])
 
     def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray) -> None:
         if group not in self._rows:

@@ -438,9 +438,12 @@ class _SinkAccumulator:
         )
         tail_entries = (tail_keys & valid_q[:, :, None])[:, None].expand_as(lc.attention)
         for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
+            # every field is finite where the contribution (their product) is not NaN
             entries = entries & ~fields["contribution"].isnan()
             for name, t in fields.items():
-                self._add(docs, f"{group}_{name}_sum", layer, (t * entries).nansum((2, 3)))
+                self._add(
+                    docs, f"{group}_{name}_sum", layer, torch.where(entries, t, 0.0).sum((2, 3))
+                )
             self._add(docs, f"{group}_count", layer, entries.sum((2, 3)))
             self._sample(lc, entries, fields, docs, layer, group)
 
@@ -466,12 +469,9 @@ class _SinkAccumulator:
         row, h, qi, k = idx.unbind(1)
         cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
         cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
-        table = torch.stack([c.float() for c in cols], 1).cpu()
-        row = row.cpu()
-        for r, doc in enumerate(docs):
-            mine = table[row == r]
-            for head in mine[:, 1].unique().tolist():
-                self.samples.add(doc, f"{group}/{layer}/{int(head)}", mine[mine[:, 1] == head])
+        table = torch.stack([c.float() for c in cols], 1)
+        heads = [f"{group}/{layer}/{head}" for head in range(entries.shape[1])]
+        self.samples.add_many(docs, heads, table, row_doc=row, row_group=h)
 
 
 def _draw_per_head(

@@ -148,6 +148,28 @@ def test_reservoir_keeps_the_smallest_keys_whatever_the_sharding():
     assert single.table("other").shape == (0, 3)
 
 
+def test_reservoir_add_many_is_add_per_document_and_group():
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(300, 3, generator=gen)
+    row_doc = torch.randint(0, 4, (300,), generator=gen)
+    row_group = torch.randint(0, 3, (300,), generator=gen)
+    row_group[row_group == 1] = 2  # group "b" gets no rows, so is never offered
+    docs, groups = [7, 3, 11, 5], ["a", "b", "c"]
+    one_by_one = SampleReservoir(["x", "y", "z"], capacity=40, seed=2)
+    for d in range(4):
+        for g in range(3):
+            mine = (row_doc == d) & (row_group == g)
+            if mine.any():
+                one_by_one.add(docs[d], groups[g], rows[mine])
+    at_once = SampleReservoir(["x", "y", "z"], capacity=40, seed=2)
+    at_once.add_many(docs, groups, rows, row_doc=row_doc, row_group=row_group)
+    assert at_once.groups() == one_by_one.groups() == ["a", "c"]
+    for g in ("a", "c"):
+        assert torch.equal(at_once.table(g), one_by_one.table(g))
+    with pytest.raises(InputError, match="same length"):
+        at_once.add_many(docs, groups, rows, row_doc=row_doc[:5], row_group=row_group)
+
+
 def test_reservoir_state_is_bounded_by_capacity():
     sizes = []
     for n_docs in (20, 200):
