@@ -202,8 +202,10 @@ class SampleReservoir:
     with the smallest keys (ties: by the row's values). The kept rows are therefore a function
     of the set of rows offered, not of their order or of how documents were split over ranks:
     a uniform random sample of all rows offered, the same in a sharded and a single run.
-    Memory: a buffer of ``2 * capacity`` rows and keys per group, ``capacity * (8 * n_columns +
-    16)`` bytes, allocated once.
+    Each kept row remembers its document (:meth:`documents`; not part of its key), for
+    resampling documents (:mod:`cw_lens.bootstrap`).
+    Memory: a buffer of ``2 * capacity`` rows, keys and documents per group,
+    ``capacity * (8 * n_columns + 32)`` bytes, allocated once.
     """
 
     def __init__(self, columns: Sequence[str], capacity: int = 100_000, seed: int = 0) -> None:
@@ -212,13 +214,15 @@ class SampleReservoir:
         self.columns, self.capacity, self.seed = list(columns), int(capacity), int(seed)
         self._rows: dict[str, np.ndarray] = {}  # [2 capacity, n_columns] buffers
         self._keys: dict[str, np.ndarray] = {}
+        self._docs: dict[str, np.ndarray] = {}  # each row's document (-1: not recorded)
         self._n: dict[str, int] = {}  # rows held per group
 
     def add(self, doc: int, group: str, rows: Tensor) -> None:
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
         table = rows.detach().to("cpu", torch.float32).numpy()
-        self._offer(group, table, row_keys(self.seed, doc, group, table))
+        docs = np.full(len(table), doc, np.int64)
+        self._offer(group, table, row_keys(self.seed, doc, group, table), docs)
 
     def add_many(
         self,
@@ -242,14 +246,16 @@ class SampleReservoir:
             [[_start_key(self.seed, doc, group) for group in groups] for doc in docs], np.uint64
         ).reshape(len(docs), len(groups))
         keys = _hash_rows(start[doc_of, group_of], table)
+        doc_ids = np.asarray(list(docs), np.int64)[doc_of]
         for g in np.unique(group_of).tolist():
             mine = group_of == g
-            self._offer(groups[g], table[mine], keys[mine])
+            self._offer(groups[g], table[mine], keys[mine], doc_ids[mine])
 
-    def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray) -> None:
+    def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray, docs: np.ndarray) -> None:
         if group not in self._rows:
             self._rows[group] = np.empty((2 * self.capacity, len(self.columns)), np.float32)
             self._keys[group] = np.empty(2 * self.capacity, np.uint64)
+            self._docs[group] = np.empty(2 * self.capacity, np.int64)
             self._n[group] = 0
         for start in range(0, len(rows), self.capacity):
             part = slice(start, start + self.capacity)
@@ -258,30 +264,33 @@ class SampleReservoir:
                 n = self._shrink(group)
             self._rows[group][n : n + m] = rows[part]
             self._keys[group][n : n + m] = keys[part]
+            self._docs[group][n : n + m] = docs[part]
             self._n[group] = n + m
 
     def _shrink(self, group: str) -> int:
         """Keep the ``capacity`` smallest (key, row) in place; returns the rows held."""
         n, k = self._n[group], self.capacity
         if n > k:
-            rows, keys = self._rows[group][:n], self._keys[group][:n]
+            rows, keys, docs = self._rows[group][:n], self._keys[group][:n], self._docs[group][:n]
             kth = np.partition(keys, k - 1)[k - 1]
             below = np.flatnonzero(keys < kth)
             tied = np.flatnonzero(keys == kth)  # practically one row: order ties by value
             tied = tied[np.lexsort(rows[tied].T[::-1])][: k - len(below)]
             keep = np.concatenate([below, tied])
             self._rows[group][:k], self._keys[group][:k] = rows[keep], keys[keep]
+            self._docs[group][:k] = docs[keep]
             self._n[group] = k
         return self._n[group]
 
-    def _held(self, group: str) -> tuple[np.ndarray, np.ndarray]:
-        """The kept rows and keys of ``group``, ordered by key then values."""
+    def _held(self, group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The kept rows, keys and documents of ``group``, ordered by key then values."""
         if group not in self._rows:
-            return np.zeros((0, len(self.columns)), np.float32), np.zeros(0, np.uint64)
+            empty = np.zeros((0, len(self.columns)), np.float32)
+            return empty, np.zeros(0, np.uint64), np.zeros(0, np.int64)
         n = self._shrink(group)
-        rows, keys = self._rows[group][:n], self._keys[group][:n]
+        rows, keys, docs = self._rows[group][:n], self._keys[group][:n], self._docs[group][:n]
         order = np.lexsort((*rows.T[::-1], keys))
-        return rows[order], keys[order]
+        return rows[order], keys[order], docs[order]
 
     def merge(self, other: SampleReservoir) -> None:
         if other.columns != self.columns or (other.capacity, other.seed) != (
@@ -300,21 +309,31 @@ class SampleReservoir:
         """The kept rows of ``group`` in key order, ``[n, n_columns]``."""
         return torch.from_numpy(self._held(group)[0].copy())
 
+    def documents(self, group: str) -> Tensor:
+        """The document of each kept row of ``group``, in :meth:`table`'s order (int64; -1
+        for rows stored by a version that did not record it)."""
+        return torch.from_numpy(self._held(group)[2].copy())
+
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)  # what travels between ranks: the kept rows, not the buffer
         held = {g: self._held(g) for g in self._rows}
         state.update(
-            _rows={g: r for g, (r, _) in held.items()},
-            _keys={g: k for g, (_, k) in held.items()},
+            _rows={g: r for g, (r, _, _) in held.items()},
+            _keys={g: k for g, (_, k, _) in held.items()},
+            _docs={g: d for g, (_, _, d) in held.items()},
         )
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        kept = {g: (self._rows[g], self._keys[g]) for g in self._rows}
-        self._rows, self._keys, self._n = {}, {}, {}
-        for group, (rows, keys) in kept.items():
-            self._offer(group, rows, keys)
+        old = state.get("_docs") or {}  # absent in states stored before documents were kept
+        kept = {
+            g: (self._rows[g], self._keys[g], old.get(g, np.full(len(self._keys[g]), -1, np.int64)))
+            for g in self._rows
+        }
+        self._rows, self._keys, self._docs, self._n = {}, {}, {}, {}
+        for group, (rows, keys, docs) in kept.items():
+            self._offer(group, rows, keys, docs)
 
 
 class Histogram:

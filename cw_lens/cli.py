@@ -91,6 +91,9 @@ def figures(
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
+    random_draws: int = typer.Option(
+        1, help="Draws of faithfulness's random ranking (> 1 reports their spread)."
+    ),
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
 ) -> None:
@@ -114,6 +117,7 @@ def figures(
         device=device,
         dtype=dtype,
         api=api,
+        random_draws=random_draws,
     )
     summary = run_figures(config, out, force=force, progress=not quiet)
     from cw_lens.distributed import is_main_process

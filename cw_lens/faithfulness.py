@@ -122,8 +122,20 @@ def token_scores(scores: Float[Tensor, "batch head query key"]) -> Float[Tensor,
     return scores.nansum(1)
 
 
-def _random_scores(seed: int, doc: int, layer: int, shape: tuple[int, ...]) -> Tensor:
-    key = f"{seed}/{doc}/{layer}".encode()
+def random_draw_names(n_draws: int) -> list[str]:
+    """The metric names of ``n_draws`` independent random rankings: ``random`` (the first draw),
+    then ``random#2`` ... ``random#n``."""
+    return ["random", *(f"random#{d}" for d in range(2, n_draws + 1))]
+
+
+def _draw_of(metric: str) -> int:
+    return int(metric.split("#")[1]) if "#" in metric else 1
+
+
+def _random_scores(
+    seed: int, doc: int, layer: int, shape: tuple[int, ...], draw: int = 1
+) -> Tensor:
+    key = f"{seed}/{doc}/{layer}".encode() if draw == 1 else f"{seed}/{doc}/{layer}#{draw}".encode()
     gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
     return torch.rand(shape, generator=gen)
 
@@ -168,12 +180,12 @@ class _Ranks:
         self.n_valid_pairs = self.n_valid_tokens * n_heads
 
     def _scores(self, lc: LayerContributions, metric: str) -> Tensor:
-        if metric == "random":
+        if metric.startswith("random"):
             b, h, q, k = lc.shape
             n_pos = self.batch.tokens.shape[1]
             out = torch.empty(b, h, q, k)
             for row, doc in enumerate(self.batch.documents):
-                full = _random_scores(self.seed, doc, lc.layer, (h, n_pos, n_pos))
+                full = _random_scores(self.seed, doc, lc.layer, (h, n_pos, n_pos), _draw_of(metric))
                 out[row] = full[:, lc.queries, lc.keys]
             return out
         return lc.metric(metric, kind="inter").float().cpu()
@@ -263,8 +275,28 @@ class FaithfulnessResult:
             values = -values
         frame = self.curves.assign(value=values)
         table = frame.groupby(["granularity", "mode", "metric"])["value"].mean()
+        present = list(frame["metric"].unique())
+        extra_draws = [m for m in present if m not in ALL_METRICS]
         return table.unstack("metric").reindex(
-            columns=[m for m in ALL_METRICS if m in frame["metric"].unique()]
+            columns=[m for m in ALL_METRICS if m in present] + extra_draws
+        )
+
+    def random_spread(self, column: str | None = None) -> pd.DataFrame:
+        """The random-ranking control over its independent draws (``random_draws``): per
+        (granularity, mode), the number of draws and the mean, standard deviation (ddof=1;
+        NaN for one draw), minimum and maximum of their AOPCs."""
+        aopc = self.aopc(column)
+        draws = aopc[[m for m in aopc.columns if m.startswith("random")]]
+        if draws.shape[1] == 0:
+            raise InputError("This result has no random ranking; run with metrics incl. 'random'.")
+        return pd.DataFrame(
+            {
+                "n_draws": draws.shape[1],
+                "mean": draws.mean(1),
+                "sd": draws.std(1, ddof=1),
+                "min": draws.min(1),
+                "max": draws.max(1),
+            }
         )
 
     def top(self, k: int = 5, mode: str = "comprehensiveness") -> pd.DataFrame:
@@ -277,10 +309,17 @@ class FaithfulnessResult:
         """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``;
         :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
         and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
-        ranking's included: its interval over documents for its one seeded draw, not a spread
-        over draws). Needs ``per_document=True``."""
+        ranking's included: its interval over documents, per draw). With several random draws
+        (``random_draws``), ``measured["random_aopc_over_draws"]`` holds their spread
+        (:meth:`random_spread`). Intervals need ``per_document=True``."""
         claim = faithfulness_claim(self.aopc(), self.value_column, self.clean)
         claim.measured["first_query"] = self.first_query
+        spread = self.random_spread() if "random" in self.aopc().columns else None
+        if spread is not None and int(spread["n_draws"].iloc[0]) > 1:
+            claim.measured["random_aopc_over_draws"] = {
+                f"{mode}_{g}": {k: float(v) for k, v in row.items()}
+                for (g, mode), row in spread.iterrows()
+            }
         if bootstrap is None:
             return claims_dict([claim])
         names, table, configs = require_record(self.per_document, "faithfulness")
@@ -397,6 +436,7 @@ def faithfulness(
     prepend_bos: bool = True,
     progress: bool = True,
     per_document: bool = False,
+    random_draws: int = 1,
 ) -> FaithfulnessResult:
     """Run the faithfulness protocol of SPEC §5 on a corpus.
 
@@ -423,6 +463,10 @@ def faithfulness(
             per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
             with both granularities and the defaults) for bootstrap intervals of the AOPCs
             (:meth:`FaithfulnessResult.claims`).
+        random_draws: Independent draws of the ``random`` ranking (metrics ``random``,
+            ``random#2``, ...; the first is the same with any number of draws), for the
+            control's spread over draws (:meth:`FaithfulnessResult.random_spread`). Each extra
+            draw costs ``len(granularity) * len(modes) * len(fractions)`` passes per batch.
 
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
@@ -435,6 +479,12 @@ def faithfulness(
     for m in metrics:
         if m not in ALL_METRICS:
             raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
+    if isinstance(random_draws, bool) or not isinstance(random_draws, int) or random_draws < 1:
+        raise InputError(f"random_draws must be a positive integer, got {random_draws!r}.")
+    if random_draws > 1:
+        if "random" not in metrics:
+            raise InputError("random_draws > 1 needs the 'random' metric; add it to metrics.")
+        metrics += random_draw_names(random_draws)[1:]
     for mode in modes:
         if mode not in MODES:
             raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")

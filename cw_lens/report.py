@@ -86,12 +86,15 @@ class JobConfig:
     dtype: str = "float32"
     api: str = "auto"
     bootstrap: int = 1000  # resamples of the claims' intervals (seeded by ``seed``)
+    random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
 
     def fingerprint(self) -> str:
         from cw_lens.hooked import resolve_api
         from cw_lens.version import __version__
 
         keys = {k: v for k, v in self.__dict__.items() if k not in ("device", "api")}
+        if self.random_draws == 1:  # added in 0.2.0 after runs were stored: same fingerprint
+            del keys["random_draws"]
         if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
             keys["api"] = "hooked"
         keys["version"] = __version__
@@ -257,6 +260,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         progress=job.progress,
         per_document=True,
+        random_draws=job.config.random_draws,
     )
     return {"result": result}
 
@@ -606,6 +610,17 @@ def _check_text(check: dict[str, Any]) -> str:
     return f"{check['op']} {check['threshold']:g}"
 
 
+def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
+    comp = (spread or {}).get("comprehensiveness_pairs")
+    if comp is None:
+        return ""
+    return (
+        f" Random control over {int(comp['n_draws'])} draws (comprehensiveness, pairs): AOPC "
+        f"mean {_fmt(comp['mean'])}, sd {_fmt(comp['sd'])}, range "
+        f"[{_fmt(comp['min'])}, {_fmt(comp['max'])}]."
+    )
+
+
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     """One line per figure, written from the measured numbers."""
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
@@ -665,6 +680,7 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
         "faithfulness_order": (
             f"Comprehensiveness AOPC (mean NLL change, pairs): {_fmt(comp)}; most faithful: "
             f"{best}; P1's full ordering {held['faithfulness_order']}."
+            + _random_draws_text(c["faithfulness_order"].get("random_aopc_over_draws"))
         ),
         "faithfulness_task": "Faithfulness on the task items: drop of the answer log-probability.",
         "topn_beats_random": (

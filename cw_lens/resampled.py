@@ -13,6 +13,10 @@ What each interval is of, where the exact number cannot be recomputed from per-d
   ``asinh(v / 1e-3)`` on ``[-10, 10]``, an edge at 0, plus the two edge bins: the sign of a
   head's median is exact, its size resolved to a factor of about 2.5) instead of the fine
   histogram of the point value.
+- ``median_abs_rho_*`` (``sink_contribution_drivers``): per head, the Spearman rho over the
+  kept factor samples, each counted as often as its document is drawn — the rho of the
+  resampled corpus exactly when every entry was kept (the reservoirs' capacity not reached),
+  else a resample of the kept entries.
 - Everything else is exact up to the float32 rounding of the per-document sums: sink heads,
   per-head means and ratios are recomputed per resample from the resampled sums; the s* and
   drift-cosine medians are decided by edge counts (``median s* in (0, 1)`` iff fewer than half
@@ -36,7 +40,7 @@ import math
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens.accumulate import Histogram
@@ -98,6 +102,70 @@ def sink_numbers_per_layer(
 ) -> dict[str, Float[Tensor, "R layer"]]:
     """The same numbers within each layer's heads."""
     return _sink_reduce(fields, min_s_star_queries)
+
+
+def weighted_ranks(x: Float[Tensor, " n"], w: Float[Tensor, "R n"]) -> Float[Tensor, "R n"]:
+    """Average ranks (1-based, ties share their mean rank) of ``x`` in each replicate where row
+    ``j`` appears ``w[r, j]`` times: the ranks pandas gives the rows of the expanded sample."""
+    order = torch.argsort(x, stable=True)
+    _, tie = torch.unique_consecutive(x[order], return_inverse=True)
+    ws = w[:, order].double()
+    per_tie = torch.zeros(w.shape[0], int(tie.max()) + 1 if len(tie) else 0, dtype=torch.float64)
+    per_tie.index_add_(1, tie, ws)
+    below = per_tie.cumsum(1) - per_tie
+    ranks = torch.empty_like(ws)
+    ranks[:, order] = below[:, tie] + (per_tie[:, tie] + 1) / 2
+    return ranks
+
+
+def weighted_spearman(
+    x: Float[Tensor, " n"], y: Float[Tensor, " n"], w: Float[Tensor, "R n"]
+) -> Float[Tensor, " R"]:
+    """Spearman's rho of ``x`` and ``y`` in each replicate of rows repeated ``w`` times (as
+    pandas' ``corr(method="spearman", min_periods=3)`` on the expanded rows: NaN below 3 rows or
+    for a constant column)."""
+    w = w.double()
+    total = w.sum(1, keepdim=True)
+    rx, ry = weighted_ranks(x, w), weighted_ranks(y, w)
+    dx = rx - (w * rx).sum(1, keepdim=True) / total.clamp_min(1)
+    dy = ry - (w * ry).sum(1, keepdim=True) / total.clamp_min(1)
+    cov, vx, vy = (w * dx * dy).sum(1), (w * dx * dx).sum(1), (w * dy * dy).sum(1)
+    rho = cov / (vx * vy).sqrt()
+    ok = (total[:, 0] >= 3) & (vx > 1e-12) & (vy > 1e-12)
+    return torch.where(ok, rho, torch.tensor(math.nan, dtype=torch.float64))
+
+
+def driver_numbers(
+    samples: list[tuple[int, int, Float[Tensor, "n factor"], Tensor]],
+    factors: tuple[str, ...],
+    weights: Float[Tensor, "R document"],
+    sink: Bool[Tensor, "R layer head"],
+) -> dict[str, Float[Tensor, " R"]]:
+    """``sink_contribution_drivers``' numbers, ``median_abs_rho_<f>_minus_attention``, on
+    replicates of the documents: per head, the Spearman rho of each factor with the
+    contribution over its sampled sink entries, each entry counted as often as its document is
+    drawn (``weights``); the median over the replicate's sink heads of ``|rho|`` (NaN rho left
+    out, as pandas' median does).
+
+    ``samples``: per head ``(layer index, head, table, documents)``, ``table`` ``[n, factors +
+    1]`` (the factors, then the contribution), ``documents`` ``[n]`` indexes ``weights``.
+    """
+    n_rep = weights.shape[0]
+    rho = {f: torch.full((n_rep, len(samples)), math.nan, dtype=torch.float64) for f in factors}
+    member = torch.zeros(n_rep, len(samples), dtype=torch.bool)
+    for i, (layer, head, table, docs) in enumerate(samples):
+        member[:, i] = sink[:, layer, head]
+        if not member[:, i].any():
+            continue  # a sink head in no replicate: its rho is never read
+        w = weights[:, docs]
+        for j, f in enumerate(factors):
+            rho[f][:, i] = weighted_spearman(table[:, j], table[:, -1], w)
+    median = {f: masked_median(rho[f].abs(), member) for f in factors}
+    return {
+        f"median_abs_rho_{f}_minus_attention": median[f] - median["attention"]
+        for f in factors
+        if f != "attention"
+    }
 
 
 # --------------------------------------------------------------------------- taxonomy

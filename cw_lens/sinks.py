@@ -63,6 +63,7 @@ from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.layer_contributions import LayerContributions
 from cw_lens.resampled import (
     ablation_numbers,
+    driver_numbers,
     per_layer_rows,
     sink_head_fields,
     sink_numbers,
@@ -772,13 +773,18 @@ class SinkStatistics:
 
     def samples(self, group: str = "sink") -> pd.DataFrame:
         """The sampled factor entries of one group (``"sink"``: the sink column; ``"tail"``:
-        non-sink keys), one row per entry: ``FACTOR_COLUMNS``."""
+        non-sink keys), one row per entry: ``FACTOR_COLUMNS`` and ``document`` (its index in
+        the corpus)."""
         if group not in ("sink", "tail"):
             raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
         reservoir = self.acc.samples
-        parts = [reservoir.table(g) for g in reservoir.groups() if g.split("/")[0] == group]
-        rows = torch.cat(parts) if parts else torch.zeros(0, len(FACTOR_COLUMNS))
+        groups = [g for g in reservoir.groups() if g.split("/")[0] == group]
+        rows = torch.cat(
+            [reservoir.table(g) for g in groups] or [torch.zeros(0, len(FACTOR_COLUMNS))]
+        )
+        docs = torch.cat([reservoir.documents(g) for g in groups] or [torch.zeros(0)])
         df = pd.DataFrame(rows.numpy(), columns=list(FACTOR_COLUMNS))
+        df["document"] = docs.numpy().astype("int64")
         df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
         return df.astype({c: "int64" for c in ("layer", "head", "query", "key")})
 
@@ -791,6 +797,23 @@ class SinkStatistics:
         frames = [head_spearman(self.samples(g)).assign(group=g) for g in ("sink", "tail")]
         table = pd.concat(frames, ignore_index=True)
         return table.merge(heads, on=["layer", "head"], how="left")
+
+    def _driver_samples(self) -> list[tuple[int, int, Tensor, Tensor]] | None:
+        """Per head, the sink group's factor samples and their documents, as
+        :func:`cw_lens.resampled.driver_numbers` reads them (None if any document is unknown)."""
+        reservoir, index = self.acc.samples, {layer: i for i, layer in enumerate(self.layers)}
+        columns = [FACTOR_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
+        out = []
+        for group in reservoir.groups():
+            kind, layer, head = group.split("/")
+            if kind != "sink":
+                continue
+            docs = reservoir.documents(group)
+            if (docs < 0).any():
+                return None
+            table = reservoir.table(group)[:, columns]
+            out.append((index[int(layer)], int(head), table.double(), docs))
+        return out
 
     def decomposition(self) -> pd.DataFrame:
         """Per group (sink / tail entries of sink heads) and factor: the mean and median over
@@ -838,20 +861,24 @@ class SinkStatistics:
     ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
         """Bootstrap intervals over documents of the sink claims' numbers
         (:mod:`cw_lens.resampled` says what each is of) and per-layer rows for the claims
-        about layers. ``median_abs_rho_*`` (Spearman over the factor samples, which do not
-        record their document) get none."""
+        about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
+        document is drawn (:func:`cw_lens.resampled.driver_numbers`)."""
         per_doc = require_record(self.acc.per_doc, "sink_statistics")
         hist = self.acc.share_hist
-        reps = bootstrap.resample(per_doc.table())  # [R, statistic, layer, head]
+        record = per_doc.table()
+        reps = bootstrap.resample(record)  # [R, statistic, layer, head]
         fields = sink_head_fields(
             {name: reps[:, i] for i, name in enumerate(per_doc.names)},
             bootstrap.resample(hist.table("drift_share")),
             SHARE_BINNING,
             self.threshold,
         )
-        intervals = {
-            k: bootstrap.pair(v) for k, v in sink_numbers(fields, MIN_S_STAR_QUERIES).items()
-        }
+        numbers = sink_numbers(fields, MIN_S_STAR_QUERIES)
+        samples = self._driver_samples()
+        if samples is not None:  # None: samples stored without their documents (before 0.2.0)
+            weights = bootstrap.weights(record.shape[0])
+            numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
+        intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
         exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
         counts = self.acc.s_star.counts[None].double()
         exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))

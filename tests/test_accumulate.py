@@ -137,6 +137,10 @@ def test_reservoir_keeps_the_smallest_keys_whatever_the_sharding():
     shards[2].merge(pickle.loads(pickle.dumps(shards[0])))  # as all_gather_object moves it
     shards[2].merge(shards[1])
     assert torch.equal(shards[2].table("g"), single.table("g"))
+    assert torch.equal(shards[2].documents("g"), single.documents("g"))
+    # each kept row remembers the document that offered it
+    for row, doc in zip(single.table("g"), single.documents("g").tolist(), strict=True):
+        assert (rows_by_doc[doc] == row).all(1).any()
     # reference: every row's key computed directly, the 50 smallest kept
     keyed = [
         (int(k), tuple(r))
@@ -166,8 +170,20 @@ def test_reservoir_add_many_is_add_per_document_and_group():
     assert at_once.groups() == one_by_one.groups() == ["a", "c"]
     for g in ("a", "c"):
         assert torch.equal(at_once.table(g), one_by_one.table(g))
+        assert torch.equal(at_once.documents(g), one_by_one.documents(g))
     with pytest.raises(InputError, match="same length"):
         at_once.add_many(docs, groups, rows, row_doc=row_doc[:5], row_group=row_group)
+
+
+def test_reservoir_stored_without_documents_reports_them_unknown():
+    res = SampleReservoir(["x"], capacity=4)
+    res.add(3, "g", torch.arange(6.0)[:, None])
+    state = res.__getstate__()
+    del state["_docs"]  # as pickled before rows remembered their document
+    old = SampleReservoir.__new__(SampleReservoir)
+    old.__setstate__(state)
+    assert torch.equal(old.table("g"), res.table("g"))
+    assert old.documents("g").tolist() == [-1] * 4
 
 
 def test_reservoir_state_is_bounded_by_capacity():

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 import cw_lens
 from cw_lens import pruning
-from cw_lens.accumulate import PerDocument, state_bytes
+from cw_lens.accumulate import PerDocument, SampleReservoir, state_bytes
 from cw_lens.bootstrap import Bootstrap, masked_median
 from cw_lens.claims import Check, Claim, with_intervals
 from cw_lens.errors import InputError
+from cw_lens.resampled import weighted_spearman
 
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
 
@@ -166,26 +167,58 @@ def _numbers(claims: dict) -> dict[str, float]:
     return {c["number"]: c["value"] for claim in claims.values() for c in claim["checks"]}
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0.0, 1.0, 2.0, 2.5, -1.0]), st.floats(-3, 3, width=32)),
+        min_size=1,
+        max_size=9,
+    ),
+    st.lists(st.integers(0, 3), min_size=9, max_size=9),
+)
+def test_weighted_spearman_is_pandas_on_the_repeated_rows(rows, counts):
+    """Rows repeated ``w`` times (ties included), as a bootstrap resample repeats documents."""
+    x = torch.tensor([a for a, _ in rows], dtype=torch.float64)
+    y = torch.tensor([b for _, b in rows], dtype=torch.float64)
+    w = torch.tensor(counts[: len(rows)], dtype=torch.float64)
+    expanded = pd.DataFrame(
+        {"x": x.repeat_interleave(w.long()), "y": y.repeat_interleave(w.long())}
+    )
+    want = expanded.corr(method="spearman", min_periods=3).loc["x", "y"]
+    got = float(weighted_spearman(x, y, w[None])[0])
+    if math.isnan(want):
+        assert math.isnan(got)
+    else:
+        assert got == pytest.approx(want, abs=1e-9)
+
+
+def _same_interval(a, b) -> bool:
+    pairs = zip(a, b, strict=True)
+    return all(x == y or (x is not None and y is not None and x != x and y != y) for x, y in pairs)
+
+
 def _check_against_reruns(texts, run, claims_of, skip=(), rtol=2e-5):
     """Replicate r of every number equals the number measured on resample r's corpus."""
     boot = Bootstrap(resamples=3, seed=4)
     result = run(texts)
-    captured: dict[str, torch.Tensor] = {}
+    captured: list[tuple[tuple[float, float], torch.Tensor]] = []
 
     class Capture(Bootstrap):
         def pair(self, replicates):
-            captured.setdefault(f"#{len(captured)}", replicates.clone())
-            return super().pair(replicates)
+            interval = super().pair(replicates)
+            captured.append((interval, replicates.clone()))
+            return interval
 
     claims = claims_of(result, Capture(resamples=3, seed=4))
-    checked = [
-        (c["number"], c)
-        for claim in claims.values()
-        for c in claim["checks"]
-        if c["interval"] is not None
-    ]
-    order = list(captured.values())[-len(checked) :] if checked else []
-    reps = dict(zip([n for n, _ in checked], order, strict=True))
+    reps = {}
+    for claim in claims.values():
+        for c in claim["checks"]:
+            if c["interval"] is None:
+                continue
+            # the replicates behind this check: those whose interval it reports
+            same = [r for iv, r in captured if _same_interval(iv, c["interval"])]
+            assert same and all(torch.equal(r, same[0]) for r in same), c["number"]
+            reps[c["number"]] = same[0]
     compared = 0
     for r in range(3):
         direct = _numbers(claims_of(run(_resampled_corpus(texts, boot, r)), None))
@@ -209,7 +242,12 @@ def _sink_claims(stats, bootstrap):
 
 def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
     texts = _texts(10, 20, 30)
-    run = lambda t: cw_lens.sink_statistics(llama, t, min_query=4, per_document=True)  # noqa: E731
+
+    def run(t):  # every sink entry sampled, so a resampled corpus samples exactly its rows
+        return cw_lens.sink_statistics(
+            llama, t, min_query=4, per_document=True, samples_per_head=10**4, max_samples=10**5
+        )
+
     reps = _check_against_reruns(
         texts,
         run,
@@ -223,6 +261,8 @@ def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
         "share_judged_sink_heads_interior_median_s_star",
         "share_sink_heads_negative_cosine",
         "median_cancelled_share",
+        "median_abs_rho_relative_norm_minus_attention",
+        "median_abs_rho_cosine_minus_attention",
     }
     # the coarse cancelled share has the fine one's sign
     stats = run(texts)
@@ -243,6 +283,17 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
         sink = heads[(heads["layer"] == layer) & heads["sink_head"]]
         assert row["value"] == pytest.approx(sink["norm_ratio"].median())
         assert row["low"] <= row["high"]
+    drivers = claims["sink_contribution_drivers"]["checks"]
+    assert all(c["interval"] is not None for c in drivers)
+    assert set(stats.samples("sink")["document"]) <= set(range(6))
+    # a state stored before samples remembered their document: no interval, not a wrong one
+    state = stats.acc.samples.__getstate__()
+    del state["_docs"]
+    stats.acc.samples = SampleReservoir.__new__(SampleReservoir)
+    stats.acc.samples.__setstate__(state)
+    legacy = stats.claims(Bootstrap(300))["sink_contribution_drivers"]["checks"]
+    assert [c["interval"] for c in legacy] == [None, None]
+    assert [c["value"] for c in legacy] == [c["value"] for c in drivers]
     bare = cw_lens.sink_statistics(llama, texts, min_query=4)
     assert bare.acc.per_doc is None
     with pytest.raises(InputError, match="per_document=True"):

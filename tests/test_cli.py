@@ -44,3 +44,20 @@ def test_analyze_bad_layer_is_a_clear_error():
     assert result.exit_code == 2
     assert "error: Layer 9 is out of range" in result.output
     assert "Traceback" not in result.output
+
+
+def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
+    import cw_lens.report as report
+
+    seen = {}
+
+    def fake_run(config, out, force, progress):  # the job itself is tested in test_report
+        seen.update(config=config, out=out)
+        return {"claims": {}}
+
+    monkeypatch.setattr(report, "run_figures", fake_run)
+    args = ["figures", "--random-draws", "3", "--n-docs", "5", "--task", "none", "--quiet"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert (config.random_draws, config.n_docs, config.task) == (3, 5, None)

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cw_lens
+from cw_lens.bootstrap import Bootstrap
 from cw_lens.faithfulness import (
     _Ranks,
     faithfulness,
@@ -192,6 +193,49 @@ def test_random_ranking_is_seeded(llama):
     c = faithfulness(llama, TEXTS, seed=2, **kw).curves
     assert a.equals(b)
     assert not a["delta_nll"].equals(c["delta_nll"])
+
+
+def test_random_draws_are_independent_and_their_spread_is_reported(llama):
+    kw = dict(fractions=(0.1, 0.5), progress=False, seed=3, per_document=True)
+    one = faithfulness(llama, TEXTS, metrics=("random",), **kw)
+    three = faithfulness(llama, TEXTS, random_draws=3, **kw)
+    aopc = three.aopc()
+    assert list(aopc.columns)[-3:] == ["random", "random#2", "random#3"]
+    # the first draw is the one-draw run's ranking; the others are new rankings
+    assert aopc["random"].equals(one.aopc()["random"])
+    assert not aopc["random#2"].equals(aopc["random"])
+    assert not aopc["random#3"].equals(aopc["random#2"])
+    draws = aopc[["random", "random#2", "random#3"]]
+    spread = three.random_spread()
+    for row in aopc.index:
+        values = sorted(float(v) for v in draws.loc[row])
+        mean = sum(values) / 3
+        sd = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
+        assert spread.loc[row, "n_draws"] == 3
+        assert spread.loc[row, "mean"] == pytest.approx(mean)
+        assert spread.loc[row, "sd"] == pytest.approx(sd)
+        assert (spread.loc[row, "min"], spread.loc[row, "max"]) == (values[0], values[2])
+    measured = three.claims(Bootstrap(resamples=50, seed=0))["faithfulness_order"]["measured"]
+    reported = measured["random_aopc_over_draws"]["comprehensiveness_pairs"]
+    assert reported["n_draws"] == 3
+    assert reported["sd"] == pytest.approx(spread.loc[("pairs", "comprehensiveness"), "sd"])
+    assert {"random", "random#2", "random#3"} <= set(
+        measured["aopc_interval_comprehensiveness_pairs"]
+    )
+    assert "random_aopc_over_draws" not in one_draw_claims(llama)
+    with pytest.raises(cw_lens.InputError, match="needs the 'random' metric"):
+        faithfulness(llama, TEXTS, metrics=("attention",), random_draws=2, progress=False)
+    for bad in (0, True, 1.5):
+        with pytest.raises(cw_lens.InputError, match="random_draws must be"):
+            faithfulness(llama, TEXTS, random_draws=bad, progress=False)
+    no_random = faithfulness(llama, TEXTS, metrics="attention", fractions=(0.1,), progress=False)
+    with pytest.raises(cw_lens.InputError, match="no random ranking"):
+        no_random.random_spread()
+
+
+def one_draw_claims(model) -> dict:
+    result = faithfulness(model, TEXTS, fractions=(0.5,), progress=False)
+    return result.claims()["faithfulness_order"]["measured"]
 
 
 def test_task_corpus_reports_answer_logprob_and_accuracy(llama):

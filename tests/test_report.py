@@ -85,9 +85,6 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
             assert claim["measured"][check["number"]] == check["value"], (cid, check)
             assert set(check) == {"number", "value", "op", "threshold", "interval", "holds"}
             assert check["holds"] in VERDICTS, (cid, check)
-            if cid == "sink_contribution_drivers":  # Spearman over samples: no interval
-                assert check["interval"] is None
-                continue
             low, high = check["interval"]
             if low is not None:  # None: undefined (e.g. no sink head in the tiny model)
                 assert low <= high, (cid, check)
@@ -178,3 +175,28 @@ def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
     one, two = claims_of(tmp_path / "one"), claims_of(tmp_path / "two")
     assert one["claims"] == two["claims"]
     assert one["n_documents"] == two["n_documents"] == 4
+
+
+def test_random_draws_change_the_fingerprint_only_when_used():
+    import hashlib
+
+    from cw_lens.version import __version__
+
+    keys = {
+        k: v for k, v in JobConfig().__dict__.items() if k not in ("device", "api", "random_draws")
+    }
+    keys["version"] = __version__
+    before = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+    assert JobConfig().fingerprint() == before  # runs stored before the option still resume
+    assert JobConfig(random_draws=2).fingerprint() != before
+
+
+def test_report_reads_the_random_controls_spread():
+    from cw_lens.report import _random_draws_text
+
+    assert _random_draws_text(None) == ""
+    spread = {"comprehensiveness_pairs": dict(n_draws=3.0, mean=0.5, sd=0.1, min=0.4, max=0.6)}
+    assert _random_draws_text(spread) == (
+        " Random control over 3 draws (comprehensiveness, pairs): AOPC mean 0.5, sd 0.1, "
+        "range [0.4, 0.6]."
+    )

@@ -44,8 +44,9 @@ def plot_faithfulness_curves(
                     rows[column],
                     marker="o",
                     ms=3,
-                    color=METRIC_COLOURS.get(metric),
-                    ls="--" if metric == "random" else "-",
+                    color=METRIC_COLOURS.get(metric.split("#")[0]),  # random#2...: black too
+                    ls="--" if metric.startswith("random") else "-",
+                    alpha=0.5 if "#" in metric else 1.0,
                     label=f"{metric} ({area:.2f})",
                 )
             ax.set_xscale("log")
