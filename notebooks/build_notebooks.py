@@ -3,13 +3,18 @@
     python notebooks/build_notebooks.py            # write and execute all four (full sizes)
     python notebooks/build_notebooks.py --no-execute   # write them without outputs
     python notebooks/build_notebooks.py --quick 03     # execute one at the test suite's sizes
+    python notebooks/build_notebooks.py 03 --from-run=figures  # 03 resumes `make figures`' run
 
 Edit the cells here and rebuild: the notebooks are committed executed (figures included), so a
 reader browsing the repository sees the results; the test suite still executes them from
 scratch at small sizes (tests/test_notebooks.py). Execution runs in a temporary folder (the
 paper-figures job writes there), with HF_HUB_OFFLINE=1, and keeps the widget state.
+``--from-run=DIR`` copies a finished main-job folder (with its ``.state``) there first, so
+notebook 03's default-size job resumes it instead of recomputing it (the same config and
+version resume; anything else recomputes).
 """
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -291,6 +296,9 @@ if __name__ == "__main__":
             continue
         if "--no-execute" not in sys.argv:
             with tempfile.TemporaryDirectory() as tmp:
+                runs = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--from-run=")]
+                if runs:
+                    shutil.copytree(runs[0], tmp, dirs_exist_ok=True)
                 print(f"executing {name}", flush=True)
                 execute(notebook, Path(tmp), quick="--quick" in sys.argv)
         nbf.write(notebook, here / name)
