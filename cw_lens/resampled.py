@@ -104,35 +104,63 @@ def sink_numbers_per_layer(
     return _sink_reduce(fields, min_s_star_queries)
 
 
-def weighted_ranks(x: Float[Tensor, " n"], w: Float[Tensor, "R n"]) -> Float[Tensor, "R n"]:
-    """Average ranks (1-based, ties share their mean rank) of ``x`` in each replicate where row
-    ``j`` appears ``w[r, j]`` times: the ranks pandas gives the rows of the expanded sample."""
+def rank_basis(x: Float[Tensor, " n"], doc: Tensor, n_docs: int) -> Float[Tensor, "n document"]:
+    """``A`` such that, with row ``j`` repeated ``w[d_j]`` times (``w`` per document), the
+    average rank (1-based, ties share their mean rank, as pandas) of row ``j`` is
+    ``w @ A[j] + 1/2``: ``A[j, d]`` is the number of rows of document ``d`` below ``x_j``
+    plus half of those equal to it."""
     order = torch.argsort(x, stable=True)
     _, tie = torch.unique_consecutive(x[order], return_inverse=True)
-    ws = w[:, order].double()
-    per_tie = torch.zeros(w.shape[0], int(tie.max()) + 1 if len(tie) else 0, dtype=torch.float64)
-    per_tie.index_add_(1, tie, ws)
-    below = per_tie.cumsum(1) - per_tie
-    ranks = torch.empty_like(ws)
-    ranks[:, order] = below[:, tie] + (per_tie[:, tie] + 1) / 2
-    return ranks
+    onehot = torch.zeros(len(x), n_docs, dtype=torch.float64)
+    onehot[torch.arange(len(x)), doc[order]] = 1.0
+    per_tie = torch.zeros(int(tie.max()) + 1 if len(x) else 0, n_docs, dtype=torch.float64)
+    per_tie.index_add_(0, tie, onehot)
+    below = per_tie.cumsum(0) - per_tie
+    basis = torch.empty_like(onehot)
+    basis[order] = below[tie] + per_tie[tie] / 2
+    return basis
+
+
+def doc_weighted_spearman(
+    xs: Float[Tensor, "factor n"],
+    y: Float[Tensor, " n"],
+    doc: Tensor,
+    weights: Float[Tensor, "R document"],
+) -> Float[Tensor, "R factor"]:
+    """Spearman's rho of each row of ``xs`` with ``y`` in each replicate, row ``j`` repeated
+    ``weights[r, doc[j]]`` times — pandas' ``corr(method="spearman", min_periods=3)`` on the
+    repeated rows (NaN below 3 rows or for a constant column). Ranks are ``weights @ basis``
+    (:func:`rank_basis`), so a replicate costs a few ``[n, documents]`` products."""
+    w = weights.double()
+    onehot = torch.zeros(len(y), w.shape[1], dtype=torch.float64)
+    onehot[torch.arange(len(y)), doc] = 1.0
+    total = w @ onehot.sum(0)  # [R] rows of the repeated sample
+    middle = ((total + 1) / 2)[:, None]  # the mean of 1..total, whatever the ties
+
+    def centred_ranks(v: Tensor) -> Tensor:
+        return w @ rank_basis(v, doc, w.shape[1]).T + 0.5 - middle
+
+    def weighted_sum(values: Tensor) -> Tensor:  # sum over the repeated rows
+        return ((values @ onehot) * w).sum(1)
+
+    dy = centred_ranks(y)
+    vy = weighted_sum(dy * dy)
+    out = torch.full((w.shape[0], len(xs)), math.nan, dtype=torch.float64)
+    for f, x in enumerate(xs):
+        dx = centred_ranks(x)
+        vx = weighted_sum(dx * dx)
+        rho = weighted_sum(dx * dy) / (vx * vy).sqrt()
+        ok = (total >= 3) & (vx > 1e-9) & (vy > 1e-9)
+        out[:, f] = torch.where(ok, rho, math.nan)
+    return out
 
 
 def weighted_spearman(
     x: Float[Tensor, " n"], y: Float[Tensor, " n"], w: Float[Tensor, "R n"]
 ) -> Float[Tensor, " R"]:
-    """Spearman's rho of ``x`` and ``y`` in each replicate of rows repeated ``w`` times (as
-    pandas' ``corr(method="spearman", min_periods=3)`` on the expanded rows: NaN below 3 rows or
-    for a constant column)."""
-    w = w.double()
-    total = w.sum(1, keepdim=True)
-    rx, ry = weighted_ranks(x, w), weighted_ranks(y, w)
-    dx = rx - (w * rx).sum(1, keepdim=True) / total.clamp_min(1)
-    dy = ry - (w * ry).sum(1, keepdim=True) / total.clamp_min(1)
-    cov, vx, vy = (w * dx * dy).sum(1), (w * dx * dx).sum(1), (w * dy * dy).sum(1)
-    rho = cov / (vx * vy).sqrt()
-    ok = (total[:, 0] >= 3) & (vx > 1e-12) & (vy > 1e-12)
-    return torch.where(ok, rho, torch.tensor(math.nan, dtype=torch.float64))
+    """Spearman's rho of ``x`` and ``y`` in each replicate of rows repeated ``w[r, j]`` times
+    (:func:`doc_weighted_spearman` with one document per row)."""
+    return doc_weighted_spearman(x[None], y, torch.arange(len(x)), w)[:, 0]
 
 
 def driver_numbers(
@@ -157,9 +185,10 @@ def driver_numbers(
         member[:, i] = sink[:, layer, head]
         if not member[:, i].any():
             continue  # a sink head in no replicate: its rho is never read
-        w = weights[:, docs]
+        present, local = torch.unique(docs, return_inverse=True)
+        rhos = doc_weighted_spearman(table[:, :-1].T, table[:, -1], local, weights[:, present])
         for j, f in enumerate(factors):
-            rho[f][:, i] = weighted_spearman(table[:, j], table[:, -1], w)
+            rho[f][:, i] = rhos[:, j]
     median = {f: masked_median(rho[f].abs(), member) for f in factors}
     return {
         f"median_abs_rho_{f}_minus_attention": median[f] - median["attention"]
