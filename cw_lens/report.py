@@ -93,7 +93,7 @@ class JobConfig:
         from cw_lens.version import __version__
 
         keys = {k: v for k, v in self.__dict__.items() if k not in ("device", "api")}
-        if self.random_draws == 1:  # added in 0.2.0 after runs were stored: same fingerprint
+        if self.random_draws == 1:  # the default: the fingerprint is as without the option
             del keys["random_draws"]
         if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
             keys["api"] = "hooked"

@@ -875,7 +875,7 @@ class SinkStatistics:
         )
         numbers = sink_numbers(fields, MIN_S_STAR_QUERIES)
         samples = self._driver_samples()
-        if samples is not None:  # None: samples stored without their documents (before 0.2.0)
+        if samples is not None:  # None: samples stored without their documents (before 0.2.1)
             weights = bootstrap.weights(record.shape[0])
             numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
         intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
