@@ -285,8 +285,7 @@ class FaithfulnessResult:
         """The random-ranking control over its independent draws (``random_draws``): per
         (granularity, mode), the number of draws and the mean, standard deviation (ddof=1;
         NaN for one draw), minimum and maximum of their AOPCs."""
-        aopc = self.aopc(column)
-        draws = aopc[[m for m in aopc.columns if m.startswith("random")]]
+        draws = _random_columns(self.aopc(column))
         if draws.shape[1] == 0:
             raise InputError("This result has no random ranking; run with metrics incl. 'random'.")
         return pd.DataFrame(
@@ -312,10 +311,11 @@ class FaithfulnessResult:
         ranking's included: its interval over documents, per draw). With several random draws
         (``random_draws``), ``measured["random_aopc_over_draws"]`` holds their spread
         (:meth:`random_spread`). Intervals need ``per_document=True``."""
-        claim = faithfulness_claim(self.aopc(), self.value_column, self.clean)
+        point = self.aopc()
+        claim = faithfulness_claim(point, self.value_column, self.clean)
         claim.measured["first_query"] = self.first_query
-        spread = self.random_spread() if "random" in self.aopc().columns else None
-        if spread is not None and int(spread["n_draws"].iloc[0]) > 1:
+        if _random_columns(point).shape[1] > 1:
+            spread = self.random_spread()
             claim.measured["random_aopc_over_draws"] = {
                 f"{mode}_{g}": {k: float(v) for k, v in row.items()}
                 for (g, mode), row in spread.iterrows()
@@ -335,6 +335,11 @@ class FaithfulnessResult:
         from cw_lens.plots.faithfulness import plot_faithfulness_curves
 
         return plot_faithfulness_curves(self, **kw)
+
+
+def _random_columns(aopc: pd.DataFrame) -> pd.DataFrame:
+    """The AOPC columns of the random ranking's draws (``random``, ``random#2``, ...)."""
+    return aopc[[m for m in aopc.columns if m.startswith("random")]]
 
 
 def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
