@@ -80,7 +80,9 @@ def analyze(
 @_clean_errors
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
-    corpus: str | None = typer.Option(None, help="Corpus (default: pydoc prose; a .txt/.jsonl)."),
+    corpus: str | None = typer.Option(
+        None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
+    ),
     n_docs: int = typer.Option(8, help="Documents."),
     max_tokens: int = typer.Option(128, help="Tokens per document (BOS added on top)."),
     out: Path = typer.Option(Path("figures"), help="Output folder."),

@@ -1,8 +1,9 @@
 """Loading corpora to analyse: ``load_corpus``.
 
-Sources (see :mod:`cw_lens.data` for each): ``None``/``"pydoc"`` (English prose that ships
-with every CPython, windowed), ``"ioi"`` and ``"arithmetic"`` (generated task items with known
-answers), a ``.txt`` or ``.jsonl`` path, or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (needs internet).
+Sources (see :mod:`cw_lens.data` for each): ``None``/``"pydoc"``, ``"stdlib"`` and
+``"pydoc+stdlib"`` (English prose that ships with every CPython, windowed), ``"ioi"`` and
+``"arithmetic"`` (generated task items with known answers), a ``.txt`` or ``.jsonl`` path, or
+``"hf:NAME[:CONFIG[:SPLIT]]"`` (needs internet).
 Task items carry ``answer``; with ``model=`` and ``only_correct=True`` only the items the model
 completes correctly (greedy, teacher-forced over every answer token) are kept.
 
@@ -45,8 +46,9 @@ def load_corpus(
     """Load a corpus of documents to analyse.
 
     Args:
-        name: ``None``/``"pydoc"``, ``"ioi"``, ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path,
-            or ``"hf:NAME[:CONFIG[:SPLIT]]"`` (see the module docstring).
+        name: ``None``/``"pydoc"``, ``"stdlib"``, ``"pydoc+stdlib"``, ``"ioi"``,
+            ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path, or ``"hf:NAME[:CONFIG[:SPLIT]]"``
+            (see the module docstring).
         n_docs: Number of documents.
         max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
             analyses). Task items are single short prompts and ignore it.
@@ -83,15 +85,17 @@ def load_corpus(
         return data.Corpus(key, data.tokenised(docs, tok), None, seed, fingerprint)
 
     tok = resolve_tokenizer(tokenizer)
-    if key is None or key == "pydoc":
-        text, source = data.pydoc_text(), "pydoc_data.topics"
+    if key is None or key in data.PROSE:
+        read, source = data.PROSE[key or "pydoc"]
+        text = read()
     elif key.startswith("hf:"):
         text, source = data.hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
     else:
         path = Path(key).expanduser()
         if not path.is_file():
+            names = ", ".join([*data.PROSE, *data.TASKS])
             raise InputError(
-                f"Unknown corpus {key!r}: not a built-in name (pydoc, {', '.join(data.TASKS)}), "
+                f"Unknown corpus {key!r}: not a built-in name ({names}), "
                 "not an 'hf:' dataset and not an existing .txt/.jsonl file."
             )
         if path.suffix == ".jsonl":

@@ -11,6 +11,15 @@ Sources
     joined in sorted topic order and cut into non-overlapping windows of ``max_tokens`` text
     tokens; ``n_docs`` windows are drawn with ``seed``. The text differs slightly between
     Python versions, so reports record the Python version.
+``"stdlib"``
+    More English prose that ships with every CPython: the docstrings (over 200 characters) of
+    the standard library's public modules, classes and functions, read from its source files
+    with :mod:`ast` (nothing is imported; test suites, IDLE, tkinter and lib2to3 left out), in
+    sorted file order — on Python 3.11, 1,510 docstrings, 226k SmolLM2 tokens (882 windows of 256
+    tokens); parsing takes a few seconds, once per process. Windowed like ``"pydoc"``.
+``"pydoc+stdlib"``
+    Both, pydoc's topics first (1,324 windows of 256 tokens on Python 3.11, where ``"pydoc"``
+    alone holds 441): the offline corpus for paper-scale runs.
 ``"ioi"``
     Indirect-object sentences ("When Mary and John went to the store, John gave a drink to"
     -> " Mary"), 10 templates x 40 names x places x objects, seeded.
@@ -35,8 +44,11 @@ Example::
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import random
+import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +201,52 @@ def pydoc_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+STDLIB_SKIP = {"idlelib", "tkinter", "turtledemo", "lib2to3", "site-packages", "dist-packages"}
+
+
+@functools.lru_cache(maxsize=1)
+def stdlib_text(min_chars: int = 200) -> str:
+    """The docstrings longer than ``min_chars`` of the standard library's public modules and of
+    their public classes, functions and methods, parsed from the source files (never imported),
+    in sorted path order: the same text for one Python installation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts = []
+    for path in sorted(root.rglob("*.py")):
+        *folders, name = path.relative_to(root).parts
+        if any(f in STDLIB_SKIP or f.startswith(("_", "test")) for f in folders):
+            continue
+        if name.startswith("test") or (name.startswith("_") and name != "__init__.py"):
+            continue
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError):  # a file for another Python version
+            continue
+        definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        nodes = [tree] + [
+            n for n in ast.walk(tree) if isinstance(n, definitions) and not n.name.startswith("_")
+        ]
+        parts += [d for n in nodes if (d := ast.get_docstring(n)) and len(d) > min_chars]
+    if not parts:
+        raise InputError(
+            f"No standard-library sources under {root} (a distribution without .py files?); "
+            "use the 'pydoc' corpus or a .txt file."
+        )
+    return "\n\n".join(parts)
+
+
+def pydoc_and_stdlib_text() -> str:
+    """:func:`pydoc_text`, then :func:`stdlib_text`."""
+    return pydoc_text() + "\n\n" + stdlib_text()
+
+
+# built-in prose corpora: name -> (the text, the source named in errors and document metadata)
+PROSE = {
+    "pydoc": (pydoc_text, "pydoc_data.topics"),
+    "stdlib": (stdlib_text, "stdlib docstrings"),
+    "pydoc+stdlib": (pydoc_and_stdlib_text, "pydoc_data.topics + stdlib docstrings"),
+}
 
 
 # --------------------------------------------------------------------------- task generators

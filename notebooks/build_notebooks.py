@@ -165,25 +165,19 @@ summary["claims"]["faithfulness_order"]["measured"]["aopc_comprehensiveness_pair
 ("md", """## Two corpora side by side: `compare_runs`
 
 The same job on a second kind of English text — the CPython licence (`LICENSE.txt` ships with
-CPython's standard library; the standard library's own docstrings stand in where a distribution
-moved it) — then both runs' claims side by side: every headline number with its interval where
-the summary has one (schema 2), and the verdict per run. `cw-lens compare DIR DIR` prints the
-same table and writes the figure."""),
+CPython's standard library; where a distribution moved it, the built-in `"stdlib"` corpus of
+the standard library's own docstrings stands in) — then both runs' claims side by side: every
+headline number with its interval where the summary has one (schema 2), and the verdict per
+run. `cw-lens compare DIR DIR` prints the same table and writes the figure."""),
 ("code", """import dataclasses
-import inspect
 import sysconfig
-import argparse, json, logging, pathlib
 from cw_lens.compare import compare_runs
 
-second = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
-if not second.is_file():
-    second = out / "stdlib_docstrings.txt"
-    modules = (argparse, logging, pathlib, json)
-    docs = [inspect.getdoc(o) for m in modules for o in [m, *vars(m).values()] if inspect.getmodule(o) is m]
-    second.write_text("\\n\\n".join(d for d in docs if d))
+licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+second = str(licence) if licence.is_file() else "stdlib"  # the built-in docstring corpus
 out_second = out / "second_corpus"
-run_figures(dataclasses.replace(config, corpus=str(second)), out_second, progress=False)
-cmp = compare_runs([out, out_second], labels=["pydoc", second.stem])
+run_figures(dataclasses.replace(config, corpus=second), out_second, progress=False)
+cmp = compare_runs([out, out_second], labels=["pydoc", Path(second).stem])
 Markdown(cmp.to_markdown())"""),
 ("code", """cmp.plot();"""),
 ("md", "The claims whose verdict differs between the two corpora:"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import textwrap
 
 import pytest
 
 import cw_lens
-from cw_lens.data import IOI_TEMPLATES, arithmetic_items, ioi_items, pydoc_text
+from cw_lens.data import IOI_TEMPLATES, arithmetic_items, ioi_items, pydoc_text, stdlib_text
 from cw_lens.errors import InputError
 from cw_lens.testing import byte_tokenizer
 
@@ -24,6 +26,33 @@ def test_pydoc_windows_have_exactly_max_tokens_and_are_seeded():
     other = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=4)
     assert again.texts == corpus.texts and other.texts != corpus.texts
     assert list(corpus.to_dataframe().columns[:3]) == ["doc", "text", "answer"]
+
+
+def test_stdlib_corpora_are_docstrings_parsed_not_imported():
+    """'stdlib' is the standard library's docstrings, read without importing a module; with
+    pydoc's topics it holds the windows a 512-document run needs, where 'pydoc' alone does not."""
+    import sys
+
+    tok = byte_tokenizer()
+    before = set(sys.modules)
+    text = stdlib_text.__wrapped__()  # uncached
+    assert set(sys.modules) == before  # parsed with ast: nothing imported
+    assert inspect.getdoc(textwrap.wrap) in text and inspect.getdoc(textwrap.TextWrapper) in text
+    assert (
+        inspect.getdoc(textwrap.TextWrapper._fix_sentence_endings) not in text
+    )  # private: left out
+    corpus = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok, seed=1)
+    assert corpus.name == "stdlib" and all(d.text in text for d in corpus)
+    assert corpus.texts == cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok,
+                                               seed=1).texts  # fmt: skip
+    both = pydoc_text() + "\n\n" + text
+    n_tokens = len(tok(both, add_special_tokens=False)["input_ids"])
+    big = cw_lens.load_corpus("pydoc+stdlib", n_docs=512, max_tokens=n_tokens // 600, tokenizer=tok)
+    assert len(big) == 512 and {d.meta["source"] for d in big} == {
+        "pydoc_data.topics + stdlib docstrings"
+    }
+    with pytest.raises(InputError, match="holds only"):
+        cw_lens.load_corpus("pydoc", n_docs=512, max_tokens=n_tokens // 600, tokenizer=tok)
 
 
 def test_task_items_carry_answers():
