@@ -1,23 +1,25 @@
 """Benchmark: corpus analyses at growing corpus sizes — time per token and peak memory.
 
-Each corpus analysis runs on 8, 32 and 128 documents x 256 tokens (``--full`` adds 512) of
-one corpus for every size: the default pydoc topics followed by the standard library's own
-docstrings (``--corpus pydoc+stdlib``, the default: pydoc alone holds only 441 windows of 256
-tokens; ``--corpus pydoc`` for that alone). Each (analysis, size) runs in a fresh process on
+Each corpus analysis runs on 8, 32 and 128 documents x 256 tokens (``--full`` adds 512) of one
+corpus for every size: ``load_corpus("pydoc+stdlib")``, pydoc's topics followed by the standard
+library's own docstrings (the default: pydoc alone holds only 441 windows of 256 tokens;
+``--corpus`` takes any corpus name or file). Each (analysis, size) runs in a fresh process on
 the embedded model, and the table shows side by side, per size: seconds per 1,000 tokens (wall
-clock, and the process's CPU time, which a busy machine inflates less) and the peak RSS
-(VmHWM) after the model and corpus are loaded (the kernel's peak mark is reset there, so this
-is the process's peak during the job) and over the whole process. Targets (issue 16): seconds
-per token at the largest size within 1.25x of that at 32 documents, and peak RSS within 1.2x.
+clock, and the process's CPU time, which a busy machine inflates less) and the peak RSS (VmHWM)
+after the model and corpus are loaded (the kernel's peak mark is reset there, so this is the
+process's peak during the job) and over the whole process. Targets (issue 16): seconds per
+token at the largest size within 1.25x of that at 32 documents, and peak RSS within 1.2x.
 
 Faithfulness and pruning run a reduced protocol so that the large sizes finish: faithfulness
 with two metrics (attention, contribution) at one fraction (10%) — 5 forward passes per batch
 instead of 61 — and pruning with the taxonomy and one random order at 50% retention, without
-lone-head costs. The code paths (clean streamed pass, per-batch ranks, intervened passes,
-exact NLL sums) are the default ones; only the number of configurations differs.
+lone-head costs; the flow analysis's deletion test (``rollout_deletion``, each document's last
+token the target) with one k (4) and one random draw — 3 deleted passes per batch instead of
+28. The code paths (clean streamed pass, per-batch ranks, intervened passes, exact NLL sums)
+are the default ones; only the number of configurations differs.
 
     python benchmarks/bench_scaling.py [--full] [--sizes 8 32 128] [--analyses sink_statistics]
-                                       [--corpus pydoc+stdlib|pydoc]
+                                       [--corpus pydoc+stdlib]
 
 Results go to ``benchmarks/results/scaling.json``.
 """
@@ -44,55 +46,14 @@ ANALYSES = (
     "head_taxonomy",
     "faithfulness",
     "prune_heads",
+    "rollout_deletion",
 )
 SIZES = (8, 32, 128)
 FULL_SIZES = (8, 32, 128, 512)
 TARGET_TIME, TARGET_RSS = 1.25, 1.2
 
 
-# stdlib modules whose import has side effects (a window, a browser) or that are not text
-SKIP_MODULES = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__"}
-
-
-def stdlib_docstrings() -> str:
-    """The docstrings (over 200 characters) of every importable public stdlib module and of its
-    own public members, in sorted order: the same text on every run of one Python version."""
-    import importlib
-    import inspect
-    import warnings
-
-    parts = []
-    for name in sorted(sys.stdlib_module_names):
-        if name.startswith("_") or name in SKIP_MODULES:
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                module = importlib.import_module(name)
-        except Exception:  # platform-specific modules
-            continue
-        members = [v for k, v in sorted(vars(module).items()) if not k.startswith("_")]
-        for obj in [module, *members]:
-            if obj is not module and inspect.getmodule(obj) is not module:
-                continue
-            doc = inspect.getdoc(obj)
-            if doc and len(doc) > 200:
-                parts.append(doc)
-    return "\n\n".join(parts)
-
-
-def corpus_file(kind: str, folder: Path) -> str | None:
-    """``None`` for the default corpus, else a text file of pydoc + stdlib docstrings."""
-    if kind == "pydoc":
-        return None
-    from cw_lens.data import pydoc_text
-
-    path = folder / "pydoc_stdlib.txt"
-    path.write_text(pydoc_text() + "\n\n" + stdlib_docstrings(), encoding="utf-8")
-    return str(path)
-
-
-def child(analysis: str, n_docs: int, n_tokens: int, corpus_path: str | None) -> None:
+def child(analysis: str, n_docs: int, n_tokens: int, corpus: str) -> None:
     import gc
 
     import torch
@@ -101,7 +62,7 @@ def child(analysis: str, n_docs: int, n_tokens: int, corpus_path: str | None) ->
     from cw_lens.inputs import prepare_inputs
 
     model = cw_lens.load_model(device="cpu")
-    corpus = cw_lens.load_corpus(corpus_path, n_docs=n_docs, max_tokens=n_tokens, tokenizer=model)
+    corpus = cw_lens.load_corpus(corpus, n_docs=n_docs, max_tokens=n_tokens, tokenizer=model)
     tokens = int(prepare_inputs(model, corpus).mask.sum())
     torch.set_grad_enabled(False)
     jobs = {
@@ -126,6 +87,9 @@ def child(analysis: str, n_docs: int, n_tokens: int, corpus_path: str | None) ->
             n_draws=1,
             lone=False,
             progress=False,
+        ).summary(),
+        "rollout_deletion": lambda: cw_lens.rollout_deletion(
+            model, corpus, ks=(4,), n_random=1
         ).summary(),
     }
     gc.collect()
@@ -167,16 +131,13 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=None)
     parser.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=ANALYSES)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--corpus", default="pydoc+stdlib", choices=("pydoc+stdlib", "pydoc"))
-    parser.add_argument("--corpus-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--corpus", default="pydoc+stdlib", help="a load_corpus name or file")
     parser.add_argument("--child", nargs=2, default=None, metavar=("ANALYSIS", "DOCS"))
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.tokens, args.corpus_file)
+        child(args.child[0], int(args.child[1]), args.tokens, args.corpus)
         return
     sizes = args.sizes or (FULL_SIZES if args.full else SIZES)
-    RESULTS.mkdir(exist_ok=True)
-    corpus_path = corpus_file(args.corpus, RESULTS)
     report: dict = {
         "tokens_per_document": args.tokens,
         "sizes": list(sizes),
@@ -195,7 +156,8 @@ def main() -> None:
                 str(n),
                 "--tokens",
                 str(args.tokens),
-                *(["--corpus-file", corpus_path] if corpus_path else []),
+                "--corpus",
+                args.corpus,
             ]
             load = _load()
             out = subprocess.run(cmd, capture_output=True, text=True)

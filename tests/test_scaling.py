@@ -1,5 +1,6 @@
 """Corpus analyses hold state of a fixed size: the bytes every accumulator holds after 8 and
-after 64 documents are the same (counted from the tensors, arrays and objects held — no timing,
+after 64 documents are the same (for the flow analysis, the rollout accumulator after its
+last batch) (counted from the tensors, arrays and objects held — no timing,
 so a busy machine cannot fool it)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections import defaultdict
 import pytest
 
 import cw_lens
-from cw_lens import pruning, scoring, selection, sinks, taxonomy
+from cw_lens import pruning, rollout, scoring, selection, sinks, taxonomy
 from cw_lens.accumulate import state_bytes
 
 faith = importlib.import_module("cw_lens.faithfulness")  # the package exports the function
@@ -70,6 +71,11 @@ ANALYSES = {
             m, t, order=("taxonomy", "random"), retention=0.5, n_draws=1, lone=False, progress=False
         ),
         [(scoring, "merge_across_ranks"), (taxonomy, "stream_corpus")],
+    ),
+    # the flow analysis: the rollouts of one batch at a time (its records are its result)
+    "rollout_deletion": (
+        lambda m, t: cw_lens.rollout_deletion(m, t, ks=(1,), n_random=1),
+        [(rollout, "RolloutAccumulator")],
     ),
 }
 
