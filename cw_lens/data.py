@@ -204,6 +204,7 @@ def pydoc_text() -> str:
 
 
 STDLIB_SKIP = {"idlelib", "tkinter", "turtledemo", "lib2to3", "site-packages", "dist-packages"}
+DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @functools.lru_cache(maxsize=1)
@@ -223,9 +224,8 @@ def stdlib_text(min_chars: int = 200) -> str:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError):  # a file for another Python version
             continue
-        definitions = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
         nodes = [tree] + [
-            n for n in ast.walk(tree) if isinstance(n, definitions) and not n.name.startswith("_")
+            n for n in ast.walk(tree) if isinstance(n, DEFINITIONS) and not n.name.startswith("_")
         ]
         parts += [d for n in nodes if (d := ast.get_docstring(n)) and len(d) > min_chars]
     if not parts:

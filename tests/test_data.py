@@ -35,16 +35,16 @@ def test_stdlib_corpora_are_docstrings_parsed_not_imported():
 
     tok = byte_tokenizer()
     before = set(sys.modules)
-    text = stdlib_text.__wrapped__()  # uncached
+    stdlib_text.cache_clear()
+    text = stdlib_text()  # parsed now; load_corpus below reuses it
     assert set(sys.modules) == before  # parsed with ast: nothing imported
     assert inspect.getdoc(textwrap.wrap) in text and inspect.getdoc(textwrap.TextWrapper) in text
-    assert (
-        inspect.getdoc(textwrap.TextWrapper._fix_sentence_endings) not in text
-    )  # private: left out
+    private = inspect.getdoc(textwrap.TextWrapper._fix_sentence_endings)
+    assert private not in text  # private members are left out
     corpus = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok, seed=1)
+    again = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok, seed=1)
     assert corpus.name == "stdlib" and all(d.text in text for d in corpus)
-    assert corpus.texts == cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok,
-                                               seed=1).texts  # fmt: skip
+    assert corpus.texts == again.texts
     both = pydoc_text() + "\n\n" + text
     n_tokens = len(tok(both, add_special_tokens=False)["input_ids"])
     big = cw_lens.load_corpus("pydoc+stdlib", n_docs=512, max_tokens=n_tokens // 600, tokenizer=tok)

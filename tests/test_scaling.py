@@ -1,7 +1,7 @@
 """Corpus analyses hold state of a fixed size: the bytes every accumulator holds after 8 and
-after 64 documents are the same (for the flow analysis, the rollout accumulator after its
-last batch) (counted from the tensors, arrays and objects held — no timing,
-so a busy machine cannot fool it)."""
+after 64 documents are the same (for the flow analysis, the rollout accumulator after its last
+batch), counted from the tensors, arrays and objects held — no timing, so a busy machine cannot
+fool it."""
 
 from __future__ import annotations
 
