@@ -65,7 +65,7 @@ def setup(n_docs: int, n_tokens: int):
     import torch
 
     import cw_lens
-    from cw_lens.inputs import prepare_inputs
+    from cw_lens.data.inputs import prepare_inputs
 
     model = cw_lens.load_model(device="cpu")
     corpus = cw_lens.load_corpus(n_docs=n_docs, max_tokens=n_tokens - 1, tokenizer=model)

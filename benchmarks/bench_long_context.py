@@ -51,7 +51,7 @@ def child(job: str, n_tokens: int) -> None:
         cw_lens.stream_contributions(model, corpus, fold)
 
     def forward() -> None:
-        from cw_lens.inputs import prepare_inputs
+        from cw_lens.data.inputs import prepare_inputs
 
         with torch.inference_mode():
             model(prepare_inputs(model, corpus).tokens)

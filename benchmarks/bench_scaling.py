@@ -59,7 +59,7 @@ def child(analysis: str, n_docs: int, n_tokens: int, corpus: str) -> None:
     import torch
 
     import cw_lens
-    from cw_lens.inputs import prepare_inputs
+    from cw_lens.data.inputs import prepare_inputs
 
     model = cw_lens.load_model(device="cpu")
     corpus = cw_lens.load_corpus(corpus, n_docs=n_docs, max_tokens=n_tokens, tokenizer=model)

@@ -6,7 +6,8 @@ interleaved and repeated (medians, so the noise of a shared machine hits all of 
 
 1. ``forward``: a plain forward pass (logits) of the text;
 2. ``patched_forward``: the same pass under ``cw_lens.patch_sink`` (layers 10-19);
-3. ``update``: what the kernel does when a control moves — :func:`cw_lens.patch_view.patch_state`
+3. ``update``: what the kernel does when a control moves —
+:func:`cw_lens.interactive.view_state.patch_state`
    with the clean run cached: the patched pass with contribution weights of the viewed layer,
    the cone measures of the patched layers, the logits, and the JSON-ready payload;
 4. ``widget``: the same through the widget (``patcher.controls = ...``: validation, the
@@ -43,7 +44,7 @@ def main() -> None:
     import torch
 
     import cw_lens
-    from cw_lens.patch_view import clean_run, patch_state
+    from cw_lens.interactive.view_state import clean_run, patch_state
 
     warnings.simplefilter("ignore", RuntimeWarning)
     torch.set_num_threads(max(1, min(args.threads, os.cpu_count() or 1)))

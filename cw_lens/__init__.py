@@ -20,44 +20,22 @@ Public API (re-exports only; each function's module docstring states its formula
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """
 
-from cw_lens.access import cache_names
-from cw_lens.compare import RunComparison, compare_runs
-from cw_lens.contributions import (
+import sys
+
+from cw_lens.analyses.contributions import (
     ContributionResult,
     contribution_weights,
     contribution_weights_from_cache,
 )
-from cw_lens.corpora import load_corpus
-from cw_lens.data import Corpus, Document
-from cw_lens.errors import (
-    CwLensError,
-    EmbeddedModelMissing,
-    InputError,
-    ModelLoadError,
-    UnsupportedModelError,
-)
-from cw_lens.faithfulness import FaithfulnessResult, faithfulness
-from cw_lens.flow_evaluation import (
-    IOIRouteStatistics,
-    RolloutDeletion,
-    ioi_route_statistics,
-    rollout_deletion,
-)
-from cw_lens.interventions import HookSet, mask_attention, patch_sink, remove_heads
-from cw_lens.layer_contributions import LayerContributions
-from cw_lens.models import load_model
-from cw_lens.pruning import PruningResult, lone_head_costs, prune_heads
-from cw_lens.rollout import RolloutResult, attention_rollout, contribution_rollout
-from cw_lens.routes import RouteGraph, routes
-from cw_lens.selection import (
+from cw_lens.analyses.faithfulness import FaithfulnessResult, faithfulness
+from cw_lens.analyses.pruning import PruningResult, lone_head_costs, prune_heads
+from cw_lens.analyses.selection import (
     SelectionGeometryResult,
     geometric_prf,
     geometric_prf_batched,
     selection_geometry,
 )
-from cw_lens.shares import LayerShares, ResidualShares, residual_shares, stream_shares
-from cw_lens.sink_patching import PatchControls, SinkPatchComparison, compare_sink_patch
-from cw_lens.sinks import (
+from cw_lens.analyses.sinks import (
     SinkAblation,
     SinkStatistics,
     detect_sinks,
@@ -65,10 +43,38 @@ from cw_lens.sinks import (
     sink_rates,
     sink_statistics,
 )
-from cw_lens.streaming import stream_contributions
-from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
-from cw_lens.verify import ModelVerification, verify_model
+from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.core.errors import (
+    CwLensError,
+    EmbeddedModelMissing,
+    InputError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
+from cw_lens.data.corpora import load_corpus
+from cw_lens.data.documents import Corpus, Document
+from cw_lens.data.streaming import stream_contributions
+from cw_lens.flow.evaluation import (
+    IOIRouteStatistics,
+    RolloutDeletion,
+    ioi_route_statistics,
+    rollout_deletion,
+)
+from cw_lens.flow.rollout import RolloutResult, attention_rollout, contribution_rollout
+from cw_lens.flow.routes import RouteGraph, routes
+from cw_lens.flow.shares import LayerShares, ResidualShares, residual_shares, stream_shares
+from cw_lens.interactive.comparison import PatchControls, SinkPatchComparison, compare_sink_patch
+from cw_lens.models.access import cache_names
+from cw_lens.models.interventions import HookSet, mask_attention, patch_sink, remove_heads
+from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.load import load_model
+from cw_lens.models.verify import ModelVerification, verify_model
+from cw_lens.reporting.run_comparison import RunComparison, compare_runs
 from cw_lens.version import __version__
+
+from cw_lens import _moved  # isort: skip
+
+_moved.install(sys.modules[__name__])
 
 __all__ = [
     "ContributionResult",
@@ -134,11 +140,15 @@ __all__ = [
 
 def __getattr__(name: str):
     """``cw_lens.sink_patcher`` / ``cw_lens.SinkPatcher``: the widget, imported on first use (it
-    needs the optional ``anywidget``: ``pip install 'cw_lens[widget]'``)."""
+    needs the optional ``anywidget``: ``pip install 'cw_lens[widget]'``); ``cw_lens.sinks`` and
+    the other module paths of 0.2: deprecated aliases of their new homes (:mod:`cw_lens._moved`)."""
+    old = _moved.moved_attribute(sys.modules[__name__], name)
+    if old is not None:
+        return old
     if name in ("sink_patcher", "SinkPatcher"):
         # the widget is a top layer (like the CLI) with an optional dependency: loaded by name
         # on first use, so importing cw_lens (as report.py does) never imports it
         import importlib
 
-        return getattr(importlib.import_module("cw_lens.widget"), name)
+        return getattr(importlib.import_module("cw_lens.interactive.widget"), name)
     raise AttributeError(f"module 'cw_lens' has no attribute {name!r}")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cw_lens import hooked
-from cw_lens.errors import UnsupportedModelError
+from cw_lens.core.errors import UnsupportedModelError
+from cw_lens.models import hooked
 
 
 def _available(get) -> bool:

@@ -29,7 +29,7 @@ from hf_reference import (
 from reference import assert_rows_close, causal_rows, dense_contributions, tolerance
 
 import cw_lens
-from cw_lens.testing import BYTE_VOCAB
+from cw_lens.models.testing import BYTE_VOCAB
 
 N_POS = 16
 PADDED_LENGTH = 11  # the second row of the padded batch

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cw_lens.testing import BYTE_VOCAB, VOCAB_SIZE
+from cw_lens.models.testing import BYTE_VOCAB, VOCAB_SIZE
 
 D_MODEL = 64
 INIT_STD = 0.2
@@ -610,7 +610,7 @@ def build(arch: Arch, seed: int = 0) -> Built:
     equal the reference's to ~1e-15 and what is measured is cw_lens itself (which computes in
     float32). A float32 bridge adds the model's own float32 drift (~1e-6).
     """
-    from cw_lens.testing import _wrap
+    from cw_lens.models.testing import _wrap
 
     model = hf_model(arch, seed, arch.dtype)
     twin = copy.deepcopy(model).double()  # before wrapping: the bridge edits the model in place

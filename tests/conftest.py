@@ -23,8 +23,8 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 @functools.cache
 def _tiny_model(arch: str, api: str):
-    from cw_lens import testing
-    from cw_lens.hooked import resolve_api
+    from cw_lens.models import testing
+    from cw_lens.models.hooked import resolve_api
 
     build = {"llama": testing.tiny_llama, "gpt2": testing.tiny_gpt2}[arch]
     return build(seed=0, api=resolve_api(api))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from cw_lens.testing import BYTE_VOCAB, VOCAB_SIZE, _wrap
+from cw_lens.models.testing import BYTE_VOCAB, VOCAB_SIZE, _wrap
 
 SPECIAL = {
     "bos_token_id": BYTE_VOCAB,
@@ -31,7 +31,7 @@ def tiny_model(arch: str, seed: int = 0, n_layers: int = 2):
     """A random tiny bridge of ``arch`` (llama, gpt2, neox, gptj, gemma2, olmo2)."""
     import transformers as tf
 
-    from cw_lens.testing import tiny_gpt2, tiny_llama
+    from cw_lens.models.testing import tiny_gpt2, tiny_llama
 
     if arch == "llama":
         return tiny_llama(seed=seed, n_layers=n_layers, api="bridge")

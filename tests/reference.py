@@ -1,6 +1,6 @@
 """Slow, obviously-right references: materialise every ``alpha[i,j] pv_j`` vector (float64).
 
-Nothing here is shared with the fast path in ``cw_lens.geometry``: the projected values are
+Nothing here is shared with the fast path in ``cw_lens.core.geometry``: the projected values are
 built explicitly as ``d_model`` vectors and every quantity is read off them.
 """
 
@@ -53,7 +53,7 @@ def dense_contributions(pattern, values, W_O, kind="intra"):
 
 def model_reference(model, tokens, layer, kind="intra", attention_mask=None):
     """Dense reference for one layer of a bridge, from a plain ``run_with_cache``."""
-    from cw_lens.capture import cache_names
+    from cw_lens.models.capture import cache_names
 
     with torch.no_grad():
         _, cache = model.run_with_cache(
@@ -112,9 +112,9 @@ def assert_rows_close(
 
 def make_activations(pattern, values, W_O, mask=None, b_O=None):
     """LayerActivations from plain tensors (z and o computed densely, independently)."""
-    from cw_lens.capture import LayerActivations, LayerWeights
-    from cw_lens.geometry import head_gram
-    from cw_lens.inputs import TokenBatch
+    from cw_lens.core.geometry import head_gram
+    from cw_lens.data.inputs import TokenBatch
+    from cw_lens.models.capture import LayerActivations, LayerWeights
 
     n_batch, n_heads, n_pos, _ = pattern.shape
     group = n_heads // values.shape[2]

@@ -12,13 +12,13 @@ import torch
 from reference import dense_contributions
 
 import cw_lens
-from cw_lens.access import model_access
-from cw_lens.capture import consistency_error
-from cw_lens.geometry import expand_kv
+from cw_lens.core.geometry import expand_kv
+from cw_lens.models.access import model_access
+from cw_lens.models.capture import consistency_error
 
 
 def _tokens(model, n=12, batch=2, seed=3):
-    from cw_lens.testing import random_tokens
+    from cw_lens.models.testing import random_tokens
 
     return random_tokens(model, batch, n, seed=seed)
 

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cw_lens import exact
-from cw_lens.accumulate import (
+from cw_lens.core import exact
+from cw_lens.core.accumulate import (
     BootstrapSums,
     ExactSums,
     Histogram,
@@ -23,7 +23,7 @@ from cw_lens.accumulate import (
     row_keys,
     state_bytes,
 )
-from cw_lens.errors import InputError
+from cw_lens.core.errors import InputError
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 

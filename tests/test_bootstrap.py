@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cw_lens
-from cw_lens import pruning
-from cw_lens.accumulate import PerDocument, SampleReservoir, state_bytes
-from cw_lens.bootstrap import Bootstrap, masked_median
-from cw_lens.claims import Check, Claim, with_intervals
-from cw_lens.errors import InputError
-from cw_lens.resampled import weighted_spearman
+from cw_lens.analyses import pruning
+from cw_lens.core.accumulate import PerDocument, SampleReservoir, state_bytes
+from cw_lens.core.bootstrap import Bootstrap, masked_median
+from cw_lens.core.claims import Check, Claim, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import weighted_spearman
 
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
 

@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cw_lens.claims import Check, Claim, claims_dict
-from cw_lens.errors import InputError
-from cw_lens.faithfulness import FaithfulnessResult
-from cw_lens.pruning import ORDERS, PruningResult
-from cw_lens.selection import head_f_ratio, selection_claims
-from cw_lens.sinks import SinkAblation, sink_claims
-from cw_lens.taxonomy import HeadTaxonomyResult
+from cw_lens.analyses.faithfulness import FaithfulnessResult
+from cw_lens.analyses.pruning import ORDERS, PruningResult
+from cw_lens.analyses.selection import head_f_ratio, selection_claims
+from cw_lens.analyses.sinks import SinkAblation, sink_claims
+from cw_lens.analyses.taxonomy import HeadTaxonomyResult
+from cw_lens.core.claims import Check, Claim, claims_dict
+from cw_lens.core.errors import InputError
 
 # SPEC §6's criterion column, verbatim
 SPEC_CRITERIA = {

@@ -7,8 +7,8 @@ import re
 from typer.testing import CliRunner
 
 import cw_lens
-from cw_lens.cli import app
-from cw_lens.testing import tiny_llama
+from cw_lens.models.testing import tiny_llama
+from cw_lens.reporting.cli import app
 
 
 def test_analyze_prints_top_tokens_per_layer_and_writes_html(tmp_path):
@@ -47,7 +47,7 @@ def test_analyze_bad_layer_is_a_clear_error():
 
 
 def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
-    import cw_lens.report as report
+    import cw_lens.reporting.job as report
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""``cw_lens.compare`` and ``cw-lens compare``: several summaries side by side.
+"""``cw_lens.reporting.run_comparison`` and ``cw-lens compare``: several summaries side by side.
 
 Two hand-written runs in tests/fixtures/compare: ``run_a`` (schema 2: intervals, string
 verdicts, one inconclusive claim) and ``run_b`` (schema 1: bool verdicts, no intervals, and one
@@ -16,11 +16,11 @@ import matplotlib.colors as mcolors
 import pytest
 from typer.testing import CliRunner
 
-from cw_lens.claims import Check, Claim, claims_dict
-from cw_lens.cli import app
-from cw_lens.compare import compare_runs
-from cw_lens.errors import InputError
+from cw_lens.core.claims import Check, Claim, claims_dict
+from cw_lens.core.errors import InputError
 from cw_lens.plots.compare import VERDICT_COLOURS
+from cw_lens.reporting.cli import app
+from cw_lens.reporting.run_comparison import compare_runs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
 RUN_A, RUN_B = FIXTURES / "run_a", FIXTURES / "run_b"
@@ -320,7 +320,7 @@ def test_cli_bad_run_is_a_one_line_error(tmp_path):
 def test_compare_reads_two_runs_of_the_main_job(tmp_path):
     """Two corpora through the real job on the tiny model: compare lines up exactly the claims,
     numbers and verdicts each run's summary.json holds, whatever schema the job writes now."""
-    from cw_lens.report import JobConfig, run_figures
+    from cw_lens.reporting.job import JobConfig, run_figures
 
     licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
     text = tmp_path / "licence.txt"

@@ -7,8 +7,8 @@ import torch
 from reference import assert_rows_close, causal_rows, model_reference
 
 import cw_lens
-from cw_lens.errors import InputError
-from cw_lens.testing import random_tokens
+from cw_lens.core.errors import InputError
+from cw_lens.models.testing import random_tokens
 
 FIELDS = ("attention", "weights", "cosine", "relative_norm", "value_norm", "value_norm_output")
 

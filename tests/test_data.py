@@ -9,9 +9,15 @@ import textwrap
 import pytest
 
 import cw_lens
-from cw_lens.data import IOI_TEMPLATES, arithmetic_items, ioi_items, pydoc_text, stdlib_text
-from cw_lens.errors import InputError
-from cw_lens.testing import byte_tokenizer
+from cw_lens.core.errors import InputError
+from cw_lens.data.documents import (
+    IOI_TEMPLATES,
+    arithmetic_items,
+    ioi_items,
+    pydoc_text,
+    stdlib_text,
+)
+from cw_lens.models.testing import byte_tokenizer
 
 
 def test_pydoc_windows_have_exactly_max_tokens_and_are_seeded():
@@ -116,7 +122,7 @@ def test_corpus_errors(name, kwargs, message, monkeypatch):
 
 @pytest.mark.model
 def test_only_correct_keeps_items_the_model_gets_right(smollm):
-    from cw_lens.scoring import answer_scores
+    from cw_lens.data.scoring import answer_scores
 
     for task in ("ioi", "arithmetic"):
         kept = cw_lens.load_corpus(task, n_docs=6, model=smollm, only_correct=True)

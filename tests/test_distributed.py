@@ -18,8 +18,8 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from cw_lens.distributed import merge_across_ranks
-from cw_lens.report import Job, JobConfig
+from cw_lens.data.distributed import merge_across_ranks
+from cw_lens.reporting.job import Job, JobConfig
 
 
 class _Count:

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cw_lens
-from cw_lens.bootstrap import Bootstrap
-from cw_lens.faithfulness import (
+from cw_lens.analyses.faithfulness import (
     _Ranks,
     faithfulness,
     n_removed,
@@ -17,8 +16,9 @@ from cw_lens.faithfulness import (
     removal_mask,
     token_scores,
 )
-from cw_lens.inputs import prepare_inputs
-from cw_lens.scoring import run_logits, token_nll
+from cw_lens.core.bootstrap import Bootstrap
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.scoring import run_logits, token_nll
 
 TEXTS = ["attention is not explanation, says one paper", "contribution weights project values"]
 

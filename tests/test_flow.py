@@ -17,8 +17,8 @@ from flow_reference import (
 )
 
 import cw_lens
-from cw_lens.errors import InputError, UnsupportedModelError
-from cw_lens.testing import random_tokens
+from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.models.testing import random_tokens
 
 ARCHS = ["llama", "gpt2", "neox", "gptj", "gemma2", "olmo2"]
 PIECES = ("residual", "attention", "bias", "mlp")
@@ -164,7 +164,7 @@ def test_granite_residual_multiplier_is_refused():
     """hook_attn_out of Granite carries the residual multiplier: not o + b_O -> refused."""
     import transformers as tf
 
-    from cw_lens.testing import VOCAB_SIZE, _wrap
+    from cw_lens.models.testing import VOCAB_SIZE, _wrap
 
     torch.manual_seed(0)
     cfg = tf.GraniteConfig(
@@ -200,7 +200,7 @@ def test_hooks_that_do_not_add_up_are_refused(llama):
 
 
 def test_unknown_post_norm_is_refused(llama):
-    from cw_lens.flow_capture import norm_spec
+    from cw_lens.flow.capture import norm_spec
 
     class FancyNorm(torch.nn.Module):  # no RMS/LayerNorm formula we know
         weight = torch.nn.Parameter(torch.ones(4))
@@ -221,7 +221,7 @@ def test_deletion_equals_an_independent_key_mask(llama):
     assert set(df["method"]) == {"contribution", "attention", "random"}
     assert len(df) == 2 * 2 * (2 + 2)  # items x ks x (2 rankings + 2 draws)
     for item, text in enumerate(texts):
-        batch = cw_lens.inputs.prepare_inputs(llama, text)
+        batch = cw_lens.data.inputs.prepare_inputs(llama, text)
         n = batch.tokens.shape[1]
         target = n - 2
         row = ro.contribution[item, target, :target]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import random_pattern
 
-from cw_lens import flow_geometry as fg
+from cw_lens.flow import geometry as fg
 
 
 @st.composite

@@ -7,7 +7,7 @@ import torch
 from flow_reference import dense_flow_reference, dense_route_edges, dense_token_matrix
 
 import cw_lens
-from cw_lens.flow_evaluation import word_positions
+from cw_lens.flow.evaluation import word_positions
 
 pytestmark = pytest.mark.model
 
@@ -16,7 +16,7 @@ IOI = "When Mary and John went to the store, John gave a drink to"
 
 @pytest.fixture(scope="module")
 def ioi_tokens(smollm):
-    return cw_lens.inputs.prepare_inputs(smollm, IOI).tokens
+    return cw_lens.data.inputs.prepare_inputs(smollm, IOI).tokens
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_routes_hold_exactly_the_reachable_edges(smollm, ioi_tokens, reference):
 
 def test_word_positions_find_the_names(smollm):
     tok = smollm.tokenizer
-    ids = cw_lens.inputs.prepare_inputs(smollm, IOI).tokens[0]
+    ids = cw_lens.data.inputs.prepare_inputs(smollm, IOI).tokens[0]
     assert [tok.decode(ids[p]).strip() for p in word_positions(smollm, IOI, "John")] == [
         "John",
         "John",

@@ -17,8 +17,8 @@ from reference import (
     tolerance,
 )
 
-from cw_lens import geometry as geo
-from cw_lens.layer_contributions import LayerContributions, Workspace
+from cw_lens.core import geometry as geo
+from cw_lens.models.layer_contributions import LayerContributions, Workspace
 
 FIELDS = ("weights", "cosine", "relative_norm")
 

@@ -8,9 +8,9 @@ import torch
 from apis import HAS_BRIDGE, HAS_HOOKED, TL_VERSION, needs_both, needs_hooked
 
 import cw_lens
-from cw_lens import hooked, testing
-from cw_lens.errors import InputError, ModelLoadError, UnsupportedModelError
-from cw_lens.testing import random_tokens
+from cw_lens.core.errors import InputError, ModelLoadError, UnsupportedModelError
+from cw_lens.models import hooked, testing
+from cw_lens.models.testing import random_tokens
 
 BUILDERS = {
     "llama": (testing.tiny_llama_hf, testing.tiny_llama),

@@ -10,10 +10,10 @@ import torch
 from apis import needs_both
 
 import cw_lens
-from cw_lens import models
-from cw_lens.gguf_cache import load_gguf_hf
-from cw_lens.selection import RULES
-from cw_lens.weight_processing import processing_warnings
+from cw_lens.analyses.selection import RULES
+from cw_lens.models import load as models
+from cw_lens.models.gguf_cache import load_gguf_hf
+from cw_lens.models.weight_processing import processing_warnings
 
 pytestmark = [pytest.mark.model, pytest.mark.compat]
 
@@ -64,7 +64,7 @@ def test_hooked_smollm_is_the_raw_model(smollm_hooked):
 
 @needs_both
 def test_hooked_and_bridge_smollm_hooks_agree(smollm, smollm_hooked):
-    from cw_lens.capture import cache_names
+    from cw_lens.models.capture import cache_names
 
     tokens = smollm.to_tokens(PROMPT)
     assert torch.equal(smollm_hooked.to_tokens(PROMPT), tokens)

@@ -13,8 +13,9 @@ import torch
 from reference import model_reference
 
 import cw_lens
-from cw_lens import gguf_cache, models
-from cw_lens.errors import EmbeddedModelMissing, ModelLoadError, UnsupportedModelError
+from cw_lens.core.errors import EmbeddedModelMissing, ModelLoadError, UnsupportedModelError
+from cw_lens.models import gguf_cache
+from cw_lens.models import load as models
 
 pytestmark = pytest.mark.model
 

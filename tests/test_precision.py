@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cw_lens
-from cw_lens.testing import random_tokens, tiny_llama
+from cw_lens.models.testing import random_tokens, tiny_llama
 
 TOLERANCE = {  # row-relative error of the weights versus the float32 model: (mean, p99)
     torch.bfloat16: (0.01, 0.08),

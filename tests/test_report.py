@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cw_lens.bootstrap import METHOD
-from cw_lens.claims import VERDICTS, combine
-from cw_lens.report import CLAIM_ORDER, STEPS, JobConfig, run_figures
+from cw_lens.core.bootstrap import METHOD
+from cw_lens.core.claims import VERDICTS, combine
+from cw_lens.reporting.job import CLAIM_ORDER, STEPS, JobConfig, run_figures
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
     assert fresh["claims"] == summary["claims"]
     assert (tmp_path / "again" / "summary.json").read_text() == (out / "summary.json").read_text()
 
-    import cw_lens.report as report
+    import cw_lens.reporting.job as report
 
     def fail(job):
         raise AssertionError("a finished step was recomputed")
@@ -121,7 +121,7 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
 
 
 def _cli(*args: str, env: dict | None = None) -> list[str]:
-    return [sys.executable, "-m", "cw_lens.cli", "figures", *CLI_ARGS, *args]
+    return [sys.executable, "-m", "cw_lens.reporting.cli", "figures", *CLI_ARGS, *args]
 
 
 def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
@@ -162,7 +162,7 @@ def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
         "--nproc-per-node",
         "2",
         "-m",
-        "cw_lens.cli",
+        "cw_lens.reporting.cli",
         "figures",
         *CLI_ARGS,
         "--out",
@@ -192,7 +192,7 @@ def test_random_draws_change_the_fingerprint_only_when_used():
 
 
 def test_report_reads_the_random_controls_spread():
-    from cw_lens.report import _random_draws_text
+    from cw_lens.reporting.job import _random_draws_text
 
     assert _random_draws_text(None) == ""
     spread = {"comprehensiveness_pairs": dict(n_draws=3.0, mean=0.5, sd=0.1, min=0.4, max=0.6)}

@@ -12,10 +12,12 @@ from collections import defaultdict
 import pytest
 
 import cw_lens
-from cw_lens import pruning, rollout, scoring, selection, sinks, taxonomy
-from cw_lens.accumulate import state_bytes
+from cw_lens.analyses import pruning, selection, sinks, taxonomy
+from cw_lens.core.accumulate import state_bytes
+from cw_lens.data import scoring
+from cw_lens.flow import rollout
 
-faith = importlib.import_module("cw_lens.faithfulness")  # the package exports the function
+faith = importlib.import_module("cw_lens.analyses.faithfulness")  # the package exports the function
 pytestmark = pytest.mark.slow
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
 

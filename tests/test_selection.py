@@ -10,14 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cw_lens import pruning as prn
-from cw_lens import selection as sel
-from cw_lens import taxonomy as taxo
-from cw_lens.errors import InputError
-from cw_lens.inputs import prepare_inputs
-from cw_lens.interventions import HookSet, remove_heads
-from cw_lens.scoring import corpus_nll, run_logits, token_nll
-from cw_lens.testing import tiny_llama
+from cw_lens.analyses import pruning as prn
+from cw_lens.analyses import selection as sel
+from cw_lens.analyses import taxonomy as taxo
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.scoring import corpus_nll, run_logits, token_nll
+from cw_lens.models.interventions import HookSet, remove_heads
+from cw_lens.models.testing import tiny_llama
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import cw_lens
-from cw_lens.errors import InputError
-from cw_lens.patch_view import patch_state, sink_patch_data
-from cw_lens.sink_patching import PatchControls, compare_sink_patch
+from cw_lens.core.errors import InputError
+from cw_lens.interactive.comparison import PatchControls, compare_sink_patch
+from cw_lens.interactive.view_state import patch_state, sink_patch_data
 from cw_lens.viz import token_label
 
 TEXT = "hello world, attention sinks"

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from reference import planted_sink_tensors, reference_ablation_heads, reference_sink_heads
 
 import cw_lens
-from cw_lens import geometry as geo
-from cw_lens.inputs import prepare_inputs
-from cw_lens.interventions import HookSet
-from cw_lens.scoring import run_logits
-from cw_lens.testing import random_tokens
+from cw_lens.core import geometry as geo
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.scoring import run_logits
+from cw_lens.models.interventions import HookSet
+from cw_lens.models.testing import random_tokens
 
 
 def logits(model, tokens, hooks=()):

@@ -17,9 +17,9 @@ import torch
 from browser import png_size, screenshot
 
 import cw_lens
-from cw_lens.errors import InputError
-from cw_lens.patch_view import sink_patch_html
-from cw_lens.sink_patching import PatchControls
+from cw_lens.core.errors import InputError
+from cw_lens.interactive.comparison import PatchControls
+from cw_lens.interactive.view_state import sink_patch_html
 from cw_lens.viz import contributions_data, contributions_html, show_contributions, token_label
 from cw_lens.viz.payload import round_sig
 

@@ -11,9 +11,9 @@ import torch
 from apis import needs_bridge, needs_hooked
 from reference import model_reference
 
-from cw_lens import testing
-from cw_lens.testing import random_tokens
-from cw_lens.weight_processing import processing_warnings
+from cw_lens.models import testing
+from cw_lens.models.testing import random_tokens
+from cw_lens.models.weight_processing import processing_warnings
 
 OFF = {
     "fold_ln": False,

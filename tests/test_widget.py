@@ -10,9 +10,9 @@ import re
 import pytest
 
 import cw_lens
-from cw_lens.errors import InputError
-from cw_lens.patch_view import patch_state
-from cw_lens.widget import SinkPatcher
+from cw_lens.core.errors import InputError
+from cw_lens.interactive.view_state import patch_state
+from cw_lens.interactive.widget import SinkPatcher
 
 TEXT = "hello world, attention sinks"
 

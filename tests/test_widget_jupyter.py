@@ -20,8 +20,8 @@ import pytest
 from browser import screenshot
 
 import cw_lens
-from cw_lens.patch_view import patch_state
-from cw_lens.testing import tiny_llama
+from cw_lens.interactive.view_state import patch_state
+from cw_lens.models.testing import tiny_llama
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ else:
     TEXT, LAYERS, LAYER = "hello world, attention sinks", [0, 1], 1
     LOAD = "tiny_llama(seed=0)"
 CELL = f"""import cw_lens
-from cw_lens.testing import tiny_llama
+from cw_lens.models.testing import tiny_llama
 
 patcher = cw_lens.sink_patcher({LOAD}, {TEXT!r}, layers={tuple(LAYERS)}, scale=0.0)
 patcher"""

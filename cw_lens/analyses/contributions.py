@@ -53,13 +53,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.access import hook_name, model_access, resolve_heads, resolve_layers
-from cw_lens.capture import LayerActivations, check_consistent
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.layer_contributions import Kind, LayerContributions, check_kind
-from cw_lens.streaming import stream_contributions
-from cw_lens.verify import require_verified
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import TokenBatch, prepare_inputs
+from cw_lens.data.streaming import stream_contributions
+from cw_lens.models.access import hook_name, model_access, resolve_heads, resolve_layers
+from cw_lens.models.capture import LayerActivations, check_consistent
+from cw_lens.models.layer_contributions import Kind, LayerContributions, check_kind
+from cw_lens.models.verify import require_verified
 
 
 @dataclass

@@ -14,7 +14,7 @@ category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform atte
 is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
 values sit at the current token or the sink.
 
-Streaming, exact merging and weights as in :mod:`cw_lens.selection`.
+Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
 
 Example::
 
@@ -40,16 +40,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap, require_record
-from cw_lens.capture import resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.data import as_corpus
-from cw_lens.errors import InputError
-from cw_lens.resampled import per_layer_rows, taxonomy_numbers
-from cw_lens.selection import check_sinks, kv_of_heads, rounded_dict
-from cw_lens.streaming import stream_corpus
-from cw_lens.verify import require_verified
+from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order

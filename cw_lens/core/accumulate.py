@@ -5,7 +5,7 @@ accumulators). The building blocks make the reduce exact, whatever the order and
 hold a fixed amount of memory whatever the number of documents:
 
 - :class:`ExactSums` keeps named sums of float64 values *exactly* (integer fixed point,
-  :mod:`cw_lens.exact`): any order of addition and any merge order give the same bits, so a
+  :mod:`cw_lens.core.exact`): any order of addition and any merge order give the same bits, so a
   corpus split over ``torchrun`` ranks gives bit-identical totals to a single process. Its size
   is fixed by the names and shapes summed (568 bytes per summed number), not by the corpus.
 - :class:`SampleReservoir` keeps at most ``capacity`` sample rows per group: those with the
@@ -18,7 +18,8 @@ hold a fixed amount of memory whatever the number of documents:
   per-document state; :class:`BootstrapSums` is the fixed-size alternative (seeded Poisson
   bootstrap replicates of exact sums).
 
-All have ``merge(other)``; :func:`cw_lens.distributed.merge_across_ranks` gathers and merges any
+All have ``merge(other)``; :func:`cw_lens.data.distributed.merge_across_ranks` gathers and merges
+any
 object with a ``merge`` method. :func:`state_bytes` measures what an accumulator holds.
 """
 
@@ -34,8 +35,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from cw_lens import exact
-from cw_lens.errors import InputError
+from cw_lens.core import exact
+from cw_lens.core.errors import InputError
 
 
 def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
@@ -203,7 +204,7 @@ class SampleReservoir:
     of the set of rows offered, not of their order or of how documents were split over ranks:
     a uniform random sample of all rows offered, the same in a sharded and a single run.
     Each kept row remembers its document (:meth:`documents`; not part of its key), for
-    resampling documents (:mod:`cw_lens.bootstrap`).
+    resampling documents (:mod:`cw_lens.core.bootstrap`).
     Memory: a buffer of ``2 * capacity`` rows, keys and documents per group,
     ``capacity * (8 * n_columns + 32)`` bytes, allocated once.
     """
@@ -462,7 +463,7 @@ def merge_all(items: Iterable) -> object:
 class PerDocument:
     """A few float32 numbers per document under named statistics (opt-in, for resampling).
 
-    For a bootstrap over documents (:mod:`cw_lens.bootstrap`), which needs each document's own
+    For a bootstrap over documents (:mod:`cw_lens.core.bootstrap`), which needs each document's own
     numbers. Sized for a corpus of ``n_documents`` up front: each statistic is a ``shape``
     float32 array per document (``()``: one number; ``(layer, head)``: one per head), plus one
     byte per document marking it seen — ``4 * len(names) * prod(shape) + 1`` bytes per document

@@ -16,12 +16,12 @@ undefined (e.g. a resample without any sink head) are left out; when more than
 Seeded: the weights are drawn from ``torch.Generator().manual_seed(seed)`` for a corpus of
 ``D`` documents, so two runs with the same seed give identical intervals. No model here, no
 extra forward pass: the per-document numbers come from the analyses'
-:class:`cw_lens.accumulate.PerDocument` records.
+:class:`cw_lens.core.accumulate.PerDocument` records.
 
 Example::
 
     import torch
-    from cw_lens.bootstrap import Bootstrap
+    from cw_lens.core.bootstrap import Bootstrap
     boot = Bootstrap(resamples=1000, seed=0)
     x = torch.randn(8, 2).double()                 # per-document sums and counts
     reps = boot.resample(x)                        # [1000, 2]
@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.errors import InputError
+from cw_lens.core.errors import InputError
 
 METHOD = "percentile; documents resampled with replacement (multinomial weights)"
 

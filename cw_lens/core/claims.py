@@ -7,7 +7,7 @@ conjunction of comparisons of one measured *headline number* with a fixed thresh
     Check("contribution_over_attention", 0.64, "<", 0.5)       # fails
 
 Each number may carry an ``interval`` (a 95% bootstrap interval over documents,
-:mod:`cw_lens.bootstrap`), and each check has a three-valued verdict ``holds``:
+:mod:`cw_lens.core.bootstrap`), and each check has a three-valued verdict ``holds``:
 
 - ``"yes"``: the point value *and* the whole interval satisfy the comparison;
 - ``"no"``: the point value and the whole interval fail it — or the number is NaN (not measured);
@@ -21,11 +21,12 @@ check), else ``"inconclusive"``. Orderings are written as differences against 0
 around each number decides it the same way.
 
 Each analysis builds its claims from its result tables with a pure function (e.g.
-:func:`cw_lens.sinks.sink_claims`), so a claim can be recomputed from any table of the same shape.
+:func:`cw_lens.analyses.sinks.sink_claims`), so a claim can be recomputed from any table of the
+same shape.
 
 Example::
 
-    from cw_lens.claims import Check, Claim
+    from cw_lens.core.claims import Check, Claim
     claim = Claim(
         "retriever_share",
         paper="Retrievers are a minority, 5.8-17.2% of heads (P2)",

@@ -16,7 +16,7 @@ Size: ``N_LIMBS * 8 + 24`` = 568 bytes per summed element, whatever the number o
 
 Example::
 
-    from cw_lens import exact
+    from cw_lens.core import exact
     limbs, special = exact.zeros(1)
     values = torch.tensor([1e16, 1.0, -1e16], dtype=torch.float64)
     exact.add(limbs, special, values, torch.zeros(3, dtype=torch.long))

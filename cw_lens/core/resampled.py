@@ -1,7 +1,7 @@
 r"""The claims' headline numbers recomputed on bootstrap replicates of per-document sums.
 
 Each function takes the replicates ``[R, ...]`` of the sums an analysis keeps (what
-:meth:`cw_lens.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
+:meth:`cw_lens.core.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
 every headline number of its claims for all ``R`` replicates at once, ``{number: [R]}``, by the
 same formula as the claim's point value (SPEC §6). Applied to the corpus totals (``R = 1``) they
 give the point values back, which the tests check. Pure tensor math: no model, no pandas.
@@ -25,8 +25,8 @@ What each interval is of, where the exact number cannot be recomputed from per-d
 
 Example::
 
-    from cw_lens.bootstrap import Bootstrap
-    from cw_lens.resampled import taxonomy_numbers
+    from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.core.resampled import taxonomy_numbers
     boot = Bootstrap(1000, seed=0)
     counts = boot.resample(per_doc_counts)        # [R, layer, head, 3]
     reps = taxonomy_numbers(counts)["retriever_share"]
@@ -43,8 +43,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.accumulate import Histogram
-from cw_lens.bootstrap import masked_mean, masked_median, ratio
+from cw_lens.core.accumulate import Histogram
+from cw_lens.core.bootstrap import masked_mean, masked_median, ratio
 
 Tables = dict[str, Tensor]
 
@@ -251,7 +251,8 @@ def selection_numbers(
     sink_n: tuple[int, ...],
 ) -> dict[str, Tensor]:
     """``topn_beats_random`` and ``sink_lowers_fn``'s numbers from sums of (F, scored queries)
-    per (layer, rule, head, N), as :func:`cw_lens.selection.selection_claims` reads them: the
+    per (layer, rule, head, N), as :func:`cw_lens.analyses.selection.selection_claims` reads them:
+    the
     mean over heads of each head's mean F per rule and N; the median over heads of F(sink
     excluded) / F(sink allowed) (``inf`` where only the sink-free F is positive)."""
     f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
@@ -296,7 +297,7 @@ def aopc_numbers(
     (``"nll|<tag>"`` or ``"logprob|<tag>"`` and ``"count|<tag>"``, tag ``"clean"`` or
     ``"g|metric|mode|fraction"``): the mean over the fractions of the change of the mean NLL
     (on tasks: the drop of the mean answer log-probability), as
-    :meth:`cw_lens.faithfulness.FaithfulnessResult.aopc`."""
+    :meth:`cw_lens.analyses.faithfulness.FaithfulnessResult.aopc`."""
     column = {n: i for i, n in enumerate(names)}
     value = "logprob" if task else "nll"
 
@@ -315,7 +316,7 @@ def faithfulness_numbers(
     aopc: dict[tuple[str, str, str], Tensor], metrics: tuple[str, ...]
 ) -> dict[str, Tensor]:
     """``faithfulness_order``'s numbers from AOPC replicates, as
-    :func:`cw_lens.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
+    :func:`cw_lens.analyses.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
     comp = {m: aopc[("pairs", "comprehensiveness", m)] for m in metrics}
     suff = {m: aopc[("pairs", "sufficiency", m)] for m in metrics}
     out = {
@@ -338,7 +339,8 @@ def ablation_numbers(
 ) -> dict[str, Tensor]:
     """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before,
     count_before, cone_after, count_after, rel_norm``) of the patched heads and NLL sums
-    (clean nll, count, patched nll, count), as :meth:`cw_lens.sinks.SinkAblation.claims`: the
+    (clean nll, count, patched nll, count), as :meth:`cw_lens.analyses.sinks.SinkAblation.claims`:
+    the
     low-norm heads (relative output norm at or below its ``low_norm_quantile``, re-picked per
     resample) against the others."""
     cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]

@@ -1,6 +1,6 @@
 """Loading corpora to analyse: ``load_corpus``.
 
-Sources (see :mod:`cw_lens.data` for each): ``None``/``"pydoc"``, ``"stdlib"`` and
+Sources (see :mod:`cw_lens.data.documents` for each): ``None``/``"pydoc"``, ``"stdlib"`` and
 ``"pydoc+stdlib"`` (English prose that ships with every CPython, windowed), ``"ioi"`` and
 ``"arithmetic"`` (generated task items with known answers), a ``.txt`` or ``.jsonl`` path, or
 ``"hf:NAME[:CONFIG[:SPLIT]]"`` (needs internet).
@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cw_lens import data
-from cw_lens.errors import InputError
-from cw_lens.models import embedded_tokenizer
-from cw_lens.scoring import keep_correct
+from cw_lens.core.errors import InputError
+from cw_lens.data import documents as data
+from cw_lens.data.scoring import keep_correct
+from cw_lens.models.load import embedded_tokenizer
 
 
 def resolve_tokenizer(tokenizer: Any) -> Any:

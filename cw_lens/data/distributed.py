@@ -5,7 +5,7 @@ shards its document batches round-robin over the ranks — the batch plan is com
 whole corpus on every rank, so each document is processed in exactly the batch it would be in
 a single process — and gathers and merges the accumulators on every rank. Accumulators keep
 exact (integer fixed-point) sums, integer histograms and hash-keyed sample reservoirs
-(:mod:`cw_lens.accumulate`), all independent of the order of addition and merging and of a
+(:mod:`cw_lens.core.accumulate`), all independent of the order of addition and merging and of a
 fixed size, so the merged numbers are bit-identical to a single-process run. The backend is
 gloo on CPU, nccl on GPU.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cw_lens.accumulate import merge_all
+from cw_lens.core.accumulate import merge_all
 
 
 def init_from_env(device: str | None = None) -> tuple[int, int] | None:

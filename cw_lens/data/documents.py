@@ -1,6 +1,6 @@
 """Corpus types and sources: real prose that ships with Python, generated task sets, user files.
 
-:func:`cw_lens.corpora.load_corpus` returns a :class:`Corpus` (a sequence of
+:func:`cw_lens.data.corpora.load_corpus` returns a :class:`Corpus` (a sequence of
 :class:`Document`). Every analysis that takes a corpus also accepts a plain list of strings.
 
 Sources
@@ -56,7 +56,7 @@ from typing import Any
 
 import pandas as pd
 
-from cw_lens.errors import InputError
+from cw_lens.core.errors import InputError
 
 TASKS = ("ioi", "arithmetic")
 

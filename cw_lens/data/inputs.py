@@ -16,53 +16,13 @@ empty text, over-long input and padding without an attention mask, and the same 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Int
 
-from cw_lens.data import Corpus, Document, as_corpus, tokenizer_fingerprint
-from cw_lens.errors import InputError
-
-
-@dataclass
-class TokenBatch:
-    """A right-padded batch of token ids with its mask.
-
-    Attributes:
-        tokens: Token ids, ``[batch, pos]``.
-        mask: True at real tokens, ``[batch, pos]``; padding is only ever at the end of a row.
-        prepend_bos: Whether position 0 of every row is the model's BOS token.
-        bos_token: The BOS token string (``None`` when the tokenizer has none).
-        documents: Indices of the documents in this batch within the whole input.
-    """
-
-    tokens: Int[torch.Tensor, "batch pos"]
-    mask: Bool[torch.Tensor, "batch pos"]
-    prepend_bos: bool
-    bos_token: str | None
-    documents: list[int]
-
-    @property
-    def lengths(self) -> Int[torch.Tensor, " batch"]:
-        return self.mask.sum(-1)
-
-    @property
-    def padded(self) -> bool:
-        return not bool(self.mask.all())
-
-    def str_tokens(self, model: Any) -> list[list[str]]:
-        """Token strings per row (padding excluded)."""
-        tok = model.tokenizer
-        out = []
-        for row, n in zip(self.tokens.tolist(), self.lengths.tolist(), strict=False):
-            ids = row[:n]
-            if tok is None:
-                out.append([str(i) for i in ids])
-            else:
-                out.append([tok.decode([i]) for i in ids])
-        return out
+from cw_lens.core.errors import InputError
+from cw_lens.data.documents import Corpus, Document, as_corpus, tokenizer_fingerprint
+from cw_lens.models.batch import TokenBatch
 
 
 def _n_ctx(model: Any) -> int:
@@ -196,8 +156,8 @@ def prepare_inputs(
 
     Args:
         model: The ``TransformerBridge``.
-        inputs: A string, a list of strings or :class:`~cw_lens.data.Document`, a
-            :class:`~cw_lens.data.Corpus`, or token ids ``[batch, pos]``.
+        inputs: A string, a list of strings or :class:`~cw_lens.data.documents.Document`, a
+            :class:`~cw_lens.data.documents.Corpus`, or token ids ``[batch, pos]``.
         prepend_bos: Prepend the tokenizer's BOS token to text (ignored for token tensors).
         attention_mask: For token tensors only: 1 at real tokens, 0 at padding.
     """

@@ -2,7 +2,7 @@
 
 Language-model text: the mean next-token negative log-likelihood over the scored positions
 (every real position that has a real successor), and ``PPL = exp(mean NLL)``; the sums
-are kept in a :class:`~cw_lens.accumulate.ExactSums` so sharded runs merge exactly.
+are kept in a :class:`~cw_lens.core.accumulate.ExactSums` so sharded runs merge exactly.
 
 Task items (a prompt with a known answer): the answer ``a_1 .. a_m`` (its tokens after the
 prompt) is scored teacher-forced: its log-probability is ``sum_t log p(a_t | prompt, a_<t)``
@@ -21,11 +21,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.capture import run_layers
-from cw_lens.data import Document
-from cw_lens.distributed import current_shard, merge_across_ranks
-from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.documents import Document
+from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.models.capture import run_layers
 
 HookSource = Sequence | Callable[[TokenBatch], Sequence]
 

@@ -1,7 +1,8 @@
 """Streaming a corpus through the model, one layer and one block of query rows at a time.
 
 :func:`stream_contributions` runs the forward passes (document batches) and hands each
-requested layer's :class:`~cw_lens.layer_contributions.LayerContributions` — one block of query
+requested layer's :class:`~cw_lens.models.layer_contributions.LayerContributions` — one block of
+query
 rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so memory is flat in
 depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds
 an accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
@@ -28,18 +29,18 @@ from typing import Any
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.capture import (
+from cw_lens.core.errors import InputError
+from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
+from cw_lens.models.capture import (
     LayerActivations,
     LayerWeights,
     resolve_heads,
     resolve_layers,
     run_layers,
 )
-from cw_lens.distributed import current_shard, merge_across_ranks
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.layer_contributions import KINDS, LayerContributions, Workspace
-from cw_lens.verify import require_verified
+from cw_lens.models.layer_contributions import KINDS, LayerContributions, Workspace
+from cw_lens.models.verify import require_verified
 
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
 # memory: the block plan changes the float rounding of per-block reductions (and the factor

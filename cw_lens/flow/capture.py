@@ -2,7 +2,7 @@
 
 :func:`run_blocks` runs one forward pass and, as each requested block finishes, hands a
 :class:`BlockActivations` — the attention layer's activations from
-:func:`cw_lens.capture.run_layers` plus the residual stream before and after the block, the
+:func:`cw_lens.models.capture.run_layers` plus the residual stream before and after the block, the
 attention and MLP pieces as they enter the residual, and the post-attention norm linearised at
 its actual input — to a callback inside the pass, then drops it.
 
@@ -17,7 +17,7 @@ architecture, the layer, the identity and the size of the error:
    actual input (post-norm: Gemma 2/3, OLMo 2/3).
 
 (The third identity, ``sum_{h,j} share(h, j) == <o, u>`` — the attention pattern and values
-are what ``z`` is made of — is checked by :class:`cw_lens.shares.LayerShares`.)
+are what ``z`` is made of — is checked by :class:`cw_lens.flow.shares.LayerShares`.)
 
 All hook names and module look-ups of the flow analyses live in :func:`block_wiring`.
 """
@@ -33,11 +33,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from cw_lens import flow_geometry as fg
-from cw_lens.access import model_access
-from cw_lens.capture import LayerActivations, LayerWeights, _StreamDone, run_layers
-from cw_lens.errors import UnsupportedModelError
-from cw_lens.inputs import TokenBatch
+from cw_lens.core.errors import UnsupportedModelError
+from cw_lens.data.inputs import TokenBatch
+from cw_lens.flow import geometry as fg
+from cw_lens.models.access import model_access
+from cw_lens.models.capture import LayerActivations, LayerWeights, StreamDone, run_layers
 
 # Relative tolerance of the block checks, by the model's activation dtype: float32 rounding
 # leaves ~1e-6, half precision ~1e-2; a wrong wiring (a missing multiplier, a wrong hook) is O(1).
@@ -72,7 +72,7 @@ class BlockWiring:
 def block_wiring(model: Any, layer: int) -> BlockWiring:
     """The hook names and the post-attention norm of one block (the only model look-ups here).
 
-    Hook names come from the access layer (:func:`cw_lens.access.model_access`); the
+    Hook names come from the access layer (:func:`cw_lens.models.access.model_access`); the
     post-attention norm is ``blocks[layer].ln1_post`` on ``TransformerBridge`` and
     ``HookedTransformer`` alike, and both route ``hook_attn_out``/``hook_mlp_out`` through the
     post-norms (verified on every pass by :func:`check_block`).
@@ -105,7 +105,7 @@ def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
     is_layer = isinstance(inner, torch.nn.LayerNorm) or (not is_rms and "LayerNorm" in name)
     if weight is None or eps is None or not (is_rms or is_layer):
         raise UnsupportedModelError(
-            f"{_arch(model)}: the post-attention norm of layer {layer} ({name}) is not an "
+            f"{arch_name(model)}: the post-attention norm of layer {layer} ({name}) is not an "
             "RMSNorm or LayerNorm with readable weight and eps, so it cannot be linearised "
             "exactly (SPEC §7). Contribution flow supports pre-norm blocks and post-norm blocks "
             "with RMSNorm/LayerNorm (Gemma 2/3, OLMo 2/3)."
@@ -139,7 +139,7 @@ class BlockActivations:
     """One block's residual-stream pieces for one batch (float32, on the model's device).
 
     Attributes:
-        acts: The attention layer's :class:`~cw_lens.capture.LayerActivations`.
+        acts: The attention layer's :class:`~cw_lens.models.capture.LayerActivations`.
         resid_pre: ``x_l`` [batch, pos, d_model].
         resid_post: ``x_{l+1}``.
         attn_out: The attention piece as it enters the residual (``A(o + b_O)``).
@@ -173,7 +173,8 @@ class BlockActivations:
         return piece if beta is None else piece + beta
 
 
-def _arch(model: Any) -> str:
+def arch_name(model: Any) -> str:
+    """The model's name and architecture, as the flow checks' error messages name them."""
     access = model_access(model)
     return f"{access.name!r} ({access.architecture})"
 
@@ -194,7 +195,8 @@ def check_block(model: Any, block: BlockActivations) -> None:
     err = _row_error(sum(pieces), block.resid_post, scale, mask)
     if not err <= rtol:
         raise UnsupportedModelError(
-            f"{_arch(model)}, layer {block.layer}: resid_post != resid_pre + attn_out + mlp_out "
+            f"{arch_name(model)}, layer {block.layer}: "
+            f"resid_post != resid_pre + attn_out + mlp_out "
             f"(relative error {err:.2e} > {rtol:.0e}). The block adds something the hooks do "
             "not show (a residual multiplier such as Granite's, or another branch), so the "
             "residual shares would not add up; this architecture is not supported by the "
@@ -211,7 +213,7 @@ def check_block(model: Any, block: BlockActivations) -> None:
     if not err <= rtol:
         what = "the post-attention norm recomputed at" if block.attn_map.gain is not None else ""
         raise UnsupportedModelError(
-            f"{_arch(model)}, layer {block.layer}: attn_out != {what} sum_h z W_O + b_O "
+            f"{arch_name(model)}, layer {block.layer}: attn_out != {what} sum_h z W_O + b_O "
             f"(relative error {err:.2e} > {rtol:.0e}). The attention piece of the residual is "
             "not the head outputs (a multiplier, an unknown post-attention transform, or "
             "hooks that do not reflect the computation), so pair shares would be wrong; "
@@ -282,11 +284,11 @@ def run_blocks(
             check_block(model, block)
             on_block(block)
             if not need_logits and layer == last:
-                raise _StreamDone
+                raise StreamDone
 
         hooks.append((wirings[layer].hooks["resid_post"], finish))
     # run_layers must not stop at the last attention layer (its MLP is needed): it runs to
-    # the end, unless ``finish`` ends the pass (run_layers turns _StreamDone into ``None``)
+    # the end, unless ``finish`` ends the pass (run_layers turns StreamDone into ``None``)
     return run_layers(
         model,
         batch,

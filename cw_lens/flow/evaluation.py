@@ -43,16 +43,16 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens.data import Corpus, as_corpus
-from cw_lens.errors import InputError
-from cw_lens.faithfulness import rank_candidates
-from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
-from cw_lens.interventions import mask_attention
-from cw_lens.rollout import METHODS, rollout_batches
-from cw_lens.routes import RouteCollector, build_route_graph, check_threshold
-from cw_lens.scoring import run_logits, score_answers
-from cw_lens.shares import stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.analyses.faithfulness import rank_candidates
+from cw_lens.core.errors import InputError
+from cw_lens.data.documents import Corpus, as_corpus
+from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.data.scoring import run_logits, score_answers
+from cw_lens.flow.rollout import METHODS, rollout_batches
+from cw_lens.flow.routes import RouteCollector, build_route_graph, check_threshold
+from cw_lens.flow.shares import stream_shares
+from cw_lens.models.interventions import mask_attention
+from cw_lens.models.verify import require_verified
 
 DEFAULT_KS = (1, 2, 4, 8)
 

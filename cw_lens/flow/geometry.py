@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.geometry import grouped_scores, head_gram, project_into_heads
+from cw_lens.core.geometry import grouped_scores, head_gram, project_into_heads
 
 # A residual stream whose norm is below this (absolute, float32) has undefined shares.
 ZERO_STREAM_NORM = 1e-12

@@ -1,6 +1,6 @@
 r"""Contribution rollout and attention rollout: each position's final stream, by input token.
 
-Per block ``l`` the token-level share matrix (SPEC §7, :mod:`cw_lens.shares`)
+Per block ``l`` the token-level share matrix (SPEC §7, :mod:`cw_lens.flow.shares`)
 
     T_l[i, j] = sum_h share(h, j)                                        (j != i)
     T_l[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)
@@ -40,12 +40,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens import flow_geometry as fg
-from cw_lens.capture import LayerActivations, run_layers
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.shares import LayerShares, resolve_row, stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
+from cw_lens.flow import geometry as fg
+from cw_lens.flow.shares import LayerShares, resolve_row, stream_shares
+from cw_lens.models.capture import LayerActivations, run_layers
+from cw_lens.models.verify import require_verified
 
 METHODS = ("contribution", "attention")
 
@@ -107,7 +107,7 @@ class RolloutResult:
 
 
 class RolloutAccumulator:
-    """Consumer of :func:`~cw_lens.shares.stream_shares` that composes both rollouts.
+    """Consumer of :func:`~cw_lens.flow.shares.stream_shares` that composes both rollouts.
 
     Fill the blocks of every layer in order; after a document batch, :meth:`finish` returns
     ``(contribution, attention)`` ``[batch, pos, pos]`` and resets.

@@ -1,7 +1,7 @@
 r"""Route graphs: the (head, key) paths a prediction comes from (SPEC §7).
 
 Ferrando & Voita's information-flow routes ("Information Flow Routes: Automatically Interpreting
-Language Models at Scale", EMNLP 2024), on cw_lens's residual shares (:mod:`cw_lens.shares`).
+Language Models at Scale", EMNLP 2024), on cw_lens's residual shares (:mod:`cw_lens.flow.shares`).
 Node ``(l, i)`` is the residual stream of position ``i`` entering block ``l`` (``(L, i)`` the
 final stream). Starting at ``(L, target)``, from every node ``(l+1, i)`` reached keep
 
@@ -37,11 +37,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens import flow_geometry as fg
-from cw_lens.errors import InputError
-from cw_lens.inputs import prepare_inputs
-from cw_lens.shares import LayerShares, stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.flow import geometry as fg
+from cw_lens.flow.shares import LayerShares, stream_shares
+from cw_lens.models.verify import require_verified
 
 EDGE_COLUMNS = (
     "layer", "head", "kind", "source", "target", "source_token", "target_token",
@@ -50,7 +50,7 @@ EDGE_COLUMNS = (
 
 
 class RouteCollector:
-    """Consumer of :func:`~cw_lens.shares.stream_shares` that keeps what routes need.
+    """Consumer of :func:`~cw_lens.flow.shares.stream_shares` that keeps what routes need.
 
     Per block: the candidate pair edges (share above the threshold) with their factors, and
     the residual / MLP / bias shares of every position ``[batch, layer, pos]``.

@@ -11,7 +11,7 @@ is the same). Each piece's **projection share**
 says how much of the stream lies along it; the shares of the residual, every (head, key) pair,
 the bias and the MLP sum to 1 exactly and can be negative or exceed 1 (the projection form of
 P1's contribution weights — Cunningham & Muca Cirone, ICML 2026 — applied to the residual
-stream). The pair shares are computed in head space (:mod:`cw_lens.flow_geometry`): one
+stream). The pair shares are computed in head space (:mod:`cw_lens.flow.geometry`): one
 ``query x key`` product per head and layer, the cost of ``QK^T``; no ``[query, key, d_model]``
 tensor is ever built.
 
@@ -46,15 +46,15 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens import flow_geometry as fg
-from cw_lens.capture import LayerWeights, resolve_layers
-from cw_lens.errors import InputError, UnsupportedModelError
-from cw_lens.flow_capture import CHECK_RTOL, BlockActivations, _arch, run_blocks
-from cw_lens.geometry import projected_value_norms
-from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.layer_contributions import Workspace
-from cw_lens.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
-from cw_lens.verify import require_verified
+from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.core.geometry import projected_value_norms
+from cw_lens.data.inputs import TokenBatch, prepare_inputs
+from cw_lens.data.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
+from cw_lens.flow import geometry as fg
+from cw_lens.flow.capture import CHECK_RTOL, BlockActivations, arch_name, run_blocks
+from cw_lens.models.capture import LayerWeights, resolve_layers
+from cw_lens.models.layer_contributions import Workspace
+from cw_lens.models.verify import require_verified
 
 PIECES = ("residual", "attention", "bias", "mlp")
 
@@ -278,7 +278,7 @@ def stream_shares(
         reuse_buffers: Reuse one buffer for the pair shares across blocks.
 
     Returns:
-        A :class:`~cw_lens.streaming.StreamStats` (documents and tokens seen).
+        A :class:`~cw_lens.data.streaming.StreamStats` (documents and tokens seen).
     """
     require_verified(model)
     if not callable(consumer):
@@ -291,7 +291,7 @@ def stream_shares(
     stats = StreamStats()
     weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
-    name = _arch(model)
+    name = arch_name(model)
     label = progress if isinstance(progress, str) else "shares"
     for batch, chunk in document_batches(
         model, prepared, batch_size, query_chunk, model.cfg.n_heads, progress=progress and label
@@ -473,7 +473,7 @@ def residual_shares(
 
     Raises:
         UnsupportedModelError: when a block's hooks do not add up (see
-            :mod:`cw_lens.flow_capture`).
+            :mod:`cw_lens.flow.capture`).
     """
     require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)

@@ -40,15 +40,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.access import resolve_heads, resolve_layers
-from cw_lens.contributions import ContributionResult, contribution_weights
-from cw_lens.edits import HookSet
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.interventions import patch_sink
-from cw_lens.layer_contributions import LayerContributions
-from cw_lens.scoring import token_nll
-from cw_lens.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
+from cw_lens.analyses.contributions import ContributionResult, contribution_weights
+from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import TokenBatch, prepare_inputs
+from cw_lens.data.scoring import token_nll
+from cw_lens.models.access import resolve_heads, resolve_layers
+from cw_lens.models.edits import HookSet
+from cw_lens.models.interventions import patch_sink
+from cw_lens.models.layer_contributions import LayerContributions
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Two producers of the payload of :mod:`cw_lens.viz.payload` that run the model:
 Example::
 
     import cw_lens
-    from cw_lens.patch_view import patch_state, sink_patch_html
+    from cw_lens.interactive.view_state import patch_state, sink_patch_html
 
     model = cw_lens.load_model()
     state = patch_state(model, "The capital of France is", {"layers": [10, 19], "scale": 0.0},
@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.access import resolve_layers
-from cw_lens.errors import InputError
-from cw_lens.inputs import prepare_inputs
-from cw_lens.sink_patching import (
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.interactive.comparison import (
     PatchControls,
     SinkRun,
     compare_sink_patch,
     run_text,
     token_strings,
 )
+from cw_lens.models.access import resolve_layers
 from cw_lens.viz.payload import initial_state, page_header, patched_payload, run_payload
 from cw_lens.viz.view import DEFAULT_MAX_MB, check_size, render_page, write
 

@@ -10,7 +10,8 @@ the front end shows, clean next to patched: the top-k next-token probabilities, 
 NLL change, the chosen head's attention and contribution matrices, and the per-head output
 norms and cone alignment of the patched layers.
 
-The numbers come from :func:`cw_lens.patch_view.patch_state` (plain data); the front end is the
+The numbers come from :func:`cw_lens.interactive.view_state.patch_state` (plain data); the front
+end is the
 same ES module as the saved page (``view.js``), so ``patcher.to_html("page.html")`` writes a
 self-contained page with a precomputed sweep that works without a kernel. Works wherever
 anywidget does: JupyterLab, Notebook 7, VS Code, Colab.
@@ -38,10 +39,10 @@ except ImportError as err:  # pragma: no cover - the optional extra is missing
         "The live widget needs anywidget: pip install 'cw_lens[widget]' (anywidget, ipywidgets)."
     ) from err
 
-from cw_lens.access import resolve_layers
-from cw_lens.errors import CwLensError, InputError
-from cw_lens.patch_view import clean_run, patch_state, sink_patch_html
-from cw_lens.sink_patching import PatchControls, SinkRun
+from cw_lens.core.errors import CwLensError, InputError
+from cw_lens.interactive.comparison import PatchControls, SinkRun
+from cw_lens.interactive.view_state import clean_run, patch_state, sink_patch_html
+from cw_lens.models.access import resolve_layers
 
 
 def _asset(name: str) -> str:

@@ -13,7 +13,7 @@ The layer output ``o_i = sum_h z_i^h W_O^h`` is always computed from ``hook_z`` 
 EXAONE 4) that hook is the output of the post-attention norm, and on Granite it carries the
 residual multiplier. Whether a model's hooks really satisfy ``pattern @ v == z`` and
 ``sum_h z W_O + b_O ==`` the attention module's output is checked by
-:func:`cw_lens.verify.verify_model` before any number is returned.
+:func:`cw_lens.models.verify.verify_model` before any number is returned.
 
 Two wirings of the attention hooks exist: on most architectures ``hook_pattern`` and ``hook_v``
 fire before ``hook_z`` (an edit of ``z`` computed from the pattern is possible in the ``hook_z``
@@ -26,7 +26,7 @@ a probe pass, not assumed from the architecture's name.
 Example::
 
     import cw_lens
-    from cw_lens.access import model_access
+    from cw_lens.models.access import model_access
     access = model_access(cw_lens.load_model())
     access.api, access.route          # ('bridge', 'hook_z')
     access.hook_name("z", 3)          # 'blocks.3.attn.hook_z'
@@ -46,8 +46,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from cw_lens.errors import CwLensError, InputError, UnsupportedModelError
-from cw_lens.geometry import head_gram
+from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
+from cw_lens.core.geometry import head_gram
 
 HOOK_TEMPLATES = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
@@ -67,7 +67,8 @@ Route = Literal["hook_z", "attention output"]
 
 
 class AttentionEdit(Protocol):
-    """An exact edit of one layer's attention (an intervention of :mod:`cw_lens.interventions`).
+    """An exact edit of one layer's attention (an intervention of
+    :mod:`cw_lens.models.interventions`).
 
     The model computes ``z' = z - delta(pattern, values)``; cw_lens accounts for it as an edit of
     the attention pattern, ``effective_pattern(pattern, values) @ values == z'``, so activations

@@ -14,7 +14,8 @@ needed::
 The layer output ``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded) is computed from ``z`` and
 ``W_O`` (SPEC §1), never read from ``hook_attn_out``.
 
-Interventions (hook sets of :mod:`cw_lens.edits`, or plain hook pairs) act in the same pass; the
+Interventions (hook sets of :mod:`cw_lens.models.edits`, or plain hook pairs) act in the same pass;
+the
 activations handed over describe the intervened layer exactly (its edits are applied to the
 pattern they report). Every captured layer is checked: ``z == pattern @ v`` on two random
 projections of the value space (a cheap, complete check, ``O(batch·head·query·key)``). A hook
@@ -33,7 +34,9 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.access import (
+from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.models.access import (
     LayerWeights,
     ModelAccess,
     cache_names,
@@ -43,9 +46,7 @@ from cw_lens.access import (
     resolve_heads,
     resolve_layers,
 )
-from cw_lens.errors import InputError, UnsupportedModelError
-from cw_lens.geometry import grouped_scores_values
-from cw_lens.inputs import TokenBatch
+from cw_lens.models.batch import TokenBatch
 
 __all__ = [
     "LayerActivations",
@@ -161,7 +162,7 @@ def check_consistent(
         )
 
 
-class _StreamDone(Exception):
+class StreamDone(Exception):
     """Raised from the last requested layer's hook to end a pass whose logits are not needed."""
 
 
@@ -227,7 +228,7 @@ def run_layers(
             )
         )
         if not need_logits and layer == last:
-            raise _StreamDone
+            raise StreamDone
 
     if on_layer is not None:
         for layer in layers:
@@ -250,6 +251,6 @@ def run_layers(
         stack.enter_context(access.hooks(hooks))
         try:
             out = access.forward(tokens)
-        except _StreamDone:
+        except StreamDone:
             return None
     return out.float() if need_logits else None

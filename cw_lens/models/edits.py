@@ -26,7 +26,7 @@ Every intervention is an exact edit of ``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}``
 - **Head removal** (P2 pruning): ``z^h <- 0``.
 
 Where it is realised depends on how the model wires its hooks
-(:attr:`cw_lens.access.ModelAccess.route`, measured, then verified by
+(:attr:`cw_lens.models.access.ModelAccess.route`, measured, then verified by
 :func:`cw_lens.verify_model`): on the **hook_z route** (``hook_pattern`` and ``hook_v`` fire
 before ``hook_z``: Llama, GPT-2, Gemma, every HookedTransformer, ...) pair masks edit
 ``hook_pattern`` and sink patches edit ``hook_z``; on the **attention-output route** (the pattern
@@ -45,9 +45,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cw_lens.access import model_access
-from cw_lens.errors import InputError
-from cw_lens.geometry import grouped_scores_values, projected_value_norms, sink_term
+from cw_lens.core.errors import InputError
+from cw_lens.core.geometry import grouped_scores_values, projected_value_norms, sink_term
+from cw_lens.models.access import model_access
 
 Hook = tuple[str, Callable]
 ModuleHook = tuple[torch.nn.Module, Callable]

@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from cw_lens.errors import ModelLoadError
-from cw_lens.hooked import rope_theta
+from cw_lens.core.errors import ModelLoadError
+from cw_lens.models.hooked import rope_theta
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ processes the weights by default):
 - the weights go through TransformerLens' own converters (``convert_llama_weights``,
   ``convert_gpt2_weights``) and are loaded as they are: no LayerNorm folding, no centring of
   ``W_O``, no folding of value biases into ``b_O`` — so contribution weights are those of the
-  model the Hugging Face weights define (see :mod:`cw_lens.weight_processing`).
+  model the Hugging Face weights define (see :mod:`cw_lens.models.weight_processing`).
 
 Example::
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from cw_lens.errors import InputError, UnsupportedModelError
+from cw_lens.core.errors import InputError, UnsupportedModelError
 
 # The mask and rotary buffers of a HookedTransformer are [n_ctx, n_ctx] / [n_ctx, d_head] per
 # layer, so SmolLM2's 8192 positions would cost 2 GB of masks; TransformerLens caps many of its

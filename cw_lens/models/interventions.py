@@ -2,8 +2,9 @@
 
 Each function checks that the intervention is exact on the model (:func:`cw_lens.verify_model`
 tests every intervention against an independent edit of ``hook_z``) and returns a
-:class:`~cw_lens.edits.HookSet` — a context manager and, on most models, a list of
-``(hook_name, fn)`` pairs. :mod:`cw_lens.edits` has the formulas and how each edit is realised.
+:class:`~cw_lens.models.edits.HookSet` — a context manager and, on most models, a list of
+``(hook_name, fn)`` pairs. :mod:`cw_lens.models.edits` has the formulas and how each edit is
+realised.
 
 Example::
 
@@ -24,8 +25,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from cw_lens.access import model_access, resolve_heads, resolve_layers
-from cw_lens.edits import (
+from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.models.access import model_access, resolve_heads, resolve_layers
+from cw_lens.models.edits import (
     MAX_SINK_SCALE,
     HeadRemoval,
     HookSet,
@@ -35,8 +37,7 @@ from cw_lens.edits import (
     realise,
     sink_scale,
 )
-from cw_lens.errors import InputError, UnsupportedModelError
-from cw_lens.verify import require_verified
+from cw_lens.models.verify import require_verified
 
 __all__ = [
     "HookSet",

@@ -1,15 +1,15 @@
 r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, SPEC §2).
 
 :class:`LayerContributions` turns one layer's captured activations
-(:class:`~cw_lens.capture.LayerActivations`) into the fields of SPEC §2 for a block of query
-rows, lazily and in head space (with the Gram matrices of :mod:`cw_lens.geometry`; the
+(:class:`~cw_lens.models.capture.LayerActivations`) into the fields of SPEC §2 for a block of query
+rows, lazily and in head space (with the Gram matrices of :mod:`cw_lens.core.geometry`; the
 ``[query, key, d_model]`` tensor of ``alpha pv_j`` vectors is never built)::
 
     intra  c[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i^h|| ) * cos(pv_j^h, o_i^h)
     inter  C[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i||   ) * cos(pv_j^h, o_i)
 
 and the baselines ``attention``, ``value_norm`` and ``value_norm_output`` (SPEC §2). Every
-corpus analysis receives these blocks from :func:`cw_lens.streaming.stream_contributions`.
+corpus analysis receives these blocks from :func:`cw_lens.data.streaming.stream_contributions`.
 
 Example::
 
@@ -31,10 +31,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens import geometry as geo
-from cw_lens.capture import LayerActivations
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch
+from cw_lens.core import geometry as geo
+from cw_lens.core.errors import InputError
+from cw_lens.models.batch import TokenBatch
+from cw_lens.models.capture import LayerActivations
 
 Kind = Literal["intra", "inter"]
 KINDS = ("intra", "inter")

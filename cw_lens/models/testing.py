@@ -10,14 +10,15 @@ Two architectures cover what the analyses must handle:
 Both are random-initialised ``transformers`` models, wrapped as a ``TransformerBridge``
 (``api="bridge"``, via ``transformer_lens.model_bridge.sources.build_bridge_from_module``) or
 converted to a ``HookedTransformer`` with raw weights (``api="hooked"``, via
-:func:`cw_lens.hooked.from_hf`); the same seed gives the same weights in both. They come with a
+:func:`cw_lens.models.hooked.from_hf`); the same seed gives the same weights in both. They come
+with a
 byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) built with ``tokenizers``, so string inputs
 work without any download. ``api="auto"`` picks the bridge where TransformerLens has one (3.x,
 4.x) and a HookedTransformer in 2.x.
 
 Example::
 
-    from cw_lens.testing import tiny_llama
+    from cw_lens.models.testing import tiny_llama
     model = tiny_llama(seed=0)                  # TransformerBridge
     hooked = tiny_llama(seed=0, api="hooked")   # HookedTransformer, same weights
     cw = cw_lens.contribution_weights(model, "hello world")
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from cw_lens.hooked import bridge_class, from_hf, resolve_api
+from cw_lens.models.hooked import bridge_class, from_hf, resolve_api
 
 BYTE_VOCAB = 256
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"

@@ -17,7 +17,7 @@ intervention on one layer: under it, the attention module's output must equal
 probe (``patch_sink``, ``mask_attention``, ``remove_heads``).
 
 Every analysis calls :func:`require_verified` first (the result is cached per model), so a model
-that fails gets :class:`~cw_lens.errors.UnsupportedModelError` naming the architecture, the
+that fails gets :class:`~cw_lens.core.errors.UnsupportedModelError` naming the architecture, the
 layer, the failed identity and the size of the error — never a number.
 
 Example::
@@ -40,10 +40,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens.access import ModelAccess, model_access, probe_tokens
-from cw_lens.edits import HeadRemoval, PairMask, SinkPatch, head_removal_hooks, realise
-from cw_lens.errors import UnsupportedModelError
-from cw_lens.geometry import grouped_scores_values
+from cw_lens.core.errors import UnsupportedModelError
+from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.models.access import ModelAccess, model_access, probe_tokens
+from cw_lens.models.edits import HeadRemoval, PairMask, SinkPatch, head_removal_hooks, realise
 
 # relative errors allowed: (identities, logits) by parameter dtype
 # (float64 models: the edits and checks of interventions run in float32 -> about 1e-7)
@@ -279,7 +279,7 @@ def _config_problems(access: ModelAccess) -> list[str]:
 
 def _weight_warnings(access: ModelAccess) -> list[str]:
     try:
-        from cw_lens.weight_processing import processing_warnings
+        from cw_lens.models.weight_processing import processing_warnings
     except ImportError:  # pragma: no cover - the module ships with cw_lens
         return []
     return list(processing_warnings(access.model))

@@ -34,9 +34,9 @@ Example::
 
     from transformer_lens import HookedTransformer
     model = HookedTransformer.from_pretrained("gpt2")          # processed by default
-    cw_lens.weight_processing.processing_warnings(model)       # two messages
+    cw_lens.models.weight_processing.processing_warnings(model)       # two messages
     model = HookedTransformer.from_pretrained_no_processing("gpt2")
-    cw_lens.weight_processing.processing_warnings(model)       # []
+    cw_lens.models.weight_processing.processing_warnings(model)       # []
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from cw_lens.hooked import is_hooked
+from cw_lens.models.hooked import is_hooked
 
 CENTRED_SCALE = 0.1  # max |row mean| in units of rms(row) / sqrt(d_model)
 

@@ -1,4 +1,4 @@
-"""Figure of several runs compared (``cw_lens.compare``). Plotting only."""
+"""Figure of several runs compared (``cw_lens.reporting.run_comparison``). Plotting only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
-from cw_lens.claims import threshold_text
+from cw_lens.core.claims import threshold_text
 from cw_lens.plots._style import plt
 
 VERDICT_COLOURS = {"yes": "tab:green", "no": "tab:red", "inconclusive": "tab:orange"}

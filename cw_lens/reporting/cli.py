@@ -19,7 +19,7 @@ def _clean_errors(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from cw_lens.errors import CwLensError
+        from cw_lens.core.errors import CwLensError
 
         try:
             return fn(*args, **kwargs)
@@ -34,9 +34,9 @@ API_HELP = "bridge (TransformerBridge), hooked (HookedTransformer) or auto (the 
 
 
 def _load(model: str | None, device: str | None, api: str):
-    import cw_lens
+    from cw_lens.models.load import load_model
 
-    return cw_lens.load_model(model, api=api, device=device)
+    return load_model(model, api=api, device=device)
 
 
 @app.command()
@@ -56,10 +56,10 @@ def analyze(
     Scores are inter-head contribution weights summed over heads (a token's share of the layer
     output; ``token@position weight``), or one head's with --head.
     """
-    import cw_lens
+    from cw_lens.analyses.contributions import contribution_weights
 
     loaded = _load(model, device, api)
-    result = cw_lens.contribution_weights(
+    result = contribution_weights(
         loaded, text, kind="inter", layers=None if layer is None else [layer]
     )
     tokens = result.str_tokens[0]
@@ -105,7 +105,7 @@ def figures(
     --device cuda --dtype bfloat16 --n-docs 256 --max-tokens 1024 --batch-size 16. Under
     torchrun the documents are sharded over ranks and the results merged exactly.
     """
-    from cw_lens.report import JobConfig, run_figures
+    from cw_lens.reporting.job import JobConfig, run_figures
 
     config = JobConfig(
         model=model,
@@ -122,7 +122,7 @@ def figures(
         random_draws=random_draws,
     )
     summary = run_figures(config, out, force=force, progress=not quiet)
-    from cw_lens.distributed import is_main_process
+    from cw_lens.data.distributed import is_main_process
 
     if is_main_process():
         verdicts = [c["holds"] for c in summary["claims"].values()]
@@ -152,9 +152,9 @@ def compare(
     One column per run: each headline number with its interval (summary schema 2) and the
     verdict (yes / no / inconclusive); schema 1 summaries are read too (no intervals).
     """
-    from cw_lens.compare import compare_runs
     from cw_lens.plots import save_figure
-    from cw_lens.report import atomic_write_text
+    from cw_lens.reporting.job import atomic_write_text
+    from cw_lens.reporting.run_comparison import compare_runs
 
     names = None if labels is None else [s.strip() for s in labels.split(",")]
     comparison = compare_runs(runs, labels=names)

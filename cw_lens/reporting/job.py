@@ -31,8 +31,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from cw_lens.bootstrap import Bootstrap
-from cw_lens.distributed import barrier, init_from_env, is_main_process, main_process_decides
+from cw_lens.core.bootstrap import Bootstrap
+from cw_lens.data.distributed import barrier, init_from_env, is_main_process, main_process_decides
 
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
 # per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers
@@ -89,7 +89,7 @@ class JobConfig:
     random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
 
     def fingerprint(self) -> str:
-        from cw_lens.hooked import resolve_api
+        from cw_lens.models.hooked import resolve_api
         from cw_lens.version import __version__
 
         keys = {k: v for k, v in self.__dict__.items() if k not in ("device", "api")}
@@ -195,7 +195,7 @@ def clean_partial_files(out: Path) -> int:
 
 
 def step_sinks(job: Job) -> dict[str, Any]:
-    from cw_lens.sinks import sink_statistics
+    from cw_lens.analyses.sinks import sink_statistics
 
     stats = sink_statistics(
         job.model,
@@ -211,7 +211,7 @@ def step_sinks(job: Job) -> dict[str, Any]:
 def step_heatmaps(job: Job) -> dict[str, Any]:
     """P1 Fig. 1: attention and contribution matrices of two sink heads on one text — the sink
     heads (in different layers) whose sink attention exceeds the sink's contribution most."""
-    import cw_lens
+    from cw_lens.analyses.contributions import contribution_weights
 
     heads = job.results["sinks"]["stats"].heads()
     gap = heads["sink_attention"] - heads["sink_contribution"]
@@ -227,14 +227,14 @@ def step_heatmaps(job: Job) -> dict[str, Any]:
     doc = job.corpus[0]
     text_tokens = list(doc.tokens[:31]) if doc.tokens is not None else None
     inputs = doc.text[:160] if text_tokens is None else job.model.tokenizer.decode(text_tokens)
-    result = cw_lens.contribution_weights(
+    result = contribution_weights(
         job.model, inputs, layers=sorted({p[0] for p in picks}), kind="intra"
     )
     return {"result": result, "picks": picks}
 
 
 def step_ablation(job: Job) -> dict[str, Any]:
-    from cw_lens.sinks import sink_ablation
+    from cw_lens.analyses.sinks import sink_ablation
 
     ablation = sink_ablation(
         job.model,
@@ -247,7 +247,7 @@ def step_ablation(job: Job) -> dict[str, Any]:
 
 
 def step_faithfulness(job: Job) -> dict[str, Any]:
-    from cw_lens.faithfulness import faithfulness
+    from cw_lens.analyses.faithfulness import faithfulness
 
     corpus = job.corpus
     if job.config.faithfulness_docs:
@@ -266,12 +266,12 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
 
 
 def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
-    import cw_lens
-    from cw_lens.faithfulness import faithfulness
+    from cw_lens.analyses.faithfulness import faithfulness
+    from cw_lens.data.corpora import load_corpus
 
     if not job.config.task:
         return None
-    items = cw_lens.load_corpus(
+    items = load_corpus(
         job.config.task,
         n_docs=job.config.task_docs,
         model=job.model,
@@ -291,7 +291,7 @@ def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
 
 
 def step_selection(job: Job) -> dict[str, Any]:
-    from cw_lens.selection import selection_geometry
+    from cw_lens.analyses.selection import selection_geometry
 
     result = selection_geometry(
         job.model,
@@ -305,7 +305,7 @@ def step_selection(job: Job) -> dict[str, Any]:
 
 
 def step_taxonomy(job: Job) -> dict[str, Any]:
-    from cw_lens.taxonomy import head_taxonomy
+    from cw_lens.analyses.taxonomy import head_taxonomy
 
     result = head_taxonomy(
         job.model,
@@ -320,7 +320,7 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 def step_pruning(job: Job) -> dict[str, Any]:
     """P2 pruning ranked within each layer (SPEC's reading, with the lone-head costs) and, as
     the variant, with one global ranking."""
-    from cw_lens.pruning import prune_heads
+    from cw_lens.analyses.pruning import prune_heads
 
     orders = ("taxonomy", "magnitude", "entropy", "random")
     common = dict(
@@ -479,7 +479,7 @@ def versions() -> dict[str, str]:
 
 
 def build_summary(job: Job) -> dict[str, Any]:
-    from cw_lens.models import model_name
+    from cw_lens.models.load import model_name
 
     cfg = job.config
     corpus = job.corpus
@@ -715,7 +715,8 @@ def run_figures(
     config: JobConfig, out: Path | str = "figures", *, force: bool = False, progress: bool = True
 ) -> dict[str, Any]:
     """Run (or resume) the main job and write figures, ``summary.json`` and ``REPORT.md``."""
-    import cw_lens
+    from cw_lens.data.corpora import load_corpus
+    from cw_lens.models.load import load_model
 
     out = Path(out)
     init_from_env(config.device)
@@ -727,12 +728,12 @@ def run_figures(
     torch.manual_seed(config.seed)
     dtype = getattr(torch, config.dtype, None)
     if not isinstance(dtype, torch.dtype):
-        from cw_lens.errors import InputError
+        from cw_lens.core.errors import InputError
 
         raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
     job = Job(config, out, force=force, progress=progress)
-    job.model = cw_lens.load_model(config.model, api=config.api, device=config.device, dtype=dtype)
-    job.corpus = cw_lens.load_corpus(
+    job.model = load_model(config.model, api=config.api, device=config.device, dtype=dtype)
+    job.corpus = load_corpus(
         config.corpus,
         n_docs=config.n_docs,
         max_tokens=config.max_tokens,

@@ -16,12 +16,12 @@ disagree about that number, whatever the point estimates say.
 Reads summary schema 2 (``"schema": 2``: string verdicts, intervals) and schema 1 (no
 ``"schema"`` key: ``holds`` a bool, mapped to ``"yes"`` / ``"no"``, no intervals; the oldest
 files have no ``checks`` either, and their claims show the claim verdict alone). Anything else is
-refused with an :class:`~cw_lens.errors.InputError` naming the file and the problem. Per-layer
+refused with an :class:`~cw_lens.core.errors.InputError` naming the file and the problem. Per-layer
 detail (schema 2 ``per_layer``) is not compared here; each run's REPORT.md shows it.
 
 Example::
 
-    from cw_lens.compare import compare_runs
+    from cw_lens.reporting.run_comparison import compare_runs
     cmp = compare_runs(["figures", "figures-licence"], labels=["pydoc", "licence"])
     print(cmp.to_markdown())       # one column per run: value [low, high] verdict
     cmp.to_dataframe()             # tidy: run, claim, number, value, low, high, op, ...
@@ -42,8 +42,8 @@ from typing import Any
 
 import pandas as pd
 
-from cw_lens.claims import threshold_text
-from cw_lens.errors import InputError
+from cw_lens.core.claims import threshold_text
+from cw_lens.core.errors import InputError
 
 VERDICTS = ("yes", "no", "inconclusive")
 SCHEMAS = (1, 2)

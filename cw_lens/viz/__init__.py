@@ -6,12 +6,14 @@ The front end (``view.js``, an ES module, with ``view.css``) draws the JSON-read
 - :func:`contributions_html` / :func:`show_contributions` — the page of a
   :class:`~cw_lens.ContributionResult` (``result.to_html()``, ``result.show()``): attention next
   to contribution (P1, Fig. 1), the factors on hover, the head grid;
-- :func:`cw_lens.patch_view.sink_patch_html` — the same page with a precomputed sink-patching
+- :func:`cw_lens.interactive.view_state.sink_patch_html` — the same page with a precomputed
+  sink-patching
   sweep (no kernel needed);
-- :func:`cw_lens.sink_patcher` (:mod:`cw_lens.widget`) — the live Jupyter widget (anywidget).
+- :func:`cw_lens.sink_patcher` (:mod:`cw_lens.interactive.widget`) — the live Jupyter widget
+  (anywidget).
 
 This package knows nothing of models: the producers that run one live above it
-(:mod:`cw_lens.patch_view`, :mod:`cw_lens.widget`).
+(:mod:`cw_lens.interactive.view_state`, :mod:`cw_lens.interactive.widget`).
 """
 
 from cw_lens.viz.payload import token_label

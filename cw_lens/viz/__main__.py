@@ -3,7 +3,7 @@
 import sys
 
 import cw_lens
-from cw_lens.testing import tiny_llama
+from cw_lens.models.testing import tiny_llama
 
 
 def demo(path: str = "cw_view_demo.html") -> str:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from cw_lens.errors import InputError
+from cw_lens.core.errors import InputError
 
 SIG_DIGITS = 4
 #: Head value that selects the aggregate over heads (sum for inter, mean for intra).
@@ -227,7 +227,8 @@ def initial_state(
 
 
 def run_payload(run: Any, layers: list[int], strings: dict[int, str]) -> dict:
-    """A :class:`~cw_lens.sink_patching.SinkRun` as a run (maps of ``layers``, all heads)."""
+    """A :class:`~cw_lens.interactive.comparison.SinkRun` as a run (maps of ``layers``, all
+    heads)."""
     heads = list(run.weights.heads)
     ids = run.top_ids.tolist()
     return {

@@ -15,7 +15,7 @@ same panel.
 Example::
 
     import cw_lens
-    from cw_lens.testing import tiny_llama
+    from cw_lens.models.testing import tiny_llama
     cw_lens.routes(tiny_llama(), "hello world", threshold=0.02).to_html("routes.html")
 """
 

@@ -13,7 +13,7 @@ shows, for the chosen layer, head (or all heads) and query:
   and, with a patch, patched.
 - **Head grid**: every head of the layer as small multiples (attention | contribution), like
   circuitsvis' ``attention_heads``; click one to select it.
-- **Sink patch** (pages made by :func:`cw_lens.patch_view.sink_patch_html` /
+- **Sink patch** (pages made by :func:`cw_lens.interactive.view_state.sink_patch_html` /
   ``SinkPatcher.to_html``): a
   precomputed sweep — ``lambda`` in {0, 0.25, 0.5, 0.75, 1} over a few layer ranges — so the
   reader patches the sink with the controls and watches, without a kernel, the top-k next-token
@@ -38,12 +38,14 @@ tokens is ~1.3 MB; restrict it with ``layers=[...]`` / ``heads=[...]``. A page o
 Example (runnable as is; the tiny random model needs no download)::
 
     import cw_lens
-    from cw_lens.testing import tiny_llama
+    from cw_lens.models.testing import tiny_llama
 
     cw = cw_lens.contribution_weights(tiny_llama(), "hello world, attention sinks", kind="inter")
     cw.to_html("cw.html", layer=1, head="all")   # open cw.html (or cw.html#layer=0&head=2&query=5)
     cw.show()                                     # the same page inline in Jupyter
-    cw_lens.patch_view.sink_patch_html(tiny_llama(), "hello world, sinks", path="patch.html")
+    cw_lens.interactive.view_state.sink_patch_html(
+        tiny_llama(), "hello world, sinks", path="patch.html"
+    )
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from cw_lens.errors import InputError
+from cw_lens.core.errors import InputError
 from cw_lens.viz.payload import (
     initial_state,
     layer_maps,

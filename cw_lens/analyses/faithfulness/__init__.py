@@ -53,19 +53,19 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap, require_record
-from cw_lens.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.data import as_corpus
-from cw_lens.distributed import current_shard, merge_across_ranks
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
-from cw_lens.interventions import mask_attention
-from cw_lens.layer_contributions import METRICS, LayerContributions
-from cw_lens.resampled import aopc_numbers, faithfulness_numbers
-from cw_lens.scoring import run_logits, score_answers, token_nll
-from cw_lens.streaming import stream_contributions
-from cw_lens.verify import require_verified
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
+from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.data.scoring import run_logits, score_answers, token_nll
+from cw_lens.data.streaming import stream_contributions
+from cw_lens.models.interventions import mask_attention
+from cw_lens.models.layer_contributions import METRICS, LayerContributions
+from cw_lens.models.verify import require_verified
 
 ALL_METRICS = (*METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")

@@ -6,7 +6,7 @@ Attention" (arXiv 2602.01893); the formulas and the readings fixed where the pap
 those of SPEC §4.
 
 **Head pruning.** Heads are removed by zeroing their ``hook_z``
-(:func:`cw_lens.interventions.remove_heads`) at retention levels (the fraction of heads kept;
+(:func:`cw_lens.models.interventions.remove_heads`) at retention levels (the fraction of heads kept;
 ``floor((1 - r) n + 1/2)`` of the ``n`` heads are removed) in four orders:
 
 - ``taxonomy`` — Resets first, then Mixers, Retrievers last; within a class the smallest mean
@@ -26,7 +26,7 @@ heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
 head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
 tokens), several heads per forward pass (each on its own copy of the rows).
 
-Streaming, exact merging and weights as in :mod:`cw_lens.selection`.
+Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
 
 Example::
 
@@ -53,18 +53,18 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.bootstrap import Bootstrap, require_record
-from cw_lens.capture import hook_name, resolve_heads, resolve_layers, run_layers
-from cw_lens.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.data import Corpus, as_corpus
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch, prepare_inputs
-from cw_lens.interventions import remove_heads
-from cw_lens.resampled import pruning_numbers
-from cw_lens.scoring import NLLResult, corpus_nll, token_nll
-from cw_lens.selection import check_count, check_sinks
-from cw_lens.taxonomy import HeadTaxonomyResult, head_taxonomy
-from cw_lens.verify import require_verified
+from cw_lens.analyses.common import check_count, check_sinks
+from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import pruning_numbers
+from cw_lens.data.documents import Corpus, as_corpus
+from cw_lens.data.inputs import TokenBatch, prepare_inputs
+from cw_lens.data.scoring import NLLResult, corpus_nll, token_nll
+from cw_lens.models.capture import hook_name, resolve_heads, resolve_layers, run_layers
+from cw_lens.models.interventions import remove_heads
+from cw_lens.models.verify import require_verified
 
 ORDERS = ("taxonomy", "magnitude", "entropy", "random")
 RETENTION = (0.9, 0.75, 0.5, 0.25)

@@ -29,8 +29,8 @@ Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
   with ``(seed, d, l, i)``, so results do not depend on batching, sharding or the other documents;
 - ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
 
-Everything streams layer by layer (:func:`cw_lens.streaming.stream_corpus`) into exact sums
-(:class:`cw_lens.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly.
+Everything streams layer by layer (:func:`cw_lens.data.streaming.stream_corpus`) into exact sums
+(:class:`cw_lens.core.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly.
 Results follow the weights the model runs (a raw bridge); a bridge in compatibility mode gives
 results for its folded weights.
 
@@ -58,16 +58,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from cw_lens.accumulate import ExactSums, PerDocument
-from cw_lens.bootstrap import Bootstrap, require_record
-from cw_lens.capture import resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.data import as_corpus
-from cw_lens.errors import InputError
-from cw_lens.inputs import prepare_inputs
-from cw_lens.resampled import selection_numbers
-from cw_lens.streaming import stream_corpus
-from cw_lens.verify import require_verified
+from cw_lens.analyses.common import check_count, check_sinks, kv_of_heads, rounded_dict
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import selection_numbers
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.verify import require_verified
 
 Distance = Literal["euclidean", "cosine"]
 DISTANCES = ("euclidean", "cosine")
@@ -339,32 +340,9 @@ def _index_mask(indices: Sequence[int] | None, n: int, device: Any) -> Tensor:
     return mask
 
 
-def check_count(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise InputError(f"{name} must be {kind}{' or None' if allow_none else ''}, got {value!r}.")
-
-
-def check_sinks(sink_positions: Sequence[int]) -> tuple[int, ...]:
-    sinks = tuple(sorted({int(p) for p in sink_positions})) if sink_positions else ()
-    bad = [p for p in sink_positions or () if isinstance(p, bool) or int(p) != p]
-    if not sinks or bad or min(sinks) < 0:
-        raise InputError(
-            f"sink_positions must be a non-empty list of non-negative positions (usually (0,), "
-            f"the BOS token), got {sink_positions!r}."
-        )
-    return sinks
-
-
 def _seeded_generator(*key: int) -> torch.Generator:
     state = np.random.SeedSequence([int(k) for k in key]).generate_state(2, dtype=np.uint32)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-
-
-def kv_of_heads(n_heads: int, n_kv: int, device: Any) -> Tensor:
-    return torch.arange(n_heads, device=device) // (n_heads // n_kv)
 
 
 # =========================================================================== selection geometry
@@ -486,11 +464,6 @@ def _query_pairs(lengths: list[int], query: str, sinks: tuple[int, ...]) -> Tens
         positions = [n - 1] if query == "last" else range(1, n)
         pairs += [(row, q) for q in positions if q not in sinks and q >= 1]
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
-
-
-def rounded_dict(series: pd.Series) -> dict[Any, float]:
-    """A series as a JSON-ready dict (plain keys, floats rounded to 4 digits)."""
-    return {k.item() if hasattr(k, "item") else k: round(float(v), 4) for k, v in series.items()}
 
 
 def head_f_ratio(f_without: pd.Series, f_with: pd.Series) -> pd.Series:
@@ -716,7 +689,7 @@ class SelectionGeometryResult:
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P2's selection claims (SPEC §6) with the numbers measured here
         (:func:`selection_claims`); with ``bootstrap``, each number's interval over documents
-        (:func:`cw_lens.resampled.selection_numbers`; needs ``per_document=True``)."""
+        (:func:`cw_lens.core.resampled.selection_numbers`; needs ``per_document=True``)."""
         claims = selection_claims(self.to_dataframe())
         if bootstrap is not None:
             require_record(self.per_document, "selection_geometry")

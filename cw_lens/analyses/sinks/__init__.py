@@ -51,17 +51,12 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens import geometry as geo
-from cw_lens.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
-from cw_lens.bootstrap import Bootstrap, require_record
-from cw_lens.capture import LayerActivations, resolve_layers
-from cw_lens.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.data import as_corpus
-from cw_lens.errors import InputError
-from cw_lens.inputs import TokenBatch
-from cw_lens.interventions import patch_sink, per_layer_heads, sink_scale
-from cw_lens.layer_contributions import LayerContributions
-from cw_lens.resampled import (
+from cw_lens.core import geometry as geo
+from cw_lens.core.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import (
     ablation_numbers,
     driver_numbers,
     per_layer_rows,
@@ -69,8 +64,13 @@ from cw_lens.resampled import (
     sink_numbers,
     sink_numbers_per_layer,
 )
-from cw_lens.scoring import corpus_nll
-from cw_lens.streaming import stream_contributions, stream_corpus
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import TokenBatch
+from cw_lens.data.scoring import corpus_nll
+from cw_lens.data.streaming import stream_contributions, stream_corpus
+from cw_lens.models.capture import LayerActivations, resolve_layers
+from cw_lens.models.interventions import patch_sink, per_layer_heads, sink_scale
+from cw_lens.models.layer_contributions import LayerContributions
 
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
@@ -800,7 +800,8 @@ class SinkStatistics:
 
     def _driver_samples(self) -> list[tuple[int, int, Tensor, Tensor]] | None:
         """Per head, the sink group's factor samples and their documents, as
-        :func:`cw_lens.resampled.driver_numbers` reads them (None if any document is unknown)."""
+        :func:`cw_lens.core.resampled.driver_numbers` reads them (None if any document is
+        unknown)."""
         reservoir, index = self.acc.samples, {layer: i for i, layer in enumerate(self.layers)}
         columns = [FACTOR_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
         out = []
@@ -860,9 +861,9 @@ class SinkStatistics:
         self, bootstrap: Bootstrap
     ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
         """Bootstrap intervals over documents of the sink claims' numbers
-        (:mod:`cw_lens.resampled` says what each is of) and per-layer rows for the claims
+        (:mod:`cw_lens.core.resampled` says what each is of) and per-layer rows for the claims
         about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
-        document is drawn (:func:`cw_lens.resampled.driver_numbers`)."""
+        document is drawn (:func:`cw_lens.core.resampled.driver_numbers`)."""
         per_doc = require_record(self.acc.per_doc, "sink_statistics")
         hist = self.acc.share_hist
         record = per_doc.table()
@@ -1024,7 +1025,7 @@ def sink_rates(
 ) -> Float[Tensor, "batch layer head query"]:
     """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries);
     ``sink_positions`` as in :func:`sink_statistics` (positions or ``"detect"``)."""
-    from cw_lens.inputs import prepare_inputs
+    from cw_lens.data.inputs import prepare_inputs
 
     layer_list = resolve_layers(model, layers)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
