@@ -17,9 +17,10 @@ from typing import Any
 
 REMOVED_IN = "0.4"
 
-# old module (under cw_lens) -> its new home; `data` and `models` are packages now that export
-# what the old modules did, so they need no entry
-MOVED = {
+# old module (under cw_lens) -> its new home (or homes, searched in order, where a module was
+# split); `data` and `models` are packages now that export what the old modules did, so they
+# need no entry
+MOVED: dict[str, str | tuple[str, ...]] = {
     "access": "cw_lens.models.access",
     "accumulate": "cw_lens.core.accumulate",
     "bootstrap": "cw_lens.core.bootstrap",
@@ -45,7 +46,7 @@ MOVED = {
     "layer_contributions": "cw_lens.models.layer_contributions",
     "patch_view": "cw_lens.interactive.view_state",
     "pruning": "cw_lens.analyses.pruning",
-    "report": "cw_lens.reporting.job",
+    "report": ("cw_lens.reporting.job", "cw_lens.reporting.markdown"),
     "resampled": "cw_lens.core.resampled",
     "rollout": "cw_lens.flow.rollout",
     "routes": "cw_lens.flow.routes",
@@ -71,23 +72,33 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
     )
 
 
-class MovedModule(types.ModuleType):
-    """An old module path: every attribute is looked up in the new module, with a warning."""
+def homes(old: str) -> tuple[str, ...]:
+    """The new module(s) of an old module name (``"sinks"``), the main one first."""
+    new = MOVED[old]
+    return (new,) if isinstance(new, str) else new
 
-    def __init__(self, old: str, new: str) -> None:
-        super().__init__(old, f"Deprecated: moved to {new}.")
+
+class MovedModule(types.ModuleType):
+    """An old module path: every attribute is looked up in the new module(s), with a warning."""
+
+    def __init__(self, old: str, new: tuple[str, ...]) -> None:
+        super().__init__(old, f"Deprecated: moved to {' and '.join(new)}.")
         self.__dict__["__moved_to__"] = new
-        self.__dict__["__spec__"] = importlib.util.spec_from_loader(old, _MovedLoader(old, new))
+        self.__dict__["__spec__"] = importlib.util.spec_from_loader(old, _MovedLoader(old, new[0]))
 
     def __getattr__(self, name: str) -> Any:
         new = self.__dict__["__moved_to__"]
         if name.startswith("__") and name != "__all__":
             raise AttributeError(name)
-        _warn(self.__name__, new, stacklevel=3)
-        return getattr(importlib.import_module(new), name)
+        modules = [importlib.import_module(m) for m in new]
+        home = next((m for m in modules if hasattr(m, name)), modules[0])
+        _warn(self.__name__, home.__name__, stacklevel=3)
+        return getattr(home, name)
 
     def __dir__(self) -> list[str]:
-        return dir(importlib.import_module(self.__dict__["__moved_to__"]))
+        return sorted(
+            {n for m in self.__dict__["__moved_to__"] for n in dir(importlib.import_module(m))}
+        )
 
 
 class _MovedLoader(importlib.abc.Loader):
@@ -122,10 +133,10 @@ def install(package: types.ModuleType) -> None:
     attribute of the package, which would hide the functions ``cw_lens.routes`` and
     ``cw_lens.faithfulness`` behind the old modules of the same name.
     """
-    for old, new in MOVED.items():
+    for old in MOVED:
         name = f"{package.__name__}.{old}"
         if name not in sys.modules:
-            sys.modules[name] = MovedModule(name, new)
+            sys.modules[name] = MovedModule(name, homes(old))
 
 
 def moved_attribute(package: types.ModuleType, name: str) -> types.ModuleType | None:

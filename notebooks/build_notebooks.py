@@ -134,7 +134,8 @@ take a few minutes on a laptop CPU."""),
 from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
-from cw_lens.reporting.job import JobConfig, claims_table, run_figures
+from cw_lens.reporting.job import JobConfig, run_figures
+from cw_lens.reporting.markdown import claims_table
 
 QUICK = os.environ.get("CW_LENS_QUICK") == "1"
 out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "figures-notebook"))

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 import cw_lens
 from cw_lens.analyses.faithfulness import (
-    _Ranks,
     faithfulness,
     n_removed,
     rank_candidates,
     removal_mask,
     token_scores,
 )
+from cw_lens.analyses.faithfulness.ranking import Ranks
 from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.data.scoring import run_logits, token_nll
@@ -75,7 +75,7 @@ def test_token_ranks_equal_a_reference_from_contribution_weights(llama):
     (inter) summed over heads and ranked with Python's sort (ties to the lower key)."""
     batch = prepare_inputs(llama, TEXTS[:1])
     layers = list(range(llama.cfg.n_layers))
-    ranks = _Ranks(batch, layers, llama.cfg.n_heads, ["contribution"], ["tokens"], False, 0)
+    ranks = Ranks(batch, layers, llama.cfg.n_heads, ["contribution"], ["tokens"], False, 0)
     cw_lens.stream_contributions(
         llama, batch.tokens, ranks.update, attention_mask=batch.mask.long()
     )
@@ -92,7 +92,7 @@ def test_token_ranks_equal_a_reference_from_contribution_weights(llama):
 def test_query_zero_is_never_intervened_on_by_default(llama):
     batch = prepare_inputs(llama, TEXTS)
     layers = list(range(llama.cfg.n_layers))
-    ranks = _Ranks(batch, layers, llama.cfg.n_heads, ["attention"], ["pairs", "tokens"], False, 0)
+    ranks = Ranks(batch, layers, llama.cfg.n_heads, ["attention"], ["pairs", "tokens"], False, 0)
     cw_lens.stream_contributions(
         llama, batch.tokens, ranks.update, attention_mask=batch.mask.long()
     )
@@ -123,7 +123,7 @@ def test_fraction_zero_changes_nothing(llama):
 
 def test_removing_every_pair_equals_zeroing_the_attention_output(tiny):
     batch = prepare_inputs(tiny, TEXTS)
-    ranks = _Ranks(
+    ranks = Ranks(
         batch,
         list(range(tiny.cfg.n_layers)),
         tiny.cfg.n_heads,

@@ -5,19 +5,20 @@ fool it."""
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections import defaultdict
 
 import pytest
 
 import cw_lens
-from cw_lens.analyses import pruning, selection, sinks, taxonomy
+from cw_lens.analyses import pruning, taxonomy
+from cw_lens.analyses.faithfulness import curves as faith
+from cw_lens.analyses.selection import geometry as selection
+from cw_lens.analyses.sinks import ablation as sinks
 from cw_lens.core.accumulate import state_bytes
 from cw_lens.data import scoring
 from cw_lens.flow import rollout
 
-faith = importlib.import_module("cw_lens.analyses.faithfulness")  # the package exports the function
 pytestmark = pytest.mark.slow
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
 

@@ -1,0 +1,451 @@
+"""Faithfulness (P1's causal test): do the tokens a metric ranks highest really matter?
+
+Protocol (SPEC §5; Cunningham & Muca Cirone, ICML 2026, and the comprehensiveness/sufficiency
+tests of DeYoung et al. 2020):
+
+1. A clean pass scores every (head, key) pair of every query at every layer with each metric —
+   ``attention`` alpha, ``value_norm`` alpha ||pv_j||, ``value_norm_output``
+   alpha ||pv_j|| / ||o_i^h||, ``contribution`` (inter-head C[i,j]^h), and a seeded ``random``
+   score — streamed one layer at a time.
+2. Per (layer, query ``i``) the ``H (i + 1)`` pairs ``(h, j <= i)`` are ranked by importance
+   ``|score|`` (``ranking="signed"``: by the score itself; ties go to the lower head, then key).
+   *Comprehensiveness* removes the top ``k`` share, *sufficiency* the bottom ``k`` share, for
+   ``k`` in {1, 2, 5, 10, 20, 50}% (at least one pair when ``k`` rounds to zero). Query 0 is
+   never intervened on (``first_query=1``): it reads only itself, so the at-least-one rule would
+   remove the sink's own output in every layer, which every later query reads.
+3. Removal sets ``alpha[i,j]^h = 0`` for the chosen pairs in every layer at once, without
+   renormalising — exactly subtracting ``alpha[i,j]^h pv_j^h`` from ``o_i``.
+4. On text: the change of the mean next-token NLL over scored positions (``delta_nll``; the
+   perplexity change ``delta_ppl = PPL' - PPL``). On task items: the drop of the correct
+   answer's log-probability and the accuracy.
+5. Curves per metric and mode, and the area over them — AOPC, the mean change over the
+   fraction grid — with the clean PPL and the random ranking as controls.
+6. ``granularity="tokens"``: per (layer, query) each metric is summed over heads into one score
+   per key token (:func:`token_scores`; for the inter contribution, the token's share of the
+   layer output), and the chosen tokens are removed from every head.
+
+P1's claim (SPEC §6 ``faithfulness_order``), judged at pairs granularity: the AOPC of
+comprehensiveness strictly increases attention < value_norm < value_norm_output < contribution,
+and contribution has the lowest sufficiency AOPC of the four.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    result = cw_lens.faithfulness(model, corpus, granularity=("pairs", "tokens"))
+    result.aopc()
+    result.plot()
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from cw_lens.analyses.faithfulness.ranking import (
+    ALL_METRICS,
+    FRACTIONS,
+    GRANULARITIES,
+    MODES,
+    Ranks,
+    random_draw_names,
+)
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
+from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
+from cw_lens.data.scoring import run_logits, score_answers, token_nll
+from cw_lens.data.streaming import stream_contributions
+from cw_lens.models.layer_contributions import METRICS
+from cw_lens.models.verify import require_verified
+
+
+@dataclass
+class FaithfulnessResult:
+    """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).
+
+    Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on
+    task corpora, ``logprob, delta_logprob, accuracy`` (the clean values are in ``clean``).
+    ``delta_nll`` is the change of the mean next-token NLL (what SPEC §5 calls ΔPPL);
+    ``delta_ppl`` is the change of ``exp(mean NLL)``.
+    """
+
+    curves: pd.DataFrame
+    clean: dict[str, float]
+    task: bool
+    n_documents: int
+    n_tokens: int
+    ranking: str
+    seed: int
+    first_query: int = 1
+    # opt-in: (statistic names, [document, statistic] sums, configurations) for intervals
+    per_document: tuple[list[str], Tensor, list] | None = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.curves.copy()
+
+    @property
+    def value_column(self) -> str:
+        """The main damage measure: ``delta_logprob`` on tasks (a drop), else ``delta_nll``."""
+        return "delta_logprob" if self.task else "delta_nll"
+
+    def aopc(self, column: str | None = None) -> pd.DataFrame:
+        """Area over the perturbation curve: the mean of ``column`` over the fraction grid, per
+        (granularity, metric, mode). Comprehensiveness: higher = more faithful; sufficiency:
+        lower = more faithful. (For ``delta_logprob`` the drop is counted, so the same holds.)"""
+        column = column or self.value_column
+        values = self.curves[column]
+        if column == "delta_logprob":
+            values = -values
+        frame = self.curves.assign(value=values)
+        table = frame.groupby(["granularity", "mode", "metric"])["value"].mean()
+        present = list(frame["metric"].unique())
+        extra_draws = [m for m in present if m not in ALL_METRICS]
+        return table.unstack("metric").reindex(
+            columns=[m for m in ALL_METRICS if m in present] + extra_draws
+        )
+
+    def random_spread(self, column: str | None = None) -> pd.DataFrame:
+        """The random-ranking control over its independent draws (``random_draws``): per
+        (granularity, mode), the number of draws and the mean, standard deviation (ddof=1;
+        NaN for one draw), minimum and maximum of their AOPCs."""
+        draws = _random_columns(self.aopc(column))
+        if draws.shape[1] == 0:
+            raise InputError("This result has no random ranking; run with metrics incl. 'random'.")
+        return pd.DataFrame(
+            {
+                "n_draws": draws.shape[1],
+                "mean": draws.mean(1),
+                "sd": draws.std(1, ddof=1),
+                "min": draws.min(1),
+                "max": draws.max(1),
+            }
+        )
+
+    def top(self, k: int = 5, mode: str = "comprehensiveness") -> pd.DataFrame:
+        """Metrics ranked by AOPC for one mode (best first)."""
+        table = self.aopc().xs(mode, level="mode").T
+        ascending = mode == "sufficiency"
+        return table.sort_values(table.columns[0], ascending=ascending).head(k)
+
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``;
+        :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
+        and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
+        ranking's included: its interval over documents, per draw). With several random draws
+        (``random_draws``), ``measured["random_aopc_over_draws"]`` holds their spread
+        (:meth:`random_spread`). Intervals need ``per_document=True``."""
+        point = self.aopc()
+        claim = faithfulness_claim(point, self.value_column, self.clean)
+        claim.measured["first_query"] = self.first_query
+        if _random_columns(point).shape[1] > 1:
+            spread = self.random_spread()
+            claim.measured["random_aopc_over_draws"] = {
+                f"{mode}_{g}": {k: float(v) for k, v in row.items()}
+                for (g, mode), row in spread.iterrows()
+            }
+        if bootstrap is None:
+            return claims_dict([claim])
+        names, table, configs = require_record(self.per_document, "faithfulness")
+        aopc = aopc_numbers(bootstrap.resample(table), names, configs, self.task)
+        for (g, mode, metric), reps in aopc.items():
+            key = f"aopc_interval_{mode}_{g}"
+            claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps))
+        numbers = faithfulness_numbers(aopc, METRICS)
+        claim = with_intervals([claim], {k: bootstrap.pair(v) for k, v in numbers.items()})[0]
+        return claims_dict([claim])
+
+    def plot(self, **kw: Any) -> Any:
+        from cw_lens.plots.faithfulness import plot_faithfulness_curves
+
+        return plot_faithfulness_curves(self, **kw)
+
+
+def _random_columns(aopc: pd.DataFrame) -> pd.DataFrame:
+    """The AOPC columns of the random ranking's draws (``random``, ``random#2``, ...)."""
+    return aopc[[m for m in aopc.columns if m.startswith("random")]]
+
+
+def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
+    """``faithfulness_order`` as SPEC §6 reads it, from an AOPC table (rows ``(granularity,
+    mode)``, columns metrics; :meth:`FaithfulnessResult.aopc`): at pairs granularity the
+    comprehensiveness AOPC strictly increases along ``METRICS`` (each step's difference > 0 is
+    a number) and contribution has the lowest sufficiency AOPC of the four (the number: the
+    smallest of the other three minus contribution's, > 0). Other granularities are reported.
+    """
+    needed = [("pairs", mode) for mode in MODES]
+    missing = [m for m in METRICS if m not in aopc.columns]
+    if missing or any(row not in aopc.index for row in needed):
+        raise InputError(
+            "faithfulness_order is judged at pairs granularity on both modes with the metrics "
+            f"{', '.join(METRICS)}; this result lacks some (metrics {list(aopc.columns)}, rows "
+            f"{list(aopc.index)}). Run faithfulness with the defaults."
+        )
+    comp = aopc.loc[("pairs", "comprehensiveness"), list(METRICS)]
+    suff = aopc.loc[("pairs", "sufficiency"), list(METRICS)]
+    others = [m for m in METRICS if m != "contribution"]
+    checks = [
+        Check(f"comprehensiveness_{b}_minus_{a}", float(comp[b] - comp[a]), ">", 0.0)
+        for a, b in itertools.pairwise(METRICS)
+    ]
+    checks.append(
+        Check(
+            "sufficiency_lowest_other_minus_contribution",
+            float(suff[others].min() - suff["contribution"]),
+            ">",
+            0.0,
+        )
+    )
+    measured: dict[str, Any] = {}
+    for g in aopc.index.get_level_values("granularity").unique():
+        for mode in MODES:
+            if (g, mode) in aopc.index:
+                measured[f"aopc_{mode}_{g}"] = aopc.loc[(g, mode)].to_dict()
+    measured["most_faithful_comprehensiveness_pairs"] = str(comp.idxmax())
+    measured["lowest_sufficiency_pairs"] = str(suff.idxmin())
+    measured["value"] = value
+    measured["clean"] = clean
+    return Claim(
+        "faithfulness_order",
+        paper="contribution most faithful: comprehensiveness attention < value_norm < "
+        "value_norm_output < contribution; contribution best on sufficiency (P1)",
+        criterion="pairs granularity: strict AOPC comprehensiveness order attention < "
+        "value_norm < value_norm_output < contribution, and contribution lowest on sufficiency",
+        checks=checks,
+        measured=measured,
+    )
+
+
+class _Outcomes:
+    """Exact NLL / answer sums for the clean run and every configuration (and, opt-in, each
+    document's own, for bootstrap intervals)."""
+
+    def __init__(self, names: list[str] | None = None, n_documents: int = 0) -> None:
+        self.sums = ExactSums()
+        self.tokens = 0
+        self.per_doc = None if names is None else PerDocument(names, n_documents)
+
+    def merge(self, other: _Outcomes) -> None:
+        self.sums.merge(other.sums)
+        self.tokens += other.tokens
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+
+    def _add(self, docs: list[int], name: str, values: Tensor) -> None:
+        self.sums.add_rows(docs, name, values)
+        if self.per_doc is not None and name in self.per_doc.names:
+            self.per_doc.add_rows(docs, name, values)
+
+    def record(
+        self, tag: str, batch: TokenBatch, logits: Tensor, docs: list[int], spans: list | None
+    ) -> None:
+        if spans is None:
+            nll = token_nll(logits, batch.tokens, batch.mask)
+            self._add(docs, f"nll|{tag}", nll.nansum(-1))
+            self._add(docs, f"count|{tag}", (~nll.isnan()).sum(-1))
+        else:
+            scores = score_answers(logits, batch.tokens, spans)
+            self._add(docs, f"logprob|{tag}", scores.logprob)
+            self._add(docs, f"correct|{tag}", scores.correct.double())
+            self._add(docs, f"count|{tag}", torch.ones(len(docs)))
+
+
+def faithfulness(
+    model: Any,
+    corpus: Any,
+    *,
+    metrics: Sequence[str] = ALL_METRICS,
+    fractions: Sequence[float] = FRACTIONS,
+    modes: Sequence[str] = MODES,
+    ranking: Literal["abs", "signed"] = "abs",
+    granularity: str | Sequence[str] = "pairs",
+    batch_size: int | None = 8,
+    seed: int = 0,
+    first_query: int = 1,
+    prepend_bos: bool = True,
+    progress: bool = True,
+    per_document: bool = False,
+    random_draws: int = 1,
+) -> FaithfulnessResult:
+    """Run the faithfulness protocol of SPEC §5 on a corpus.
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: Text (``load_corpus()``, a list of strings) — measured by the NLL change — or a
+            task corpus (``load_corpus("ioi")``, items with ``answer``) — measured by the answer
+            log-probability and accuracy.
+        metrics: Any of ``attention``, ``value_norm``, ``value_norm_output``, ``contribution``
+            (inter-head), ``random``.
+        fractions: Shares of candidates removed (each in [0, 1]).
+        modes: ``comprehensiveness`` (remove the top) and/or ``sufficiency`` (the bottom).
+        ranking: ``"abs"`` ranks by ``|score|``; ``"signed"`` by the score.
+        granularity: ``"pairs"``, ``"tokens"`` or both (``("pairs", "tokens")``): they share
+            the clean pass.
+        batch_size: Documents per pass. One clean (streamed) pass per batch, then one
+            intervened pass per (granularity, metric, mode, fraction).
+        seed: Seed of the ``random`` ranking (per document and layer, so it is reproducible).
+        first_query: Queries ``i < first_query`` are never intervened on (SPEC §5: 1, so
+            query 0 is left intact: it has a single candidate, BOS reading itself, and the
+            at-least-one rule would remove the sink's own attention output in every layer for
+            every metric and mode; ``first_query=0`` intervenes on every query).
+        per_document: Also keep each document's NLL (or answer log-probability) sum and count
+            per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
+            with both granularities and the defaults) for bootstrap intervals of the AOPCs
+            (:meth:`FaithfulnessResult.claims`).
+        random_draws: Independent draws of the ``random`` ranking (metrics ``random``,
+            ``random#2``, ...; the first is the same with any number of draws), for the
+            control's spread over draws (:meth:`FaithfulnessResult.random_spread`). Each extra
+            draw costs ``len(granularity) * len(modes) * len(fractions)`` passes per batch.
+
+    Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
+    per batch (61 for one granularity with the defaults); ranks are kept as int16.
+    """
+    require_verified(model)
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
+        raise InputError(f"first_query must be a non-negative integer, got {first_query!r}.")
+    for m in metrics:
+        if m not in ALL_METRICS:
+            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
+    if isinstance(random_draws, bool) or not isinstance(random_draws, int) or random_draws < 1:
+        raise InputError(f"random_draws must be a positive integer, got {random_draws!r}.")
+    if random_draws > 1:
+        if "random" not in metrics:
+            raise InputError("random_draws > 1 needs the 'random' metric; add it to metrics.")
+        metrics += random_draw_names(random_draws)[1:]
+    for mode in modes:
+        if mode not in MODES:
+            raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
+    grans = [granularity] if isinstance(granularity, str) else list(granularity)
+    for g in grans:
+        if g not in GRANULARITIES:
+            raise InputError(f"granularity must be 'pairs' or 'tokens', got {g!r}.")
+    if ranking not in ("abs", "signed"):
+        raise InputError(f"ranking must be 'abs' or 'signed', got {ranking!r}.")
+    fractions = [float(f) for f in fractions]
+    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise InputError(f"fractions must lie in [0, 1], got {fractions}.")
+    if not metrics or not modes:
+        raise InputError("Pass at least one metric and one mode.")
+
+    docs = as_corpus(corpus)
+    task = docs.is_task
+    if task:
+        prepared, all_spans = answer_spans(model, list(docs), prepend_bos)
+    else:
+        prepared, all_spans = prepare_inputs(model, docs, prepend_bos=prepend_bos), None
+    batches = list(iter_batches(prepared, batch_size))
+    shard = current_shard()
+    if shard is not None:
+        batches = batches[shard[0] :: shard[1]]
+    layers = list(range(model.cfg.n_layers))
+    configs = [(g, m, mode, f) for g in grans for m in metrics for mode in modes for f in fractions]
+    tags = ["clean"] + ["|".join(map(str, c)) for c in configs]
+    value = "logprob" if task else "nll"
+    names = [f"{k}|{t}" for t in tags for k in (value, "count")] if per_document else None
+    outcomes = _Outcomes(names, len(docs))
+    bar = tqdm(
+        total=len(batches) * (1 + len(configs)),
+        desc="faithfulness",
+        disable=not progress,
+        leave=False,
+    )
+    for batch in batches:
+        spans = None if all_spans is None else [all_spans[d] for d in batch.documents]
+        ranks = Ranks(
+            batch, layers, model.cfg.n_heads, metrics, grans, ranking == "signed", seed, first_query
+        )
+        local = TokenBatch(
+            batch.tokens,
+            batch.mask,
+            batch.prepend_bos,
+            batch.bos_token,
+            list(range(len(batch.documents))),
+        )
+
+        def on_logits(
+            _: TokenBatch, logits: Tensor, batch: TokenBatch = batch, spans: list | None = spans
+        ) -> None:
+            outcomes.record("clean", batch, logits, batch.documents, spans)
+
+        stream_contributions(
+            model,
+            local.tokens,
+            ranks.update,
+            layers=layers,
+            batch_size=None,
+            attention_mask=local.mask.long(),
+            on_logits=on_logits,
+        )
+        outcomes.tokens += int(batch.mask.sum())
+        bar.update(1)
+        for config in configs:  # no reference to a pass's logits outlives its record
+            tag = "|".join(map(str, config))
+            logits = run_logits(model, local, ranks.hooks(model, *config, layers))
+            outcomes.record(tag, batch, logits, batch.documents, spans)
+            del logits
+            bar.update(1)
+        del ranks  # the batch's ranks (the largest state): freed before the next are built
+    bar.close()
+    outcomes = merge_across_ranks(outcomes)
+    result = _result(outcomes, configs, task, len(docs), ranking, seed, first_query)
+    if outcomes.per_doc is not None:
+        result.per_document = (outcomes.per_doc.names, outcomes.per_doc.table(), configs)
+    return result
+
+
+def _result(
+    outcomes: _Outcomes,
+    configs: list,
+    task: bool,
+    n_docs: int,
+    ranking: str,
+    seed: int,
+    first_query: int,
+) -> FaithfulnessResult:
+    sums = outcomes.sums
+
+    def mean(name: str, tag: str) -> float:
+        return float(sums.total(f"{name}|{tag}") / sums.total(f"count|{tag}"))
+
+    if task:
+        clean = {"logprob": mean("logprob", "clean"), "accuracy": mean("correct", "clean")}
+    else:
+        nll = mean("nll", "clean")
+        clean = {"nll": nll, "ppl": math.exp(nll)}
+    rows = []
+    for g, m, mode, f in configs:
+        tag = "|".join(map(str, (g, m, mode, f)))
+        row: dict[str, Any] = {"granularity": g, "metric": m, "mode": mode, "fraction": f}
+        if task:
+            lp = mean("logprob", tag)
+            row.update(
+                logprob=lp, delta_logprob=lp - clean["logprob"], accuracy=mean("correct", tag)
+            )
+        else:
+            nll = mean("nll", tag)
+            row.update(
+                nll=nll,
+                delta_nll=nll - clean["nll"],
+                ppl=math.exp(nll),
+                delta_ppl=math.exp(nll) - clean["ppl"],
+            )
+        rows.append(row)
+    curves = pd.DataFrame(rows)
+    return FaithfulnessResult(
+        curves, clean, task, n_docs, outcomes.tokens, ranking, seed, first_query
+    )

@@ -1,0 +1,183 @@
+"""Ranking what to remove (pure): candidates ranked by a metric, the removal masks of a fraction,
+token scores summed over heads, seeded random draws; and the ranks of one clean pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from cw_lens.core.errors import InputError
+from cw_lens.data.inputs import TokenBatch
+from cw_lens.models.interventions import mask_attention
+from cw_lens.models.layer_contributions import METRICS, LayerContributions
+
+ALL_METRICS = (*METRICS, "random")
+MODES = ("comprehensiveness", "sufficiency")
+GRANULARITIES = ("pairs", "tokens")
+FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+# --------------------------------------------------------------------------- ranking (pure)
+
+
+def rank_candidates(
+    scores: Tensor, valid: Bool[Tensor, "..."], *, signed: bool = False
+) -> Int[Tensor, "..."]:
+    """Rank of every candidate along the last axis (0 = most important), vectorised.
+
+    Invalid candidates rank after every valid one. Importance is ``|score|`` (``signed``: the
+    score). Ties keep the candidate order (a stable sort), so the lower index ranks first.
+    """
+    key = scores if signed else scores.abs()
+    key = torch.nan_to_num(key.float(), nan=0.0)
+    key = key.masked_fill(~valid, float("-inf"))
+    order = torch.argsort(key, dim=-1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
+    return ranks
+
+
+def n_removed(n_valid: Tensor, fraction: float) -> Tensor:
+    """How many candidates a fraction removes: ``round(fraction * n)``, at least 1 when
+    ``fraction > 0`` and there is a candidate, never more than ``n``."""
+    if fraction <= 0:
+        return torch.zeros_like(n_valid)
+    n = torch.floor(fraction * n_valid.double() + 0.5).long()
+    return torch.minimum(torch.maximum(n, (n_valid > 0).long()), n_valid)
+
+
+def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> Bool[Tensor, "..."]:
+    """Which candidates to remove: the top (comprehensiveness) or bottom (sufficiency) share.
+
+    ``ranks`` ``[..., candidates]``; ``n_valid`` ``[...]`` candidates per row.
+    """
+    n = n_removed(n_valid, fraction)[..., None]
+    if mode == "comprehensiveness":
+        return ranks < n
+    if mode == "sufficiency":
+        return (ranks >= n_valid[..., None] - n) & (ranks < n_valid[..., None])
+    raise InputError(f"mode must be one of {MODES}, got {mode!r}.")
+
+
+def token_scores(scores: Float[Tensor, "batch head query key"]) -> Float[Tensor, "batch query key"]:
+    """Token granularity: one score per (query, key token), the sum over heads (signed; NaN
+    entries count as 0). For the inter contribution it is the token's share of the layer
+    output."""
+    return scores.nansum(1)
+
+
+def random_draw_names(n_draws: int) -> list[str]:
+    """The metric names of ``n_draws`` independent random rankings: ``random`` (the first draw),
+    then ``random#2`` ... ``random#n``."""
+    return ["random", *(f"random#{d}" for d in range(2, n_draws + 1))]
+
+
+def _draw_of(metric: str) -> int:
+    return int(metric.split("#")[1]) if "#" in metric else 1
+
+
+def _random_scores(
+    seed: int, doc: int, layer: int, shape: tuple[int, ...], draw: int = 1
+) -> Tensor:
+    key = f"{seed}/{doc}/{layer}".encode() if draw == 1 else f"{seed}/{doc}/{layer}#{draw}".encode()
+    gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
+    return torch.rand(shape, generator=gen)
+
+
+# --------------------------------------------------------------------------- clean-pass scores
+
+
+class Ranks:
+    """Per layer and metric, the ranks of one document batch (filled block by block)."""
+
+    def __init__(
+        self,
+        batch: TokenBatch,
+        layers: list[int],
+        n_heads: int,
+        metrics: Sequence[str],
+        granularities: Sequence[str],
+        signed: bool,
+        seed: int,
+        first_query: int = 1,
+    ) -> None:
+        self.batch, self.n_heads, self.metrics = batch, n_heads, list(metrics)
+        self.granularities, self.signed, self.seed = list(granularities), signed, seed
+        n_batch, n_pos = batch.tokens.shape
+        self.pairs: dict[tuple[str, int], Tensor] = {}
+        self.tokens: dict[tuple[str, int], Tensor] = {}
+        dtype = torch.int16 if n_heads * n_pos < 2**15 else torch.int32
+        for metric in self.metrics:
+            for layer in layers:
+                if "pairs" in self.granularities:
+                    self.pairs[metric, layer] = torch.empty(
+                        n_batch, n_pos, n_heads * n_pos, dtype=dtype
+                    )
+                if "tokens" in self.granularities:
+                    self.tokens[metric, layer] = torch.empty(n_batch, n_pos, n_pos, dtype=dtype)
+        positions = torch.arange(n_pos)
+        real = batch.mask
+        self.valid_keys = (positions[None, :, None] >= positions[None, None, :]) & real[:, None, :]
+        self.valid_keys &= real[:, :, None]  # [batch, query, key]
+        self.valid_keys[:, :first_query] = False  # queries left intact
+        self.n_valid_tokens = self.valid_keys.sum(-1)  # [batch, query]
+        self.n_valid_pairs = self.n_valid_tokens * n_heads
+
+    def _scores(self, lc: LayerContributions, metric: str) -> Tensor:
+        if metric.startswith("random"):
+            b, h, q, k = lc.shape
+            n_pos = self.batch.tokens.shape[1]
+            out = torch.empty(b, h, q, k)
+            for row, doc in enumerate(self.batch.documents):
+                full = _random_scores(self.seed, doc, lc.layer, (h, n_pos, n_pos), _draw_of(metric))
+                out[row] = full[:, lc.queries, lc.keys]
+            return out
+        return lc.metric(metric, kind="inter").float().cpu()
+
+    def update(self, lc: LayerContributions) -> None:
+        n_pos = self.batch.tokens.shape[1]
+        q = lc.queries
+        valid = self.valid_keys[:, q]  # [batch, query, key(all)]
+        for metric in self.metrics:
+            scores = torch.zeros(lc.shape[0], lc.shape[1], lc.shape[2], n_pos)
+            scores[..., : lc.keys.stop] = self._scores(lc, metric)
+            if "pairs" in self.granularities:
+                flat = scores.permute(0, 2, 1, 3).reshape(lc.shape[0], lc.shape[2], -1)
+                pair_valid = valid[:, :, None, :].expand(-1, -1, self.n_heads, -1)
+                ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
+                self.pairs[metric, lc.layer][:, q] = ranks.to(self.pairs[metric, lc.layer].dtype)
+            if "tokens" in self.granularities:
+                ranks = rank_candidates(token_scores(scores), valid, signed=self.signed)
+                self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
+
+    def hooks(
+        self,
+        model: Any,
+        granularity: str,
+        metric: str,
+        mode: str,
+        fraction: float,
+        layers: list[int],
+    ) -> list:
+        """The pair-masking intervention of one configuration, all layers at once."""
+        masks = {}
+        n_heads = self.n_heads
+        for layer in layers:
+            if granularity == "pairs":
+                ranks, n_valid = self.pairs[metric, layer], self.n_valid_pairs
+            else:
+                ranks, n_valid = self.tokens[metric, layer], self.n_valid_tokens
+            remove = removal_mask(ranks.long(), n_valid, fraction, mode)
+            if granularity == "pairs":
+                b, q, _ = remove.shape
+                remove = remove.reshape(b, q, n_heads, -1).permute(0, 2, 1, 3)
+            else:
+                remove = remove[:, None]
+            masks[layer] = remove
+        return [mask_attention(model, masks)]

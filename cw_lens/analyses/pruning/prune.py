@@ -1,0 +1,481 @@
+"""Structured head pruning (P2): ΔPPL when heads are removed in taxonomy, magnitude, entropy or
+random order.
+
+Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
+Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
+those of SPEC §4.
+
+**Head pruning.** Heads are removed by zeroing their ``hook_z``
+(:func:`cw_lens.models.interventions.remove_heads`) at retention levels (the fraction of heads kept;
+``floor((1 - r) n + 1/2)`` of the ``n`` heads are removed) in four orders:
+
+- ``taxonomy`` — Resets first, then Mixers, Retrievers last; within a class the smallest mean
+  head-output norm ``||o_i^h||`` first;
+- ``magnitude`` — ``||W_V^h||_F ||W_O^h||_F`` smallest first (``W_V`` of a query head is its kv
+  head's);
+- ``entropy`` — mean attention entropy ``-sum_j alpha log alpha`` over the counted queries,
+  highest first;
+- ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
+
+Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, SPEC §4)
+removes the same fraction from every layer, ranked within the layer — raw output norms are not
+comparable across layers (layer 0's are ~10x smaller on SmolLM2, so a global ranking removes
+layer 0 first); ``scope="global"`` (a variant) removes the first heads of one ranking of all
+heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
+``ΔNLL``, the change of the mean next-token NLL) on the same corpus. The cost of removing each
+head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
+tokens), several heads per forward pass (each on its own copy of the rows).
+
+Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
+
+Example::
+
+    import cw_lens
+    model = cw_lens.load_model()
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    pruned = cw_lens.prune_heads(model, corpus)
+    pruned.by_retention()         # ΔPPL per retention (rows) and order (columns)
+    pruned.top(5)                 # the heads whose lone removal costs most
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from cw_lens.analyses.common import check_count, check_sinks
+from cw_lens.analyses.pruning.lone_heads import check_lone_heads, lone_head_batch, lone_head_costs
+from cw_lens.analyses.pruning.orders import (
+    ORDERS,
+    RETENTION,
+    Head,
+    head_magnitudes,
+    pruning_rankings,
+    removed_heads,
+)
+from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import pruning_numbers
+from cw_lens.data.documents import Corpus, as_corpus
+from cw_lens.data.scoring import NLLResult, corpus_nll
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.interventions import remove_heads
+from cw_lens.models.verify import require_verified
+
+
+@dataclass
+class PruningResult:
+    """ΔPPL of structured head pruning (P2) per order and retention level.
+
+    Attributes:
+        table: One row per (order, draw, retention): ``n_removed``, ``n_heads``, ``ppl``,
+            ``delta_ppl``, ``nll``, ``delta_nll`` (``draw`` is 0 for the deterministic orders).
+        head_stats: One row per prunable head: ``magnitude`` and, when computed, the taxonomy
+            columns (``regime``, ``mean_output_norm``, ``mean_entropy``, shares) and the lone
+            removal cost ``lone_delta_ppl``.
+        rankings: The removal order(s) per order name (first = removed first).
+        clean_ppl, clean_nll: The unpruned model on the corpus.
+        lone: Lone-removal costs (``layer``, ``head``, ``ppl``, ``delta_ppl``, ``nll``,
+            ``delta_nll``), most costly first, on the small lone corpus; ``None`` if skipped.
+        lone_clean_ppl: The unpruned PPL on the lone corpus.
+        lone_shape: (documents, tokens per document incl. BOS) of the lone corpus.
+        scope: ``"layer"`` or ``"global"`` (see :func:`removed_heads`).
+    """
+
+    table: pd.DataFrame
+    head_stats: pd.DataFrame
+    rankings: dict[str, list[list[Head]]]
+    clean_ppl: float
+    clean_nll: float
+    retention: tuple[float, ...]
+    orders: tuple[str, ...]
+    seed: int
+    n_documents: int
+    scope: str = "layer"
+    lone: pd.DataFrame | None = None
+    lone_clean_ppl: float | None = None
+    lone_shape: tuple[int, int] | None = None
+    model_name: str = ""
+    # opt-in: each document's (NLL sum, count) per (order, draw, retention) and "clean"
+    per_document: dict | None = None
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.table.copy()
+
+    def by_retention(self, value: str = "delta_ppl") -> pd.DataFrame:
+        """``value`` per retention (rows, descending) and order (columns; ``random`` = the mean
+        over draws, with ``random_min`` / ``random_max``)."""
+        if value not in ("delta_ppl", "delta_nll", "ppl", "nll"):
+            raise InputError(f"value must be delta_ppl, delta_nll, ppl or nll, got {value!r}.")
+        table = self.table.pivot_table(index="retention", columns="order", values=value)
+        table = table[list(self.orders)].sort_index(ascending=False)
+        if "random" in self.orders:
+            draws = self.table[self.table["order"] == "random"].groupby("retention")[value]
+            table["random_min"] = draws.min()
+            table["random_max"] = draws.max()
+        table.columns.name = None
+        return table
+
+    def top(self, k: int = 10) -> pd.DataFrame:
+        """The ``k`` heads whose lone removal raises the PPL most."""
+        if self.lone is None:
+            raise InputError("This result has no lone-head costs; rerun prune_heads(lone=True).")
+        return self.lone.head(k).reset_index(drop=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers of the claim ``pruning_signal`` (JSON-ready)."""
+        table = self.by_retention()
+        out: dict[str, Any] = {
+            "scope": self.scope,
+            "n_documents": self.n_documents,
+            "clean_ppl": round(self.clean_ppl, 4),
+            "delta_ppl": {
+                str(r): {k: round(float(v), 4) for k, v in row.items()}
+                for r, row in table.iterrows()
+            },
+            "best_order": {
+                str(r): str(row[list(self.orders)].idxmin()) for r, row in table.iterrows()
+            },
+        }
+        if self.lone is not None:
+            out["top_lone_heads"] = [
+                {"layer": int(r.layer), "head": int(r.head), "delta_ppl": round(r.delta_ppl, 4)}
+                for r in self.top(5).itertuples()
+            ]
+        return out
+
+    def claims(
+        self, other_scope: PruningResult | None = None, bootstrap: Bootstrap | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """P2's pruning claim (SPEC §6 ``pruning_signal``), measured.
+
+        The criterion reads the per-layer ranking (``scope="layer"``); a result of the other
+        scope (passed as ``other_scope``, either way round) is reported as the variant. With
+        ``bootstrap``, each number's interval over documents (the per-layer result needs
+        ``per_document=True``; the random orders' draws stay fixed, their mean ΔPPL is
+        recomputed on each resample)."""
+        results = [r for r in (self, other_scope) if r is not None]
+        per_layer = [r for r in results if r.scope == "layer"]
+        if not per_layer:
+            raise InputError(
+                "pruning_signal is judged on the per-layer ranking: pass a prune_heads(..., "
+                "scope='layer') result (the default), optionally with the global one as "
+                "other_scope."
+            )
+        main = per_layer[0]
+        variants = [r for r in results if r is not main]
+        claims = [pruning_claim(main, variants[0] if variants else None)]
+        if bootstrap is not None:
+            require_record(main.per_document, "prune_heads")
+            reps = pruning_numbers(
+                {k: bootstrap.resample(v) for k, v in main.per_document.items()}, MODERATE
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
+
+    def plot(self, **kwargs: Any) -> Any:
+        """ΔPPL against retention per order (claim ``pruning_signal``)."""
+        from cw_lens.plots.selection import plot_pruning_signal
+
+        return plot_pruning_signal(self, **kwargs)
+
+
+def _check_orders(order: str | Sequence[str]) -> tuple[str, ...]:
+    orders = (order,) if isinstance(order, str) else tuple(order)
+    unknown = [o for o in orders if o not in ORDERS]
+    if not orders or unknown:
+        raise InputError(
+            f"order must be one or several of {', '.join(ORDERS)}; got {order!r}"
+            + (f" (unknown: {unknown})." if unknown else ".")
+        )
+    return tuple(dict.fromkeys(orders))
+
+
+def _check_retention(retention: float | Sequence[float]) -> tuple[float, ...]:
+    levels = (retention,) if isinstance(retention, (int, float)) else tuple(retention)
+    if not levels:
+        raise InputError("retention is empty; pass fractions of heads to keep, e.g. (0.9, 0.5).")
+    for r in levels:
+        ok = not isinstance(r, bool) and isinstance(r, (int, float, np.floating))
+        if not ok or not math.isfinite(r) or not 0 <= r <= 1:
+            hint = " Use fractions, not percentages (0.9, not 90)." if ok and 1 < r <= 100 else ""
+            raise InputError(
+                f"retention levels are the fractions of heads kept, in [0, 1] (0.9 keeps 90%); "
+                f"got {r!r}.{hint}"
+            )
+    return tuple(sorted({float(r) for r in levels}, reverse=True))
+
+
+def _head_statistics(
+    model: Any,
+    docs: Corpus,
+    layers: list[int],
+    orders: tuple[str, ...],
+    taxonomy: HeadTaxonomyResult | None,
+    stream_args: dict[str, Any],
+) -> pd.DataFrame:
+    """One row per prunable head: magnitude, and the taxonomy statistics when needed."""
+    n_heads = model.cfg.n_heads
+    layer, head = np.meshgrid(layers, range(n_heads), indexing="ij")
+    stats = pd.DataFrame(
+        {
+            "layer": layer.ravel(),
+            "head": head.ravel(),
+            "magnitude": head_magnitudes(model, layers).numpy().ravel(),
+        }
+    )
+    if taxonomy is None and not {"taxonomy", "entropy"} & set(orders):
+        return stats
+    if taxonomy is None:
+        taxonomy = head_taxonomy(model, docs, layers=layers, **stream_args)
+    missing = sorted(set(layers) - set(taxonomy.layers))
+    if missing:
+        raise InputError(
+            f"The taxonomy passed in lacks layers {missing}; compute it with layers=None or "
+            "prune only its layers."
+        )
+    return stats.merge(taxonomy.table, on=["layer", "head"], how="left")
+
+
+MODERATE = (0.9, 0.75)  # retention levels where the taxonomy order must beat random
+AGGRESSIVE = (0.5, 0.25)  # levels where the best order is reported
+
+
+def _random_minus_taxonomy(table: pd.DataFrame, level: float) -> float:
+    """ΔPPL(random, mean of draws) - ΔPPL(taxonomy) at one retention level (NaN if absent)."""
+    if not {"taxonomy", "random"} <= set(table.columns) or level not in table.index:
+        return math.nan
+    return float(table.loc[level, "random"] - table.loc[level, "taxonomy"])
+
+
+def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -> Claim:
+    """``pruning_signal`` as SPEC §6 reads it: with the per-layer ranking, ΔPPL(taxonomy) <
+    ΔPPL(random, mean of draws) at 90% and 75% retention (the numbers: the differences
+    random - taxonomy, > 0); the best order at 50% and 25% is reported, and ``variant`` (the
+    global ranking) beside it."""
+    table = result.by_retention()
+    orders = list(result.orders)
+    measured: dict[str, Any] = {
+        "best_order": {
+            str(r): str(table.loc[r, orders].idxmin()) for r in AGGRESSIVE if r in table.index
+        },
+        "delta_ppl": result.summary()["delta_ppl"],
+    }
+    if variant is not None:
+        other = variant.by_retention()
+        measured[f"{variant.scope}_ranking"] = {
+            "random_minus_taxonomy": {
+                str(r): _random_minus_taxonomy(other, r) for r in MODERATE if r in other.index
+            },
+            "best_order": {
+                str(r): str(other.loc[r, list(variant.orders)].idxmin())
+                for r in AGGRESSIVE
+                if r in other.index
+            },
+            "delta_ppl": variant.summary()["delta_ppl"],
+        }
+    if result.lone is not None:
+        measured["top_lone_heads"] = result.summary()["top_lone_heads"]
+    elif variant is not None and variant.lone is not None:
+        measured["top_lone_heads"] = variant.summary()["top_lone_heads"]
+    return Claim(
+        "pruning_signal",
+        paper="taxonomy order is a useful pruning signal at moderate retention, not always best "
+        "when aggressive (P2)",
+        criterion="per-layer ranking: ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and "
+        "75% retention; the best order at 50% and 25% is reported",
+        checks=[
+            Check(
+                f"random_minus_taxonomy_delta_ppl_at_{r}",
+                _random_minus_taxonomy(table, r),
+                ">",
+                0.0,
+            )
+            for r in MODERATE
+        ],
+        measured=measured,
+    )
+
+
+def prune_heads(
+    model: Any,
+    corpus: Any,
+    *,
+    order: str | Sequence[str] = ORDERS,
+    retention: float | Sequence[float] = RETENTION,
+    scope: Literal["layer", "global"] = "layer",
+    layers: int | Sequence[int] | None = None,
+    n_draws: int = 3,
+    seed: int = 0,
+    sink_positions: Sequence[int] = (0,),
+    taxonomy: HeadTaxonomyResult | None = None,
+    lone: bool = True,
+    lone_corpus: Any = None,
+    lone_docs: int | None = 2,
+    lone_tokens: int | None = 32,
+    lone_heads: Sequence[Head] | None = None,
+    lone_heads_per_pass: int = 8,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    progress: bool = True,
+    per_document: bool = False,
+) -> PruningResult:
+    """P2's structured head pruning: ΔPPL per removal order and retention level.
+
+    The clean PPL and the head statistics are computed once for all orders; a set of removed
+    heads met twice (e.g. by two orders) is evaluated once.
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings; PPL and the
+            head statistics are measured on it.
+        order: One or several of ``"taxonomy"``, ``"magnitude"``, ``"entropy"``, ``"random"``
+            (default: all four).
+        retention: Fractions of heads kept (default 0.9, 0.75, 0.5, 0.25); 1.0 removes
+            nothing (ΔPPL 0 exactly).
+        scope: ``"layer"`` (SPEC's reading) removes the same fraction in every layer, in the
+            order's ranking within the layer; ``"global"`` ranks all heads in one order and
+            removes the first ones (norms and magnitudes grow with depth, so global orders by
+            them concentrate removal in the first layers).
+        layers: Layers whose heads may be removed (``None`` = all); retention counts them.
+        n_draws: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
+        seed: Seed of the random orders.
+        sink_positions: For the taxonomy (see :func:`head_taxonomy`).
+        taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
+        lone: Also measure each head's lone removal (:func:`lone_head_costs`).
+        lone_corpus: Corpus for the lone costs (default: ``corpus``).
+        lone_docs, lone_tokens: Its first ``lone_docs`` documents cut to ``lone_tokens``
+            tokens (``None`` = all / whole); the defaults (2 x 32) take about 25 s for the 270
+            heads of SmolLM2-135M on two CPU cores.
+        lone_heads: Candidate heads for the lone costs (default: every prunable head).
+        lone_heads_per_pass: Heads per forward pass in the lone costs.
+        batch_size: Documents per forward pass.
+        prepend_bos: Prepend BOS.
+        progress: Show progress bars.
+        per_document: Also keep each document's NLL sum and count per pruned configuration
+            (``9 * (1 + rankings * levels)`` bytes per document — a ranking per order and
+            random draw: 225 bytes with the defaults) for bootstrap intervals
+            (:meth:`PruningResult.claims`).
+
+    Returns:
+        A :class:`PruningResult`.
+
+    Example::
+
+        pruned = cw_lens.prune_heads(model, corpus, order=("taxonomy", "random"))
+        pruned.by_retention()     # ΔPPL: rows = retention, columns = order
+        pruned.top(5)             # heads whose lone removal costs most
+    """
+    require_verified(model)
+    orders = _check_orders(order)
+    levels = _check_retention(retention)
+    if scope not in ("global", "layer"):
+        raise InputError(f"scope must be 'global' or 'layer', got {scope!r}.")
+    check_count(n_draws, "n_draws (3 in P2)")
+    check_count(lone_heads_per_pass, "lone_heads_per_pass")
+    sinks = check_sinks(sink_positions)
+    docs = as_corpus(corpus)
+    layer_list = resolve_layers(model, layers)
+    lone_list = check_lone_heads(model, lone_heads, layer_list) if lone else []
+    lone_source = docs if lone_corpus is None else as_corpus(lone_corpus)
+    lone_batch = (
+        lone_head_batch(model, lone_source, lone_docs, lone_tokens, prepend_bos) if lone else None
+    )
+    stream_args = {
+        "sink_positions": sinks,
+        "batch_size": batch_size,
+        "prepend_bos": prepend_bos,
+        "progress": progress,
+    }
+    stats = _head_statistics(model, docs, layer_list, orders, taxonomy, stream_args)
+    rankings = pruning_rankings(stats, orders, n_draws, seed)
+    nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos, "per_document": per_document}
+    clean = corpus_nll(model, docs, **nll_args)
+    table, per_doc = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
+    result = PruningResult(
+        table=table,
+        head_stats=stats,
+        rankings=rankings,
+        clean_ppl=clean.ppl,
+        clean_nll=clean.mean_nll,
+        retention=levels,
+        orders=orders,
+        scope=scope,
+        seed=seed,
+        n_documents=len(docs),
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        per_document=per_doc,
+    )
+    if lone_batch is not None:
+        result.lone_clean_ppl, result.lone = lone_head_costs(
+            model,
+            lone_source,
+            lone_list,
+            n_docs=lone_docs,
+            n_tokens=lone_tokens,
+            heads_per_pass=lone_heads_per_pass,
+            prepend_bos=prepend_bos,
+            progress=progress,
+        )
+        result.lone_shape = tuple(lone_batch.tokens.shape)
+        lone_cost = result.lone[["layer", "head", "delta_ppl"]].rename(
+            columns={"delta_ppl": "lone_delta_ppl"}
+        )
+        result.head_stats = stats.merge(lone_cost, on=["layer", "head"], how="left")
+    return result
+
+
+def _pruning_table(
+    model: Any,
+    docs: Corpus,
+    rankings: dict[str, list[list[Head]]],
+    levels: tuple[float, ...],
+    scope: str,
+    clean: NLLResult,
+    nll_args: dict[str, Any],
+    progress: bool,
+) -> tuple[pd.DataFrame, dict | None]:
+    """ΔPPL per (order, draw, level) and, when ``nll_args`` asks for it, each document's (NLL
+    sum, count) per (order, draw, level) with ``"clean"``'s."""
+    plan = [
+        (name, draw, level, frozenset(removed_heads(ranking, level, scope)), len(ranking))
+        for name, draws in rankings.items()
+        for draw, ranking in enumerate(draws)
+        for level in levels
+    ]
+    scores: dict[frozenset, NLLResult] = {frozenset(): clean}
+    rows = []
+    for name, draw, level, removed, n_total in tqdm(
+        plan, desc="pruning", disable=not progress, leave=False
+    ):
+        if removed not in scores:
+            hooks = [remove_heads(model, sorted(removed))]
+            scores[removed] = corpus_nll(model, docs, hooks=hooks, **nll_args)
+        score = scores[removed]
+        rows.append(
+            {
+                "order": name,
+                "draw": draw,
+                "retention": level,
+                "n_removed": len(removed),
+                "n_heads": n_total,
+                "ppl": score.ppl,
+                "delta_ppl": score.ppl - clean.ppl,
+                "nll": score.mean_nll,
+                "delta_nll": score.mean_nll - clean.mean_nll,
+            }
+        )
+    per_doc = None
+    if clean.per_doc is not None:
+        per_doc = {"clean": clean.per_doc.table()}
+        for name, draw, level, removed, _ in plan:
+            per_doc[(name, draw, level)] = scores[removed].per_doc.table()
+    return pd.DataFrame(rows), per_doc

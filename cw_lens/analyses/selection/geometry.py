@@ -1,0 +1,500 @@
+"""Selection geometry over a corpus (:func:`selection_geometry`): P/R/F of the top, random and
+sink-free selections per head, streamed into exact sums, its claims and its result class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import einops
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from cw_lens.analyses.common import check_count, check_sinks, kv_of_heads, rounded_dict
+from cw_lens.analyses.selection.prf import (
+    PRF,
+    Distance,
+    check_distance,
+    check_grid,
+    power_grid,
+    prf_of_ranking,
+    random_rankings,
+    top_order,
+)
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import selection_numbers
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.verify import require_verified
+
+RULES = ("top", "random", "top_no_sink")
+# Memory for one chunk of selection-geometry rows (float32 temporaries).
+ROW_BUDGET_BYTES = 256e6
+
+
+class _SelectionAccumulator:
+    """Exact sums of P, R, F and counts, ``[rule, head, n, 4]`` per layer."""
+
+    def __init__(
+        self,
+        n_grid: list[int],
+        query: str,
+        n_random: int,
+        seed: int,
+        sinks: tuple[int, ...],
+        distance: Distance,
+        record: tuple[list[int], int, int] | None = None,
+    ) -> None:
+        self.n_grid, self.query, self.n_random = n_grid, query, n_random
+        self.seed, self.sinks, self.distance = seed, sinks, distance
+        self.sums = ExactSums()
+        self.per_doc: PerDocument | None = None  # opt-in (layers, heads, documents) record
+        if record is not None:
+            layers, n_heads, n_documents = record
+            self.pos = {layer: i for i, layer in enumerate(layers)}
+            shape = (len(layers), len(RULES), n_heads, len(n_grid), 2)
+            self.per_doc = PerDocument(["f_and_count"], n_documents, shape)
+
+    def merge(self, other: _SelectionAccumulator) -> None:
+        self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+
+    def update(self, lc: Any) -> None:
+        if lc.queries.start != 0:  # the whole layer is handled with its first query block
+            return
+        acts = lc.acts
+        pairs = _query_pairs(acts.batch.lengths.tolist(), self.query, self.sinks)
+        n_batch, n_heads, _, n_keys = acts.pattern.shape
+        totals = torch.zeros(n_batch, len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64)
+        per_pair = n_heads * n_keys * acts.values.shape[-1] * 4 * (4 + 3 * self.n_random)
+        chunk = max(1, int(ROW_BUDGET_BYTES // per_pair))
+        for start in range(0, len(pairs), chunk):
+            rows, queries = (t.to(acts.pattern.device) for t in pairs[start : start + chunk].T)
+            sums = self._score(acts, rows, queries)
+            totals.index_add_(0, rows.cpu(), sums)
+        self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", totals)
+        if self.per_doc is not None:  # F sums and scored queries, per document
+            at = self.pos[acts.layer]
+            self.per_doc.add_rows(acts.batch.documents, "f_and_count", totals[..., 2:], at=at)
+
+    def _score(self, acts: Any, rows: Tensor, queries: Tensor) -> Tensor:
+        """``[pair, rule, head, n, (P, R, F, count)]`` sums for (batch row, query) pairs."""
+        n_heads, n_keys = acts.pattern.shape[1], acts.pattern.shape[-1]
+        attention = acts.pattern[rows, :, queries, :]  # [pair, head, key]
+        kv = kv_of_heads(n_heads, acts.values.shape[2], attention.device)
+        values = einops.rearrange(acts.values[rows][:, :, kv], "p k h d -> p h k d")
+        keys = torch.arange(n_keys, device=attention.device)
+        causal = (keys[None, :] <= queries[:, None])[:, None, :].expand_as(attention)
+        sinks = torch.tensor(self.sinks, device=keys.device)
+        no_sink = causal & ~torch.isin(keys, sinks)
+        y = attention[..., None] * values
+        per_rule = {
+            "top": prf_of_ranking(
+                y, top_order(attention, causal), causal, self.n_grid, self.distance
+            ),
+            "top_no_sink": prf_of_ranking(
+                y, top_order(attention, no_sink), no_sink, self.n_grid, self.distance
+            ),
+        }
+        if self.n_random:
+            docs = [acts.batch.documents[b] for b in rows.tolist()]
+            per_rule["random"] = self._random(y, causal, docs, acts.layer, queries.tolist())
+        grid = torch.tensor(self.n_grid, device=keys.device)
+        scored = (2 * grid[None, :] <= queries[:, None] + 1)[:, None, :].expand(-1, n_heads, -1)
+        out = torch.zeros(len(rows), len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64)
+        for r, rule in enumerate(RULES):
+            if rule not in per_rule:
+                continue
+            # N beyond the candidates (several sink positions, short queries) is undefined
+            counted = scored & ~per_rule[rule].f.isnan()
+            for k, metric in enumerate(per_rule[rule]):
+                out[:, r, ..., k] = torch.where(counted, metric, 0.0).cpu()
+            out[:, r, ..., 3] = counted.cpu().double()
+        return out
+
+    def _random(
+        self, y: Tensor, candidates: Tensor, docs: list[int], layer: int, queries: list[int]
+    ) -> PRF:
+        """Mean P, R, F over the ``n_random`` nested random rankings of each (pair, head)."""
+        orders = torch.stack(
+            [
+                self._random_orders(doc, layer, q, y.shape[1], y.shape[2])
+                for doc, q in zip(docs, queries, strict=True)
+            ]
+        ).to(y.device)
+        n = self.n_random
+        prf = prf_of_ranking(
+            y[:, :, None].expand(-1, -1, n, -1, -1),
+            orders,
+            candidates[:, :, None].expand(-1, -1, n, -1),
+            self.n_grid,
+            self.distance,
+        )
+        return PRF(*(t.mean(2) for t in prf))
+
+    def _random_orders(self, doc: int, layer: int, query: int, n_heads: int, n_keys: int) -> Tensor:
+        """``[head, n_random, key]``: :func:`random_rankings` of keys ``0..query``, then the
+        later keys (never candidates)."""
+        ranked = random_rankings(self.seed, doc, layer, query, n_heads, self.n_random)
+        later = torch.arange(query + 1, n_keys).expand(n_heads, self.n_random, -1)
+        return torch.cat([ranked, later], dim=-1)
+
+
+def _query_pairs(lengths: list[int], query: str, sinks: tuple[int, ...]) -> Tensor:
+    """``[pair, 2]`` (batch row, query position) of the queries to score."""
+    pairs = []
+    for row, n in enumerate(lengths):
+        positions = [n - 1] if query == "last" else range(1, n)
+        pairs += [(row, q) for q in positions if q not in sinks and q >= 1]
+    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+
+
+def head_f_ratio(f_without: pd.Series, f_with: pd.Series) -> pd.Series:
+    """Per head: F(sink excluded) / F(sink allowed); ``inf`` where only the sink-free F is
+    positive, NaN where both are 0."""
+    ratio = f_without / f_with.where(f_with > 0)
+    return ratio.mask((f_with == 0) & (f_without > 0), math.inf)
+
+
+SMALL_N = (2, 4)
+SINK_N = (2, 4)
+
+
+def selection_claims(table: pd.DataFrame) -> list[Claim]:
+    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as SPEC §6's
+    criterion column reads them, from the per-head table of
+    :meth:`SelectionGeometryResult.to_dataframe` (``layer, head, n, rule, f``).
+
+    - ``topn_beats_random``: the mean over heads of F_N(top) - F_N(random) is > 0 at every
+      N > 1 (its minimum is the number), and the largest difference is at N in {2, 4} (the
+      number: the largest difference there minus the largest at N > 4; omitted when no N > 4
+      was measured).
+    - ``sink_lowers_fn``: at N = 2 and N = 4 the median over heads of
+      F_N(sink excluded) / F_N(sink allowed) (:func:`head_f_ratio`) is > 1; the share of heads
+      at >= 2x is reported beside it.
+    """
+    f = table.pivot_table(index=["layer", "head", "n"], columns="rule", values="f")
+    means = f.groupby("n").mean()
+    grid = [int(n) for n in means.index if n > 1]
+    out = []
+    if "random" in f:
+        gap = (means["top"] - means["random"]).loc[grid]
+        small = [n for n in grid if n in SMALL_N]
+        large = [n for n in grid if n > max(SMALL_N)]
+        checks = [Check("min_over_n_f_top_minus_random", gap.min() if grid else math.nan, ">", 0.0)]
+        if large:
+            peak_small = gap.loc[small].max() if small else math.nan
+            checks.append(
+                Check(
+                    "largest_gap_n2_n4_minus_larger_n", peak_small - gap.loc[large].max(), ">", 0.0
+                )
+            )
+        out.append(
+            Claim(
+                "topn_beats_random",
+                paper="top-N selections more separable than random, most at small N (P2)",
+                criterion="mean F_N(top) > F_N(random) at every N > 1, and the largest "
+                "difference at N ∈ {2, 4}",
+                checks=checks,
+                measured={
+                    "f_top_minus_random": rounded_dict(gap),
+                    "f_top": rounded_dict(means.loc[grid, "top"]),
+                    "f_random": rounded_dict(means.loc[grid, "random"]),
+                    "top_over_random": rounded_dict(
+                        means.loc[grid, "top"] / means.loc[grid, "random"]
+                    ),
+                    "n_with_largest_gap": int(gap.idxmax()) if grid else None,
+                },
+            )
+        )
+    ratio = head_f_ratio(f["top_no_sink"], f["top"])
+    median = ratio.groupby("n").median()
+    at_least_2x = (ratio.dropna() >= 2).groupby("n").mean()
+    out.append(
+        Claim(
+            "sink_lowers_fn",
+            paper="including the sink in top-N lowers F_N (often about 2x) (P2)",
+            criterion="at N = 2 and N = 4 the median over heads of F_N(sink excluded)/"
+            "F_N(sink allowed) > 1; the share of heads at ≥ 2× is reported beside it",
+            checks=[
+                Check(f"median_head_ratio_n{n}", median.get(n, math.nan), ">", 1.0) for n in SINK_N
+            ],
+            measured={
+                "share_heads_at_least_2x": {
+                    n: round(float(at_least_2x.get(n, math.nan)), 4) for n in SINK_N
+                },
+                "median_head_ratio": rounded_dict(median.loc[grid]),
+                "ratio_of_mean_f": rounded_dict(
+                    means.loc[grid, "top_no_sink"] / means.loc[grid, "top"]
+                ),
+            },
+        )
+    )
+    return out
+
+
+@dataclass
+class SelectionGeometryResult:
+    """F_N, P_N, R_N of the three selection rules per (layer, head, N), summed over a corpus.
+
+    Attributes:
+        sums: float64 totals ``[layer, rule, head, n, 4]``: the sums of P, R, F over the scored
+            queries (the random rule contributes each query's mean over its ``n_random``
+            rankings) and the number of scored queries.
+        layers: Layer index of each entry of the layer axis.
+        n_grid: The N of each entry of the n axis.
+        query: ``"last"`` (the last real position of each document) or ``"all"``.
+        n_random, seed: The random baseline's size and seed.
+        sink_positions: Positions excluded by the ``top_no_sink`` rule.
+        distance: ``"euclidean"`` or ``"cosine"``.
+        n_documents: Documents in the corpus.
+
+    Means are NaN where no query was scored (a query needs at least ``2N`` keys); tables drop
+    those entries.
+    """
+
+    sums: Float[Tensor, "layer rule head n 4"]
+    layers: list[int]
+    n_grid: list[int]
+    query: str
+    n_random: int
+    seed: int
+    sink_positions: tuple[int, ...]
+    distance: str
+    n_documents: int
+    model_name: str = ""
+    per_document: Tensor | None = None  # [document, layer, rule, head, n, (F sum, queries)]
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return RULES if self.n_random else tuple(r for r in RULES if r != "random")
+
+    @property
+    def n_queries(self) -> Int[Tensor, "layer rule head n"]:
+        """Scored queries per (layer, rule, head, N) (equal across rules unless several sink
+        positions leave the sink-free rule fewer than N candidates)."""
+        return self.sums[..., 3].long()
+
+    def mean(self, metric: str = "f") -> Float[Tensor, "layer rule head n"]:
+        """Mean ``precision``, ``recall`` or ``f`` over the scored queries (NaN where none)."""
+        index = {"precision": 0, "recall": 1, "f": 2}
+        if metric not in index:
+            raise InputError(f"metric must be 'precision', 'recall' or 'f', got {metric!r}.")
+        count = self.sums[..., 3]
+        return torch.where(count > 0, self.sums[..., index[metric]] / count, math.nan)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per (layer, head, n, rule): precision, recall, f, n_queries."""
+        n_heads = self.sums.shape[2]
+        layer, head, n = np.meshgrid(self.layers, range(n_heads), self.n_grid, indexing="ij")
+        frames = []
+        for r, rule in enumerate(RULES):
+            if rule not in self.rules:
+                continue
+            frame = {"layer": layer.ravel(), "head": head.ravel(), "n": n.ravel(), "rule": rule}
+            for metric in ("precision", "recall", "f"):
+                frame[metric] = self.mean(metric)[:, r].numpy().ravel()
+            frame["n_queries"] = self.n_queries[:, r].numpy().ravel()
+            frames.append(pd.DataFrame(frame))
+        df = pd.concat(frames, ignore_index=True)
+        return df[df["n_queries"] > 0].reset_index(drop=True)
+
+    def f_by_n(self, metric: str = "f") -> pd.DataFrame:
+        """Mean over heads of each head's mean ``metric`` per N and rule (index ``n``), with
+        ``top_over_random`` (claim ``topn_beats_random``) and ``no_sink_over_sink`` =
+        F(top_no_sink) / F(top) (claim ``sink_lowers_fn``: > 1 when the sink lowers F_N)."""
+        df = self.to_dataframe()
+        table = df.pivot_table(index="n", columns="rule", values=metric, aggfunc="mean")
+        table = table[list(self.rules)]
+        if "random" in table:
+            table["top_over_random"] = table["top"] / table["random"]
+        table["no_sink_over_sink"] = table["top_no_sink"] / table["top"]
+        table["n_heads"] = df[df["rule"] == "top"].groupby("n").size()
+        table.columns.name = None
+        return table
+
+    def head_quantiles(self, q: Sequence[float] = (0.25, 0.75), metric: str = "f") -> pd.DataFrame:
+        """Quantiles over heads of the per-head mean ``metric``, per rule and N (long format)."""
+        df = self.to_dataframe()
+        out = df.groupby(["rule", "n"])[metric].quantile(list(q)).unstack()
+        out.columns = [f"q{round(100 * x)}" for x in q]
+        return out.reset_index()
+
+    def sink_effect(self) -> pd.DataFrame:
+        """Per N: mean F with and without the sink, their ratio, the share of heads whose F
+        rises when the sink is excluded, the median per-head ratio (claim ``sink_lowers_fn``)
+        and the share of heads whose ratio is at least 2 (:func:`head_f_ratio`)."""
+        df = self.to_dataframe().pivot_table(
+            index=["layer", "head", "n"], columns="rule", values="f"
+        )
+        ratio = head_f_ratio(df["top_no_sink"], df["top"])
+        per_n = pd.DataFrame(
+            {
+                "f_with_sink": df["top"].groupby("n").mean(),
+                "f_without_sink": df["top_no_sink"].groupby("n").mean(),
+                "share_heads_higher_without": (df["top_no_sink"] > df["top"]).groupby("n").mean(),
+                "median_head_ratio": ratio.groupby("n").median(),
+                "share_heads_at_least_2x": (ratio.dropna() >= 2).groupby("n").mean(),
+            }
+        )
+        per_n.insert(2, "ratio", per_n["f_without_sink"] / per_n["f_with_sink"])
+        return per_n
+
+    def top(self, k: int = 10, *, n: int | None = None, rule: str = "top") -> pd.DataFrame:
+        """The ``k`` heads with the highest mean F at ``n`` (default: the second N of the grid)."""
+        if rule not in self.rules:
+            raise InputError(f"rule must be one of {self.rules}, got {rule!r}.")
+        n = self.n_grid[min(1, len(self.n_grid) - 1)] if n is None else n
+        if n not in self.n_grid:
+            raise InputError(f"n={n} is not in this result's grid {self.n_grid}.")
+        df = self.to_dataframe()
+        df = df[(df["rule"] == rule) & (df["n"] == n)]
+        return df.sort_values("f", ascending=False, kind="stable").head(k).reset_index(drop=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers of the claims ``topn_beats_random`` and ``sink_lowers_fn``."""
+        table = self.f_by_n()
+        out: dict[str, Any] = {
+            "query": self.query,
+            "n_documents": self.n_documents,
+            "n_grid": self.n_grid,
+            "f_top": rounded_dict(table["top"]),
+            "f_top_no_sink": rounded_dict(table["top_no_sink"]),
+            "no_sink_over_sink": rounded_dict(table["no_sink_over_sink"]),
+            "median_head_no_sink_over_sink": rounded_dict(self.sink_effect()["median_head_ratio"]),
+        }
+        if "random" in table:
+            out["f_random"] = rounded_dict(table["random"])
+            out["top_over_random"] = rounded_dict(table["top_over_random"])
+        out["claims_hold"] = {cid: claim["holds"] for cid, claim in self.claims().items()}
+        return out
+
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P2's selection claims (SPEC §6) with the numbers measured here
+        (:func:`selection_claims`); with ``bootstrap``, each number's interval over documents
+        (:func:`cw_lens.core.resampled.selection_numbers`; needs ``per_document=True``)."""
+        claims = selection_claims(self.to_dataframe())
+        if bootstrap is not None:
+            require_record(self.per_document, "selection_geometry")
+            reps = selection_numbers(
+                bootstrap.resample(self.per_document), self.n_grid, RULES, SMALL_N, SINK_N
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
+
+    def plot(self, **kwargs: Any) -> Any:
+        """F_N against N for top-N and the random baseline (claim ``topn_beats_random``)."""
+        from cw_lens.plots.selection import plot_topn_beats_random
+
+        return plot_topn_beats_random(self, **kwargs)
+
+    def plot_sink_effect(self, **kwargs: Any) -> Any:
+        """F_N with and without the sink (claim ``sink_lowers_fn``)."""
+        from cw_lens.plots.selection import plot_sink_lowers_fn
+
+        return plot_sink_lowers_fn(self, **kwargs)
+
+
+def selection_geometry(
+    model: Any,
+    corpus: Any,
+    *,
+    n_grid: Sequence[int] | None = None,
+    query: Literal["last", "all"] = "last",
+    n_random: int = 16,
+    seed: int = 0,
+    sink_positions: Sequence[int] = (0,),
+    distance: Distance = "euclidean",
+    layers: int | Sequence[int] | None = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    progress: bool = True,
+    per_document: bool = False,
+) -> SelectionGeometryResult:
+    """P2's token-selection geometry: F_N of top-N, random and sink-free selections per head.
+
+    Args:
+        model: A ``TransformerBridge`` (``cw_lens.load_model()``).
+        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings.
+        n_grid: Selection sizes N; ``None`` = 1, 2, 4, ... up to half the longest document.
+            An N larger than half the longest document's length is an error.
+        query: ``"last"`` scores the last real position of every document (P2's default);
+            ``"all"`` every position ``i >= 1`` — about ``T`` times the work (use few
+            documents or ``layers=``).
+        n_random: Random rankings per (head, query) for the baseline (0 = no baseline).
+        seed: Seed of the random rankings (per document, layer and query; see module doc).
+        sink_positions: Positions the ``top_no_sink`` rule removes from the candidates.
+        distance: ``"euclidean"`` (SPEC default) or ``"cosine"``.
+        layers: Layers to analyse (``None`` = all).
+        batch_size: Documents per forward pass.
+        prepend_bos: Prepend BOS (position 0 is then the usual sink).
+        progress: Show a progress bar over document batches.
+        per_document: Also keep each document's F sums and scored queries per (layer, rule,
+            head, N) (``24 * n_layers * n_heads * len(n_grid) + 1`` bytes per document, 45 KB
+            for SmolLM2-135M at 128 tokens) for bootstrap intervals
+            (:meth:`SelectionGeometryResult.claims`).
+
+    Returns:
+        A :class:`SelectionGeometryResult`.
+
+    Example::
+
+        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(tokenizer=model))
+        geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
+        geo.plot()
+    """
+    require_verified(model)
+    if query not in ("last", "all"):
+        raise InputError(f"query must be 'last' or 'all', got {query!r}.")
+    check_count(n_random, "n_random (16 in P2)", minimum=0)
+    check_distance(distance)
+    sinks = check_sinks(sink_positions)
+    docs = as_corpus(corpus)
+    longest = int(prepare_inputs(model, docs, prepend_bos=prepend_bos).lengths.max())
+    grid = power_grid(longest) if n_grid is None else check_grid(n_grid)
+    if not grid or 2 * grid[-1] > longest:
+        raise InputError(
+            f"N={grid[-1] if grid else 1} needs queries with at least {2 * (grid or [1])[-1]} "
+            f"keys, but the longest document has {longest} tokens; lower n_grid or use longer "
+            "documents (load_corpus(max_tokens=...))."
+        )
+    layer_list = resolve_layers(model, layers)
+    record = (layer_list, model.cfg.n_heads, len(docs)) if per_document else None
+    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record)
+    accumulator, stats = stream_corpus(
+        model,
+        docs,
+        accumulator,
+        layers=layer_list,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        progress="selection geometry" if progress else False,
+    )
+    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layer_list])
+    return SelectionGeometryResult(
+        sums=sums,
+        layers=layer_list,
+        n_grid=grid,
+        query=query,
+        n_random=n_random,
+        seed=seed,
+        sink_positions=sinks,
+        distance=distance,
+        n_documents=stats.n_documents,
+        model_name=str(getattr(model.cfg, "model_name", "")),
+        per_document=None
+        if accumulator.per_doc is None
+        else accumulator.per_doc.table("f_and_count"),
+    )

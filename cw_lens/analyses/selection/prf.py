@@ -1,0 +1,284 @@
+"""Geometric precision, recall and F of one query's key selection (SPEC §4, P2): distances, top
+and random orders, P/R/F of a ranking over the grid of N, and the checks of their inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from cw_lens.core.errors import InputError
+
+Distance = Literal["euclidean", "cosine"]
+DISTANCES = ("euclidean", "cosine")
+COSINE_EPS = 1e-12
+
+
+class PRF(NamedTuple):
+    """Precision, recall and F of a selection (float64; NaN where N exceeds the candidates)."""
+
+    precision: Tensor
+    recall: Tensor
+    f: Tensor
+
+
+def power_grid(n_keys: int) -> list[int]:
+    """SPEC's N grid for a query with ``n_keys`` keys: 1, 2, 4, ... up to ``n_keys / 2``."""
+    grid, n = [], 1
+    while 2 * n <= n_keys:
+        grid.append(n)
+        n *= 2
+    return grid
+
+
+def selection_distance(
+    y: Float[Tensor, "*rows key d_head"],
+    s: Float[Tensor, "*rows d_head"],
+    distance: Distance = "euclidean",
+) -> Float[Tensor, "*rows key"]:
+    """``D_j = ||y_j - s||``, or the cosine distance ``1 - <y_j,s> / max(||y_j|| ||s||, 1e-12)``."""
+    s = s[..., None, :]
+    if distance == "euclidean":
+        return torch.linalg.vector_norm(y - s, dim=-1)
+    dot = (y * s).sum(-1)
+    norms = torch.linalg.vector_norm(y, dim=-1) * torch.linalg.vector_norm(s, dim=-1)
+    return 1.0 - dot / norms.clamp_min(COSINE_EPS)
+
+
+def top_order(
+    attention: Float[Tensor, "*rows key"], candidates: Bool[Tensor, "*rows key"]
+) -> Int[Tensor, "*rows key"]:
+    """Keys ranked by attention, highest first, ties to the smaller index; non-candidates last."""
+    by_attention = torch.sort(attention, dim=-1, descending=True, stable=True).indices
+    flags = candidates.gather(-1, by_attention)
+    first = torch.sort((~flags).to(torch.uint8), dim=-1, stable=True).indices
+    return by_attention.gather(-1, first)
+
+
+def random_order(
+    candidates: Bool[Tensor, "*rows key"], n_random: int, generator: torch.Generator
+) -> Int[Tensor, "*rows n_random key"]:
+    """``n_random`` uniform random rankings of the candidate keys per row (non-candidates last).
+
+    Nested across N by construction: the N-key selection is the first N keys of the ranking.
+    """
+    shape = (*candidates.shape[:-1], n_random, candidates.shape[-1])
+    draws = torch.rand(shape, generator=generator, dtype=torch.float64)
+    draws = draws.to(candidates.device).masked_fill(~candidates[..., None, :], 2.0)
+    return torch.sort(draws, dim=-1, stable=True).indices
+
+
+def random_rankings(
+    seed: int, document: int, layer: int, query: int, n_heads: int, n_random: int
+) -> Int[Tensor, "head n_random key"]:
+    """The random baseline's rankings of keys ``0..query`` for one (document, layer, query):
+    :func:`random_order` with a generator seeded by ``(seed, document, layer, query)``
+    (``document`` = the document's index in the corpus), so a run is reproducible whatever the
+    batching or sharding."""
+    generator = _seeded_generator(seed, document, layer, query)
+    keys = torch.ones(n_heads, query + 1, dtype=torch.bool)
+    return random_order(keys, n_random, generator)
+
+
+def prf_of_ranking(
+    y: Float[Tensor, "*rows key d_head"],
+    order: Int[Tensor, "*rows key"],
+    candidates: Bool[Tensor, "*rows key"],
+    n_grid: Sequence[int],
+    distance: Distance = "euclidean",
+) -> PRF:
+    """P_N, R_N, F_N of the selections ``S = order[:N]`` for every N of ``n_grid``.
+
+    Args:
+        y: Attention-weighted values ``alpha[i,j] v_j``.
+        order: A ranking of the keys with the candidates first (:func:`top_order`,
+            :func:`random_order`).
+        candidates: Keys that may be selected; the others take no part at all.
+        n_grid: Selection sizes.
+        distance: ``"euclidean"`` or ``"cosine"``.
+
+    Returns:
+        :class:`PRF`, each ``[*rows, len(n_grid)]`` float64, NaN where ``N`` exceeds the number
+        of candidates of the row.
+    """
+    y_ranked = y.gather(-2, order[..., None].expand(*order.shape, y.shape[-1]))
+    aggregates = y_ranked.cumsum(-2)  # s_N = aggregates[..., N-1, :]
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    )
+    n_candidates = candidates.sum(-1)
+    out = []
+    for n in n_grid:
+        d = selection_distance(y, aggregates[..., min(n, order.shape[-1]) - 1, :], distance)
+        selected = rank < n
+        outside = candidates & ~selected
+        rho_max = d.masked_fill(~selected, -math.inf).amax(-1, keepdim=True)
+        rho_min = d.masked_fill(~outside, math.inf).amin(-1, keepdim=True)
+        false_pos = (outside & (d <= rho_max)).sum(-1).double()
+        true_pos = (selected & (d < rho_min)).sum(-1).double()
+        size = torch.full_like(false_pos, n)  # tensor / tensor: the same rounding as Python
+        p = size / (size + false_pos)
+        r = true_pos / size
+        f = torch.where(p + r > 0, 2 * p * r / (p + r), torch.zeros((), dtype=torch.float64))
+        undefined = n_candidates < n
+        out.append([t.masked_fill(undefined, math.nan) for t in (p, r, f)])
+    return PRF(*(torch.stack(ts, dim=-1) for ts in zip(*out, strict=True)))
+
+
+def geometric_prf_batched(
+    values: Float[Tensor, "*rows key d_head"],
+    attention: Float[Tensor, "*rows key"],
+    n_grid: Sequence[int],
+    *,
+    distance: Distance = "euclidean",
+    candidates: Bool[Tensor, "*rows key"] | None = None,
+    exclude: Sequence[int] | None = None,
+) -> PRF:
+    """:func:`geometric_prf` for many queries (and heads, layers, documents) and a grid of N.
+
+    Vectorised over every leading axis and the keys; agrees exactly with :func:`geometric_prf`
+    row by row.
+
+    Args:
+        values: ``v_j`` per row ``[*rows, key, d_head]``.
+        attention: ``alpha[i, j]`` per row ``[*rows, key]``.
+        n_grid: Selection sizes N.
+        distance: ``"euclidean"`` or ``"cosine"``.
+        candidates: Keys each row may select (default all; e.g. ``key <= query`` and real).
+        exclude: Key indices removed from every row's candidates (e.g. the sink, ``[0]``).
+
+    Returns:
+        :class:`PRF`, each ``[*rows, len(n_grid)]``; NaN where N exceeds a row's candidates.
+    """
+    check_distance(distance)
+    grid = check_grid(n_grid)
+    if candidates is None:
+        candidates = torch.ones(attention.shape, dtype=torch.bool, device=attention.device)
+    candidates = candidates & ~_index_mask(exclude, attention.shape[-1], attention.device)
+    y = attention[..., None] * values
+    return prf_of_ranking(y, top_order(attention, candidates), candidates, grid, distance)
+
+
+def geometric_prf(
+    values: Float[Tensor, "key d_head"],
+    attention: Float[Tensor, " key"],
+    n: int,
+    *,
+    distance: Distance = "euclidean",
+    exclude: Sequence[int] | None = None,
+    ranking: Sequence[int] | None = None,
+) -> tuple[float, float, float]:
+    """Precision, recall and F of the top-N selection of one (layer, head, query) — SPEC §4.
+
+    Args:
+        values: The head's value vectors ``v_j`` of the query's keys ``[key, d_head]``.
+        attention: The query's attention ``alpha[i, j]`` over those keys ``[key]``.
+        n: Selection size N (1 <= N <= number of candidates).
+        distance: ``"euclidean"`` (``||y_j - s_N||``) or ``"cosine"``.
+        exclude: Key indices removed from the candidates entirely (e.g. ``[0]``, the sink).
+        ranking: Rank the candidates in this order instead of by attention (e.g. a random
+            permutation; excluded keys are dropped from it).
+
+    Returns:
+        ``(precision, recall, f)`` as floats.
+
+    Example::
+
+        v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.1]])
+        geometric_prf(v, torch.tensor([0.5, 0.4, 0.1]), 2)   # (1.0, 1.0, 1.0)
+    """
+    values, attention = _check_query(values, attention)
+    check_distance(distance)
+    n_keys = attention.shape[0]
+    excluded = set(_check_indices(exclude, n_keys, "exclude"))
+    if ranking is None:  # Python's sort is stable: ties keep the smaller index first
+        scores = attention.tolist()
+        ranked = sorted((j for j in range(n_keys) if j not in excluded), key=lambda j: -scores[j])
+    else:
+        ranked = [j for j in _check_ranking(ranking, n_keys) if j not in excluded]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ranked):
+        raise InputError(
+            f"n must be an integer between 1 and the number of candidate keys ({len(ranked)} of "
+            f"{n_keys} after exclusions), got {n!r}; lower n."
+        )
+    y = attention[:, None] * values
+    aggregate = y[ranked].cumsum(0)[n - 1]
+    d = selection_distance(y, aggregate, distance)
+    selected, others = d[ranked[:n]], d[ranked[n:]]
+    rho_max = selected.max()
+    rho_min = others.min() if len(others) else torch.tensor(math.inf, dtype=d.dtype)
+    false_pos = int((others <= rho_max).sum())
+    true_pos = int((selected < rho_min).sum())
+    p = n / (n + false_pos)
+    r = true_pos / n
+    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
+    return p, r, f
+
+
+# ---------------------------------------------------------------------- input checks
+
+
+def check_distance(distance: str) -> None:
+    if distance not in DISTANCES:
+        raise InputError(f"distance must be 'euclidean' or 'cosine', got {distance!r}.")
+
+
+def check_grid(n_grid: Sequence[int]) -> list[int]:
+    grid = list(n_grid)
+    if not grid or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in grid):
+        raise InputError(f"n_grid must be a non-empty list of positive integers, got {n_grid!r}.")
+    return sorted(set(grid))
+
+
+def _check_query(values: Any, attention: Any) -> tuple[Tensor, Tensor]:
+    values = torch.as_tensor(values)
+    attention = torch.as_tensor(attention)
+    if not values.is_floating_point():
+        values = values.double()
+    if not attention.is_floating_point():
+        attention = attention.to(values.dtype)
+    if values.ndim != 2 or attention.ndim != 1 or values.shape[0] != attention.shape[0]:
+        raise InputError(
+            f"geometric_prf takes one query: values [key, d_head] and attention [key] with the "
+            f"same number of keys; got {tuple(values.shape)} and {tuple(attention.shape)}. Use "
+            "geometric_prf_batched for many queries."
+        )
+    if values.shape[0] == 0:
+        raise InputError("There are no keys to select from.")
+    if not (torch.isfinite(values).all() and torch.isfinite(attention).all()):
+        raise InputError("values and attention must be finite (no NaN or inf).")
+    dtype = torch.promote_types(values.dtype, attention.dtype)
+    return values.to(dtype), attention.to(dtype)
+
+
+def _check_indices(indices: Sequence[int] | None, n: int, what: str) -> list[int]:
+    out = []
+    for j in indices or ():
+        if isinstance(j, bool) or not isinstance(j, (int, np.integer)) or not 0 <= j < n:
+            raise InputError(f"{what} must hold key indices in [0, {n}), got {j!r}.")
+        out.append(int(j))
+    return out
+
+
+def _check_ranking(ranking: Sequence[int], n: int) -> list[int]:
+    ranked = _check_indices(list(ranking), n, "ranking")
+    if sorted(ranked) != list(range(n)):
+        raise InputError(f"ranking must be a permutation of the {n} key indices.")
+    return ranked
+
+
+def _index_mask(indices: Sequence[int] | None, n: int, device: Any) -> Tensor:
+    mask = torch.zeros(n, dtype=torch.bool, device=device)
+    mask[_check_indices(indices, n, "exclude")] = True
+    return mask
+
+
+def _seeded_generator(*key: int) -> torch.Generator:
+    state = np.random.SeedSequence([int(k) for k in key]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))

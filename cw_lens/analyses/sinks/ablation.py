@@ -1,0 +1,380 @@
+"""Sink-norm ablation (:func:`sink_ablation`): perplexity, output norms and cone alignment
+with the sink's projected value scaled by lambda.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
+from cw_lens.core import geometry as geo
+from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import (
+    ablation_numbers,
+)
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import TokenBatch
+from cw_lens.data.scoring import corpus_nll
+from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.capture import LayerActivations
+from cw_lens.models.interventions import patch_sink, per_layer_heads, sink_scale
+from cw_lens.models.layer_contributions import LayerContributions
+
+# the ablation's per-document record (per patched layer and head)
+ABLATION_SUMS = ("cone_before", "count_before", "cone_after", "count_after", "rel_norm")
+
+
+def cone_axis(
+    acts: LayerActivations, sink_full: Bool[Tensor, "batch pos"]
+) -> Float[Tensor, "batch head d_head"]:
+    """The axis of each head's semantic cone in value space: the mean of the values the head
+    reads at real non-sink positions over the whole sequence (``u^h`` up to ``W_O^h`` and
+    normalisation, SPEC §3)."""
+    tail = (acts.mask & ~sink_full).to(acts.values.dtype)
+    per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
+    return (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
+
+
+def norm_and_cone(
+    z: Float[Tensor, "batch query head d_head"],
+    axis: Float[Tensor, "batch query head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> tuple[Float[Tensor, "batch head query"], Float[Tensor, "batch head query"], Tensor]:
+    """``||o_i^h||``, the cone alignment ``cos(o_i^h, u^h)`` and where it is defined (both
+    norms positive), in head space (``o = z W_O``, ``u = axis W_O``)."""
+    zz = geo.gram_inner(z, z, gram)
+    aa = geo.gram_inner(axis, axis, gram)
+    za = geo.gram_inner(z, axis, gram)
+    cos = za / (zz * aa).clamp_min(1e-30).sqrt()
+    return zz.clamp_min(0).sqrt(), cos, (zz > 0) & (aa > 0)
+
+
+class _AblationAccumulator:
+    """Per head: output norm and semantic-cone alignment before and after removing the sink."""
+
+    def __init__(
+        self,
+        plan: dict[int, list[int]],
+        n_heads: int,
+        sinks: SinkSpec,
+        scale: float,
+        mode: str,
+        run_tag: str,
+        direct_after: bool,
+        n_documents: int | None = None,
+    ) -> None:
+        """``run_tag``: what the streamed run measures ("before" = clean, "after" = patched);
+        ``direct_after``: also record the exact direct effect of the patch on the clean run;
+        ``n_documents``: also keep each document's sums (for bootstrap intervals)."""
+        self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
+        self.scale, self.mode = scale, mode
+        self.run_tag, self.direct_after = run_tag, direct_after
+        self.sums = ExactSums()
+        self.pos = {layer: i for i, layer in enumerate(sorted(plan))}
+        self.per_doc = (
+            None
+            if n_documents is None
+            else PerDocument(ABLATION_SUMS, n_documents, (len(plan), n_heads))
+        )
+
+    def merge(self, other: _AblationAccumulator) -> None:
+        self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+
+    def update(self, lc: LayerContributions) -> None:
+        if lc.layer not in self.plan:
+            return
+        acts, docs = lc.acts, lc.batch.documents
+        gram = acts.weights.gram
+        device = acts.pattern.device
+        sink_full = self.sinks.mask(lc.batch, device)
+        q, n_keys = lc.queries, lc.keys.stop
+        valid = queries_after_sink(lc, sink_full)
+        z = acts.z[:, q]
+        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
+        tail = (acts.mask & ~sink_full).to(acts.values.dtype)
+        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
+        layer = lc.layer
+        self._record(docs, layer, self.run_tag, z, axis, gram, valid, mean_pv)
+        if self.direct_after:
+            st = geo.sink_term(lc.attention, acts.values[:, :n_keys], sink_full[:, :n_keys])
+            factor = sink_scale(self.mode, self.scale, norms, sink_full, acts.mask)  # [b, h]
+            heads = torch.zeros(self.n_heads, dtype=torch.bool, device=device)
+            heads[self.plan[layer]] = True
+            factor = torch.where(heads[None], factor, torch.zeros_like(factor))
+            st = st.masked_fill(sink_full[:, q][:, :, None, None], 0.0)
+            after = z - factor[:, None, :, None] * st
+            self._record(docs, layer, "after", after, axis, gram, valid, mean_pv)
+
+    def _record(
+        self,
+        docs: list[int],
+        layer: int,
+        tag: str,
+        z: Tensor,
+        axis: Tensor,
+        gram: Tensor,
+        valid: Tensor,
+        mean_pv: Tensor,
+    ) -> None:
+        norm, cos, defined = norm_and_cone(z, axis, gram)
+        ok = valid[:, None, :] & defined
+
+        def add(docs: list[int], key: str, values: Tensor) -> None:
+            self.sums.add_rows(docs, key, values)
+            name = key.split("@")[0]
+            if self.per_doc is not None and name in ABLATION_SUMS:
+                self.per_doc.add_rows(docs, name, values, at=self.pos[layer])
+
+        add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
+        add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
+        add(docs, f"count_{tag}@{layer}", ok.sum(-1))
+        if tag == "before":
+            add(
+                docs,
+                f"rel_norm@{layer}",
+                torch.where(ok, norm / mean_pv[..., None].clamp_min(1e-30), 0.0).sum(-1),
+            )
+
+
+@dataclass
+class SinkAblation:
+    """Result of :func:`sink_ablation`.
+
+    Attributes:
+        clean_nll, patched_nll: Mean next-token NLL without / with the sink patched.
+        per_head: One row per patched (layer, head): output norm and cone alignment before and
+            after, the head's relative output norm, and ``low_norm`` (the quarter of heads with
+            the smallest ``mean ||o_i^h|| / mean_j ||pv_j^h||``).
+        effect: ``"direct"`` (after = the same layer's output with the sink removed, same input)
+            or ``"total"`` (after = measured in the patched run, upstream patches included).
+    """
+
+    clean_nll: float
+    patched_nll: float
+    per_head: pd.DataFrame
+    scale: float
+    mode: str
+    effect: str
+    layers: list[int]
+    # opt-in: ([document, ABLATION_SUMS, layer, head] sums, [document, (clean nll, count,
+    # patched nll, count)], the patched heads' mask [layer, head]) for bootstrap intervals
+    per_document: tuple[Tensor, Tensor, Tensor] | None = None
+    low_norm_quantile: float = 0.25
+
+    @property
+    def delta_nll(self) -> float:
+        return self.patched_nll - self.clean_nll
+
+    @property
+    def clean_ppl(self) -> float:
+        return math.exp(self.clean_nll)
+
+    @property
+    def patched_ppl(self) -> float:
+        return math.exp(self.patched_nll)
+
+    @property
+    def delta_ppl(self) -> float:
+        return self.patched_ppl - self.clean_ppl
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.per_head
+
+    def summary(self) -> pd.DataFrame:
+        """Mean cone alignment and norm before/after for low-norm heads versus the rest."""
+        df = self.per_head.copy()
+        df["group"] = np.where(df["low_norm"], "low-norm heads", "other heads")
+        cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
+        return df.groupby("group")[cols].mean()
+
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured; with ``bootstrap``
+        each number's interval over documents (each resample re-picks the low-norm quarter;
+        needs ``per_document=True``)."""
+        claims = [self._claim()]
+        if bootstrap is not None:
+            require_record(self.per_document, "sink_ablation")
+            heads, nll, planned = self.per_document
+            reps = ablation_numbers(
+                bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
+            )
+            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+        return claims_dict(claims)
+
+    def _claim(self) -> Claim:
+        summary = self.summary()
+
+        def mean(group: str, column: str) -> float:
+            return float(summary.loc[group, column]) if group in summary.index else math.nan
+
+        cone = {
+            f"{prefix}_cone_{when}": mean(group, f"cone_{when}")
+            for prefix, group in (("low_norm", "low-norm heads"), ("other", "other heads"))
+            for when in ("before", "after")
+        }
+        rise_low = cone["low_norm_cone_after"] - cone["low_norm_cone_before"]
+        rise_other = cone["other_cone_after"] - cone["other_cone_before"]
+        claim = Claim(
+            "sink_ablation_cone",
+            paper="removing the sink norm collapses low-norm heads into the semantic cone, PPL "
+            "up (P1)",
+            criterion="cone alignment rises more in low-norm heads than in the others, and PPL "
+            "rises",
+            checks=[
+                Check("cone_rise_low_norm_minus_other", rise_low - rise_other, ">", 0.0),
+                Check("delta_ppl", self.delta_ppl, ">", 0.0),
+            ],
+            measured={
+                **cone,
+                "clean_ppl": self.clean_ppl,
+                "patched_ppl": self.patched_ppl,
+                "delta_nll": self.delta_nll,
+                "effect": self.effect,
+                "layers": self.layers,
+                "scale": self.scale,
+                "mode": self.mode,
+            },
+        )
+        return claim
+
+    def plot(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_ablation_cone
+
+        return plot_sink_ablation_cone(self, **kw)
+
+
+def sink_ablation(
+    model: Any,
+    corpus: Any,
+    *,
+    layers: Any = None,
+    heads: Any = None,
+    scale: float = 0.0,
+    mode: Literal["scale", "norm_matched"] = "scale",
+    sink_positions: Sequence[int] = (0,),
+    effect: Literal["direct", "total"] = "direct",
+    low_norm_quantile: float = 0.25,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+    progress: bool | str = False,
+    per_document: bool = False,
+) -> SinkAblation:
+    """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).
+
+    ΔPPL comes from the real intervention (:func:`cw_lens.patch_sink` on all chosen layers and
+    heads at once). Per head, ``||o_i^h||`` and ``cos(o_i^h, u^h)`` are measured before and
+    after over queries after the sink: with ``effect="direct"`` the "after" output is the same
+    layer's output with the sink's term removed (same input — exact, from the clean pass); with
+    ``effect="total"`` it is measured in the patched run.
+
+    Args:
+        layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
+        scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
+            it, 1 keeps it, 2 doubles it).
+        mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
+        sink_positions: Sink positions (default BOS).
+        effect: ``"direct"`` or ``"total"`` (see above).
+        low_norm_quantile: Share of heads called "low-norm" (SPEC: a quarter).
+        per_document: Also keep each document's per-head sums and NLL sums (``20 *
+            n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
+            bootstrap intervals (:meth:`SinkAblation.claims`).
+    """
+    if effect not in ("direct", "total"):
+        raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
+    if not 0 < low_norm_quantile < 1:
+        raise InputError(f"low_norm_quantile must lie in (0, 1), got {low_norm_quantile}.")
+    plan = per_layer_heads(model, layers, heads)
+
+    def patch(batch: TokenBatch) -> list:
+        """The intervention for one document batch (its mask matters in norm_matched mode)."""
+        hook_set = patch_sink(
+            model,
+            heads=plan,
+            scale=scale,
+            mode=mode,
+            sink_positions=sink_positions,
+            attention_mask=batch.mask,
+        )
+        return [hook_set]
+
+    sinks = SinkSpec(sink_positions)
+    n_heads = model.cfg.n_heads
+    kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
+    direct = effect == "direct"
+    n_docs = len(as_corpus(corpus)) if per_document else None
+    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct, n_docs)
+    before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
+    after_sums, record = before.sums, before.per_doc
+    if not direct:
+        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
+        after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
+        after_sums = after.sums
+        if record is not None:  # the two records keep disjoint statistics
+            record.values += after.per_doc.values
+    kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
+    clean = corpus_nll(model, corpus, **kw_nll)
+    patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
+    rows = []
+    for layer, hs in sorted(plan.items()):
+        total = {
+            n: (after_sums if n.endswith("_after") else before.sums).total(f"{n}@{layer}")
+            for n in (
+                "norm_before",
+                "cone_before",
+                "count_before",
+                "norm_after",
+                "cone_after",
+                "count_after",
+                "rel_norm",
+            )
+        }
+        for h in hs:
+            nb = max(float(total["count_before"][h]), 1.0)
+            na = max(float(total["count_after"][h]), 1.0)
+            rows.append(
+                {
+                    "layer": layer,
+                    "head": h,
+                    "relative_output_norm": float(total["rel_norm"][h]) / nb,
+                    "norm_before": float(total["norm_before"][h]) / nb,
+                    "norm_after": float(total["norm_after"][h]) / na,
+                    "cone_before": float(total["cone_before"][h]) / nb,
+                    "cone_after": float(total["cone_after"][h]) / na,
+                }
+            )
+    df = pd.DataFrame(rows)
+    cut = df["relative_output_norm"].quantile(low_norm_quantile)
+    df["low_norm"] = df["relative_output_norm"] <= cut
+    per_doc = None
+    if record is not None:
+        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool)
+        for i, layer in enumerate(sorted(plan)):
+            planned[i, plan[layer]] = True
+        nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)
+        per_doc = (record.table(), nll, planned)
+    return SinkAblation(
+        clean.mean_nll,
+        patched.mean_nll,
+        df,
+        scale,
+        mode,
+        effect,
+        sorted(plan),
+        per_doc,
+        low_norm_quantile,
+    )

@@ -1,0 +1,311 @@
+"""The streamed sink accumulator: per-layer sums, histograms and factor samples of one pass
+(SPEC §3), and the per-head rank correlations of the sampled factors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
+from cw_lens.core import geometry as geo
+from cw_lens.core.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
+from cw_lens.models.layer_contributions import LayerContributions
+
+RATE_BINS = 20
+
+
+# the cancelled share is a ratio without a natural range: asinh bins, ~0.2% wide near 0 and
+# 1.9% relative beyond, over +-1e9 (SPEC §6 reads per-head medians from unclipped values)
+DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
+DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
+# the per-document record a bootstrap over documents reads (``per_document=True``): these sums
+# per (layer, head), and the s* edge counts (s* <= 0, s* >= 1, counted)
+RECORDED_SUMS = (
+    "rate_sum",
+    "rate_count",
+    "sink_attention_sum",
+    "sink_contribution_sum",
+    "sink_count",
+    "ratio_sum",
+    "geometry_count",
+    "cos_mixture_sum",
+    "cos_mixture_count",
+    "drift_neg",
+    "drift_count",
+    "s_star_lo",
+    "s_star_hi",
+    "s_star_n",
+)
+# and a coarse histogram of the cancelled share per (layer, head): 24 bins equal in
+# asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
+# two edge bins
+SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
+
+
+# factor samples kept per (layer, head) and group (sink / tail entries) for the per-head rank
+# correlations: a seeded bottom-k reservoir each (8 documents of the default run keep every draw)
+MAX_SAMPLES_PER_HEAD = 1024
+FACTOR_COLUMNS = (
+    "layer",
+    "head",
+    "query",
+    "key",
+    "attention",
+    "relative_norm",
+    "cosine",
+    "contribution",
+)
+
+
+class SinkAccumulator:
+    """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
+
+    def __init__(
+        self,
+        layers: list[int],
+        n_heads: int,
+        sinks: SinkSpec,
+        *,
+        min_query: int,
+        drift_k: int,
+        samples_per_head: int,
+        max_samples: int,
+        seed: int,
+        n_documents: int | None = None,
+    ) -> None:
+        self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
+        self.pos = {layer: i for i, layer in enumerate(layers)}
+        self.min_query, self.drift_k = min_query, drift_k
+        self.samples_per_head, self.seed = samples_per_head, seed
+        n = len(layers)
+        self.sums = ExactSums()
+        self.samples = SampleReservoir(FACTOR_COLUMNS, capacity=max_samples, seed=seed)
+        self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
+        self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
+        self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)
+        self.per_doc: PerDocument | None = None  # opt-in: the bootstrap's per-document record
+        self.share_hist: PerDocument | None = None
+        if n_documents is not None:
+            self.per_doc = PerDocument(RECORDED_SUMS, n_documents, (n, n_heads))
+            bins = SHARE_BINNING["n_bins"] + 2
+            self.share_hist = PerDocument(["drift_share"], n_documents, (n, n_heads, bins))
+            self._share_bins = Histogram((), **SHARE_BINNING)
+
+    def merge(self, other: SinkAccumulator) -> None:
+        self.sums.merge(other.sums)
+        self.samples.merge(other.samples)
+        for name in ("s_star", "drift_cos", "drift_share"):
+            getattr(self, name).merge(getattr(other, name))
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+            self.share_hist.merge(other.share_hist)
+
+    def _add(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
+        self.sums.add_rows(docs, f"{name}@{layer}", per_row)
+        self._record(docs, name, layer, per_row)
+
+    def _record(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
+        if self.per_doc is not None and name in RECORDED_SUMS:
+            self.per_doc.add_rows(docs, name, per_row, at=self.pos[layer])
+
+    def _record_edges(self, docs: list[int], layer: int, s_star: Tensor, share: Tensor) -> None:
+        """Per document and head: s* edge counts, and the coarse cancelled-share histogram."""
+        if self.per_doc is None:
+            return
+        counted = ~s_star.isnan()  # [b, h, q]
+        self._record(docs, "s_star_lo", layer, ((s_star <= 0) & counted).sum(-1))
+        self._record(docs, "s_star_hi", layer, ((s_star >= 1) & counted).sum(-1))
+        self._record(docs, "s_star_n", layer, counted.sum(-1))
+        ok = ~share.isnan()  # [b, h, q]
+        bins = self._share_bins.bin_index(share.nan_to_num(0.0))
+        onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
+        self.share_hist.add_rows(docs, "drift_share", onehot.sum(2), at=self.pos[layer])
+
+    def update(self, lc: LayerContributions) -> None:
+        acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
+        device = acts.pattern.device
+        sink_full = self.sinks.mask(lc.batch, device)  # [batch, pos]
+        q, n_keys = lc.queries, lc.keys.stop
+        qpos = lc.query_positions
+        valid_q = queries_after_sink(lc, sink_full)
+        sink_mask = sink_full[:, :n_keys]
+        att = lc.attention
+        gram = acts.weights.gram
+        values = acts.values[:, :n_keys]
+        s = geo.sink_rate(att, sink_mask)  # [b, h, q]
+        st = geo.sink_term(att, values, sink_mask)  # [b, q, h, d]
+        z = acts.z[:, q]
+        tail = z - st
+        o_norm = lc.head_output_norm
+        vq = valid_q[:, None, :].expand_as(s)
+
+        if q.start == 0:
+            self._value_geometry(lc, sink_full, docs, layer)
+
+        # sink rate (sink-head criterion) and the empirical curve, queries i >= min_query
+        late = vq & (qpos[None, None, :] >= self.min_query)
+        self._add(docs, "rate_sum", layer, (s * late).sum(-1))
+        self._add(docs, "rate_count", layer, late.sum(-1))
+        self._add(docs, "rate_all_sum", layer, (s * vq).sum(-1))
+        self._add(docs, "rate_all_count", layer, vq.sum(-1))
+        self._add(docs, "norm_sum", layer, (o_norm * vq).sum(-1))
+        bins = (s * RATE_BINS).floor().clamp(0, RATE_BINS - 1).long()
+        onehot = torch.nn.functional.one_hot(bins, RATE_BINS).to(s.dtype) * late[..., None]
+        self._add(docs, "curve_norm", layer, (onehot * o_norm[..., None]).sum(2))
+        self._add(docs, "curve_count", layer, onehot.sum(2))
+
+        # tail mixture and sink direction
+        has_sink = vq & (s > 1e-6)
+        has_tail = has_sink & (s <= 0.999)
+        nt2 = geo.gram_inner(tail, tail, gram)
+        ns2 = geo.gram_inner(st, st, gram)
+        cross = geo.gram_inner(st, tail, gram)
+        ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
+        cos_mix = cross / (nt2 * ns2).clamp_min(1e-30).sqrt()
+        self._add(docs, "cos_mixture_sum", layer, torch.where(ok_mix, cos_mix, 0.0).sum(-1))
+        self._add(docs, "cos_mixture_count", layer, ok_mix.sum(-1))
+
+        # counterfactual minimiser s* of the convex curve
+        s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
+        m = tail / (1 - s_t).clamp_min(1e-12)
+        p = st / s_t.clamp_min(1e-12)
+        s_star = geo.counterfactual_sink_rate(m, p, gram).masked_fill(~has_tail, math.nan)
+        self.s_star.add(s_star.permute(1, 0, 2).reshape(self.n_heads, -1), index=self.pos[layer])
+
+        # semantic drift of the weak tokens
+        keys = torch.arange(n_keys, device=device)
+        causal = keys[None, :] <= qpos[:, None]
+        tail_keys = acts.mask[:, None, :n_keys] & ~sink_mask[:, None, :] & causal[None]
+        tail_mask = (tail_keys & valid_q[:, :, None])[:, None].expand_as(att)
+        drift, has_weak = geo.weak_tail(att, values, tail_mask, self.drift_k)
+        nd2 = geo.gram_inner(drift, drift, gram)
+        sd = geo.gram_inner(st, drift, gram)
+        ok_drift = has_sink & has_weak & (nd2 > 0) & (ns2 > 0)
+        cos_drift = (sd / (nd2 * ns2).clamp_min(1e-30).sqrt()).masked_fill(~ok_drift, math.nan)
+        share = (-sd / nd2.clamp_min(1e-30)).masked_fill(~ok_drift, math.nan)
+        li = self.pos[layer]
+        self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
+        self._record_edges(docs, layer, s_star, share)
+        self._add(docs, "drift_neg", layer, ((cos_drift < 0) & ok_drift).sum(-1))
+        self._add(docs, "drift_count", layer, ok_drift.sum(-1))
+
+        self._factors(lc, sink_mask, tail_keys, valid_q, docs, layer)
+
+    def _value_geometry(
+        self, lc: LayerContributions, sink_full: Tensor, docs: list[int], layer: int
+    ) -> None:
+        acts = lc.acts
+        gram = acts.weights.gram
+        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
+        tail = acts.mask & ~sink_full
+        cols = sink_full.any(0).nonzero().flatten()
+        sink_v = per_head[:, :, cols]  # [b, h, s, d]
+        dots = torch.einsum("bhsd,hde,bhte->bhst", sink_v, gram, per_head)
+        sink_norm = norms[:, :, cols]  # [b, h, s]
+        use = sink_full[:, cols][:, None, :, None] & tail[:, None, None, :]  # [b, 1, s, t]
+        use = use & (sink_norm[..., None] > 0)
+        ratio = norms[:, :, None, :] / sink_norm[..., None].clamp_min(1e-30)
+        cos = dots / (sink_norm[..., None] * norms[:, :, None, :]).clamp_min(1e-30)
+        use = use.expand_as(ratio)
+        self._add(docs, "ratio_sum", layer, torch.where(use, ratio, 0.0).sum((2, 3)))
+        self._add(
+            docs,
+            "log_ratio_sum",
+            layer,
+            torch.where(use, ratio.clamp_min(1e-30).log(), 0.0).sum((2, 3)),
+        )
+        self._add(docs, "cos_token_sum", layer, torch.where(use, cos, 0.0).sum((2, 3)))
+        self._add(docs, "geometry_count", layer, use.sum((2, 3)))
+
+    def _factors(
+        self,
+        lc: LayerContributions,
+        sink_mask: Tensor,
+        tail_keys: Tensor,
+        valid_q: Tensor,
+        docs: list[int],
+        layer: int,
+    ) -> None:
+        """The three factors of the intra weight, for sink entries and tail entries."""
+        fields = {
+            "attention": lc.attention,
+            "relative_norm": lc.relative_norm("intra"),
+            "cosine": lc.cosine("intra"),
+            "contribution": lc.weights("intra"),
+        }
+        sink_entries = (sink_mask[:, None, :] & valid_q[:, :, None])[:, None].expand_as(
+            lc.attention
+        )
+        tail_entries = (tail_keys & valid_q[:, :, None])[:, None].expand_as(lc.attention)
+        for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
+            # every field is finite where the contribution (their product) is not NaN
+            entries = entries & ~fields["contribution"].isnan()
+            for name, t in fields.items():
+                self._add(
+                    docs, f"{group}_{name}_sum", layer, torch.where(entries, t, 0.0).sum((2, 3))
+                )
+            self._add(docs, f"{group}_count", layer, entries.sum((2, 3)))
+            self._sample(lc, entries, fields, docs, layer, group)
+
+    def _sample(
+        self,
+        lc: LayerContributions,
+        entries: Tensor,
+        fields: dict[str, Tensor],
+        docs: list[int],
+        layer: int,
+        group: str,
+    ) -> None:
+        """Keep up to ``samples_per_head`` seeded random valid entries per head of each row
+        (seeded per document, layer and query block, so any sharding samples the same)."""
+        if self.samples_per_head <= 0:
+            return
+        keys = []
+        for doc in docs:
+            key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
+            gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
+            keys.append(torch.rand(entries.shape[1:], generator=gen))
+        idx = _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
+        row, h, qi, k = idx.unbind(1)
+        cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
+        cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
+        table = torch.stack([c.float() for c in cols], 1)
+        heads = [f"{group}/{layer}/{head}" for head in range(entries.shape[1])]
+        self.samples.add_many(docs, heads, table, row_doc=row, row_group=h)
+
+
+def _draw_per_head(
+    valid: Bool[Tensor, "batch head query key"], keys: Float[Tensor, "batch head query key"], n: int
+) -> Tensor:
+    """Up to ``n`` distinct True entries of ``valid`` per (row, head): those with the ``n``
+    smallest ``keys`` (uniform random: a uniform sample without replacement). Returns indices
+    ``[m, 4]`` (row, head, query, key), grouped by row."""
+    b, h, q, k = valid.shape
+    flat = torch.where(valid, keys, 2.0).reshape(b * h, q * k)
+    drawn, picks = flat.topk(min(n, q * k), dim=1, largest=False)
+    keep = drawn < 2.0
+    rows = torch.arange(b * h, device=valid.device)[:, None].expand_as(picks)[keep]
+    flat_index = picks[keep]  # (torch.unravel_index is ~100x slower here)
+    return torch.stack([rows // h, rows % h, flat_index // k, flat_index % k], 1)
+
+
+def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:
+    """Per (layer, head): Spearman's rank correlation ``rho_<factor>`` of each factor with the
+    ``contribution`` over the head's sampled entries (average ranks for ties; NaN with fewer
+    than 3 samples or a constant column), and ``n_samples``."""
+    columns = ["layer", "head", "n_samples", *(f"rho_{f}" for f in factors)]
+    rows = []
+    for (layer, head), g in samples.groupby(["layer", "head"], sort=True):
+        corr = g[[*factors, "contribution"]].corr(method="spearman", min_periods=3)
+        rho = corr["contribution"]
+        rows.append([int(layer), int(head), len(g), *(float(rho[f]) for f in factors)])
+    return pd.DataFrame(rows, columns=columns)

@@ -1,0 +1,148 @@
+"""Sink positions (given, or detected from the attention) and the queries after a sink."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from cw_lens.core.errors import InputError
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import TokenBatch
+from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.layer_contributions import LayerContributions
+
+SINK_RATE_THRESHOLD = 0.3
+MIN_QUERY = 16
+
+
+SinkPositions = Sequence[int] | Literal["detect"]
+
+
+# --------------------------------------------------------------------------- sink positions
+
+
+class SinkSpec:
+    """Sink positions per document: the same tuple for all, or one tuple per document."""
+
+    def __init__(self, positions: Sequence[int] | dict[int, Sequence[int]]) -> None:
+        if isinstance(positions, str):
+            raise InputError(
+                f"sink_positions must be positions such as (0,) or 'detect', got {positions!r}."
+            )
+        if isinstance(positions, dict):
+            self.per_doc = {
+                int(d): tuple(sorted(int(p) for p in ps)) for d, ps in positions.items()
+            }
+            self.default: tuple[int, ...] | None = None
+        else:
+            ps = tuple(sorted({int(p) for p in positions}))
+            if not ps or min(ps) < 0:
+                raise InputError(f"sink_positions must be non-negative positions, got {positions}.")
+            self.per_doc, self.default = {}, ps
+
+    def positions(self, doc: int) -> tuple[int, ...]:
+        return self.per_doc.get(doc, self.default or ())
+
+    def mask(self, batch: TokenBatch, device: torch.device) -> Bool[Tensor, "batch pos"]:
+        n_pos = batch.tokens.shape[1]
+        mask = torch.zeros(len(batch.documents), n_pos, dtype=torch.bool)
+        for row, doc in enumerate(batch.documents):
+            ps = [p for p in self.positions(doc) if p < int(batch.lengths[row])]
+            mask[row, ps] = True
+        return mask.to(device)
+
+    def describe(self) -> str:
+        if self.default is not None:
+            return ",".join(map(str, self.default))
+        return "detected per document"
+
+
+def resolve_sinks(model: Any, corpus: Any, sink_positions: Any, **kw: Any) -> SinkSpec:
+    if isinstance(sink_positions, SinkSpec):
+        return sink_positions
+    if isinstance(sink_positions, str):
+        if sink_positions != "detect":
+            raise InputError(
+                f"sink_positions must be positions or 'detect', got {sink_positions!r}"
+            )
+        return SinkSpec(dict(enumerate(detect_sinks(model, corpus, **kw))))
+    return SinkSpec(sink_positions)
+
+
+def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch pos"]) -> Tensor:
+    """Queries of this block that count: real, not a sink, after the row's first sink."""
+    qpos = lc.query_positions
+    none = lc.keys.stop + 10**6
+    first_sink = torch.where(sink_full.any(1), sink_full.float().argmax(1), none)
+    return lc.query_mask & ~sink_full[:, lc.queries] & (qpos[None, :] > first_sink[:, None])
+
+
+class _MaxAttention:
+    """Per document: the keys whose max over (layer, head) of the mean attention from later
+    queries exceeds ``threshold``.
+
+    Only keys read by at least ``min_later`` later (real) queries are candidates: near the end
+    of a document a previous-token head alone would put a key over any threshold. The running
+    max lives for one batch (its layers stream in order); after ``last_layer`` the batch's
+    documents keep only their sink positions.
+    """
+
+    def __init__(self, min_later: int, threshold: float, last_layer: int) -> None:
+        self.min_later, self.threshold, self.last_layer = min_later, threshold, last_layer
+        self.positions: dict[int, tuple[int, ...]] = {}
+        self._best: Tensor | None = None  # [batch, key] of the batch in flight
+
+    def update(self, lc: LayerContributions) -> None:
+        if lc.queries.start != 0:
+            return
+        acts = lc.acts
+        n_pos = acts.pattern.shape[-1]
+        later = torch.ones(n_pos, n_pos, dtype=torch.bool, device=acts.mask.device).tril(-1)
+        real = acts.mask[:, :, None] & acts.mask[:, None, :]
+        weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
+        n_later = weight.sum(1)  # [batch, key]
+        mean = (acts.pattern * weight[:, None]).sum(2) / n_later[:, None].clamp_min(1)
+        best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0)  # [batch, key]
+        self._best = best if self._best is None else torch.maximum(self._best, best)
+        if lc.layer == self.last_layer:
+            above = (self._best > self.threshold).cpu()
+            for row, doc in enumerate(lc.batch.documents):
+                n = int(lc.batch.lengths[row])
+                self.positions[doc] = tuple(int(p) for p in above[row, :n].nonzero().flatten())
+            self._best = None
+
+    def merge(self, other: _MaxAttention) -> None:
+        self.positions.update(other.positions)
+
+
+def detect_sinks(
+    model: Any,
+    corpus: Any,
+    *,
+    threshold: float = SINK_RATE_THRESHOLD,
+    min_later: int = MIN_QUERY,
+    layers: Any = None,
+    batch_size: int | None = 8,
+    prepend_bos: bool = True,
+) -> list[tuple[int, ...]]:
+    """Sink positions per document: keys whose mean attention from later queries exceeds
+    ``threshold`` (0.3) in at least one head (of the given layers). Only keys that at least
+    ``min_later`` (16) later queries read are candidates, so the last positions of a document
+    are never sinks."""
+    if min_later < 1:
+        raise InputError(f"min_later must be at least 1, got {min_later}.")
+    layer_list = resolve_layers(model, layers)
+    acc, _ = stream_corpus(
+        model,
+        corpus,
+        _MaxAttention(min_later, threshold, max(layer_list)),
+        layers=layer_list,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+    )
+    return [acc.positions[doc] for doc in range(len(as_corpus(corpus)))]

@@ -1,0 +1,444 @@
+"""The sink statistics of a corpus (:func:`sink_statistics`, :class:`SinkStatistics`) and the
+sink rates alone (:func:`sink_rates`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from cw_lens.analyses.sinks.accumulation import (
+    DRIVER_FACTORS,
+    FACTOR_COLUMNS,
+    MAX_SAMPLES_PER_HEAD,
+    RATE_BINS,
+    RECORDED_SUMS,
+    SHARE_BINNING,
+    SinkAccumulator,
+    head_spearman,
+)
+from cw_lens.analyses.sinks.claims import LAYER_NUMBERS, MIN_S_STAR_QUERIES, sink_claims
+from cw_lens.analyses.sinks.detection import (
+    MIN_QUERY,
+    SINK_RATE_THRESHOLD,
+    SinkPositions,
+    resolve_sinks,
+)
+from cw_lens.core import geometry as geo
+from cw_lens.core.bootstrap import Bootstrap, require_record
+from cw_lens.core.claims import claims_dict, with_intervals
+from cw_lens.core.errors import InputError
+from cw_lens.core.resampled import (
+    driver_numbers,
+    per_layer_rows,
+    sink_head_fields,
+    sink_numbers,
+    sink_numbers_per_layer,
+)
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.streaming import stream_contributions, stream_corpus
+from cw_lens.models.capture import resolve_layers
+from cw_lens.models.layer_contributions import LayerContributions
+
+
+@dataclass
+class SinkStatistics:
+    """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
+
+    Use :meth:`heads` for the per-head table, :meth:`curve` for the empirical sink-rate curves,
+    :meth:`decomposition` for the factor analysis, :meth:`claims` for P1's claims as measured,
+    and the ``plot_*`` methods for figures.
+    """
+
+    layers: list[int]
+    n_heads: int
+    sinks: str
+    n_documents: int
+    n_tokens: int
+    acc: Any = field(repr=False)
+    min_query: int = MIN_QUERY
+    threshold: float = SINK_RATE_THRESHOLD
+
+    def _total(self, name: str) -> Tensor:
+        rows = []
+        for layer in self.layers:
+            key = f"{name}@{layer}"
+            rows.append(
+                self.acc.sums.total(key)
+                if key in self.acc.sums
+                else torch.zeros(self.n_heads, dtype=torch.float64)
+            )
+        return torch.stack(rows)  # [layer, head, ...]
+
+    def _mean(self, name: str, count: str) -> Tensor:
+        """Sum / count; NaN where nothing was counted (e.g. no query reached min_query)."""
+        total, n = self._total(name), self._total(count)
+        return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, math.nan))
+
+    @property
+    def sink_rate(self) -> Float[Tensor, "layer head"]:
+        """Mean sink rate over queries ``i >= min_query``."""
+        return self._mean("rate_sum", "rate_count")
+
+    @property
+    def sink_heads(self) -> Bool[Tensor, "layer head"]:
+        return self.sink_rate > self.threshold  # NaN (no query counted) is not a sink head
+
+    def heads(self) -> pd.DataFrame:
+        """One row per (layer, head): rates, value geometry, factors, s*, drift."""
+        rate = self.sink_rate
+        data = {
+            "layer": np.repeat(self.layers, self.n_heads),
+            "head": np.tile(np.arange(self.n_heads), len(self.layers)),
+            "sink_rate": rate.flatten(),
+            "sink_head": self.sink_heads.flatten(),
+            "sink_rate_all_queries": self._mean("rate_all_sum", "rate_all_count").flatten(),
+            "output_norm": self._mean("norm_sum", "rate_all_count").flatten(),
+            "norm_ratio": self._mean("ratio_sum", "geometry_count").flatten(),
+            "norm_ratio_geomean": self._mean("log_ratio_sum", "geometry_count").exp().flatten(),
+            "cos_sink_token": self._mean("cos_token_sum", "geometry_count").flatten(),
+            "cos_sink_mixture": self._mean("cos_mixture_sum", "cos_mixture_count").flatten(),
+        }
+        for group in ("sink", "tail"):
+            for name in FACTOR_COLUMNS[4:]:
+                data[f"{group}_{name}"] = self._mean(
+                    f"{group}_{name}_sum", f"{group}_count"
+                ).flatten()
+        data["s_star_median"] = self.acc.s_star.quantile(0.5).flatten()
+        data["s_star_at_0"] = self.acc.s_star.share_at_or_below_lo().flatten()
+        data["s_star_at_1"] = self.acc.s_star.share_at_or_above_hi().flatten()
+        data["s_star_count"] = self.acc.s_star.total.flatten()
+        data["drift_cos_median"] = self.acc.drift_cos.quantile(0.5).flatten()
+        data["drift_negative_share"] = self._mean("drift_neg", "drift_count").flatten()
+        data["drift_cancelled_median"] = self.acc.drift_share.quantile(0.5).flatten()
+        data["drift_count"] = self._total("drift_count").flatten()
+        df = pd.DataFrame({k: np.asarray(v) for k, v in data.items()})
+        df["s_star_interior"] = (
+            (df["s_star_count"] > 0) & (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
+        )
+        return df
+
+    def to_dataframe(self) -> pd.DataFrame:
+        return self.heads()
+
+    def top(self, k: int = 10, by: str = "sink_rate") -> pd.DataFrame:
+        """The ``k`` heads with the largest ``by``."""
+        return self.heads().nlargest(k, by).reset_index(drop=True)
+
+    def curve(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
+        """Empirical curve: mean ``||o_i^h||`` per sink-rate bin (queries ``i >= min_query``)."""
+        norm, count = self._total("curve_norm"), self._total("curve_count")
+        rows = []
+        heads = self.sink_heads
+        for li, layer in enumerate(self.layers):
+            for h in range(self.n_heads):
+                if sink_heads_only and not heads[li, h]:
+                    continue
+                for b in range(RATE_BINS):
+                    n = int(count[li, h, b])
+                    if n:
+                        rows.append((layer, h, (b + 0.5) / RATE_BINS, float(norm[li, h, b]) / n, n))
+        return pd.DataFrame(rows, columns=["layer", "head", "sink_rate", "output_norm", "count"])
+
+    def s_star_distribution(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
+        """Histogram of the counterfactual minimiser ``s*`` pooled over (sink) heads."""
+        hist = self.acc.s_star
+        sel = self.sink_heads if sink_heads_only else torch.ones_like(self.sink_heads)
+        counts = hist.counts[sel].sum(0).double()
+        edges = hist.edges.numpy()
+        centres = np.concatenate([[0.0], (edges[:-1] + edges[1:]) / 2, [1.0]])
+        return pd.DataFrame(
+            {
+                "s_star": centres,
+                "count": counts.numpy(),
+                "edge": ["=0"] + ["interior"] * hist.n_bins + ["=1"],
+            }
+        )
+
+    def samples(self, group: str = "sink") -> pd.DataFrame:
+        """The sampled factor entries of one group (``"sink"``: the sink column; ``"tail"``:
+        non-sink keys), one row per entry: ``FACTOR_COLUMNS`` and ``document`` (its index in
+        the corpus)."""
+        if group not in ("sink", "tail"):
+            raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
+        reservoir = self.acc.samples
+        groups = [g for g in reservoir.groups() if g.split("/")[0] == group]
+        rows = torch.cat(
+            [reservoir.table(g) for g in groups] or [torch.zeros(0, len(FACTOR_COLUMNS))]
+        )
+        docs = torch.cat([reservoir.documents(g) for g in groups] or [torch.zeros(0)])
+        df = pd.DataFrame(rows.numpy(), columns=list(FACTOR_COLUMNS))
+        df["document"] = docs.numpy().astype("int64")
+        df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
+        return df.astype({c: "int64" for c in ("layer", "head", "query", "key")})
+
+    def drivers(self) -> pd.DataFrame:
+        """Per (layer, head) and group (sink / tail entries): each factor's Spearman rank
+        correlation with the contribution weight (``rho_attention``, ``rho_relative_norm``,
+        ``rho_cosine``), with ``n_samples`` and ``sink_head`` (claim
+        ``sink_contribution_drivers`` reads the sink group of sink heads)."""
+        heads = self.heads()[["layer", "head", "sink_head"]]
+        frames = [head_spearman(self.samples(g)).assign(group=g) for g in ("sink", "tail")]
+        table = pd.concat(frames, ignore_index=True)
+        return table.merge(heads, on=["layer", "head"], how="left")
+
+    def _driver_samples(self) -> list[tuple[int, int, Tensor, Tensor]] | None:
+        """Per head, the sink group's factor samples and their documents, as
+        :func:`cw_lens.core.resampled.driver_numbers` reads them (None if any document is
+        unknown)."""
+        reservoir, index = self.acc.samples, {layer: i for i, layer in enumerate(self.layers)}
+        columns = [FACTOR_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
+        out = []
+        for group in reservoir.groups():
+            kind, layer, head = group.split("/")
+            if kind != "sink":
+                continue
+            docs = reservoir.documents(group)
+            if (docs < 0).any():
+                return None
+            table = reservoir.table(group)[:, columns]
+            out.append((index[int(layer)], int(head), table.double(), docs))
+        return out
+
+    def decomposition(self) -> pd.DataFrame:
+        """Per group (sink / tail entries of sink heads) and factor: the mean and median over
+        the sampled entries, and the median over sink heads of the per-head Spearman rho with
+        the contribution, signed and absolute (:meth:`drivers`)."""
+        drivers = self.drivers()
+        drivers = drivers[drivers["sink_head"].eq(True)]
+        heads = set(map(tuple, self.sink_heads.nonzero().tolist()))
+        rows = []
+        for group in ("sink", "tail"):
+            table = self.samples(group)
+            layer_index = table["layer"].map({layer: i for i, layer in enumerate(self.layers)})
+            keep = [(a, h) in heads for a, h in zip(layer_index, table["head"], strict=True)]
+            table = table[np.asarray(keep, dtype=bool)]
+            rho = drivers[drivers["group"] == group]
+            for name in (*DRIVER_FACTORS, "contribution"):
+                values = table[name].to_numpy()
+                col = f"rho_{name}"
+                rows.append(
+                    {
+                        "group": group,
+                        "factor": name,
+                        "mean": float(np.nanmean(values)) if len(values) else math.nan,
+                        "median": float(np.nanmedian(values)) if len(values) else math.nan,
+                        "median_head_rho": float(rho[col].median()) if col in rho else 1.0,
+                        "median_head_abs_rho": float(rho[col].abs().median())
+                        if col in rho
+                        else 1.0,
+                        "n_samples": len(values),
+                    }
+                )
+        return pd.DataFrame(rows)
+
+    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
+        """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold
+        (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents and
+        the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
+        claims = sink_claims(self.heads(), self.drivers())
+        if bootstrap is not None:
+            claims = with_intervals(claims, *self.intervals(bootstrap))
+        return claims_dict(claims)
+
+    def intervals(
+        self, bootstrap: Bootstrap
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
+        """Bootstrap intervals over documents of the sink claims' numbers
+        (:mod:`cw_lens.core.resampled` says what each is of) and per-layer rows for the claims
+        about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
+        document is drawn (:func:`cw_lens.core.resampled.driver_numbers`)."""
+        per_doc = require_record(self.acc.per_doc, "sink_statistics")
+        hist = self.acc.share_hist
+        record = per_doc.table()
+        reps = bootstrap.resample(record)  # [R, statistic, layer, head]
+        fields = sink_head_fields(
+            {name: reps[:, i] for i, name in enumerate(per_doc.names)},
+            bootstrap.resample(hist.table("drift_share")),
+            SHARE_BINNING,
+            self.threshold,
+        )
+        numbers = sink_numbers(fields, MIN_S_STAR_QUERIES)
+        samples = self._driver_samples()
+        if samples is not None:  # None: samples stored without their documents (before 0.2.1)
+            weights = bootstrap.weights(record.shape[0])
+            numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
+        intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
+        exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
+        counts = self.acc.s_star.counts[None].double()
+        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
+        point = sink_head_fields(
+            exact, hist.table("drift_share").double().sum(0)[None], SHARE_BINNING, self.threshold
+        )
+        point_layers = sink_numbers_per_layer(point, MIN_S_STAR_QUERIES)
+        rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
+        per_layer = {
+            cid: per_layer_rows(
+                self.layers, number, point_layers[number][0], bootstrap.interval(rep_layers[number])
+            )
+            for cid, number in LAYER_NUMBERS.items()
+        }
+        return intervals, per_layer
+
+    # plots
+    def plot_value_geometry(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_value_geometry
+
+        return plot_sink_value_geometry(self.heads(), **kw)
+
+    def plot_drivers(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_contribution_drivers
+
+        return plot_sink_contribution_drivers(self.heads(), self.decomposition(), **kw)
+
+    def plot_curve(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_convex_sink_curve
+
+        return plot_convex_sink_curve(self.curve(), self.s_star_distribution(), self.heads(), **kw)
+
+    def plot_drift(self, **kw: Any) -> Any:
+        from cw_lens.plots.sinks import plot_sink_cancels_drift
+
+        return plot_sink_cancels_drift(self.heads(), **kw)
+
+    def plot(self, **kw: Any) -> Any:
+        """The attention-versus-contribution overview per layer (sink heads highlighted)."""
+        from cw_lens.plots.sinks import plot_sink_attention_vs_contribution
+
+        return plot_sink_attention_vs_contribution(self.heads(), **kw)
+
+
+def sink_statistics(
+    model: Any,
+    corpus: Any,
+    *,
+    sink_positions: SinkPositions = (0,),
+    layers: Any = None,
+    batch_size: int | None = 8,
+    min_query: int = MIN_QUERY,
+    drift_k: int = 4,
+    samples_per_head: int = 128,
+    max_samples: int = MAX_SAMPLES_PER_HEAD,
+    seed: int = 0,
+    prepend_bos: bool = True,
+    progress: bool | str = False,
+    per_document: bool = False,
+) -> SinkStatistics:
+    """Sink geometry over a corpus in one streamed pass (SPEC §3).
+
+    Args:
+        model: A ``TransformerBridge``.
+        corpus: ``load_corpus(...)`` output or a list of strings.
+        sink_positions: Sink positions (default BOS, position 0) or ``"detect"`` (per document,
+            keys whose mean attention exceeds 0.3 in some head).
+        layers: Layers (``None`` = all).
+        batch_size: Documents per forward pass.
+        min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
+        drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
+        samples_per_head: Factor samples per (document, layer, head) and group (sink /
+            tail entries) for the per-head rank correlations (:meth:`SinkStatistics.drivers`).
+        max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
+            seeded bottom-k reservoir: the same sample whatever the sharding; memory fixed at
+            about 80 bytes per sample, 44 MB for SmolLM2's 270 heads at the default); small
+            corpora keep every sample drawn.
+        seed: Seed of the factor sampling (per document, so sharded runs sample the same).
+        prepend_bos: Prepend BOS to text.
+        progress: Show a progress bar.
+        per_document: Also keep each document's sums per head (``RECORDED_SUMS`` and a coarse
+            cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
+            document, 43.2 KB for SmolLM2-135M's 270 heads) so that
+            :meth:`SinkStatistics.claims` can give bootstrap intervals.
+    """
+    if drift_k < 1:
+        raise InputError(f"drift_k must be at least 1, got {drift_k}.")
+    if min_query < 1:
+        raise InputError(f"min_query must be at least 1, got {min_query}.")
+    if samples_per_head < 0:
+        raise InputError(f"samples_per_head must be >= 0, got {samples_per_head}.")
+    layer_list = resolve_layers(model, layers)
+    sinks = resolve_sinks(
+        model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
+    )
+    acc = SinkAccumulator(
+        layer_list,
+        model.cfg.n_heads,
+        sinks,
+        min_query=min_query,
+        drift_k=drift_k,
+        samples_per_head=samples_per_head,
+        max_samples=max_samples,
+        seed=seed,
+        n_documents=len(as_corpus(corpus)) if per_document else None,
+    )
+    acc, stats = stream_corpus(
+        model,
+        corpus,
+        acc,
+        layers=layer_list,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        progress=progress and "sink statistics",
+    )
+    result = SinkStatistics(
+        layer_list,
+        model.cfg.n_heads,
+        sinks.describe(),
+        stats.n_documents,
+        stats.n_tokens,
+        acc,
+        min_query,
+    )
+    if bool(result.sink_rate.isnan().all()):
+        warnings.warn(
+            f"No query at position >= min_query={min_query} after a sink: the documents are too "
+            "short (or no sink position lies inside them), so sink rates are NaN and no head is "
+            "a sink head. Use longer texts or a smaller min_query.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return result
+
+
+def sink_rates(
+    model: Any,
+    inputs: Any,
+    *,
+    sink_positions: SinkPositions = (0,),
+    layers: Any = None,
+    prepend_bos: bool = True,
+) -> Float[Tensor, "batch layer head query"]:
+    """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries);
+    ``sink_positions`` as in :func:`sink_statistics` (positions or ``"detect"``)."""
+    from cw_lens.data.inputs import prepare_inputs
+
+    layer_list = resolve_layers(model, layers)
+    batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
+    sinks = resolve_sinks(model, inputs, sink_positions, prepend_bos=prepend_bos)
+    n_pos = batch.tokens.shape[1]
+    out = torch.full((batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan)
+
+    def fill(lc: LayerContributions) -> None:
+        mask = sinks.mask(lc.batch, lc.attention.device)
+        s = geo.sink_rate(lc.attention, mask[:, : lc.keys.stop])
+        ok = lc.query_mask & ~mask[:, lc.queries]
+        rows = torch.tensor(lc.batch.documents)
+        out[rows, layer_list.index(lc.layer), :, lc.queries] = s.masked_fill(
+            ~ok[:, None, :], math.nan
+        ).cpu()
+
+    stream_contributions(
+        model,
+        batch.tokens,
+        fill,
+        layers=layer_list,
+        attention_mask=batch.mask.long(),
+    )
+    return out

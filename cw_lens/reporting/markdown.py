@@ -1,0 +1,230 @@
+"""REPORT.md: the claims table with verdicts and intervals, and what each figure shows, from
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+if TYPE_CHECKING:
+    from cw_lens.reporting.job import Job
+
+
+def _fmt(value: Any, depth: int = 0) -> str:
+    """Compact text for the report: floats to 3 digits, dicts shortened."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        if depth >= 1:
+            return "{...}"
+        inner = ", ".join(f"{k}: {_fmt(v, depth + 1)}" for k, v in list(value.items())[:7])
+        return "{" + inner + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_fmt(v, depth + 1) for v in value[:8]) + "]"
+    return str(value)
+
+
+def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
+    """REPORT.md: the claims table and every figure with a one-line reading."""
+    lines = [
+        f"# cw_lens report — {summary['model']}",
+        "",
+        f"Corpus `{summary['corpus']}`: {summary['n_documents']} documents, "
+        f"{summary['n_tokens']} tokens (BOS `{summary['bos_token']}` prepended; it is the sink "
+        f"at position 0); seed {summary['seed']}. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
+        + ".",
+        "",
+        "## Claims",
+        "",
+        f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
+        "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
+        "the interval straddles the threshold (SPEC §6).",
+        "",
+        claims_markdown(summary),
+        "",
+        "Criteria (SPEC §6) and the other measured numbers:",
+        "",
+    ]
+    for cid, claim in summary["claims"].items():
+        measured = claim["measured"]
+        numbers = {c["number"] for c in claim.get("checks", [])}
+        other = "; ".join(
+            f"{k} = {_fmt(v)}" for k, v in list(measured.items()) if k not in numbers
+        )[:600]
+        lines.append(
+            f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
+            f"Also measured: {other or 'nothing else'}."
+        )
+    lines += ["", "## Figures", ""]
+    readings = figure_readings(summary)
+    for name, paths in figures.items():
+        png = paths[0].name
+        lines += [f"### {name}", "", f"![{name}]({png})", "", readings.get(name, ""), ""]
+    if job.timings:
+        lines += [
+            "## Run",
+            "",
+            "Step timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _interval_words(summary: dict[str, Any]) -> str:
+    boot = summary.get("bootstrap")
+    if not boot:
+        return "interval (none computed)"
+    return (
+        f"{boot['level']:.0%} bootstrap interval over {boot['unit']}s ({boot['resamples']} "
+        f"resamples, seed {boot['seed']}, {boot['method'].split(';')[0]})"
+    )
+
+
+def _interval_text(interval: Any) -> str:
+    if interval is None:
+        return "no interval"
+    low, high = interval
+    if low is None or high is None:
+        return "[n/a]"
+    return f"[{low:.3g}, {high:.3g}]"
+
+
+VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
+
+
+def claims_markdown(summary: dict[str, Any]) -> str:
+    """The claims table of a schema-2 summary as Markdown (REPORT.md; paste it into the README):
+    per claim the paper's statement, the criterion's checks — each number with its interval
+    and threshold — and the three-valued verdict."""
+    lines = [
+        "| claim | paper says | number = value [interval] (criterion) | verdict |",
+        "|---|---|---|---|",
+    ]
+    for cid, claim in summary["claims"].items():
+        checks = "<br>".join(
+            f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))} "
+            f"({_check_text(c)}: {c['holds']})"
+            for c in claim.get("checks", [])
+        )
+        mark = VERDICT_MARK.get(claim["holds"], str(claim["holds"]))
+        lines.append(f"| `{cid}` | {claim['paper']} | {checks} | {mark} |")
+    return "\n".join(lines)
+
+
+def _check_text(check: dict[str, Any]) -> str:
+    if check["op"] == "in":
+        low, high = check["threshold"]
+        return f"in [{low:g}, {high:g}]"
+    return f"{check['op']} {check['threshold']:g}"
+
+
+def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
+    comp = (spread or {}).get("comprehensiveness_pairs")
+    if comp is None:
+        return ""
+    return (
+        f" Random control over {int(comp['n_draws'])} draws (comprehensiveness, pairs): AOPC "
+        f"mean {_fmt(comp['mean'])}, sd {_fmt(comp['sd'])}, range "
+        f"[{_fmt(comp['min'])}, {_fmt(comp['max'])}]."
+    )
+
+
+def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
+    """One line per figure, written from the measured numbers."""
+    c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
+    words = {"yes": "holds", "no": "does not hold", "inconclusive": "is inconclusive"}
+    held = {cid: words[claim["holds"]] for cid, claim in summary["claims"].items()}
+    sink = c["sink_attention_vs_contribution"]
+    ratio = c["sink_value_norm_ratio"]
+    anti = c["sink_anti_alignment"]
+    convex = c["convex_sink_curve"]
+    drift = c["sink_cancels_drift"]
+    cone = c["sink_ablation_cone"]
+    comp = c["faithfulness_order"].get("aopc_comprehensiveness_pairs", {})
+    best = max(comp, key=lambda k: comp[k] if comp[k] is not None else -1) if comp else "?"
+    topn = c["topn_beats_random"]
+    sink_fn = c["sink_lowers_fn"]
+    tax = c["retriever_share"]
+    heat = (
+        "Attention (left) versus intra-head contribution weights (right) of a strong sink "
+        "head on one text (P1, Fig. 1)."
+    )
+    return {
+        "contribution_heatmap_1": heat,
+        "contribution_heatmap_2": heat,
+        "sink_attention_vs_contribution": (
+            f"Over {sink['n_sink_heads']} sink heads the sink takes "
+            f"{_fmt(sink['mean_sink_attention'])} of the attention and contributes "
+            f"{_fmt(sink['mean_sink_contribution_intra'])} of the head output (ratio "
+            f"{_fmt(sink['contribution_over_attention'])}): the claim "
+            f"{held['sink_attention_vs_contribution']}."
+        ),
+        "sink_value_geometry": (
+            f"Median norm ratio ||pv_j||/||pv_0|| over sink heads "
+            f"{_fmt(ratio['median_ratio_sink_heads'])}; median cos(pv_0, m_i) "
+            f"{_fmt(anti['median_cos_sink_tail_mixture'])}."
+        ),
+        "sink_contribution_drivers": (
+            "Median over sink heads of |Spearman rho| of each factor with the sink's "
+            f"contribution: {_fmt(c['sink_contribution_drivers']['median_abs_rho_sink'])}; "
+            f"the claim {held['sink_contribution_drivers']}."
+        ),
+        "convex_sink_curve": (
+            f"{_fmt(convex['share_judged_sink_heads_interior_median_s_star'])} of the "
+            f"{convex['n_sink_heads_judged']} sink heads with at least 16 counted queries have an "
+            f"interior median s* (median of medians {_fmt(convex['median_of_median_s_star'])})."
+        ),
+        "sink_cancels_drift": (
+            f"The sink term opposes the weak-token drift in "
+            f"{_fmt(drift['share_sink_heads_negative_cosine'])} of sink heads; median cancelled "
+            f"share {_fmt(drift['median_cancelled_share'])}."
+        ),
+        "sink_ablation_cone": (
+            "Removing the sink: low-norm heads' cone alignment "
+            f"{_fmt(cone['low_norm_cone_before'])} -> {_fmt(cone['low_norm_cone_after'])}, others "
+            f"{_fmt(cone['other_cone_before'])} -> {_fmt(cone['other_cone_after'])}; PPL "
+            f"{_fmt(cone['clean_ppl'])} -> {_fmt(cone['patched_ppl'])}."
+        ),
+        "faithfulness_order": (
+            f"Comprehensiveness AOPC (mean NLL change, pairs): {_fmt(comp)}; most faithful: "
+            f"{best}; P1's full ordering {held['faithfulness_order']}."
+            + _random_draws_text(c["faithfulness_order"].get("random_aopc_over_draws"))
+        ),
+        "faithfulness_task": "Faithfulness on the task items: drop of the answer log-probability.",
+        "topn_beats_random": (
+            f"F_N of top-N over random: {_fmt(topn.get('top_over_random', {}))}; the largest gap "
+            f"is at N = {topn.get('n_with_largest_gap')}."
+        ),
+        "sink_lowers_fn": (
+            "Median over heads of F_N without the sink / F_N with it: "
+            f"{_fmt(sink_fn['median_head_ratio'])}; share of heads at >= 2x (N = 2, 4): "
+            f"{_fmt(sink_fn['share_heads_at_least_2x'])}."
+        ),
+        "retriever_share": (
+            f"Regime shares {_fmt(tax['regime_shares'])}; Retrievers "
+            f"{_fmt(tax['retriever_share'])} of heads."
+        ),
+        "pruning_signal": (
+            "ΔPPL per order and retention, the same share of heads removed in every layer "
+            f"(SPEC's reading); the claim {held['pruning_signal']}."
+        ),
+        "pruning_signal_global": "The variant: one global ranking of all heads.",
+        "per_layer_intervals": (
+            "The claims about layers, layer by layer: each layer's number (dot) with its "
+            "bootstrap interval over documents (bar) and the criterion's threshold (dashed)."
+        ),
+    }
+
+
+def claims_table(summary: dict[str, Any]) -> pd.DataFrame:
+    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive",
+    figure)."""
+    rows = [
+        {"claim": cid, "holds": c["holds"], "paper": c["paper"], "figure": c["figure"]}
+        for cid, c in summary["claims"].items()
+    ]
+    return pd.DataFrame(rows)
