@@ -168,8 +168,8 @@ MUTANTS = [
     m(
         "drivers: the tail entries judged instead of the sink's",
         "cw_lens/analyses/sinks/claims.py",
-        '                    abs_rho["sink"][f] - abs_rho["sink"]["attention"],',
-        '                    abs_rho["tail"][f] - abs_rho["tail"]["attention"],',
+        '                abs_rho["sink"][f] - abs_rho["sink"]["attention"],',
+        '                abs_rho["tail"][f] - abs_rho["tail"]["attention"],',
         CLAIMS,
     ),
     m(
@@ -228,20 +228,20 @@ MUTANTS = [
     flip(
         "reversed: sink_contribution_drivers",
         "cw_lens/analyses/sinks/claims.py",
-        """                    abs_rho["sink"][f] - abs_rho["sink"]["attention"],
-                    ">",""",
+        """                abs_rho["sink"][f] - abs_rho["sink"]["attention"],
+                ">",""",
     ),
     flip(
         "reversed: convex_sink_curve",
         "cw_lens/analyses/sinks/claims.py",
-        """                    mean(judged["s_star_interior"]),
-                    ">",""",
+        """                mean(judged["s_star_interior"]),
+                ">",""",
     ),
     flip(
         "reversed: sink_cancels_drift (cosine share)",
         "cw_lens/analyses/sinks/claims.py",
-        """                    mean(sink["drift_cos_median"] < 0),
-                    ">",""",
+        """                mean(sink["drift_cos_median"] < 0),
+                ">",""",
     ),
     flip(
         "reversed: sink_cancels_drift (cancelled share)",

@@ -4,12 +4,14 @@ old module path (``cw_lens.sinks``, ``cw_lens.report``, ...) for one minor versi
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +126,21 @@ def test_python_m_old_cli_runs_the_new_one():
     assert out.returncode == 0, out.stderr
     assert "figures" in out.stdout
     assert "deprecated" in out.stderr
+
+
+PACKAGE = Path(cw_lens.__file__).parent
+
+
+def test_no_module_over_600_lines_and_long_functions_say_why():
+    too_long, unexplained = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") > 600:
+            too_long.append(f"{path.relative_to(PACKAGE)}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80 and "Long:" not in (ast.get_docstring(node) or ""):
+                    unexplained.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert not too_long, too_long
+    assert not unexplained, f"over 80 lines without a 'Long:' reason: {unexplained}"

@@ -377,6 +377,9 @@ def contribution_weights(
     Returns:
         A :class:`ContributionResult`. It holds ``2 x batch x layers x heads x pos^2`` floats;
         for corpora use :func:`stream_contributions` or the corpus analyses.
+
+    Long: argument checks and the per-layer loop that fills the result; the math is in
+    LayerContributions.
     """
     check_kind(kind)
     require_verified(model)
@@ -495,7 +498,11 @@ def activations_from_cache(
     tokens: Tensor | None = None,
     attention_mask: Tensor | None = None,
 ) -> LayerActivations:
-    """Build checked :class:`LayerActivations` for one layer from a cache."""
+    """Build checked :class:`LayerActivations` for one layer from a cache.
+
+    Long: one look-up and one shape check per cached tensor, in the order LayerActivations holds
+    them.
+    """
     names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z")}
     got = {}
     for kind, name in names.items():

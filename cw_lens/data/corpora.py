@@ -61,6 +61,8 @@ def load_corpus(
 
     Returns:
         A :class:`Corpus`.
+
+    Long: one short branch per source (built-in texts, tasks, JSONL, Hugging Face).
     """
     if n_docs < 1:
         raise InputError(f"n_docs must be at least 1, got {n_docs}.")

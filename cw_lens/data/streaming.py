@@ -176,6 +176,8 @@ def stream_contributions(
 
     Returns:
         A :class:`StreamStats`.
+
+    Long: mostly the argument checks and the plan of query blocks; the pass itself is run_layers.
     """
     require_verified(model)
     if not callable(consumer):

@@ -160,6 +160,9 @@ def sink_patch_data(
         sink_positions, kind, top_k: As in :func:`cw_lens.compare_sink_patch`.
         layer, head, query: The initial view.
         max_mb: Refuse a page whose maps would exceed this many MB.
+
+    Long: the clean run, the sweep of patched runs and the payload, in the order the page reads
+    them.
     """
     n_layers = model.cfg.n_layers
     view = resolve_layers(model, default_view_layers(n_layers) if layers is None else layers)

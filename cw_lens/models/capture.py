@@ -191,6 +191,9 @@ def run_layers(
 
     Returns:
         The logits ``[batch, pos, vocab]`` (float32) when ``need_logits``, else ``None``.
+
+    Long: the hook wiring of one pass (pattern, v, z, the layer weights, the early stop) kept in one
+    place.
     """
     access = model_access(model)
     weights = {} if weights is None else weights

@@ -163,6 +163,8 @@ def load_model(
         model = cw_lens.load_model()              # embedded SmolLM2-135M, offline (bridge)
         hooked = cw_lens.load_model(api="hooked") # the same weights as a HookedTransformer
         print(model.cfg.n_layers, hooked.cfg.n_layers)   # 30 30
+
+    Long: one short branch per source (a loaded model, the test models, the embedded GGUF, the Hub).
     """
     if is_bridge(name) or is_hooked(name):
         wanted = "bridge" if is_bridge(name) else "hooked"

@@ -134,7 +134,10 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
 
 
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
-    """One line per figure, written from the measured numbers."""
+    """One line per figure, written from the measured numbers.
+
+    Long: one sentence per figure read from summary.json, a table of f-strings.
+    """
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
     words = {"yes": "holds", "no": "does not hold", "inconclusive": "is inconclusive"}
     held = {cid: words[claim["holds"]] for cid, claim in summary["claims"].items()}

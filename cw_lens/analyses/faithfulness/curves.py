@@ -312,35 +312,14 @@ def faithfulness(
 
     Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
+
+    Long: after the checks (_checked_options), one loop per batch (the clean pass, then one
+    intervened pass per configuration) whose ranks are freed before the next batch's are built.
     """
     require_verified(model)
-    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
-    modes = [modes] if isinstance(modes, str) else list(modes)
-    if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
-        raise InputError(f"first_query must be a non-negative integer, got {first_query!r}.")
-    for m in metrics:
-        if m not in ALL_METRICS:
-            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
-    if isinstance(random_draws, bool) or not isinstance(random_draws, int) or random_draws < 1:
-        raise InputError(f"random_draws must be a positive integer, got {random_draws!r}.")
-    if random_draws > 1:
-        if "random" not in metrics:
-            raise InputError("random_draws > 1 needs the 'random' metric; add it to metrics.")
-        metrics += random_draw_names(random_draws)[1:]
-    for mode in modes:
-        if mode not in MODES:
-            raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
-    grans = [granularity] if isinstance(granularity, str) else list(granularity)
-    for g in grans:
-        if g not in GRANULARITIES:
-            raise InputError(f"granularity must be 'pairs' or 'tokens', got {g!r}.")
-    if ranking not in ("abs", "signed"):
-        raise InputError(f"ranking must be 'abs' or 'signed', got {ranking!r}.")
-    fractions = [float(f) for f in fractions]
-    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
-        raise InputError(f"fractions must lie in [0, 1], got {fractions}.")
-    if not metrics or not modes:
-        raise InputError("Pass at least one metric and one mode.")
+    metrics, modes, grans, fractions = _checked_options(
+        metrics, modes, granularity, ranking, fractions, first_query, random_draws
+    )
 
     docs = as_corpus(corpus)
     task = docs.is_task
@@ -406,6 +385,47 @@ def faithfulness(
     if outcomes.per_doc is not None:
         result.per_document = (outcomes.per_doc.names, outcomes.per_doc.table(), configs)
     return result
+
+
+def _checked_options(
+    metrics: str | Sequence[str],
+    modes: str | Sequence[str],
+    granularity: str | Sequence[str],
+    ranking: str,
+    fractions: Sequence[float],
+    first_query: int,
+    random_draws: int,
+) -> tuple[list[str], list[str], list[str], list[float]]:
+    """:func:`faithfulness`'s options checked: metrics (with the extra random draws), modes,
+    granularities and fractions as lists."""
+    metrics = [metrics] if isinstance(metrics, str) else list(metrics)
+    modes = [modes] if isinstance(modes, str) else list(modes)
+    if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
+        raise InputError(f"first_query must be a non-negative integer, got {first_query!r}.")
+    for m in metrics:
+        if m not in ALL_METRICS:
+            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
+    if isinstance(random_draws, bool) or not isinstance(random_draws, int) or random_draws < 1:
+        raise InputError(f"random_draws must be a positive integer, got {random_draws!r}.")
+    if random_draws > 1:
+        if "random" not in metrics:
+            raise InputError("random_draws > 1 needs the 'random' metric; add it to metrics.")
+        metrics += random_draw_names(random_draws)[1:]
+    for mode in modes:
+        if mode not in MODES:
+            raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")
+    grans = [granularity] if isinstance(granularity, str) else list(granularity)
+    for g in grans:
+        if g not in GRANULARITIES:
+            raise InputError(f"granularity must be 'pairs' or 'tokens', got {g!r}.")
+    if ranking not in ("abs", "signed"):
+        raise InputError(f"ranking must be 'abs' or 'signed', got {ranking!r}.")
+    fractions = [float(f) for f in fractions]
+    if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions):
+        raise InputError(f"fractions must lie in [0, 1], got {fractions}.")
+    if not metrics or not modes:
+        raise InputError("Pass at least one metric and one mode.")
+    return metrics, modes, grans, fractions
 
 
 def _result(

@@ -373,6 +373,10 @@ def prune_heads(
         pruned = cw_lens.prune_heads(model, corpus, order=("taxonomy", "random"))
         pruned.by_retention()     # ΔPPL: rows = retention, columns = order
         pruned.top(5)             # heads whose lone removal costs most
+
+    Long: the protocol's passes in order (taxonomy, each order and retention level, lone heads)
+    share the batches, the per-document record and the progress bar; each step is a function of this
+    package.
     """
     require_verified(model)
     orders = _check_orders(order)

@@ -454,6 +454,8 @@ def selection_geometry(
         geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(tokenizer=model))
         geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
         geo.plot()
+
+    Long: argument checks and the accumulator's set-up; the math is in prf.py and the accumulator.
     """
     require_verified(model)
     if query not in ("last", "all"):

@@ -293,6 +293,9 @@ def sink_ablation(
         per_document: Also keep each document's per-head sums and NLL sums (``20 *
             n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
             bootstrap intervals (:meth:`SinkAblation.claims`).
+
+    Long: two streamed passes and two NLL passes, then the per-head table from their sums; each step
+    reads the state of the one before.
     """
     if effect not in ("direct", "total"):
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")

@@ -356,6 +356,8 @@ def sink_statistics(
             cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
             document, 43.2 KB for SmolLM2-135M's 270 heads) so that
             :meth:`SinkStatistics.claims` can give bootstrap intervals.
+
+    Long: argument checks, sink detection and one streamed pass; the math is in the accumulator.
     """
     if drift_k < 1:
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
