@@ -1,6 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make figures   -> the main job (paper figures, summary.json, REPORT.md on the embedded model)
-#   make test      -> lint + the test suite
+#   make test      -> lint + the docs site (mkdocs build --strict) + the test suite
 #   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
 # All create their virtual environment when missing; a second call installs nothing.
 
@@ -18,7 +18,7 @@ BENCH_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-compat figures lint bench bench-scaling clean browser-deps notebooks screenshots mutants
+.PHONY: install test test-compat figures gallery docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants
 
 install: $(STAMP)
 
@@ -42,7 +42,12 @@ browser-deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	  --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
-test: lint browser-deps
+# the documentation site, into the git-ignored site/ (open site/index.html: works from file://);
+# --strict: a broken link, a missing page or an unresolved API reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+test: lint docs browser-deps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 figures: $(STAMP)

@@ -352,9 +352,10 @@ def prune_heads(
         taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
         lone: Also measure each head's lone removal (:func:`lone_head_costs`).
         lone_corpus: Corpus for the lone costs (default: ``corpus``).
-        lone_docs, lone_tokens: Its first ``lone_docs`` documents cut to ``lone_tokens``
-            tokens (``None`` = all / whole); the defaults (2 x 32) take about 25 s for the 270
-            heads of SmolLM2-135M on two CPU cores.
+        lone_docs: The lone costs use the first ``lone_docs`` documents of that corpus
+            (``None`` = all); with ``lone_tokens`` the defaults (2 x 32) take about 25 s for the
+            270 heads of SmolLM2-135M on two CPU cores.
+        lone_tokens: Those documents are cut to ``lone_tokens`` tokens (``None`` = whole).
         lone_heads: Candidate heads for the lone costs (default: every prunable head).
         lone_heads_per_pass: Heads per forward pass in the lone costs.
         batch_size: Documents per forward pass.

@@ -283,7 +283,8 @@ def sink_ablation(
     ``effect="total"`` it is measured in the patched run.
 
     Args:
-        layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
+        layers: Layers to patch (``None`` = all).
+        heads: Heads to patch (``None`` = all), as a list or ``{layer: [heads]}``.
         scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
             it, 1 keeps it, 2 doubles it).
         mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
