@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine:
 #   make figures   -> the main job (paper figures, summary.json, REPORT.md on the embedded model)
+#                     into runs/default/ (git-ignored); `make gallery` rewrites the committed figures/
 #   make test      -> lint + the docs site (mkdocs build --strict) + the test suite
 #   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
 # All create their virtual environment when missing; a second call installs nothing.
@@ -52,6 +53,10 @@ test: lint docs browser-deps
 
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
+
+# the committed gallery (figures/: the images the README and the docs show), regenerated
+gallery: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --out figures $(FIGURE_ARGS)
 
 # curated wrong formulas, each applied to a copy and run against the fast tests that cover it
 # (tests/mutants.py); every one must be killed. Not part of `make test`: about 20 minutes.

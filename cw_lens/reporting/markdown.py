@@ -59,8 +59,16 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
             f"Also measured: {other or 'nothing else'}."
         )
+    if summary.get("steps_not_run"):
+        lines += [
+            "",
+            "Steps not run (--steps/--skip), so their claims and figures are not measured: "
+            + ", ".join(summary["steps_not_run"])
+            + ".",
+        ]
     lines += ["", "## Figures", ""]
-    readings = figure_readings(summary)
+    # the one-line readings quote numbers of every claim: written for a complete run
+    readings = {} if summary.get("steps_not_run") else figure_readings(summary)
     for name, paths in figures.items():
         png = paths[0].name
         lines += [f"### {name}", "", f"![{name}]({png})", "", readings.get(name, ""), ""]
