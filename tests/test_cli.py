@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,17 @@ def test_version_and_plain_help():
         # plain text: no rich boxes, no reST markup
         assert not set("╭╮╰╯│─") & set(result.output), result.output
         assert "``" not in result.output and ":func:" not in result.output, result.output
+
+
+def test_the_entry_point_does_not_import_torch():
+    """`cw-lens --help` / `--version` stay fast: importing the CLI (and so the cw_lens package)
+    imports neither torch nor TransformerLens; the commands import them when they run."""
+    code = (
+        "import sys, cw_lens.reporting.cli, cw_lens; cw_lens.__version__; dir(cw_lens); "
+        "print(sorted(m for m in ('torch', 'transformer_lens', 'transformers', 'pandas') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out
