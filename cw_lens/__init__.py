@@ -15,7 +15,7 @@ Public API (re-exports only; each function's module docstring states its formula
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
 - several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparison`
-- contribution flow (SPEC §7): :func:`residual_shares`, :func:`stream_shares`,
+- contribution flow (docs/methods.md#flow): :func:`residual_shares`, :func:`stream_shares`,
   :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """

@@ -325,8 +325,8 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 
 
 def step_pruning(job: Job) -> dict[str, Any]:
-    """P2 pruning ranked within each layer (SPEC's reading, with the lone-head costs) and, as
-    the variant, with one global ranking."""
+    """P2 pruning ranked within each layer (the methods page's reading, with the lone-head costs)
+    and, as the variant, with one global ranking."""
     from cw_lens.analyses.pruning import prune_heads
 
     orders = ("taxonomy", "magnitude", "entropy", "random")

@@ -42,11 +42,11 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (SPEC §6).",
+        "the interval straddles the threshold (docs/methods.md#claims).",
         "",
         claims_markdown(summary),
         "",
-        "Criteria (SPEC §6) and the other measured numbers:",
+        "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
     ]
     for cid, claim in summary["claims"].items():
@@ -218,7 +218,7 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
         ),
         "pruning_signal": (
             "ΔPPL per order and retention, the same share of heads removed in every layer "
-            f"(SPEC's reading); the claim {held['pruning_signal']}."
+            f"(the methods page's reading); the claim {held['pruning_signal']}."
         ),
         "pruning_signal_global": "The variant: one global ranking of all heads.",
         "per_layer_intervals": (
