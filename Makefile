@@ -72,7 +72,7 @@ bench: $(STAMP)
 notebooks: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) notebooks/build_notebooks.py
 
-# the README images: the saved page and the widget in JupyterLab, on the embedded model, taken
+# the docs images (docs/guides/interactive.md): the saved page and the widget in JupyterLab, on the embedded model, taken
 # by the browser tests themselves
 screenshots: $(STAMP) browser-deps
 	CW_LENS_SCREENSHOT_DIR=docs CW_LENS_WIDGET_MODEL=embedded HF_HUB_OFFLINE=1 $(PY) -m pytest \

@@ -105,7 +105,7 @@ VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
 
 
 def claims_markdown(summary: dict[str, Any]) -> str:
-    """The claims table of a schema-2 summary as Markdown (REPORT.md; paste it into the README):
+    """The claims table of a schema-2 summary as Markdown (REPORT.md and the docs):
     per claim the paper's statement, the criterion's checks — each number with its interval
     and threshold — and the three-valued verdict."""
     lines = [
