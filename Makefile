@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make figures   -> the main job (paper figures, summary.json, REPORT.md on the embedded model)
-#   make test      -> lint + the test suite
+#                     into runs/default/ (git-ignored); `make gallery` rewrites the committed figures/
+#   make test      -> lint + the docs site (mkdocs build --strict) + the test suite
 #   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
 # All create their virtual environment when missing; a second call installs nothing.
 
@@ -18,7 +19,7 @@ BENCH_ARGS ?=
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-compat figures lint bench bench-scaling clean browser-deps notebooks screenshots mutants
+.PHONY: install test test-compat figures gallery docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants
 
 install: $(STAMP)
 
@@ -42,11 +43,20 @@ browser-deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	  --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
-test: lint browser-deps
+# the documentation site, into the git-ignored site/ (open site/index.html: works from file://);
+# --strict: a broken link, a missing page or an unresolved API reference fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+test: lint docs browser-deps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
+
+# the committed gallery (figures/: the images the README and the docs show), regenerated
+gallery: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --out figures $(FIGURE_ARGS)
 
 # curated wrong formulas, each applied to a copy and run against the fast tests that cover it
 # (tests/mutants.py); every one must be killed. Not part of `make test`: about 20 minutes.
@@ -62,7 +72,7 @@ bench: $(STAMP)
 notebooks: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) notebooks/build_notebooks.py
 
-# the README images: the saved page and the widget in JupyterLab, on the embedded model, taken
+# the docs images (docs/guides/interactive.md): the saved page and the widget in JupyterLab, on the embedded model, taken
 # by the browser tests themselves
 screenshots: $(STAMP) browser-deps
 	CW_LENS_SCREENSHOT_DIR=docs CW_LENS_WIDGET_MODEL=embedded HF_HUB_OFFLINE=1 $(PY) -m pytest \

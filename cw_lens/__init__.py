@@ -15,64 +15,78 @@ Public API (re-exports only; each function's module docstring states its formula
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
 - several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparison`
-- contribution flow (SPEC §7): :func:`residual_shares`, :func:`stream_shares`,
+- contribution flow (docs/methods.md#flow): :func:`residual_shares`, :func:`stream_shares`,
   :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
 """
 
-import sys
+from __future__ import annotations
 
-from cw_lens.analyses.contributions import (
-    ContributionResult,
-    contribution_weights,
-    contribution_weights_from_cache,
-)
-from cw_lens.analyses.faithfulness import FaithfulnessResult, faithfulness
-from cw_lens.analyses.pruning import PruningResult, lone_head_costs, prune_heads
-from cw_lens.analyses.selection import (
-    SelectionGeometryResult,
-    geometric_prf,
-    geometric_prf_batched,
-    selection_geometry,
-)
-from cw_lens.analyses.sinks import (
-    SinkAblation,
-    SinkStatistics,
-    detect_sinks,
-    sink_ablation,
-    sink_rates,
-    sink_statistics,
-)
-from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
-from cw_lens.core.errors import (
-    CwLensError,
-    EmbeddedModelMissing,
-    InputError,
-    ModelLoadError,
-    UnsupportedModelError,
-)
-from cw_lens.data.corpora import load_corpus
-from cw_lens.data.documents import Corpus, Document
-from cw_lens.data.streaming import stream_contributions
-from cw_lens.flow.evaluation import (
-    IOIRouteStatistics,
-    RolloutDeletion,
-    ioi_route_statistics,
-    rollout_deletion,
-)
-from cw_lens.flow.rollout import RolloutResult, attention_rollout, contribution_rollout
-from cw_lens.flow.routes import RouteGraph, routes
-from cw_lens.flow.shares import LayerShares, ResidualShares, residual_shares, stream_shares
-from cw_lens.interactive.comparison import PatchControls, SinkPatchComparison, compare_sink_patch
-from cw_lens.models.access import cache_names
-from cw_lens.models.interventions import HookSet, mask_attention, patch_sink, remove_heads
-from cw_lens.models.layer_contributions import LayerContributions
-from cw_lens.models.load import load_model
-from cw_lens.models.verify import ModelVerification, verify_model
-from cw_lens.reporting.run_comparison import RunComparison, compare_runs
+import sys
+from typing import TYPE_CHECKING
+
+from cw_lens import _moved
 from cw_lens.version import __version__
 
-from cw_lens import _moved  # isort: skip
+# The public names, imported on first use (PEP 562): `import cw_lens`, `cw-lens --help` and
+# `cw-lens --version` load neither torch nor TransformerLens. This block is the one list of
+# where each public name lives: type checkers and the API docs read it as ordinary imports, and
+# `_exports()` reads the same statements to resolve `cw_lens.<name>` at run time.
+if TYPE_CHECKING:
+    from cw_lens.analyses.contributions import (
+        ContributionResult,
+        contribution_weights,
+        contribution_weights_from_cache,
+    )
+    from cw_lens.analyses.faithfulness import FaithfulnessResult, faithfulness
+    from cw_lens.analyses.pruning import PruningResult, lone_head_costs, prune_heads
+    from cw_lens.analyses.selection import (
+        SelectionGeometryResult,
+        geometric_prf,
+        geometric_prf_batched,
+        selection_geometry,
+    )
+    from cw_lens.analyses.sinks import (
+        SinkAblation,
+        SinkStatistics,
+        detect_sinks,
+        sink_ablation,
+        sink_rates,
+        sink_statistics,
+    )
+    from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+    from cw_lens.core.errors import (
+        CwLensError,
+        EmbeddedModelMissing,
+        InputError,
+        ModelLoadError,
+        UnsupportedModelError,
+    )
+    from cw_lens.data.corpora import load_corpus
+    from cw_lens.data.documents import Corpus, Document
+    from cw_lens.data.streaming import stream_contributions
+    from cw_lens.flow.evaluation import (
+        IOIRouteStatistics,
+        RolloutDeletion,
+        ioi_route_statistics,
+        rollout_deletion,
+    )
+    from cw_lens.flow.rollout import RolloutResult, attention_rollout, contribution_rollout
+    from cw_lens.flow.routes import RouteGraph, routes
+    from cw_lens.flow.shares import LayerShares, ResidualShares, residual_shares, stream_shares
+    from cw_lens.interactive.comparison import (
+        PatchControls,
+        SinkPatchComparison,
+        compare_sink_patch,
+    )
+    from cw_lens.interactive.widget import SinkPatcher as SinkPatcher  # not in __all__
+    from cw_lens.interactive.widget import sink_patcher
+    from cw_lens.models.access import cache_names
+    from cw_lens.models.interventions import HookSet, mask_attention, patch_sink, remove_heads
+    from cw_lens.models.layer_contributions import LayerContributions
+    from cw_lens.models.load import load_model
+    from cw_lens.models.verify import ModelVerification, verify_model
+    from cw_lens.reporting.run_comparison import RunComparison, compare_runs
 
 _moved.install(sys.modules[__name__])
 
@@ -138,17 +152,46 @@ __all__ = [
 ]
 
 
+def _exports() -> dict[str, str]:
+    """``{public name: module}`` from the ``if TYPE_CHECKING:`` imports of this file."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+
+
+_EXPORTS: dict[str, str] | None = None
+
+
 def __getattr__(name: str):
-    """``cw_lens.sink_patcher`` / ``cw_lens.SinkPatcher``: the widget, imported on first use (it
-    needs the optional ``anywidget``: ``pip install 'cw_lens[widget]'``); ``cw_lens.sinks`` and
-    the other module paths of 0.2: deprecated aliases of their new homes (:mod:`cw_lens._moved`)."""
+    """A public name (``cw_lens.load_model``), imported from its module on first use; the widget
+    (``cw_lens.sink_patcher``) needs the optional ``anywidget`` (``pip install
+    'cw_lens[widget]'``); ``cw_lens.sinks`` and the other module paths of 0.2 are deprecated
+    aliases of their new homes (:mod:`cw_lens._moved`)."""
+    global _EXPORTS
+    if _EXPORTS is None:
+        _EXPORTS = _exports()
+    module = _EXPORTS.get(name)
+    if module is not None:  # before the old module paths: `faithfulness`, `routes` are both
+        import importlib
+
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
     old = _moved.moved_attribute(sys.modules[__name__], name)
     if old is not None:
         return old
-    if name in ("sink_patcher", "SinkPatcher"):
-        # the widget is a top layer (like the CLI) with an optional dependency: loaded by name
-        # on first use, so importing cw_lens (as report.py does) never imports it
-        import importlib
-
-        return getattr(importlib.import_module("cw_lens.interactive.widget"), name)
     raise AttributeError(f"module 'cw_lens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,7 +1,7 @@
 """The measurements of the architecture matrix: cw_lens against the HF reference, as numbers.
 
 Shared by ``tests/test_architectures.py`` (which asserts on them) and
-``tests/architecture_table.py`` (which prints the README table). Every error is relative:
+``tests/architecture_table.py`` (which prints the table of docs/models.md). Every error is relative:
 
 - contribution weights: max over rows of ``max_j |ours - ref| / max_j |ref|`` (a row is one
   head and query for intra, all heads of one query for inter — the entries that share one

@@ -1,4 +1,4 @@
-"""Print the README's architecture table from the matrix (``python tests/architecture_table.py``).
+"""Print the architecture table of docs/models.md (``python tests/architecture_table.py``).
 
 Runs the same measurements as ``tests/test_architectures.py`` and prints one Markdown row per
 architecture: the HF class, the status cw_lens gives it, the measured worst relative errors

@@ -4,7 +4,7 @@ Playwright launches ``/usr/bin/chromium`` (``executable_path``) headless with fl
 offline, each launch with a fresh temporary profile (Playwright's own ``--user-data-dir``).
 A missing chromium fails the test with the fix (``apt-get install -y chromium``); it never skips.
 Screenshots go under the test's tmp dir, and also into ``$CW_LENS_SCREENSHOT_DIR`` when that is
-set (``make screenshots`` regenerates the README images that way).
+set (``make screenshots`` regenerates the docs images that way).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ ones must be refused with ``UnsupportedModelError`` naming the architecture — 
 ``verify_model`` (raised, or a failed report whose ``raise_if_failed`` raises it), by an analysis
 and by an intervention: never a raw ``KeyError``, never a number. "unbridged" ones
 are those TransformerLens itself cannot wrap; their test fails once it can, so the table is
-updated. ``python tests/architecture_table.py`` prints the same matrix as the README table.
+updated. ``python tests/architecture_table.py`` prints the same matrix as docs/models.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,16 @@
-"""The command line: ``cw-lens analyze`` (``figures`` is covered by test_report.py)."""
+"""The command line: ``cw-lens analyze``, the options of ``figures`` (the job itself is covered
+by test_report.py), ``--version``, plain help and an entry point that does not import torch."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 import cw_lens
@@ -46,18 +53,97 @@ def test_analyze_bad_layer_is_a_clear_error():
     assert "Traceback" not in result.output
 
 
-def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
+def fake_figures(monkeypatch) -> dict:
+    """Replace the job by a recorder of what the command passes it (the job: test_report)."""
     import cw_lens.reporting.job as report
 
-    seen = {}
+    seen: dict = {}
 
-    def fake_run(config, out, force, progress):  # the job itself is tested in test_report
-        seen.update(config=config, out=out)
+    def fake_run(config, out, *, force, progress, steps=None, skip=None):
+        seen.update(config=config, out=out, steps=steps, skip=skip)
         return {"claims": {}}
 
     monkeypatch.setattr(report, "run_figures", fake_run)
+    return seen
+
+
+def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
+    seen = fake_figures(monkeypatch)
     args = ["figures", "--random-draws", "3", "--n-docs", "5", "--task", "none", "--quiet"]
+    args += ["--faithfulness-docs", "2", "--bootstrap", "50", "--lone-docs", "1"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert (config.random_draws, config.n_docs, config.task) == (3, 5, None)
+    assert (config.faithfulness_docs, config.bootstrap, config.lone_docs) == (2, 50, 1)
+
+
+def test_every_job_setting_is_an_option_of_figures():
+    from cw_lens.reporting.job import JobConfig
+
+    options = {p.name for p in typer.main.get_command(app).commands["figures"].params}
+    missing = [f.name for f in dataclasses.fields(JobConfig) if f.name not in options]
+    assert not missing, f"JobConfig fields without a `cw-lens figures` option: {missing}"
+
+
+def test_figures_steps_and_skip_and_default_folder(monkeypatch):
+    seen = fake_figures(monkeypatch)
+    result = CliRunner().invoke(app, ["figures", "--steps", "sinks, selection", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert seen["steps"] == ["sinks", "selection"] and seen["skip"] is None
+    # the default folder is a git-ignored run folder, never the committed gallery
+    assert seen["out"] == Path("runs") / "default"
+    result = CliRunner().invoke(app, ["figures", "--skip", "faithfulness,pruning", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert seen["steps"] is None and seen["skip"] == ["faithfulness", "pruning"]
+
+
+def test_step_selection_adds_what_a_step_needs_and_names_unknown_steps():
+    from cw_lens.core.errors import InputError
+    from cw_lens.reporting.cli import STEP_NAMES
+    from cw_lens.reporting.job import STEP_NAMES as JOB_STEPS
+    from cw_lens.reporting.job import select_steps
+
+    assert STEP_NAMES == JOB_STEPS  # the help lists the job's steps
+    assert select_steps() == JOB_STEPS
+    assert select_steps(["pruning"]) == ("taxonomy", "pruning")
+    assert select_steps(None, ["faithfulness", "task_faithfulness", "pruning"]) == (
+        "sinks",
+        "heatmaps",
+        "ablation",
+        "selection",
+        "taxonomy",
+    )
+    with pytest.raises(InputError, match=r"Unknown step.*'sink'.*the steps are sinks"):
+        select_steps(["sink"])
+    with pytest.raises(InputError, match="No step left"):
+        select_steps(["sinks"], ["sinks"])
+    result = CliRunner().invoke(app, ["figures", "--steps", "sink"])
+    assert result.exit_code == 2 and "error: Unknown step(s) 'sink'" in result.output
+
+
+def test_version_and_plain_help():
+    from cw_lens.version import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"cw_lens {__version__}"
+    for command in ([], ["analyze"], ["figures"], ["compare"]):
+        result = CliRunner().invoke(app, [*command, "--help"])
+        assert result.exit_code == 0, result.output
+        # plain text: no rich boxes, no reST markup
+        assert not set("╭╮╰╯│─") & set(result.output), result.output
+        assert "``" not in result.output and ":func:" not in result.output, result.output
+
+
+def test_the_entry_point_does_not_import_torch():
+    """`cw-lens --help` / `--version` stay fast: importing the CLI (and so the cw_lens package)
+    imports neither torch nor TransformerLens; the commands import them when they run."""
+    code = (
+        "import sys, cw_lens.reporting.cli, cw_lens; cw_lens.__version__; dir(cw_lens); "
+        "print(sorted(m for m in ('torch', 'transformer_lens', 'transformers', 'pandas') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out

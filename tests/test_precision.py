@@ -1,6 +1,6 @@
 """Half-precision models: float32 accumulation, and weights within a documented tolerance.
 
-Documented tolerance (README, "Precision"): the difference to the float32 run comes from the
+Documented tolerance (docs/scaling.md, Precision): the difference to the float32 run comes from the
 half-precision forward pass itself (attention probabilities already differ by up to 0.1 in
 bfloat16 on SmolLM2); cw_lens adds no half-precision arithmetic of its own.
 """

@@ -200,3 +200,24 @@ def test_report_reads_the_random_controls_spread():
         " Random control over 3 draws (comprehensiveness, pairs): AOPC mean 0.5, sd 0.1, "
         "range [0.4, 0.6]."
     )
+
+
+def test_steps_run_alone_report_only_their_claims(tmp_path):
+    """--steps / --skip: the claims and figures of the steps that ran, the others listed as not
+    run (never reported as failing); a step another needs runs with it."""
+    out = tmp_path / "partial"
+    summary = run_figures(JobConfig(**TINY), out, progress=False, steps=["pruning"])
+    assert list(summary["claims"]) == ["retriever_share", "pruning_signal"]
+    assert summary["steps_not_run"] == [
+        "sinks",
+        "heatmaps",
+        "ablation",
+        "faithfulness",
+        "task_faithfulness",
+        "selection",
+    ]
+    written = {p.stem for p in out.glob("*.png")}
+    assert {"retriever_share", "pruning_signal", "pruning_signal_global"} <= written
+    assert not written & {"sink_value_geometry", "faithfulness_order", "topn_beats_random"}
+    report = (out / "REPORT.md").read_text()
+    assert "Steps not run (--steps/--skip)" in report and "`sinks`" not in report

@@ -26,7 +26,7 @@ from cw_lens.models.testing import tiny_llama
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 # the tiny random model by default (fast); CW_LENS_WIDGET_MODEL=embedded uses SmolLM2 (the
-# README screenshot: make screenshots)
+# docs screenshot: make screenshots)
 EMBEDDED = os.environ.get("CW_LENS_WIDGET_MODEL") == "embedded"
 if EMBEDDED:
     TEXT, LAYERS, LAYER = "The capital of France is Paris. The capital of Germany is", [10, 19], 19

@@ -1,6 +1,7 @@
 r"""Contribution weights (P1): how much each token really moves a head's or a layer's output.
 
-For query ``i``, key ``j`` and head ``h`` of one layer (SPEC §2; Cunningham & Muca Cirone,
+For query ``i``, key ``j`` and head ``h`` of one layer (docs/methods.md#contribution-weights;
+Cunningham & Muca Cirone,
 "Contribution Weights: A Geometrical Analysis of Self-Attention Transformers", ICML 2026)::
 
     intra  c[i,j]^h = < alpha[i,j]^h pv_j^h , o_i^h > / ||o_i^h||^2
@@ -9,9 +10,9 @@ For query ``i``, key ``j`` and head ``h`` of one layer (SPEC §2; Cunningham & M
 
 with ``pv_j^h = v_j W_O^h`` the projected value, ``o_i^h`` the head output and ``o_i = sum_h o_i^h``
 the layer output (``b_O`` excluded). ``sum_j c[i,j]^h = 1`` and ``sum_h sum_j C[i,j]^h = 1``;
-weights can be negative (destructive interference) and exceed 1. Baselines (SPEC §2):
-``attention`` = alpha, ``value_norm`` = alpha ||pv_j|| (Kobayashi et al. 2020),
-``value_norm_output`` = alpha ||pv_j|| / ||o_i^h||.
+weights can be negative (destructive interference) and exceed 1. Baselines
+(docs/methods.md#contribution-weights): ``attention`` = alpha, ``value_norm`` = alpha ||pv_j||
+(Kobayashi et al. 2020), ``value_norm_output`` = alpha ||pv_j|| / ||o_i^h||.
 
 Conventions: keys after the query (``j > i``) are 0 in every field; query rows at padding are
 NaN (at ``j <= i``); a query whose output norm is numerically zero (below ``1e-6`` of the largest

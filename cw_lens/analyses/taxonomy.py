@@ -2,7 +2,7 @@ r"""Head taxonomy (P2): Retriever, Mixer and Reset heads by the source-winner ru
 
 Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
-those of SPEC §4.
+those of methods § Token selection (docs/methods.md#selection).
 
 **Head taxonomy** (parameter-free "source winner"). For every counted query ``i`` the winner is
 ``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (value norm before ``W_O``, of the kv head the query
@@ -53,7 +53,7 @@ from cw_lens.models.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
-RETRIEVER_RANGE = (0.058, 0.172)  # P2's range of Retriever shares (SPEC §6)
+RETRIEVER_RANGE = (0.058, 0.172)  # P2's range of Retriever shares (docs/methods.md#claims)
 
 
 def source_winners(
@@ -200,9 +200,10 @@ class HeadTaxonomyResult:
         }
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's taxonomy claim (SPEC §6 ``retriever_share``), measured; with ``bootstrap`` its
-        interval over documents (each resample reclassifies every head from its resampled
-        winner counts) and the per-layer Retriever shares (needs ``per_document=True``)."""
+        """P2's taxonomy claim (docs/methods.md#claims ``retriever_share``), measured; with
+        ``bootstrap`` its interval over documents (each resample reclassifies every head from its
+        resampled winner counts) and the per-layer Retriever shares (needs
+        ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
             require_record(self.per_document, "head_taxonomy")

@@ -1,4 +1,4 @@
-r"""Document-level bootstrap intervals for the claims' headline numbers (SPEC §6).
+r"""Document-level bootstrap intervals for the claims' headline numbers (docs/methods.md#claims).
 
 A claim's number is a function of sums over documents (sink-head attention, per-head counts,
 NLL sums, ...). Resampling documents with replacement ``R`` times gives ``R`` replicates of each

@@ -1,6 +1,8 @@
-r"""Reference claims (SPEC §6): each claim's verdict is a list of checks, "number vs threshold".
+r"""Reference claims (docs/methods.md#claims): each claim's verdict is a list of checks, "number vs
+threshold".
 
-A claim of the papers is judged by the criterion SPEC §6 fixes for it. Every criterion here is a
+A claim of the papers is judged by the criterion methods § Claims (docs/methods.md#claims) fixes for
+it. Every criterion here is a
 conjunction of comparisons of one measured *headline number* with a fixed threshold::
 
     Check("median_ratio_sink_heads", 4.8, "in", (3.0, 10.0))    # 3 <= 4.8 <= 10
@@ -148,10 +150,10 @@ class Check:
 
 @dataclass
 class Claim:
-    """A reference claim (SPEC §6): what the paper says, the criterion, its checks and the
-    other measured numbers reported beside them. ``holds``: :func:`combine` of the checks'
-    verdicts. ``per_layer`` (claims about layers): tidy rows ``{"layer", "number", "value",
-    "low", "high"}``, the claim's number computed within each layer, with its interval."""
+    """A reference claim (docs/methods.md#claims): what the paper says, the criterion, its checks
+    and the other measured numbers reported beside them. ``holds``: :func:`combine` of the checks'
+    verdicts. ``per_layer`` (claims about layers): tidy rows ``{"layer", "number", "value", "low",
+    "high"}``, the claim's number computed within each layer, with its interval."""
 
     id: str
     paper: str

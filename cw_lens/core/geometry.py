@@ -1,7 +1,7 @@
 r"""The pure math of contribution weights (P1) in head space — no TransformerLens inside.
 
-Notation (SPEC §1): for one layer, query position ``i``, key position ``j``, query head ``h``
-reading key/value head ``g(h) = h // (H / H_kv)``,
+Notation (docs/methods.md#notation): for one layer, query position ``i``, key position ``j``, query
+head ``h`` reading key/value head ``g(h) = h // (H / H_kv)``,
 
 - projected value ``pv_j^h = v_j^{g(h)} W_O^h`` (a ``d_model`` vector);
 - head output ``o_i^h = sum_j alpha[i,j]^h pv_j^h = z_i^h W_O^h``;
@@ -136,7 +136,7 @@ def zero_output_rows(
     return ~(output_norm > ZERO_OUTPUT_RTOL * scale) | ~torch.isfinite(output_norm)
 
 
-# ---------------------------------------------------------------------------- sinks (P1, SPEC §3)
+# -------------------------------------------------------- sinks (P1, docs/methods.md#sinks)
 # Head-space forms: a value-space vector a (d_head) of head h stands for the d_model vector
 # a W_O^h, so <a W_O^h, b W_O^h> = a G^h b^T.
 
@@ -190,7 +190,8 @@ def counterfactual_sink_rate(
     gram: Float[Tensor, "head d_head d_head"],
 ) -> Float[Tensor, "batch head query"]:
     """``s* = clamp(<m, m - pv_0> / ||m - pv_0||^2, 0, 1)``: the sink rate minimising
-    ``||s pv_0 + (1 - s) m||`` along the convex curve ``o(s) = s pv_0 + (1 - s) m`` (SPEC §3).
+    ``||s pv_0 + (1 - s) m||`` along the convex curve ``o(s) = s pv_0 + (1 - s) m``
+    (docs/methods.md#sinks).
 
     ``tail_mixture`` is ``m_i = sum_{j not sink} alpha[i,j] v_j / (1 - s_i)`` and ``sink_value``
     the (attention-weighted) sink value, both in value space. NaN where ``m = pv_0``.

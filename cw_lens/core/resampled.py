@@ -3,8 +3,9 @@ r"""The claims' headline numbers recomputed on bootstrap replicates of per-docum
 Each function takes the replicates ``[R, ...]`` of the sums an analysis keeps (what
 :meth:`cw_lens.core.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
 every headline number of its claims for all ``R`` replicates at once, ``{number: [R]}``, by the
-same formula as the claim's point value (SPEC §6). Applied to the corpus totals (``R = 1``) they
-give the point values back, which the tests check. Pure tensor math: no model, no pandas.
+same formula as the claim's point value (docs/methods.md#claims). Applied to the corpus totals (``R
+= 1``) they give the point values back, which the tests check. Pure tensor math: no model, no
+pandas.
 
 What each interval is of, where the exact number cannot be recomputed from per-document sums:
 

@@ -69,6 +69,28 @@ def corpus_matches(corpus: Corpus, model: Any) -> bool:
     return fp is not None and fp == tokenizer_fingerprint(model.tokenizer)
 
 
+def check_windows_match(corpus: Corpus, model: Any) -> None:
+    """Refuse a corpus cut into windows of another tokenizer's tokens.
+
+    ``load_corpus`` cuts prose into windows of ``max_tokens`` tokens of the tokenizer it was
+    given (the embedded SmolLM2's when none). Re-tokenising such a window for another model gives
+    another number of tokens per document — an analysis would silently measure other windows than
+    the ones asked for — so the corpus has to be loaded for the model instead. Task items and
+    whole documents (``.jsonl``) are not windows: they are re-tokenised for the model as texts.
+    """
+    windowed = any("offset" in d.meta for d in corpus)
+    fp = getattr(corpus, "tokenizer_fingerprint", None)
+    if not windowed or fp is None or corpus_matches(corpus, model):
+        return
+    raise InputError(
+        f"The corpus {corpus.name!r} was cut into windows of {corpus.max_tokens} tokens of "
+        "another tokenizer than this model's (load_corpus without tokenizer= uses the embedded "
+        "SmolLM2's), so this model would read windows of other lengths. Load it for this model: "
+        f"cw_lens.load_corpus({corpus.name!r}, n_docs={len(corpus)}, "
+        f"max_tokens={corpus.max_tokens}, tokenizer=model)."
+    )
+
+
 def _pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -172,6 +194,7 @@ def prepare_inputs(
     if attention_mask is not None:
         raise InputError("attention_mask is only accepted with token-id tensors, not with text.")
     corpus = as_corpus(inputs)
+    check_windows_match(corpus, model)
     rows = [_doc_ids(model, d, prepend_bos, corpus) for d in corpus]
     for i, (d, r) in enumerate(zip(corpus, rows, strict=False)):
         if not d.text.strip() or len(r) <= int(prepend_bos and bos_token is not None):

@@ -47,7 +47,7 @@ from cw_lens.models.verify import require_verified
 # samples of the sink analysis), so a plan that followed MemAvailable would make results depend
 # on what else the machine was doing, and could differ between torchrun ranks. 1.5 GB is the cap
 # the old rule (a tenth of MemAvailable) reached on any machine with 15 GB free: the plan every
-# benchmark in the README was measured with. Batches of 8 x 256 tokens use 4 blocks of 65 rows
+# benchmark in docs/benchmarks.md used. Batches of 8 x 256 tokens use 4 blocks of 65 rows
 # under any budget above 48 MB (causality caps them); an 8,192-token window uses 17 blocks.
 BLOCK_BUDGET_BYTES = 1.5e9
 

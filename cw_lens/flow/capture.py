@@ -1,4 +1,4 @@
-"""Model access for contribution flow (SPEC §7): the residual-stream hooks, checked.
+"""Model access for contribution flow (docs/methods.md#flow): the residual-stream hooks, checked.
 
 :func:`run_blocks` runs one forward pass and, as each requested block finishes, hands a
 :class:`BlockActivations` — the attention layer's activations from
@@ -107,8 +107,8 @@ def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
         raise UnsupportedModelError(
             f"{arch_name(model)}: the post-attention norm of layer {layer} ({name}) is not an "
             "RMSNorm or LayerNorm with readable weight and eps, so it cannot be linearised "
-            "exactly (SPEC §7). Contribution flow supports pre-norm blocks and post-norm blocks "
-            "with RMSNorm/LayerNorm (Gemma 2/3, OLMo 2/3)."
+            "exactly (docs/methods.md#flow). Contribution flow supports pre-norm blocks and "
+            "post-norm blocks with RMSNorm/LayerNorm (Gemma 2/3, OLMo 2/3)."
         )
     gain = weight.detach().float()
     if is_rms and "Gemma" in name:

@@ -1,4 +1,5 @@
-r"""The pure math of contribution flow (SPEC §7) in head space — no TransformerLens inside.
+r"""The pure math of contribution flow (docs/methods.md#flow) in head space — no TransformerLens
+inside.
 
 The residual stream of position ``i`` after block ``l`` is a sum of pieces::
 
@@ -165,7 +166,7 @@ def trace_routes(
     residual_kept: Bool[Tensor, "layer pos"],
     target: int,
 ) -> tuple[list[Bool[Tensor, " n"]], Bool[Tensor, "layer_plus_1 pos"]]:
-    """Trace the route graph back from node ``(L, target)`` (SPEC §7).
+    """Trace the route graph back from node ``(L, target)`` (docs/methods.md#flow).
 
     Args:
         edges: Per block ``l``, the candidate pair edges above the threshold as

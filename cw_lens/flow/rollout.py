@@ -1,6 +1,6 @@
 r"""Contribution rollout and attention rollout: each position's final stream, by input token.
 
-Per block ``l`` the token-level share matrix (SPEC §7, :mod:`cw_lens.flow.shares`)
+Per block ``l`` the token-level share matrix (docs/methods.md#flow, :mod:`cw_lens.flow.shares`)
 
     T_l[i, j] = sum_h share(h, j)                                        (j != i)
     T_l[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)

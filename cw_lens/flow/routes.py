@@ -1,4 +1,4 @@
-r"""Route graphs: the (head, key) paths a prediction comes from (SPEC §7).
+r"""Route graphs: the (head, key) paths a prediction comes from (docs/methods.md#flow).
 
 Ferrando & Voita's information-flow routes ("Information Flow Routes: Automatically Interpreting
 Language Models at Scale", EMNLP 2024), on cw_lens's residual shares (:mod:`cw_lens.flow.shares`).
@@ -204,7 +204,7 @@ def build_route_graph(
     str_tokens: list[str],
     model_name: str = "",
 ) -> RouteGraph:
-    """Trace the routes of one batch row from the collected candidates (SPEC §7)."""
+    """Trace the routes of one batch row from the collected candidates (docs/methods.md#flow)."""
     n_layers = len(edges)
     per_layer = [e[e[:, 0] == row] for e in edges]
     index = [(e[:, 1].long(), e[:, 2].long(), e[:, 3].long()) for e in per_layer]

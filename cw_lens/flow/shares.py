@@ -1,4 +1,5 @@
-r"""Residual contribution shares (SPEC §7): what each piece adds to the residual stream.
+r"""Residual contribution shares (docs/methods.md#flow): what each piece adds to the residual
+stream.
 
 For block ``l`` and position ``i`` the stream after the block is a sum of pieces, ``x_{l+1,i} =
 x_{l,i} + sum_{h,j} A_i(alpha[i,j]^h pv_j^h) + (A_i(b_O) + beta) + f_i`` (``A`` the identity on
@@ -367,7 +368,8 @@ class ResidualShares:
         return resolve_row(self.mask, batch, query)
 
     def token_matrix(self, layer: int) -> Float[Tensor, "batch query key"]:
-        """The token-level matrix ``T_l`` of SPEC §7 (rows sum to 1)."""
+        """The token-level matrix ``T_l`` of methods § Contribution flow (docs/methods.md#flow)
+        (rows sum to 1)."""
         li = self._layer_index(layer)
         rows = self.pairs[:, li].sum(1)
         self_share = self.residual[:, li] + self.bias[:, li] + self.mlp[:, li]

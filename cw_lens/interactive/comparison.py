@@ -1,8 +1,9 @@
 r"""Patch the sink of one text and compare clean with patched, number by number (P1, live).
 
-The sink-norm ablation of SPEC §3 (:func:`cw_lens.patch_sink`, ``pv_0^h -> lambda pv_0^h`` in
-chosen layers and heads, attention untouched, ``lambda`` in [0, 2]) applied to one text, with
-everything a reader wants to see side by side for the clean and the patched pass:
+The sink-norm ablation of methods § Attention sinks (docs/methods.md#sinks)
+(:func:`cw_lens.patch_sink`, ``pv_0^h -> lambda pv_0^h`` in chosen layers and heads, attention
+untouched, ``lambda`` in [0, 2]) applied to one text, with everything a reader wants to see side by
+side for the clean and the patched pass:
 
 - the top-k next-token probabilities at every position, ``softmax(logits[t])``;
 - the next-token NLL at every position, ``-log p(x_{t+1} | x_{<=t})``, and its change;

@@ -2,13 +2,13 @@ r"""The live sink-patching widget for Jupyter (anywidget): patch the sink, watch
 
 ``cw_lens.sink_patcher(model, text)`` shows P1's Fig. 1 (attention next to contribution for one
 layer, head and query, the factors on hover, the head grid) and the sink-norm ablation of
-SPEC §3 (:func:`cw_lens.patch_sink`: ``pv_0^h -> lambda pv_0^h``) with live controls — the
-layer range, heads (all or a subset), ``lambda`` in [0, 2], the mode (``scale`` /
-``norm_matched``) and the sink position(s). On every change the kernel re-runs the model with
-the patch (one forward pass; the clean pass is computed once per text and sink positions) and
-the front end shows, clean next to patched: the top-k next-token probabilities, the per-token
-NLL change, the chosen head's attention and contribution matrices, and the per-head output
-norms and cone alignment of the patched layers.
+methods § Attention sinks (docs/methods.md#sinks) (:func:`cw_lens.patch_sink`: ``pv_0^h -> lambda
+pv_0^h``) with live controls — the layer range, heads (all or a subset), ``lambda`` in [0, 2], the
+mode (``scale`` / ``norm_matched``) and the sink position(s). On every change the kernel re-runs the
+model with the patch (one forward pass; the clean pass is computed once per text and sink positions)
+and the front end shows, clean next to patched: the top-k next-token probabilities, the per-token
+NLL change, the chosen head's attention and contribution matrices, and the per-head output norms and
+cone alignment of the patched layers.
 
 The numbers come from :func:`cw_lens.interactive.view_state.patch_state` (plain data); the front
 end is the

@@ -9,10 +9,10 @@ read here, so no analysis asks what kind of model it holds:
 - ``HookedTransformer`` (TransformerLens 2.x and 3.x): the classic hooks themselves.
 
 The layer output ``o_i = sum_h z_i^h W_O^h`` is always computed from ``hook_z`` and ``W_O``
-(SPEC §1), never read from ``hook_attn_out``: on post-norm blocks (Gemma 2/3, OLMo 2/3, GLM-4,
-EXAONE 4) that hook is the output of the post-attention norm, and on Granite it carries the
-residual multiplier. Whether a model's hooks really satisfy ``pattern @ v == z`` and
-``sum_h z W_O + b_O ==`` the attention module's output is checked by
+(docs/methods.md#notation), never read from ``hook_attn_out``: on post-norm blocks (Gemma 2/3, OLMo
+2/3, GLM-4, EXAONE 4) that hook is the output of the post-attention norm, and on Granite it carries
+the residual multiplier. Whether a model's hooks really satisfy ``pattern @ v == z`` and ``sum_h z
+W_O + b_O ==`` the attention module's output is checked by
 :func:`cw_lens.models.verify.verify_model` before any number is returned.
 
 Two wirings of the attention hooks exist: on most architectures ``hook_pattern`` and ``hook_v``

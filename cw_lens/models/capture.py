@@ -12,7 +12,7 @@ needed::
     blocks.{l}.attn.hook_z         [batch, query, head, d_head]
 
 The layer output ``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded) is computed from ``z`` and
-``W_O`` (SPEC §1), never read from ``hook_attn_out``.
+``W_O`` (docs/methods.md#notation), never read from ``hook_attn_out``.
 
 Interventions (hook sets of :mod:`cw_lens.models.edits`, or plain hook pairs) act in the same pass;
 the

@@ -13,7 +13,8 @@ model is restored exactly. Sets compose: ``a + b`` or nested ``with``.
 Every intervention is an exact edit of ``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}`` (linear in
 ``alpha`` and in the values):
 
-- **Sink-norm ablation** (P1, SPEC §3): ``pv_0^h -> lambda pv_0^h`` for every query ``i`` that is
+- **Sink-norm ablation** (P1, methods § Attention sinks (docs/methods.md#sinks)): ``pv_0^h -> lambda
+  pv_0^h`` for every query ``i`` that is
   not itself a sink, attention untouched::
 
       z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}

@@ -1,15 +1,18 @@
-r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, SPEC §2).
+r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, methods §
+Contribution weights (docs/methods.md#contribution-weights)).
 
 :class:`LayerContributions` turns one layer's captured activations
-(:class:`~cw_lens.models.capture.LayerActivations`) into the fields of SPEC §2 for a block of query
-rows, lazily and in head space (with the Gram matrices of :mod:`cw_lens.core.geometry`; the
+(:class:`~cw_lens.models.capture.LayerActivations`) into the fields of methods § Contribution
+weights (docs/methods.md#contribution-weights) for a block of query rows, lazily and in head space
+(with the Gram matrices of :mod:`cw_lens.core.geometry`; the
 ``[query, key, d_model]`` tensor of ``alpha pv_j`` vectors is never built)::
 
     intra  c[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i^h|| ) * cos(pv_j^h, o_i^h)
     inter  C[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i||   ) * cos(pv_j^h, o_i)
 
-and the baselines ``attention``, ``value_norm`` and ``value_norm_output`` (SPEC §2). Every
-corpus analysis receives these blocks from :func:`cw_lens.data.streaming.stream_contributions`.
+and the baselines ``attention``, ``value_norm`` and ``value_norm_output``
+(docs/methods.md#contribution-weights). Every corpus analysis receives these blocks from
+:func:`cw_lens.data.streaming.stream_contributions`.
 
 Example::
 
@@ -38,7 +41,7 @@ from cw_lens.models.capture import LayerActivations
 
 Kind = Literal["intra", "inter"]
 KINDS = ("intra", "inter")
-# Metric names of the faithfulness protocol (SPEC §5), in P1's order.
+# Metric names of the faithfulness protocol (docs/methods.md#faithfulness), in P1's order.
 METRICS = ("attention", "value_norm", "value_norm_output", "contribution")
 
 

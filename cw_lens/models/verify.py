@@ -1,6 +1,7 @@
 """Verifying that a model's hooks show what its attention computes, before any number is returned.
 
-Contribution weights are only valid when the captured hooks satisfy (SPEC §1), per layer and head::
+Contribution weights are only valid when the captured hooks satisfy (docs/methods.md#notation), per
+layer and head::
 
     pattern @ v == z                               (GQA mapped: head h reads kv head h // (H/H_kv))
     sum_h z^h W_O^h + b_O == the attention's real output (before any post-norm or multiplier)

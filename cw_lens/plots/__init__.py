@@ -1,6 +1,6 @@
 """Every figure of cw_lens, one module per analysis. Plotting only: each function takes computed
 results and returns a ``matplotlib.figure.Figure``; nothing here runs a model or computes a
-statistic. Figures are named after the claim they illustrate (SPEC §6).
+statistic. Figures are named after the claim they illustrate (docs/methods.md#claims).
 """
 
 from cw_lens.plots._style import save_figure

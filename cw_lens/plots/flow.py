@@ -1,5 +1,5 @@
-"""Figures of contribution flow (SPEC §7): residual shares, rollouts, route graphs, deletion.
-Plotting only: every number comes from the result objects."""
+"""Figures of contribution flow (docs/methods.md#flow): residual shares, rollouts, route graphs,
+deletion. Plotting only: every number comes from the result objects."""
 
 from __future__ import annotations
 

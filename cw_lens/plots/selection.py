@@ -1,6 +1,6 @@
 """Figures of P2's selection geometry, head taxonomy and head pruning. Plotting only: each function
 reads the tables a result already computed and returns a ``matplotlib.figure.Figure``; each is
-named after the claim it illustrates (SPEC §6).
+named after the claim it illustrates (docs/methods.md#claims).
 """
 
 from __future__ import annotations

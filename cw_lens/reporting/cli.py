@@ -1,4 +1,9 @@
-"""The ``cw-lens`` command line: ``cw-lens figures`` (the main job) and ``cw-lens analyze``."""
+"""The ``cw-lens`` command line: ``figures`` (the main job), ``analyze`` and ``compare``.
+
+Nothing heavy is imported at module level: ``cw-lens --help`` and ``cw-lens --version`` answer
+without importing torch or TransformerLens; each command imports what it needs when it runs.
+Help is plain text (no rich boxes): the command docstrings below are what ``--help`` prints.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,48 @@ import typer
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
     help="Contribution weights and attention-sink geometry for TransformerLens models.",
 )
+
+# the main job's steps in order (reporting.job.STEP_NAMES; tests/test_cli.py checks they agree)
+STEP_NAMES = (
+    "sinks",
+    "heatmaps",
+    "ablation",
+    "faithfulness",
+    "task_faithfulness",
+    "selection",
+    "taxonomy",
+    "pruning",
+)
+# the default output folder of `cw-lens figures`: never the committed gallery `figures/`
+DEFAULT_OUT = Path("runs") / "default"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from cw_lens.version import __version__
+
+        typer.echo(f"cw_lens {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_version,
+        is_eager=True,
+        help="Print the cw_lens version and exit.",
+    ),
+) -> None:
+    """Contribution weights and attention-sink geometry for TransformerLens models.
+
+    Run a command with --help for its options.
+    """
 
 
 def _clean_errors(fn):
@@ -31,6 +76,13 @@ def _clean_errors(fn):
 
 
 API_HELP = "bridge (TransformerBridge), hooked (HookedTransformer) or auto (the bridge if any)."
+
+
+def _names(value: str | None) -> list[str] | None:
+    """A comma-separated option as a list (None when not given)."""
+    if value is None:
+        return None
+    return [s.strip() for s in value.split(",") if s.strip()]
 
 
 def _load(model: str | None, device: str | None, api: str):
@@ -54,7 +106,7 @@ def analyze(
     """Print the tokens that contribute most to the last token's attention output per layer.
 
     Scores are inter-head contribution weights summed over heads (a token's share of the layer
-    output; ``token@position weight``), or one head's with --head.
+    output, printed as token@position weight), or one head's with --head.
     """
     from cw_lens.analyses.contributions import contribution_weights
 
@@ -85,7 +137,13 @@ def figures(
     ),
     n_docs: int = typer.Option(8, help="Documents."),
     max_tokens: int = typer.Option(128, help="Tokens per document (BOS added on top)."),
-    out: Path = typer.Option(Path("figures"), help="Output folder."),
+    out: Path = typer.Option(
+        DEFAULT_OUT, help="Output folder (--out figures regenerates the committed gallery)."
+    ),
+    steps: str | None = typer.Option(
+        None, help=f"Run only these steps, comma-separated: {', '.join(STEP_NAMES)}."
+    ),
+    skip: str | None = typer.Option(None, help="Leave these steps out, comma-separated."),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: TransformerLens')."),
     dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
     api: str = typer.Option("auto", help=API_HELP),
@@ -93,6 +151,11 @@ def figures(
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
+    faithfulness_docs: int | None = typer.Option(
+        None, help="Documents the faithfulness step uses (default: all; it is the slow step)."
+    ),
+    lone_docs: int = typer.Option(2, help="Documents for the lone-head costs of pruning."),
+    bootstrap: int = typer.Option(1000, help="Bootstrap resamples of the claims' intervals."),
     random_draws: int = typer.Option(
         1, help="Draws of faithfulness's random ranking (> 1 reports their spread)."
     ),
@@ -101,9 +164,11 @@ def figures(
 ) -> None:
     """Run every analysis and write figures (PNG + PDF), summary.json and REPORT.md.
 
-    Resumable: finished steps are stored and skipped on a rerun (--force recomputes). On a GPU:
-    --device cuda --dtype bfloat16 --n-docs 256 --max-tokens 1024 --batch-size 16. Under
-    torchrun the documents are sharded over ranks and the results merged exactly.
+    Resumable: finished steps are stored and skipped on a rerun (--force recomputes). A step
+    that another needs is added (heatmaps needs sinks, pruning needs taxonomy); the claims of
+    steps that did not run are left out. On a GPU: --device cuda --dtype bfloat16 --n-docs 256
+    --max-tokens 1024 --batch-size 16. Under torchrun the documents are sharded over ranks and
+    the results merged exactly.
     """
     from cw_lens.reporting.job import JobConfig, run_figures
 
@@ -116,12 +181,17 @@ def figures(
         batch_size=batch_size,
         task=None if task.lower() == "none" else task,
         task_docs=task_docs,
+        faithfulness_docs=faithfulness_docs,
+        lone_docs=lone_docs,
         device=device,
         dtype=dtype,
         api=api,
+        bootstrap=bootstrap,
         random_draws=random_draws,
     )
-    summary = run_figures(config, out, force=force, progress=not quiet)
+    summary = run_figures(
+        config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
+    )
     from cw_lens.data.distributed import is_main_process
 
     if is_main_process():
@@ -131,9 +201,9 @@ def figures(
             f"{verdicts.count('inconclusive')} inconclusive; wrote {out}/REPORT.md, "
             f"{out}/summary.json and the figures"
         )
+        marks = {"yes": "holds ", "no": "FAILS ", "inconclusive": "UNSURE"}
         for cid, claim in summary["claims"].items():
-            mark = {"yes": "holds ", "no": "FAILS ", "inconclusive": "UNSURE"}[claim["holds"]]
-            typer.echo(f"  {mark} {cid}")
+            typer.echo(f"  {marks.get(claim['holds'], claim['holds'])} {cid}")
 
 
 @app.command()

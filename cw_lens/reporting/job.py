@@ -23,7 +23,7 @@ import pickle
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from cw_lens.core.bootstrap import Bootstrap
+from cw_lens.core.errors import InputError
 from cw_lens.data.distributed import barrier, init_from_env, is_main_process, main_process_decides
 from cw_lens.reporting.markdown import build_report
 
@@ -114,6 +115,12 @@ class Job:
     corpus: Any = None
     results: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    steps: tuple[str, ...] = ()  # the steps this run computes (select_steps)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step of the job runs (the claims and readings then cover everything)."""
+        return set(self.steps) >= set(STEP_NAMES)
 
     @property
     def state_dir(self) -> Path:
@@ -318,8 +325,8 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 
 
 def step_pruning(job: Job) -> dict[str, Any]:
-    """P2 pruning ranked within each layer (SPEC's reading, with the lone-head costs) and, as
-    the variant, with one global ranking."""
+    """P2 pruning ranked within each layer (the methods page's reading, with the lone-head costs)
+    and, as the variant, with one global ranking."""
     from cw_lens.analyses.pruning import prune_heads
 
     orders = ("taxonomy", "magnitude", "entropy", "random")
@@ -352,6 +359,30 @@ STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
     ("taxonomy", step_taxonomy),
     ("pruning", step_pruning),
 )
+STEP_NAMES = tuple(name for name, _ in STEPS)
+# a step that reads another's result: selecting it selects that one too
+STEP_NEEDS = {"heatmaps": ("sinks",), "pruning": ("taxonomy",)}
+
+
+def select_steps(
+    steps: Sequence[str] | None = None, skip: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The steps a run computes, in job order: ``steps`` (default: all) without ``skip``, plus
+    what the chosen steps need (``heatmaps`` needs ``sinks``, ``pruning`` ``taxonomy``).
+    Unknown names are an error."""
+    for given in (steps or (), skip or ()):
+        unknown = [s for s in given if s not in STEP_NAMES]
+        if unknown:
+            raise InputError(
+                f"Unknown step(s) {', '.join(map(repr, unknown))}; the steps are "
+                f"{', '.join(STEP_NAMES)}."
+            )
+    chosen = {s for s in (STEP_NAMES if steps is None else steps) if s not in (skip or ())}
+    if not chosen:
+        raise InputError("No step left to run: --steps/--skip removed every step.")
+    for name in list(chosen):
+        chosen.update(STEP_NEEDS.get(name, ()))
+    return tuple(s for s in STEP_NAMES if s in chosen)
 
 
 # --------------------------------------------------------------------------- figures
@@ -363,42 +394,42 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
     from cw_lens import plots
 
     r = job.results
-    stats = r["sinks"]["stats"]
-    sinks = {
-        "heads": stats.heads(),
-        "curve": stats.curve(),
-        "s_star": stats.s_star_distribution(),
-        "decomposition": stats.decomposition(),
-    }
     figures: dict[str, Any] = {}
-    heat = r["heatmaps"]
-    for i, (layer, head) in enumerate(heat["picks"]):
-        figures[f"contribution_heatmap_{i + 1}"] = plots.plot_attention_vs_contribution(
-            heat["result"], layer=layer, head=head
+    if "heatmaps" in r:
+        heat = r["heatmaps"]
+        for i, (layer, head) in enumerate(heat["picks"]):
+            figures[f"contribution_heatmap_{i + 1}"] = plots.plot_attention_vs_contribution(
+                heat["result"], layer=layer, head=head
+            )
+    if "sinks" in r:
+        stats = r["sinks"]["stats"]
+        heads, decomposition = stats.heads(), stats.decomposition()
+        figures["sink_attention_vs_contribution"] = plots.plot_sink_attention_vs_contribution(heads)
+        figures["sink_value_geometry"] = plots.plot_sink_value_geometry(heads)
+        figures["sink_contribution_drivers"] = plots.plot_sink_contribution_drivers(
+            heads, decomposition
         )
-    figures["sink_attention_vs_contribution"] = plots.plot_sink_attention_vs_contribution(
-        sinks["heads"]
-    )
-    figures["sink_value_geometry"] = plots.plot_sink_value_geometry(sinks["heads"])
-    figures["sink_contribution_drivers"] = plots.plot_sink_contribution_drivers(
-        sinks["heads"], sinks["decomposition"]
-    )
-    figures["convex_sink_curve"] = plots.plot_convex_sink_curve(
-        sinks["curve"], sinks["s_star"], sinks["heads"]
-    )
-    figures["sink_cancels_drift"] = plots.plot_sink_cancels_drift(sinks["heads"])
-    figures["sink_ablation_cone"] = plots.plot_sink_ablation_cone(r["ablation"]["ablation"])
-    figures["faithfulness_order"] = plots.plot_faithfulness_curves(r["faithfulness"]["result"])
+        figures["convex_sink_curve"] = plots.plot_convex_sink_curve(
+            stats.curve(), stats.s_star_distribution(), heads
+        )
+        figures["sink_cancels_drift"] = plots.plot_sink_cancels_drift(heads)
+    if "ablation" in r:
+        figures["sink_ablation_cone"] = plots.plot_sink_ablation_cone(r["ablation"]["ablation"])
+    if "faithfulness" in r:
+        figures["faithfulness_order"] = plots.plot_faithfulness_curves(r["faithfulness"]["result"])
     if r.get("task_faithfulness"):
         figures["faithfulness_task"] = plots.plot_faithfulness_curves(
             r["task_faithfulness"]["result"]
         )
-    figures["topn_beats_random"] = r["selection"]["result"].plot()
-    figures["sink_lowers_fn"] = r["selection"]["result"].plot_sink_effect()
-    figures["retriever_share"] = r["taxonomy"]["result"].plot()
-    figures["pruning_signal"] = r["pruning"]["result"].plot()
-    figures["pruning_signal_global"] = r["pruning"]["global"].plot()
-    if summary is not None:
+    if "selection" in r:
+        figures["topn_beats_random"] = r["selection"]["result"].plot()
+        figures["sink_lowers_fn"] = r["selection"]["result"].plot_sink_effect()
+    if "taxonomy" in r:
+        figures["retriever_share"] = r["taxonomy"]["result"].plot()
+    if "pruning" in r:
+        figures["pruning_signal"] = r["pruning"]["result"].plot()
+        figures["pruning_signal_global"] = r["pruning"]["global"].plot()
+    if summary is not None and summary["claims"]:
         figures["per_layer_intervals"] = plots.plot_per_layer_intervals(summary["claims"])
     written = {}
     for name, fig in figures.items():
@@ -441,26 +472,32 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
     r = job.results
     boot = job_bootstrap(job.config)
     claims: dict[str, dict[str, Any]] = {}
-    claims.update(r["sinks"]["stats"].claims(boot))
-    claims.update(r["ablation"]["ablation"].claims(boot))
-    claims.update(r["faithfulness"]["result"].claims(boot))
-    if r.get("task_faithfulness"):
+    if "sinks" in r:
+        claims.update(r["sinks"]["stats"].claims(boot))
+    if "ablation" in r:
+        claims.update(r["ablation"]["ablation"].claims(boot))
+    if "faithfulness" in r:
+        claims.update(r["faithfulness"]["result"].claims(boot))
+    if r.get("task_faithfulness") and "faithfulness_order" in claims:
         task = r["task_faithfulness"]
         task_claim = task["result"].claims()["faithfulness_order"]
         claims["faithfulness_order"]["measured"][f"task_{task['task']}"] = {
             "n_items": task["n_items"],
             **task_claim["measured"],
         }
-    claims.update(r["selection"]["result"].claims(boot))
-    claims.update(r["taxonomy"]["result"].claims(boot))
-    pruning = r["pruning"]["result"]
-    claims.update(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
+    if "selection" in r:
+        claims.update(r["selection"]["result"].claims(boot))
+    if "taxonomy" in r:
+        claims.update(r["taxonomy"]["result"].claims(boot))
+    if "pruning" in r:
+        pruning = r["pruning"]["result"]
+        claims.update(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
-    if missing:
+    if missing and job.complete:
         raise RuntimeError(f"claims not measured: {missing}")
-    return {cid: claims[cid] for cid in CLAIM_ORDER}
+    return {cid: claims[cid] for cid in CLAIM_ORDER if cid in claims}
 
 
 def versions() -> dict[str, str]:
@@ -498,15 +535,30 @@ def build_summary(job: Job) -> dict[str, Any]:
         "bootstrap": job_bootstrap(cfg).to_dict(),
         "claims": collect_claims(job),
     }
+    if not job.complete:  # a full run's summary is unchanged by the option
+        summary["steps_not_run"] = [s for s in STEP_NAMES if s not in job.steps]
     return _round(summary)
 
 
 def run_figures(
-    config: JobConfig, out: Path | str = "figures", *, force: bool = False, progress: bool = True
+    config: JobConfig,
+    out: Path | str = "figures",
+    *,
+    force: bool = False,
+    progress: bool = True,
+    steps: Sequence[str] | None = None,
+    skip: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the main job and write figures, ``summary.json`` and ``REPORT.md``."""
+    """Run (or resume) the main job and write figures, ``summary.json`` and ``REPORT.md``.
+
+    ``steps`` / ``skip`` choose the steps (:data:`STEP_NAMES`; default: all) — see
+    :func:`select_steps`. The claims and figures of a step that does not run are left out and
+    the summary lists it under ``steps_not_run``; stored steps are shared with full runs of the
+    same configuration, so a later full run resumes them."""
     from cw_lens.data.corpora import load_corpus
     from cw_lens.models.load import load_model
+
+    chosen = select_steps(steps, skip)
 
     out = Path(out)
     init_from_env(config.device)
@@ -518,10 +570,8 @@ def run_figures(
     torch.manual_seed(config.seed)
     dtype = getattr(torch, config.dtype, None)
     if not isinstance(dtype, torch.dtype):
-        from cw_lens.core.errors import InputError
-
         raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
-    job = Job(config, out, force=force, progress=progress)
+    job = Job(config, out, force=force, progress=progress, steps=chosen)
     job.model = load_model(config.model, api=config.api, device=config.device, dtype=dtype)
     job.corpus = load_corpus(
         config.corpus,
@@ -531,7 +581,8 @@ def run_figures(
         seed=config.seed,
     )
     for name, fn in STEPS:
-        job.step(name, fn)
+        if name in chosen:
+            job.step(name, fn)
     summary = build_summary(job)
     if is_main_process():
         figures = make_figures(job, summary)

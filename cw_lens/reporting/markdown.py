@@ -42,11 +42,11 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (SPEC §6).",
+        "the interval straddles the threshold (docs/methods.md#claims).",
         "",
         claims_markdown(summary),
         "",
-        "Criteria (SPEC §6) and the other measured numbers:",
+        "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
     ]
     for cid, claim in summary["claims"].items():
@@ -59,8 +59,16 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
             f"Also measured: {other or 'nothing else'}."
         )
+    if summary.get("steps_not_run"):
+        lines += [
+            "",
+            "Steps not run (--steps/--skip), so their claims and figures are not measured: "
+            + ", ".join(summary["steps_not_run"])
+            + ".",
+        ]
     lines += ["", "## Figures", ""]
-    readings = figure_readings(summary)
+    # the one-line readings quote numbers of every claim: written for a complete run
+    readings = {} if summary.get("steps_not_run") else figure_readings(summary)
     for name, paths in figures.items():
         png = paths[0].name
         lines += [f"### {name}", "", f"![{name}]({png})", "", readings.get(name, ""), ""]
@@ -97,7 +105,7 @@ VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
 
 
 def claims_markdown(summary: dict[str, Any]) -> str:
-    """The claims table of a schema-2 summary as Markdown (REPORT.md; paste it into the README):
+    """The claims table of a schema-2 summary as Markdown (REPORT.md and the docs):
     per claim the paper's statement, the criterion's checks — each number with its interval
     and threshold — and the three-valued verdict."""
     lines = [
@@ -213,7 +221,7 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
         ),
         "pruning_signal": (
             "ΔPPL per order and retention, the same share of heads removed in every layer "
-            f"(SPEC's reading); the claim {held['pruning_signal']}."
+            f"(the methods page's reading); the claim {held['pruning_signal']}."
         ),
         "pruning_signal_global": "The variant: one global ranking of all heads.",
         "per_layer_intervals": (

@@ -1,8 +1,9 @@
 r"""Several runs of the main job side by side: ``compare_runs(RUN_DIR, ...)``.
 
-Each run of ``cw-lens figures`` writes ``summary.json``: the reference claims of SPEC §6, each a
-conjunction of checks ``value op threshold`` on a *headline number* (``claims.py``). This module
-reads several of them — other models, corpora or seeds — and lines up every check of every
+Each run of ``cw-lens figures`` writes ``summary.json``: the reference claims of methods § Claims
+(docs/methods.md#claims), each a conjunction of checks ``value op threshold`` on a *headline number*
+(``claims.py``). This module reads several of them — other models, corpora or seeds — and lines up
+every check of every
 claim::
 
     number of run r  =  value_r  [low_r, high_r]   verdict_r  (check:  value op threshold)

@@ -1,7 +1,7 @@
 """Faithfulness (P1's causal test): do the tokens a metric ranks highest really matter?
 
-Protocol (SPEC §5; Cunningham & Muca Cirone, ICML 2026, and the comprehensiveness/sufficiency
-tests of DeYoung et al. 2020):
+Protocol (docs/methods.md#faithfulness; Cunningham & Muca Cirone, ICML 2026, and the
+comprehensiveness/sufficiency tests of DeYoung et al. 2020):
 
 1. A clean pass scores every (head, key) pair of every query at every layer with each metric —
    ``attention`` alpha, ``value_norm`` alpha ||pv_j||, ``value_norm_output``
@@ -24,7 +24,7 @@ tests of DeYoung et al. 2020):
    per key token (:func:`token_scores`; for the inter contribution, the token's share of the
    layer output), and the chosen tokens are removed from every head.
 
-P1's claim (SPEC §6 ``faithfulness_order``), judged at pairs granularity: the AOPC of
+P1's claim (docs/methods.md#claims ``faithfulness_order``), judged at pairs granularity: the AOPC of
 comprehensiveness strictly increases attention < value_norm < value_norm_output < contribution,
 and contribution has the lowest sufficiency AOPC of the four.
 

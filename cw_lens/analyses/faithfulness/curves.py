@@ -1,7 +1,7 @@
 """Faithfulness (P1's causal test): do the tokens a metric ranks highest really matter?
 
-Protocol (SPEC §5; Cunningham & Muca Cirone, ICML 2026, and the comprehensiveness/sufficiency
-tests of DeYoung et al. 2020):
+Protocol (docs/methods.md#faithfulness; Cunningham & Muca Cirone, ICML 2026, and the
+comprehensiveness/sufficiency tests of DeYoung et al. 2020):
 
 1. A clean pass scores every (head, key) pair of every query at every layer with each metric —
    ``attention`` alpha, ``value_norm`` alpha ||pv_j||, ``value_norm_output``
@@ -24,7 +24,7 @@ tests of DeYoung et al. 2020):
    per key token (:func:`token_scores`; for the inter contribution, the token's share of the
    layer output), and the chosen tokens are removed from every head.
 
-P1's claim (SPEC §6 ``faithfulness_order``), judged at pairs granularity: the AOPC of
+P1's claim (docs/methods.md#claims ``faithfulness_order``), judged at pairs granularity: the AOPC of
 comprehensiveness strictly increases attention < value_norm < value_norm_output < contribution,
 and contribution has the lowest sufficiency AOPC of the four.
 
@@ -79,8 +79,8 @@ class FaithfulnessResult:
 
     Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on
     task corpora, ``logprob, delta_logprob, accuracy`` (the clean values are in ``clean``).
-    ``delta_nll`` is the change of the mean next-token NLL (what SPEC §5 calls ΔPPL);
-    ``delta_ppl`` is the change of ``exp(mean NLL)``.
+    ``delta_nll`` is the change of the mean next-token NLL (what methods § Faithfulness
+    (docs/methods.md#faithfulness) calls ΔPPL); ``delta_ppl`` is the change of ``exp(mean NLL)``.
     """
 
     curves: pd.DataFrame
@@ -142,7 +142,7 @@ class FaithfulnessResult:
         return table.sort_values(table.columns[0], ascending=ascending).head(k)
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's faithfulness ordering, measured (SPEC §6 ``faithfulness_order``;
+        """P1's faithfulness ordering, measured (docs/methods.md#claims ``faithfulness_order``;
         :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
         and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
         ranking's included: its interval over documents, per draw). With several random draws
@@ -180,11 +180,12 @@ def _random_columns(aopc: pd.DataFrame) -> pd.DataFrame:
 
 
 def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
-    """``faithfulness_order`` as SPEC §6 reads it, from an AOPC table (rows ``(granularity,
-    mode)``, columns metrics; :meth:`FaithfulnessResult.aopc`): at pairs granularity the
-    comprehensiveness AOPC strictly increases along ``METRICS`` (each step's difference > 0 is
-    a number) and contribution has the lowest sufficiency AOPC of the four (the number: the
-    smallest of the other three minus contribution's, > 0). Other granularities are reported.
+    """``faithfulness_order`` as methods § Claims (docs/methods.md#claims) reads it, from an AOPC
+    table (rows ``(granularity, mode)``, columns metrics; :meth:`FaithfulnessResult.aopc`): at pairs
+    granularity the comprehensiveness AOPC strictly increases along ``METRICS`` (each step's
+    difference > 0 is a number) and contribution has the lowest sufficiency AOPC of the four (the
+    number: the smallest of the other three minus contribution's, > 0). Other granularities are
+    reported.
     """
     needed = [("pairs", mode) for mode in MODES]
     missing = [m for m in METRICS if m not in aopc.columns]
@@ -280,7 +281,8 @@ def faithfulness(
     per_document: bool = False,
     random_draws: int = 1,
 ) -> FaithfulnessResult:
-    """Run the faithfulness protocol of SPEC §5 on a corpus.
+    """Run the faithfulness protocol of methods § Faithfulness (docs/methods.md#faithfulness) on a
+    corpus.
 
     Args:
         model: A ``TransformerBridge``.
@@ -297,10 +299,11 @@ def faithfulness(
         batch_size: Documents per pass. One clean (streamed) pass per batch, then one
             intervened pass per (granularity, metric, mode, fraction).
         seed: Seed of the ``random`` ranking (per document and layer, so it is reproducible).
-        first_query: Queries ``i < first_query`` are never intervened on (SPEC §5: 1, so
-            query 0 is left intact: it has a single candidate, BOS reading itself, and the
-            at-least-one rule would remove the sink's own attention output in every layer for
-            every metric and mode; ``first_query=0`` intervenes on every query).
+        first_query: Queries ``i < first_query`` are never intervened on
+            (docs/methods.md#faithfulness: 1, so query 0 is left intact: it has a single
+            candidate, BOS reading itself, and the at-least-one rule would remove the sink's own
+            attention output in every layer for every metric and mode; ``first_query=0``
+            intervenes on every query).
         per_document: Also keep each document's NLL (or answer log-probability) sum and count
             per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
             with both granularities and the defaults) for bootstrap intervals of the AOPCs

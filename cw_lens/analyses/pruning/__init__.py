@@ -3,7 +3,7 @@ random order.
 
 Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
-those of SPEC §4.
+those of methods § Token selection (docs/methods.md#selection).
 
 **Head pruning.** Heads are removed by zeroing their ``hook_z``
 (:func:`cw_lens.models.interventions.remove_heads`) at retention levels (the fraction of heads kept;
@@ -17,14 +17,14 @@ those of SPEC §4.
   highest first;
 - ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
 
-Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, SPEC §4)
-removes the same fraction from every layer, ranked within the layer — raw output norms are not
-comparable across layers (layer 0's are ~10x smaller on SmolLM2, so a global ranking removes
-layer 0 first); ``scope="global"`` (a variant) removes the first heads of one ranking of all
-heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
-``ΔNLL``, the change of the mean next-token NLL) on the same corpus. The cost of removing each
-head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
-tokens), several heads per forward pass (each on its own copy of the rows).
+Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, methods § Token
+selection (docs/methods.md#selection)) removes the same fraction from every layer, ranked within the
+layer — raw output norms are not comparable across layers (layer 0's are ~10x smaller on SmolLM2, so
+a global ranking removes layer 0 first); ``scope="global"`` (a variant) removes the first heads of
+one ranking of all heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and ``ΔNLL``, the change of the mean
+next-token NLL) on the same corpus. The cost of removing each head alone is measured on a small
+corpus (first ``lone_docs`` documents cut to ``lone_tokens`` tokens), several heads per forward pass
+(each on its own copy of the rows).
 
 Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
 

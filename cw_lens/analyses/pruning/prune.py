@@ -3,7 +3,7 @@ random order.
 
 Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
-those of SPEC §4.
+those of methods § Token selection (docs/methods.md#selection).
 
 **Head pruning.** Heads are removed by zeroing their ``hook_z``
 (:func:`cw_lens.models.interventions.remove_heads`) at retention levels (the fraction of heads kept;
@@ -17,14 +17,14 @@ those of SPEC §4.
   highest first;
 - ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
 
-Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, SPEC §4)
-removes the same fraction from every layer, ranked within the layer — raw output norms are not
-comparable across layers (layer 0's are ~10x smaller on SmolLM2, so a global ranking removes
-layer 0 first); ``scope="global"`` (a variant) removes the first heads of one ranking of all
-heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and
-``ΔNLL``, the change of the mean next-token NLL) on the same corpus. The cost of removing each
-head alone is measured on a small corpus (first ``lone_docs`` documents cut to ``lone_tokens``
-tokens), several heads per forward pass (each on its own copy of the rows).
+Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, methods § Token
+selection (docs/methods.md#selection)) removes the same fraction from every layer, ranked within the
+layer — raw output norms are not comparable across layers (layer 0's are ~10x smaller on SmolLM2, so
+a global ranking removes layer 0 first); ``scope="global"`` (a variant) removes the first heads of
+one ranking of all heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and ``ΔNLL``, the change of the mean
+next-token NLL) on the same corpus. The cost of removing each head alone is measured on a small
+corpus (first ``lone_docs`` documents cut to ``lone_tokens`` tokens), several heads per forward pass
+(each on its own copy of the rows).
 
 Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
 
@@ -155,7 +155,7 @@ class PruningResult:
     def claims(
         self, other_scope: PruningResult | None = None, bootstrap: Bootstrap | None = None
     ) -> dict[str, dict[str, Any]]:
-        """P2's pruning claim (SPEC §6 ``pruning_signal``), measured.
+        """P2's pruning claim (docs/methods.md#claims ``pruning_signal``), measured.
 
         The criterion reads the per-layer ranking (``scope="layer"``); a result of the other
         scope (passed as ``other_scope``, either way round) is reported as the variant. With
@@ -257,10 +257,10 @@ def _random_minus_taxonomy(table: pd.DataFrame, level: float) -> float:
 
 
 def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -> Claim:
-    """``pruning_signal`` as SPEC §6 reads it: with the per-layer ranking, ΔPPL(taxonomy) <
-    ΔPPL(random, mean of draws) at 90% and 75% retention (the numbers: the differences
-    random - taxonomy, > 0); the best order at 50% and 25% is reported, and ``variant`` (the
-    global ranking) beside it."""
+    """``pruning_signal`` as methods § Claims (docs/methods.md#claims) reads it: with the per-layer
+    ranking, ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and 75% retention (the numbers: the
+    differences random - taxonomy, > 0); the best order at 50% and 25% is reported, and ``variant``
+    (the global ranking) beside it."""
     table = result.by_retention()
     orders = list(result.orders)
     measured: dict[str, Any] = {
@@ -341,10 +341,10 @@ def prune_heads(
             (default: all four).
         retention: Fractions of heads kept (default 0.9, 0.75, 0.5, 0.25); 1.0 removes
             nothing (ΔPPL 0 exactly).
-        scope: ``"layer"`` (SPEC's reading) removes the same fraction in every layer, in the
-            order's ranking within the layer; ``"global"`` ranks all heads in one order and
-            removes the first ones (norms and magnitudes grow with depth, so global orders by
-            them concentrate removal in the first layers).
+        scope: ``"layer"`` (the methods page's reading) removes the same fraction in every
+            layer, in the order's ranking within the layer; ``"global"`` ranks all heads in one
+            order and removes the first ones (norms and magnitudes grow with depth, so global
+            orders by them concentrate removal in the first layers).
         layers: Layers whose heads may be removed (``None`` = all); retention counts them.
         n_draws: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
         seed: Seed of the random orders.
@@ -352,9 +352,10 @@ def prune_heads(
         taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
         lone: Also measure each head's lone removal (:func:`lone_head_costs`).
         lone_corpus: Corpus for the lone costs (default: ``corpus``).
-        lone_docs, lone_tokens: Its first ``lone_docs`` documents cut to ``lone_tokens``
-            tokens (``None`` = all / whole); the defaults (2 x 32) take about 25 s for the 270
-            heads of SmolLM2-135M on two CPU cores.
+        lone_docs: The lone costs use the first ``lone_docs`` documents of that corpus
+            (``None`` = all); with ``lone_tokens`` the defaults (2 x 32) take about 25 s for the
+            270 heads of SmolLM2-135M on two CPU cores.
+        lone_tokens: Those documents are cut to ``lone_tokens`` tokens (``None`` = whole).
         lone_heads: Candidate heads for the lone costs (default: every prunable head).
         lone_heads_per_pass: Heads per forward pass in the lone costs.
         batch_size: Documents per forward pass.

@@ -2,7 +2,7 @@
 
 Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Multi-Head
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
-those of SPEC §4.
+those of methods § Token selection (docs/methods.md#selection).
 
 **Selection geometry.** For one (layer, head, query ``i``) work in value space before ``W_O``::
 

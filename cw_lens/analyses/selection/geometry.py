@@ -173,8 +173,8 @@ SINK_N = (2, 4)
 
 
 def selection_claims(table: pd.DataFrame) -> list[Claim]:
-    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as SPEC §6's
-    criterion column reads them, from the per-head table of
+    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as methods §
+    Claims (docs/methods.md#claims)'s criterion column reads them, from the per-head table of
     :meth:`SelectionGeometryResult.to_dataframe` (``layer, head, n, rule, f``).
 
     - ``topn_beats_random``: the mean over heads of F_N(top) - F_N(random) is > 0 at every
@@ -382,7 +382,7 @@ class SelectionGeometryResult:
         return out
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's selection claims (SPEC §6) with the numbers measured here
+        """P2's selection claims (docs/methods.md#claims) with the numbers measured here
         (:func:`selection_claims`); with ``bootstrap``, each number's interval over documents
         (:func:`cw_lens.core.resampled.selection_numbers`; needs ``per_document=True``)."""
         claims = selection_claims(self.to_dataframe())
@@ -436,7 +436,7 @@ def selection_geometry(
         n_random: Random rankings per (head, query) for the baseline (0 = no baseline).
         seed: Seed of the random rankings (per document, layer and query; see module doc).
         sink_positions: Positions the ``top_no_sink`` rule removes from the candidates.
-        distance: ``"euclidean"`` (SPEC default) or ``"cosine"``.
+        distance: ``"euclidean"`` (the default) or ``"cosine"``.
         layers: Layers to analyse (``None`` = all).
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS (position 0 is then the usual sink).

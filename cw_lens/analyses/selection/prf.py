@@ -1,5 +1,6 @@
-"""Geometric precision, recall and F of one query's key selection (SPEC §4, P2): distances, top
-and random orders, P/R/F of a ranking over the grid of N, and the checks of their inputs.
+"""Geometric precision, recall and F of one query's key selection (docs/methods.md#selection, P2):
+distances, top and random orders, P/R/F of a ranking over the grid of N, and the checks of their
+inputs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class PRF(NamedTuple):
 
 
 def power_grid(n_keys: int) -> list[int]:
-    """SPEC's N grid for a query with ``n_keys`` keys: 1, 2, 4, ... up to ``n_keys / 2``."""
+    """The grid of N (docs/methods.md#selection) for ``n_keys`` keys: 1, 2, 4, ... up to half."""
     grid, n = [], 1
     while 2 * n <= n_keys:
         grid.append(n)
@@ -174,7 +175,8 @@ def geometric_prf(
     exclude: Sequence[int] | None = None,
     ranking: Sequence[int] | None = None,
 ) -> tuple[float, float, float]:
-    """Precision, recall and F of the top-N selection of one (layer, head, query) — SPEC §4.
+    """Precision, recall and F of the top-N selection of one (layer, head, query) — methods § Token
+    selection (docs/methods.md#selection).
 
     Args:
         values: The head's value vectors ``v_j`` of the query's keys ``[key, d_head]``.

@@ -3,7 +3,7 @@
 P1 (Cunningham & Muca Cirone, ICML 2026) argues that the first token — the attention sink — is
 not a passive store of spare attention but an active part of the head's computation. With the
 sink position(s) ``S`` (position 0, the BOS token, by default), per head ``h`` and query ``i``
-(SPEC §3)::
+(docs/methods.md#sinks)::
 
     sink rate        s_i = sum_{j in S} alpha[i,j]          sink head: mean_{i >= 16} s_i > 0.3
     decomposition    o_i = s_i p_i + (1 - s_i) m_i          p_i: the sink's projected value

@@ -41,7 +41,7 @@ def cone_axis(
 ) -> Float[Tensor, "batch head d_head"]:
     """The axis of each head's semantic cone in value space: the mean of the values the head
     reads at real non-sink positions over the whole sequence (``u^h`` up to ``W_O^h`` and
-    normalisation, SPEC §3)."""
+    normalisation, methods § Attention sinks (docs/methods.md#sinks))."""
     tail = (acts.mask & ~sink_full).to(acts.values.dtype)
     per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
     return (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
@@ -203,9 +203,9 @@ class SinkAblation:
         return df.groupby("group")[cols].mean()
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's ablation claim (SPEC §6 ``sink_ablation_cone``), measured; with ``bootstrap``
-        each number's interval over documents (each resample re-picks the low-norm quarter;
-        needs ``per_document=True``)."""
+        """P1's ablation claim (docs/methods.md#claims ``sink_ablation_cone``), measured; with
+        ``bootstrap`` each number's interval over documents (each resample re-picks the low-norm
+        quarter; needs ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
             require_record(self.per_document, "sink_ablation")
@@ -274,7 +274,8 @@ def sink_ablation(
     progress: bool | str = False,
     per_document: bool = False,
 ) -> SinkAblation:
-    """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).
+    """Remove (or rescale) the sink's projected value and measure what changes
+    (docs/methods.md#sinks).
 
     ΔPPL comes from the real intervention (:func:`cw_lens.patch_sink` on all chosen layers and
     heads at once). Per head, ``||o_i^h||`` and ``cos(o_i^h, u^h)`` are measured before and
@@ -283,13 +284,14 @@ def sink_ablation(
     ``effect="total"`` it is measured in the patched run.
 
     Args:
-        layers, heads: What to patch (``None`` = all); heads as a list or ``{layer: [heads]}``.
+        layers: Layers to patch (``None`` = all).
+        heads: Heads to patch (``None`` = all), as a list or ``{layer: [heads]}``.
         scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
             it, 1 keeps it, 2 doubles it).
         mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
         sink_positions: Sink positions (default BOS).
         effect: ``"direct"`` or ``"total"`` (see above).
-        low_norm_quantile: Share of heads called "low-norm" (SPEC: a quarter).
+        low_norm_quantile: Share of heads called "low-norm" (methods page: a quarter).
         per_document: Also keep each document's per-head sums and NLL sums (``20 *
             n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
             bootstrap intervals (:meth:`SinkAblation.claims`).

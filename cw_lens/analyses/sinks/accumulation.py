@@ -1,5 +1,5 @@
 """The streamed sink accumulator: per-layer sums, histograms and factor samples of one pass
-(SPEC §3), and the per-head rank correlations of the sampled factors.
+(docs/methods.md#sinks), and the per-head rank correlations of the sampled factors.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ RATE_BINS = 20
 
 
 # the cancelled share is a ratio without a natural range: asinh bins, ~0.2% wide near 0 and
-# 1.9% relative beyond, over +-1e9 (SPEC §6 reads per-head medians from unclipped values)
+# 1.9% relative beyond, over +-1e9 (docs/methods.md#claims reads per-head medians from unclipped
+# values)
 DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
 DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
 # the per-document record a bootstrap over documents reads (``per_document=True``): these sums

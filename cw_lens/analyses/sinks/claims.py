@@ -11,7 +11,8 @@ import pandas as pd
 from cw_lens.analyses.sinks.accumulation import DRIVER_FACTORS
 from cw_lens.core.claims import Check, Claim
 
-# convex_sink_curve judges only sink heads with at least this many counted queries (SPEC §6)
+# convex_sink_curve judges only sink heads with at least this many counted queries
+# (docs/methods.md#claims)
 MIN_S_STAR_QUERIES = 16
 
 
@@ -29,7 +30,8 @@ def sink_claims(
     *,
     min_s_star_queries: int = MIN_S_STAR_QUERIES,
 ) -> list[Claim]:
-    """The six sink claims of SPEC §6, exactly as its criterion column reads them.
+    """The six sink claims of methods § Claims (docs/methods.md#claims), exactly as its criterion
+    column reads them.
 
     Args:
         heads: Per-head table (:meth:`SinkStatistics.heads`): ``sink_head``, ``sink_attention``,
@@ -38,7 +40,7 @@ def sink_claims(
         drivers: Per-head Spearman table (:meth:`SinkStatistics.drivers`): ``layer``, ``head``,
             ``group``, ``rho_attention``, ``rho_relative_norm``, ``rho_cosine``.
         min_s_star_queries: ``convex_sink_curve`` judges sink heads with at least this many
-            counted queries (SPEC: 16).
+            counted queries (methods page: 16).
 
     With no sink head every number is NaN and no claim holds.
     """

@@ -241,9 +241,9 @@ class SinkStatistics:
         return pd.DataFrame(rows)
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1/P2's sink claims (SPEC §6) with the numbers measured here and whether they hold
-        (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents and
-        the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
+        """P1/P2's sink claims (docs/methods.md#claims) with the numbers measured here and whether
+        they hold (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents
+        and the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
         claims = sink_claims(self.heads(), self.drivers())
         if bootstrap is not None:
             claims = with_intervals(claims, *self.intervals(bootstrap))
@@ -332,7 +332,7 @@ def sink_statistics(
     progress: bool | str = False,
     per_document: bool = False,
 ) -> SinkStatistics:
-    """Sink geometry over a corpus in one streamed pass (SPEC §3).
+    """Sink geometry over a corpus in one streamed pass (docs/methods.md#sinks).
 
     Args:
         model: A ``TransformerBridge``.
@@ -341,8 +341,8 @@ def sink_statistics(
             keys whose mean attention exceeds 0.3 in some head).
         layers: Layers (``None`` = all).
         batch_size: Documents per forward pass.
-        min_query: Queries ``i >= min_query`` define sink rates and curves (SPEC: 16).
-        drift_k: Top-attended tail tokens kept out of the drift (SPEC: 4).
+        min_query: Queries ``i >= min_query`` define sink rates and curves (methods page: 16).
+        drift_k: Top-attended tail tokens kept out of the drift (methods page: 4).
         samples_per_head: Factor samples per (document, layer, head) and group (sink /
             tail entries) for the per-head rank correlations (:meth:`SinkStatistics.drivers`).
         max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
