@@ -124,7 +124,7 @@ def test_verdict_reads_the_point_value_with_its_interval():
     # a percentile interval that misses the point value: the hull decides
     assert Check("x", -0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "inconclusive"
     assert Check("x", 0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "yes"
-    assert Check("x", math.nan, ">", 0.0, interval=(0.05, 0.2)).holds == "no"  # not measured
+    assert Check("x", math.nan, ">", 0.0, interval=(0.05, 0.2)).holds == "not measured"
     with pytest.raises(ValueError, match="low <= high"):
         Check("x", 1.0, ">", 0.0, interval=(2.0, 1.0))
 

@@ -111,14 +111,14 @@ def test_reads_what_the_claims_module_writes():
             Claim("c2", "p", "crit", [Check("z", float("nan"), "in", (0.1, 0.2))]),
         ]
     )
-    summary = {"schema": 2, "model": "m", "claims": claims}
+    summary = {"schema": 3, "model": "m", "claims": claims}
     summary = json.loads(json.dumps(summary).replace("NaN", "null"))
     table = compare_runs([summary]).to_dataframe()
     assert list(table["number"]) == ["x", "y", "z"]
-    assert list(table["check"]) == ["yes", "no", "no"]
-    assert list(table["holds"]) == ["no", "no", "no"]
+    assert list(table["check"]) == ["yes", "no", "not measured"]
+    assert list(table["holds"]) == ["no", "no", "not measured"]
     assert table["value"].iloc[:2].tolist() == [0.25, 2.0] and math.isnan(table["value"].iloc[2])
-    assert "| ↳ z | in [0.1, 0.2] | n/a no |" in compare_runs([summary]).to_markdown()
+    assert "| ↳ z | in [0.1, 0.2] | n/a not measured |" in compare_runs([summary]).to_markdown()
 
 
 def test_reads_a_schema_2_summary_as_the_job_writes_it():
@@ -214,9 +214,13 @@ BAD = {
     "a list": ("[1, 2]", "not a cw_lens summary (no 'claims' object)"),
     "no claims": ('{"model": "m"}', "not a cw_lens summary (no 'claims' object)"),
     "empty claims": ('{"claims": {}}', "the summary has no claims"),
-    "schema 3": (
-        edited(RUN_A, lambda s: s.update(schema=3)),
-        "unknown summary schema 3; this cw_lens reads schemas (1, 2)",
+    "schema 4": (
+        edited(RUN_A, lambda s: s.update(schema=4)),
+        "unknown summary schema 4; this cw_lens reads schemas (1, 2, 3)",
+    ),
+    "schema 2 with a four-valued verdict": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"].update(holds="not measured")),
+        "schema 2 verdicts are ('yes', 'no', 'inconclusive'), got 'not measured'",
     ),
     "schema as text": (
         edited(RUN_A, lambda s: s.update(schema="2")),

@@ -12,6 +12,13 @@ app = typer.Typer(
     help="Contribution weights and attention-sink geometry for TransformerLens models.",
 )
 
+VERDICT_WORDS = {
+    "yes": "holds ",
+    "no": "FAILS ",
+    "inconclusive": "UNSURE",
+    "not measured": "N/A   ",
+}
+
 
 def _clean_errors(fn):
     """Report cw_lens errors as one line on stderr with exit code 2, not a stack trace."""
@@ -128,11 +135,12 @@ def figures(
         verdicts = [c["holds"] for c in summary["claims"].values()]
         typer.echo(
             f"{verdicts.count('yes')}/{len(verdicts)} claims hold, "
-            f"{verdicts.count('inconclusive')} inconclusive; wrote {out}/REPORT.md, "
+            f"{verdicts.count('inconclusive')} inconclusive, "
+            f"{verdicts.count('not measured')} not measured; wrote {out}/REPORT.md, "
             f"{out}/summary.json and the figures"
         )
         for cid, claim in summary["claims"].items():
-            mark = {"yes": "holds ", "no": "FAILS ", "inconclusive": "UNSURE"}[claim["holds"]]
+            mark = VERDICT_WORDS[claim["holds"]]
             typer.echo(f"  {mark} {cid}")
 
 

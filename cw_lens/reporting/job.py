@@ -35,8 +35,10 @@ from cw_lens.data.distributed import barrier, init_from_env, is_main_process, ma
 from cw_lens.reporting.markdown import build_report
 
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
-# per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers
-SCHEMA = 2
+# per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers;
+# 3 = four verdicts (+ "not measured"), the bootstrap's own seed, a "provenance" block (weights
+# and corpus windows) and the claim numbers' bootstrap replicates in replicates.npz
+SCHEMA = 3
 
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",

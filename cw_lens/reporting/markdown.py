@@ -42,7 +42,8 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (SPEC §6).",
+        "the interval straddles the threshold (or a number has no interval), `not measured` "
+        "when the run could not compute a number (SPEC §6).",
         "",
         claims_markdown(summary),
         "",
@@ -93,13 +94,18 @@ def _interval_text(interval: Any) -> str:
     return f"[{low:.3g}, {high:.3g}]"
 
 
-VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
+VERDICT_MARK = {
+    "yes": "yes",
+    "no": "**no**",
+    "inconclusive": "*inconclusive*",
+    "not measured": "*not measured*",
+}
 
 
 def claims_markdown(summary: dict[str, Any]) -> str:
     """The claims table of a schema-2 summary as Markdown (REPORT.md; paste it into the README):
     per claim the paper's statement, the criterion's checks — each number with its interval
-    and threshold — and the three-valued verdict."""
+    and threshold — and the verdict."""
     lines = [
         "| claim | paper says | number = value [interval] (criterion) | verdict |",
         "|---|---|---|---|",
@@ -139,7 +145,12 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     Long: one sentence per figure read from summary.json, a table of f-strings.
     """
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
-    words = {"yes": "holds", "no": "does not hold", "inconclusive": "is inconclusive"}
+    words = {
+        "yes": "holds",
+        "no": "does not hold",
+        "inconclusive": "is inconclusive",
+        "not measured": "could not be measured",
+    }
     held = {cid: words[claim["holds"]] for cid, claim in summary["claims"].items()}
     sink = c["sink_attention_vs_contribution"]
     ratio = c["sink_value_norm_ratio"]
@@ -224,7 +235,8 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
 
 
 def claims_table(summary: dict[str, Any]) -> pd.DataFrame:
-    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive",
+    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive" / "not
+    measured",
     figure)."""
     rows = [
         {"claim": cid, "holds": c["holds"], "paper": c["paper"], "figure": c["figure"]}

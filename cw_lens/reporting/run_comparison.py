@@ -42,11 +42,12 @@ from typing import Any
 
 import pandas as pd
 
-from cw_lens.core.claims import threshold_text
+from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.errors import InputError
 
-VERDICTS = ("yes", "no", "inconclusive")
-SCHEMAS = (1, 2)
+SCHEMAS = (1, 2, 3)
+# the verdicts each schema writes: 1 true/false, 2 three values, 3 four (SPEC §6)
+SCHEMA_VERDICTS = {2: ("yes", "no", "inconclusive"), 3: VERDICTS}
 OPS = ("<", ">", "in")
 NO_CHECK = {"number": "", "value": math.nan, "low": math.nan, "high": math.nan, "op": "",
             "threshold": None}  # fmt: skip
@@ -306,8 +307,8 @@ def _verdict(holds: Any, schema: int, fail: Any) -> str:
         if not isinstance(holds, bool):
             raise fail(f"schema 1 verdicts are true/false, got {holds!r}.")
         return "yes" if holds else "no"
-    if holds not in VERDICTS:
-        raise fail(f"schema 2 verdicts are {VERDICTS}, got {holds!r}.")
+    if holds not in SCHEMA_VERDICTS[schema]:
+        raise fail(f"schema {schema} verdicts are {SCHEMA_VERDICTS[schema]}, got {holds!r}.")
     return holds
 
 
