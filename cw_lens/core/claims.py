@@ -52,6 +52,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
 Op = Literal["<", ">", "in"]
 OPS = ("<", ">", "in")
 NO_INTERVAL = (math.nan, math.nan)  # a bootstrap was run but gave the number no interval
@@ -93,6 +95,7 @@ class Check:
     op: Op
     threshold: float | tuple[float, float]
     interval: tuple[float, float] | None = None
+    replicates: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -195,9 +198,25 @@ class Claim:
         return out
 
 
-def claims_dict(claims: Iterable[Claim]) -> dict[str, dict[str, Any]]:
-    """``{claim id: claim.to_dict()}`` in the given order."""
-    return {c.id: c.to_dict() for c in claims}
+class ClaimsDict(dict):
+    """``{claim id: claim dict}`` (plain JSON-ready dicts) with ``replicates``: ``{(claim id,
+    number): float32 [R]}``, the bootstrap replicates of the checks that have them."""
+
+    replicates: dict[tuple[str, str], np.ndarray]
+
+
+def claims_dict(claims: Iterable[Claim]) -> ClaimsDict:
+    """``{claim id: claim.to_dict()}`` in the given order; ``.replicates`` keeps the checks'
+    bootstrap replicates (float32) for tests of differences between runs."""
+    claims = list(claims)
+    out = ClaimsDict((c.id, c.to_dict()) for c in claims)
+    out.replicates = {
+        (claim.id, check.number): np.asarray(check.replicates, dtype=np.float32).reshape(-1)
+        for claim in claims
+        for check in claim.checks
+        if check.replicates is not None
+    }
+    return out
 
 
 def threshold_text(op: str, threshold: float | Sequence[float]) -> str:
@@ -220,7 +239,11 @@ def with_intervals(
     per_layer = per_layer or {}
     out = []
     for claim in claims:
-        checks = [replace(c, interval=intervals.get(c.number, NO_INTERVAL)) for c in claim.checks]
+        checks = []
+        for c in claim.checks:
+            interval = intervals.get(c.number, NO_INTERVAL)
+            reps = getattr(interval, "replicates", None)  # kept by Bootstrap.pair's Interval
+            checks.append(replace(c, interval=interval, replicates=reps))
         out.append(
             replace(claim, checks=checks, per_layer=per_layer.get(claim.id, claim.per_layer))
         )

@@ -97,6 +97,12 @@ def figures(
     dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
     api: str = typer.Option("auto", help=API_HELP),
     seed: int = typer.Option(0, help="Seed for windows, random baselines and sampling."),
+    n_resamples: int = typer.Option(
+        2000, help="Bootstrap resamples of the claims' intervals (at least 2000)."
+    ),
+    bootstrap_seed: int = typer.Option(
+        0, help="The bootstrap's own seed (resampling only; --seed leaves it unchanged)."
+    ),
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
@@ -127,6 +133,8 @@ def figures(
         dtype=dtype,
         api=api,
         random_draws=random_draws,
+        n_resamples=n_resamples,
+        bootstrap_seed=bootstrap_seed,
     )
     summary = run_figures(config, out, force=force, progress=not quiet)
     from cw_lens.data.distributed import is_main_process
@@ -157,8 +165,11 @@ def compare(
 ) -> None:
     """Print several runs' claims side by side and write compare.md, compare.png and .pdf.
 
-    One column per run: each headline number with its interval (summary schema 2) and the
-    verdict (yes / no / inconclusive); schema 1 summaries are read too (no intervals).
+    One column per run: each headline number with its interval and the verdict (yes / no /
+    inconclusive / not measured); then each number of each run minus the first run's, with the
+    95% bootstrap interval of the difference (paired when the runs resampled the same
+    documents): "differ" when it excludes 0, "same within uncertainty" when it includes 0,
+    "not comparable" without replicates (summary schemas 1 and 2) or a measured number.
     """
     from cw_lens.plots import save_figure
     from cw_lens.reporting.job import atomic_write_text

@@ -28,7 +28,10 @@ def _fmt(value: Any, depth: int = 0) -> str:
 
 
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
-    """REPORT.md: the claims table and every figure with a one-line reading."""
+    """REPORT.md: the claims table, the provenance block and every figure with a one-line
+    reading."""
+    from cw_lens.reporting.provenance import provenance_markdown
+
     lines = [
         f"# cw_lens report — {summary['model']}",
         "",
@@ -38,6 +41,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         + ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
         + ".",
         "",
+        *provenance_markdown(summary.get("provenance")),
         "## Claims",
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
@@ -81,7 +85,8 @@ def _interval_words(summary: dict[str, Any]) -> str:
         return "interval (none computed)"
     return (
         f"{boot['level']:.0%} bootstrap interval over {boot['unit']}s ({boot['resamples']} "
-        f"resamples, seed {boot['seed']}, {boot['method'].split(';')[0]})"
+        f"resamples, bootstrap seed {boot['seed']}, its own: the run's seed "
+        f"{summary.get('seed')} does not set it; {boot['method'].split(';')[0]})"
     )
 
 
