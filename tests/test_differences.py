@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
@@ -211,3 +213,19 @@ def test_the_committed_schema_2_gallery_still_reads(tmp_path):
     table = comparison.differences()
     assert table["result"].tolist() == [NOT_COMPARABLE]
     assert "gallery: a summary of schema 1 or 2" in table["reason"].iloc[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-5, 5), min_size=50, max_size=50),
+    st.lists(st.floats(-5, 5), min_size=50, max_size=50),
+)
+def test_swapping_the_runs_flips_the_difference_and_keeps_the_result(a, b):
+    a, b = np.array(a), np.array(b)
+    forward = difference_test(a.mean(), a, b.mean(), b, paired=True)
+    backward = difference_test(b.mean(), b, a.mean(), a, paired=True)
+    assert backward.value == pytest.approx(-forward.value, abs=1e-9)
+    assert (backward.low, backward.high) == pytest.approx((-forward.high, -forward.low), abs=1e-9)
+    assert backward.result == forward.result
+    hull = (min(forward.low, forward.value), max(forward.high, forward.value))
+    assert (forward.result == DIFFER) == (hull[0] > 0 or hull[1] < 0)
