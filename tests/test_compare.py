@@ -363,3 +363,14 @@ def test_compare_reads_two_runs_of_the_main_job(tmp_path):
             assert mine["value"].tolist() == pytest.approx(values, nan_ok=True)
             assert f"`{cid}`" in result.output
     assert (tmp_path / "compare.png").is_file()
+    # different windows: independent resamples; a run against itself: paired, difference 0
+    across = compare_runs([tmp_path / "pydoc", tmp_path / "licence"]).differences()
+    assert not across["paired"].any() and len(across) == len(table) / 2
+    itself = compare_runs([tmp_path / "pydoc", tmp_path / "pydoc"], labels=["a", "b"])
+    same = itself.differences()
+    measured = same[same["result"] != "not comparable"]
+    assert len(measured) > 5 and measured["paired"].all()
+    assert set(measured["result"]) == {"same within uncertainty"}
+    assert (measured["difference"] == 0).all() and (measured["low"] == 0).all()
+    unmeasured = same[same["result"] == "not comparable"]
+    assert unmeasured["value"].isna().all() and itself.disagreements().empty
