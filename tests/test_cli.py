@@ -57,7 +57,11 @@ def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
 
     monkeypatch.setattr(report, "run_figures", fake_run)
     args = ["figures", "--random-draws", "3", "--n-docs", "5", "--task", "none", "--quiet"]
+    args += ["--bootstrap-seed", "7", "--n-resamples", "3000"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert (config.random_draws, config.n_docs, config.task) == (3, 5, None)
+    assert (config.bootstrap_seed, config.n_resamples, config.seed) == (7, 3000, 0)
+    result = CliRunner().invoke(app, ["figures", "--n-resamples", "500", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "at least 2000 bootstrap resamples" in result.output
