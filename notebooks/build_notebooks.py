@@ -168,8 +168,9 @@ summary["claims"]["faithfulness_order"]["measured"]["aopc_comprehensiveness_pair
 The same job on a second kind of English text — the CPython licence (`LICENSE.txt` ships with
 CPython's standard library; where a distribution moved it, the built-in `"stdlib"` corpus of
 the standard library's own docstrings stands in) — then both runs' claims side by side: every
-headline number with its interval where the summary has one (schema 2), and the verdict per
-run. `cw-lens compare DIR DIR` prints the same table and writes the figure."""),
+headline number with its interval and the verdict per run, then each number's difference from
+the first run with the 95% bootstrap interval of the difference. `cw-lens compare DIR DIR`
+prints the same tables and writes the figure."""),
 ("code", """import dataclasses
 import sysconfig
 from cw_lens.reporting.run_comparison import compare_runs
@@ -181,7 +182,7 @@ run_figures(dataclasses.replace(config, corpus=second), out_second, progress=Fal
 cmp = compare_runs([out, out_second], labels=["pydoc", Path(second).stem])
 Markdown(cmp.to_markdown())"""),
 ("code", """cmp.plot();"""),
-("md", "The claims whose verdict differs between the two corpora:"),
+("md", "The numbers that differ between the two corpora (the difference's interval excludes 0):"),
 ("code", """cmp.disagreements()"""),
 ])
 

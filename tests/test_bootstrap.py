@@ -124,7 +124,7 @@ def test_verdict_reads_the_point_value_with_its_interval():
     # a percentile interval that misses the point value: the hull decides
     assert Check("x", -0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "inconclusive"
     assert Check("x", 0.1, ">", 0.0, interval=(0.05, 0.2)).holds == "yes"
-    assert Check("x", math.nan, ">", 0.0, interval=(0.05, 0.2)).holds == "no"  # not measured
+    assert Check("x", math.nan, ">", 0.0, interval=(0.05, 0.2)).holds == "not measured"
     with pytest.raises(ValueError, match="low <= high"):
         Check("x", 1.0, ">", 0.0, interval=(2.0, 1.0))
 
@@ -286,13 +286,17 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
     drivers = claims["sink_contribution_drivers"]["checks"]
     assert all(c["interval"] is not None for c in drivers)
     assert set(stats.samples("sink")["document"]) <= set(range(6))
-    # a state stored before samples remembered their document: no interval, not a wrong one
+    # a state stored before samples remembered their document: no interval, not a wrong one,
+    # and the checks are inconclusive, not judged on their point values (SPEC §6)
     state = stats.acc.samples.__getstate__()
     del state["_docs"]
     stats.acc.samples = SampleReservoir.__new__(SampleReservoir)
     stats.acc.samples.__setstate__(state)
     legacy = stats.claims(Bootstrap(300))["sink_contribution_drivers"]["checks"]
-    assert [c["interval"] for c in legacy] == [None, None]
+    assert all(
+        math.isnan(low) and math.isnan(high) for low, high in (c["interval"] for c in legacy)
+    )
+    assert [c["holds"] for c in legacy] == ["inconclusive", "inconclusive"]
     assert [c["value"] for c in legacy] == [c["value"] for c in drivers]
     bare = cw_lens.sink_statistics(llama, texts, min_query=4)
     assert bare.acc.per_doc is None

@@ -9,13 +9,15 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cw_lens.analyses.faithfulness import FaithfulnessResult
 from cw_lens.analyses.pruning import ORDERS, PruningResult
 from cw_lens.analyses.selection import head_f_ratio, selection_claims
 from cw_lens.analyses.sinks import SinkAblation, sink_claims
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult
-from cw_lens.core.claims import Check, Claim, claims_dict
+from cw_lens.core.claims import VERDICTS, Check, Claim, claims_dict, combine, with_intervals
 from cw_lens.core.errors import InputError
 
 # SPEC §6's criterion column, verbatim
@@ -58,8 +60,6 @@ SPEC_CRITERIA = {
         (10.0, "in", (3.0, 10.0), True),
         (2.999, "in", (3.0, 10.0), False),
         (10.001, "in", (3.0, 10.0), False),
-        (math.nan, ">", 0.0, False),  # not measured never holds
-        (math.nan, "in", (0.0, 1.0), False),
         (math.inf, ">", 1.0, True),
         (-math.inf, "<", 0.0, True),
     ],
@@ -80,7 +80,7 @@ def test_check_rejects_bad_ops_and_claims_need_every_check():
     yes, no = Check("a", 1.0, ">", 0.0), Check("b", -1.0, ">", 0.0)
     assert Claim("c", "p", "k", [yes, yes]).holds == "yes"
     assert Claim("c", "p", "k", [yes, no]).holds == "no"
-    assert Claim("c", "p", "k", []).holds == "no"
+    assert Claim("c", "p", "k", []).holds == "not measured"
     d = claims_dict([Claim("c", "p", "k", [yes, no], {"extra": 2})])["c"]
     assert list(d["measured"]) == ["a", "b", "extra"]  # headline numbers first
     assert d["checks"][1] == {
@@ -92,6 +92,126 @@ def test_check_rejects_bad_ops_and_claims_need_every_check():
         "holds": "no",
     }
     assert d["holds"] == "no" and d["criterion"] == "k" and d["paper"] == "p"
+
+
+@pytest.mark.parametrize("op", ["<", ">", "in"])
+@pytest.mark.parametrize("interval", [None, (0.0, 1.0), (math.nan, math.nan)])
+def test_a_number_that_was_not_measured_is_not_measured_never_no(op, interval):
+    threshold = (0.0, 1.0) if op == "in" else 0.5
+    check = Check("x", math.nan, op, threshold, interval=interval)
+    assert check.holds == "not measured"
+    assert Claim("c", "p", "k", [check]).holds == "not measured"
+
+
+def test_a_check_the_bootstrap_gave_no_interval_is_inconclusive_not_its_point_verdict():
+    decisive = Check("a", 2.0, ">", 0.0)
+    assert decisive.holds == "yes"  # no bootstrap asked for: the point comparison
+    claim = Claim("c", "p", "k", [decisive, Check("b", -3.0, ">", 0.0)])
+    boot = with_intervals([claim], {"b": (-4.0, -2.0)})[0]  # "a" has a bootstrap, no interval
+    assert [c.holds for c in boot.checks] == ["inconclusive", "no"]
+    assert with_intervals([claim], {"b": (-4.0, 1.0)})[0].holds == "inconclusive"
+    assert boot.to_dict()["checks"][0]["interval"][0] != boot.to_dict()["checks"][0]["interval"][0]
+    half = Check("a", 2.0, ">", 0.0, interval=(1.0, math.nan))
+    assert half.holds == "inconclusive"
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "combined"),
+    [
+        (["yes", "yes"], "yes"),
+        (["yes", "inconclusive"], "inconclusive"),
+        (["inconclusive", "not measured"], "not measured"),
+        (["yes", "not measured"], "not measured"),
+        (["not measured", "no"], "no"),  # a decisive failure refutes the conjunction
+        (["inconclusive", "no", "yes"], "no"),
+        ([], "not measured"),
+    ],
+)
+def test_combine_orders_no_then_not_measured_then_inconclusive(verdicts, combined):
+    assert combine(verdicts) == combined
+
+
+def test_combine_refuses_an_unknown_verdict():
+    with pytest.raises(ValueError, match="verdicts are"):
+        combine(["yes", "refuted"])
+
+
+# --------------------------------------------------------------------------- properties
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+
+
+@st.composite
+def checks(draw):
+    """A check with a random op and threshold, a value (sometimes NaN) and an interval (none,
+    undefined, or around the value)."""
+    op = draw(st.sampled_from(["<", ">", "in"]))
+    a, b = sorted((draw(finite), draw(finite)))
+    threshold = (a, b) if op == "in" else a
+    value = draw(st.one_of(finite, st.just(math.nan)))
+    kind = draw(st.sampled_from(["none", "nan", "interval"]))
+    interval = None
+    if kind == "nan":
+        interval = (math.nan, math.nan)
+    elif kind == "interval":
+        low, high = sorted((draw(finite), draw(finite)))
+        interval = (low, high)
+    return Check("x", value, op, threshold, interval=interval)
+
+
+def _satisfies(check, v):
+    if check.op == "<":
+        return v < check.threshold
+    if check.op == ">":
+        return v > check.threshold
+    return check.threshold[0] <= v <= check.threshold[1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(checks())
+def test_verdict_properties(check):
+    """yes: point and every interval value satisfy; no: point and every interval value fail;
+    inconclusive otherwise; NaN: not measured. Checked against the ends and a grid of the hull
+    of point and interval (the comparisons are monotone, so the ends and the grid decide)."""
+    verdict = check.holds
+    assert verdict in VERDICTS
+    if math.isnan(check.value):
+        assert verdict == "not measured"
+        return
+    if check.interval is None:
+        assert verdict == ("yes" if _satisfies(check, check.value) else "no")
+        return
+    low, high = check.interval
+    if math.isnan(low):
+        assert verdict == "inconclusive"  # a bootstrap without an interval is never decisive
+        return
+    lo, hi = min(low, check.value), max(high, check.value)
+    grid = [*np.clip(np.linspace(lo, hi, 41), lo, hi), lo, hi, check.value, low, high]
+    sat = [_satisfies(check, v) for v in grid]
+    if verdict == "yes":
+        assert all(sat)
+    elif verdict == "no":
+        assert not any(sat)
+    else:
+        # inconclusive: some value of [lo, hi] satisfies and some fails (continuum: the grid
+        # may miss a one-point band, so check the threshold ends themselves too)
+        ends = [t for t in np.atleast_1d(check.threshold) if lo <= t <= hi]
+        sat += [_satisfies(check, t) for t in ends]
+        assert any(sat) and not all(sat)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(checks(), max_size=5))
+def test_claim_verdict_properties(items):
+    """The claim is yes only if every check is yes, no iff a check is no, not measured only if
+    a check is not measured (or none exists); the order of the checks does not matter."""
+    verdicts = [c.holds for c in items]
+    claim = Claim("c", "p", "k", items)
+    assert (claim.holds == "yes") == (bool(items) and all(v == "yes" for v in verdicts))
+    assert (claim.holds == "no") == ("no" in verdicts)
+    if claim.holds == "not measured":
+        assert "not measured" in verdicts or not items
+    assert Claim("c", "p", "k", items[::-1]).holds == claim.holds
 
 
 # =========================================================================== sink claims
@@ -276,11 +396,21 @@ def test_sink_contribution_drivers_uses_the_median_of_absolute_per_head_rho():
     ] == pytest.approx(0.15)
 
 
-def test_no_sink_head_means_no_sink_claim_holds():
+def test_no_sink_head_means_the_sink_claims_are_not_measured():
     heads = sink_tables()
     heads["sink_head"] = False
-    verdicts, claims = sink_verdicts(heads)
-    assert not any(verdicts.values())
+    _, claims = sink_verdicts(heads)
+    sink_only = [
+        "sink_attention_vs_contribution",
+        "sink_value_norm_ratio",
+        "sink_anti_alignment",
+        "sink_contribution_drivers",
+        "convex_sink_curve",
+        "sink_cancels_drift",
+    ]
+    assert {cid: claims[cid]["holds"] for cid in sink_only} == dict.fromkeys(
+        sink_only, "not measured"
+    )
     assert math.isnan(claims["sink_value_norm_ratio"]["measured"]["median_ratio_sink_heads"])
 
 

@@ -70,12 +70,16 @@ def fake_figures(monkeypatch) -> dict:
 def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
     seen = fake_figures(monkeypatch)
     args = ["figures", "--random-draws", "3", "--n-docs", "5", "--task", "none", "--quiet"]
-    args += ["--faithfulness-docs", "2", "--bootstrap", "50", "--lone-docs", "1"]
+    args += ["--faithfulness-docs", "2", "--lone-docs", "1"]
+    args += ["--bootstrap-seed", "7", "--n-resamples", "3000"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert (config.random_draws, config.n_docs, config.task) == (3, 5, None)
-    assert (config.faithfulness_docs, config.bootstrap, config.lone_docs) == (2, 50, 1)
+    assert (config.faithfulness_docs, config.lone_docs) == (2, 1)
+    assert (config.bootstrap_seed, config.n_resamples, config.seed) == (7, 3000, 0)
+    result = CliRunner().invoke(app, ["figures", "--n-resamples", "500", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "at least 2000 bootstrap resamples" in result.output
 
 
 def test_every_job_setting_is_an_option_of_figures():

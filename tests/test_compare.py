@@ -41,7 +41,18 @@ EXPECTED_MARKDOWN = """\
 | ↳ retriever_share | in [0.058, 0.172] | 0.06 [0.04, 0.09] inconclusive | 0.1 yes |
 | ↳ n_heads | > 100 | 270 [270, 270] yes | 270 yes |
 | `pruning_signal` | claim | — | **no** |
-"""
+
+Differences from `a` (run - a; 95% bootstrap interval of the difference, paired when both runs \
+resampled the same documents):
+
+| claim / number | run | difference [interval] | resamples | result |
+|---|---|---|---|---|
+| `sink_value_norm_ratio` ↳ median_ratio_sink_heads | b | -1.34 | — | not comparable ({NO}) |
+| `sink_attention_vs_contribution` ↳ contribution_over_attention | b | +0.0582 | — | \
+not comparable ({NO}) |
+| `retriever_share` ↳ retriever_share | b | +0.04 | — | not comparable ({NO}) |
+| `retriever_share` ↳ n_heads | b | +0 | — | not comparable ({NO}) |
+""".replace("{NO}", "a: a summary of schema 1 or 2 keeps no bootstrap replicates")
 
 
 def load(path: Path) -> dict:
@@ -111,14 +122,14 @@ def test_reads_what_the_claims_module_writes():
             Claim("c2", "p", "crit", [Check("z", float("nan"), "in", (0.1, 0.2))]),
         ]
     )
-    summary = {"schema": 2, "model": "m", "claims": claims}
+    summary = {"schema": 3, "model": "m", "claims": claims}
     summary = json.loads(json.dumps(summary).replace("NaN", "null"))
     table = compare_runs([summary]).to_dataframe()
     assert list(table["number"]) == ["x", "y", "z"]
-    assert list(table["check"]) == ["yes", "no", "no"]
-    assert list(table["holds"]) == ["no", "no", "no"]
+    assert list(table["check"]) == ["yes", "no", "not measured"]
+    assert list(table["holds"]) == ["no", "no", "not measured"]
     assert table["value"].iloc[:2].tolist() == [0.25, 2.0] and math.isnan(table["value"].iloc[2])
-    assert "| ↳ z | in [0.1, 0.2] | n/a no |" in compare_runs([summary]).to_markdown()
+    assert "| ↳ z | in [0.1, 0.2] | n/a not measured |" in compare_runs([summary]).to_markdown()
 
 
 def test_reads_a_schema_2_summary_as_the_job_writes_it():
@@ -161,10 +172,12 @@ def test_labels_default_to_folder_names_and_accept_files_and_dicts():
     )
 
 
-def test_disagreements_are_the_claims_whose_verdicts_differ(comparison):
-    diff = comparison.disagreements()
-    assert list(diff.index) == ["retriever_share", "pruning_signal"]
-    assert diff.loc["retriever_share"].tolist() == ["inconclusive", "yes"]
+def test_differing_verdicts_are_not_disagreements_without_a_test(comparison):
+    """The verdicts of retriever_share differ (inconclusive / yes), but neither summary kept
+    replicates: nothing is flagged, every difference is not comparable."""
+    assert comparison.claim_verdicts().loc["retriever_share"].tolist() == ["inconclusive", "yes"]
+    assert comparison.disagreements().empty
+    assert set(comparison.differences()["result"]) == {"not comparable"}
 
 
 def test_plot_has_one_row_per_run_per_number(comparison):
@@ -214,9 +227,13 @@ BAD = {
     "a list": ("[1, 2]", "not a cw_lens summary (no 'claims' object)"),
     "no claims": ('{"model": "m"}', "not a cw_lens summary (no 'claims' object)"),
     "empty claims": ('{"claims": {}}', "the summary has no claims"),
-    "schema 3": (
-        edited(RUN_A, lambda s: s.update(schema=3)),
-        "unknown summary schema 3; this cw_lens reads schemas (1, 2)",
+    "schema 4": (
+        edited(RUN_A, lambda s: s.update(schema=4)),
+        "unknown summary schema 4; this cw_lens reads schemas (1, 2, 3)",
+    ),
+    "schema 2 with a four-valued verdict": (
+        edited(RUN_A, lambda s: s["claims"]["retriever_share"].update(holds="not measured")),
+        "schema 2 verdicts are ('yes', 'no', 'inconclusive'), got 'not measured'",
     ),
     "schema as text": (
         edited(RUN_A, lambda s: s.update(schema="2")),
@@ -346,3 +363,14 @@ def test_compare_reads_two_runs_of_the_main_job(tmp_path):
             assert mine["value"].tolist() == pytest.approx(values, nan_ok=True)
             assert f"`{cid}`" in result.output
     assert (tmp_path / "compare.png").is_file()
+    # different windows: independent resamples; a run against itself: paired, difference 0
+    across = compare_runs([tmp_path / "pydoc", tmp_path / "licence"]).differences()
+    assert not across["paired"].any() and len(across) == len(table) / 2
+    itself = compare_runs([tmp_path / "pydoc", tmp_path / "pydoc"], labels=["a", "b"])
+    same = itself.differences()
+    measured = same[same["result"] != "not comparable"]
+    assert len(measured) > 5 and measured["paired"].all()
+    assert set(measured["result"]) == {"same within uncertainty"}
+    assert (measured["difference"] == 0).all() and (measured["low"] == 0).all()
+    unmeasured = same[same["result"] == "not comparable"]
+    assert unmeasured["value"].isna().all() and itself.disagreements().empty

@@ -52,9 +52,9 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     for key in ("model", "corpus", "n_documents", "n_tokens", "seed", "versions"):
         assert key in summary
     assert summary["n_documents"] == 4 and summary["n_tokens"] == 4 * 25
-    assert summary["schema"] == 2
+    assert summary["schema"] == 3
     assert summary["bootstrap"] == {
-        "resamples": 1000,
+        "resamples": 2000,
         "level": 0.95,
         "seed": 0,
         "unit": "document",
@@ -96,6 +96,22 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     assert "global_ranking" in pruning and "top_lone_heads" in pruning
     report = (out / "REPORT.md").read_text()
     assert "| claim | paper says | number = value [interval] (criterion) | verdict |" in report
+    weights, corpus = summary["provenance"]["weights"], summary["provenance"]["corpus"]
+    assert weights["fingerprint"] == "weights not fingerprinted"  # the tiny test model
+    assert (corpus["n_documents"], corpus["tokens_per_window"]) == (4, 24)
+    assert "## Provenance" in report and corpus["token_ids_sha256"] in report
+    # the claims' replicates beside the summary: one float32 vector per number with an interval
+    from cw_lens.core.replicates import unpack
+
+    kept = summary["replicates"]
+    reps = unpack(out / kept["file"], kept["sha256"])
+    with_interval = [
+        (cid, c["number"]) for cid, claim in summary["claims"].items() for c in claim["checks"]
+    ]
+    assert sorted(reps.numbers) == sorted(with_interval) and kept["numbers"] == len(with_interval)
+    assert {v.shape for v in reps.numbers.values()} == {(2000,)}
+    assert len(reps.documents) == 4 and kept["bytes"] == (out / kept["file"]).stat().st_size
+    assert kept["bytes"] < 250_000
     assert (out / "per_layer_intervals.png").stat().st_size > 1000
     for cid in CLAIM_ORDER:
         assert f"`{cid}`" in report
@@ -183,7 +199,9 @@ def test_random_draws_change_the_fingerprint_only_when_used():
     from cw_lens.version import __version__
 
     keys = {
-        k: v for k, v in JobConfig().__dict__.items() if k not in ("device", "api", "random_draws")
+        k: v
+        for k, v in JobConfig().__dict__.items()
+        if k not in ("device", "api", "random_draws", "n_resamples", "bootstrap_seed")
     }
     keys["version"] = __version__
     before = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]

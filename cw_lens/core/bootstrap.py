@@ -47,7 +47,7 @@ METHOD = "percentile; documents resampled with replacement (multinomial weights)
 class Bootstrap:
     """Settings of a seeded document-level bootstrap: ``resamples``, ``level`` and ``seed``."""
 
-    resamples: int = 1000
+    resamples: int = 2000
     level: float = 0.95
     seed: int = 0
 
@@ -89,10 +89,11 @@ class Bootstrap:
         too_many = undefined > tail + 1e-12
         return torch.where(too_many, torch.tensor(math.nan, dtype=torch.float64), out)
 
-    def pair(self, replicates: Tensor) -> tuple[float, float]:
-        """:meth:`interval` of one number's ``[resamples]`` replicates, as two floats."""
+    def pair(self, replicates: Tensor) -> Interval:
+        """:meth:`interval` of one number's ``[resamples]`` replicates, as two floats (an
+        :class:`Interval`, which keeps the replicates)."""
         low, high = self.interval(replicates).tolist()
-        return (low, high)
+        return Interval(low, high, torch.as_tensor(replicates).detach())
 
     def to_dict(self) -> dict[str, Any]:
         """The ``bootstrap`` block of ``summary.json``."""
@@ -103,6 +104,19 @@ class Bootstrap:
             "unit": "document",
             "method": METHOD,
         }
+
+
+class Interval(tuple):
+    """``(low, high)`` as :meth:`Bootstrap.pair` returns it — a plain pair to every reader —
+    carrying ``replicates``, the number's bootstrap replicates it was read from, so that a run
+    can keep them for tests of differences between runs (:mod:`cw_lens.replicates`)."""
+
+    replicates: Tensor | None
+
+    def __new__(cls, low: float, high: float, replicates: Tensor | None = None) -> Interval:
+        interval = super().__new__(cls, (low, high))
+        interval.replicates = replicates
+        return interval
 
 
 def require_record(record: Any, call: str) -> Any:

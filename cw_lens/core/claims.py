@@ -9,18 +9,24 @@ conjunction of comparisons of one measured *headline number* with a fixed thresh
     Check("contribution_over_attention", 0.64, "<", 0.5)       # fails
 
 Each number may carry an ``interval`` (a 95% bootstrap interval over documents,
-:mod:`cw_lens.core.bootstrap`), and each check has a three-valued verdict ``holds``:
+:mod:`cw_lens.core.bootstrap`), and each check has a four-valued verdict ``holds`` (docs/methods.md#claims):
 
+- ``"not measured"``: the number is NaN (the run could not compute it: no sink heads, too few
+  queries, ...). Never ``"no"``: an unmeasured number refutes nothing;
 - ``"yes"``: the point value *and* the whole interval satisfy the comparison;
-- ``"no"``: the point value and the whole interval fail it — or the number is NaN (not measured);
-- ``"inconclusive"``: the interval straddles the threshold (or the point value and the interval
-  disagree, or the interval could not be computed although the point value could).
+- ``"no"``: the point value and the whole interval fail it;
+- ``"inconclusive"``: anything else — the interval straddles the threshold, the point value and
+  the interval disagree, or a bootstrap was run but gave this number no interval (``(nan,
+  nan)``): a check that should have an interval never falls back to a decisive point verdict.
 
-Without an interval (``interval=None``) the verdict is the point comparison, ``"yes"``/``"no"``.
-A claim is ``"yes"`` when every check is yes, ``"no"`` when any check is no (or it has no
-check), else ``"inconclusive"``. Orderings are written as differences against 0
-(``AOPC(b) - AOPC(a) > 0``) so that every criterion reads numbers one by one and an interval
-around each number decides it the same way.
+Without a bootstrap (``interval=None``: none was asked for) the verdict is the point comparison,
+``"yes"``/``"no"``. A claim (a conjunction of checks) combines its checks' verdicts with
+:func:`combine`: ``"no"`` if any check is no (one decisively failed conjunct refutes the
+conjunction whatever the others say), else ``"not measured"`` if any is not measured (more
+documents of the same kind cannot settle it), else ``"inconclusive"`` if any is inconclusive, else
+``"yes"``; a claim without checks is ``"not measured"``. Orderings are written as differences
+against 0 (``AOPC(b) - AOPC(a) > 0``) so that every criterion reads numbers one by one and an
+interval around each number decides it the same way.
 
 Each analysis builds its claims from its result tables with a pure function (e.g.
 :func:`cw_lens.analyses.sinks.sink_claims`), so a claim can be recomputed from any table of the
@@ -48,19 +54,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
 Op = Literal["<", ">", "in"]
 OPS = ("<", ">", "in")
-Verdict = Literal["yes", "no", "inconclusive"]
-VERDICTS = ("yes", "no", "inconclusive")
+NO_INTERVAL = (math.nan, math.nan)  # a bootstrap was run but gave the number no interval
+Verdict = Literal["yes", "no", "inconclusive", "not measured"]
+VERDICTS = ("yes", "no", "inconclusive", "not measured")
+NOT_MEASURED = "not measured"
 
 
 def combine(verdicts: Iterable[str]) -> Verdict:
-    """A conjunction's verdict: ``"no"`` if any is no (or there is none), ``"yes"`` if all are
-    yes, else ``"inconclusive"``."""
+    """A conjunction's verdict: ``"no"`` if any is no; else ``"not measured"`` if any is not
+    measured (or there is none); else ``"inconclusive"`` if any is inconclusive; else
+    ``"yes"``."""
     verdicts = list(verdicts)
-    if not verdicts or "no" in verdicts:
-        return "no"
-    return "yes" if all(v == "yes" for v in verdicts) else "inconclusive"
+    unknown = [v for v in verdicts if v not in VERDICTS]
+    if unknown:
+        raise ValueError(f"verdicts are {VERDICTS}, got {unknown}")
+    for verdict in ("no", NOT_MEASURED, "inconclusive"):
+        if verdict in verdicts:
+            return verdict  # type: ignore[return-value]
+    return "yes" if verdicts else NOT_MEASURED
 
 
 @dataclass(frozen=True)
@@ -73,7 +88,8 @@ class Check:
         op: ``"<"`` or ``">"`` (strict), or ``"in"`` (the closed interval ``threshold``).
         threshold: A float, or ``(low, high)`` for ``"in"``.
         interval: ``(low, high)`` around ``value`` (a bootstrap interval), ``(nan, nan)`` when
-            it could not be computed, or None when none was asked for.
+            a bootstrap was run but could not give one (the check is then inconclusive), or
+            None when no bootstrap was asked for (the point verdict).
     """
 
     number: str
@@ -81,6 +97,7 @@ class Check:
     op: Op
     threshold: float | tuple[float, float]
     interval: tuple[float, float] | None = None
+    replicates: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -117,10 +134,11 @@ class Check:
 
     @property
     def holds(self) -> Verdict:
-        """``"yes"``, ``"no"`` or ``"inconclusive"`` (see the module docstring)."""
+        """``"yes"``, ``"no"``, ``"inconclusive"`` or ``"not measured"`` (see the module
+        docstring)."""
         v = self.value
         if math.isnan(v):
-            return "no"
+            return NOT_MEASURED
         point: Verdict = "yes" if self._satisfied(v) else "no"
         if self.interval is None:
             return point
@@ -182,9 +200,25 @@ class Claim:
         return out
 
 
-def claims_dict(claims: Iterable[Claim]) -> dict[str, dict[str, Any]]:
-    """``{claim id: claim.to_dict()}`` in the given order."""
-    return {c.id: c.to_dict() for c in claims}
+class ClaimsDict(dict):
+    """``{claim id: claim dict}`` (plain JSON-ready dicts) with ``replicates``: ``{(claim id,
+    number): float32 [R]}``, the bootstrap replicates of the checks that have them."""
+
+    replicates: dict[tuple[str, str], np.ndarray]
+
+
+def claims_dict(claims: Iterable[Claim]) -> ClaimsDict:
+    """``{claim id: claim.to_dict()}`` in the given order; ``.replicates`` keeps the checks'
+    bootstrap replicates (float32) for tests of differences between runs."""
+    claims = list(claims)
+    out = ClaimsDict((c.id, c.to_dict()) for c in claims)
+    out.replicates = {
+        (claim.id, check.number): np.asarray(check.replicates, dtype=np.float32).reshape(-1)
+        for claim in claims
+        for check in claim.checks
+        if check.replicates is not None
+    }
+    return out
 
 
 def threshold_text(op: str, threshold: float | Sequence[float]) -> str:
@@ -200,15 +234,18 @@ def with_intervals(
     intervals: Mapping[str, tuple[float, float]],
     per_layer: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[Claim]:
-    """The claims with ``intervals[number]`` set on each of their checks (a number missing from
-    ``intervals`` keeps no interval) and ``per_layer[claim id]`` attached."""
+    """The claims with ``intervals[number]`` set on each of their checks and ``per_layer[claim
+    id]`` attached. ``intervals`` comes from a bootstrap, so a check whose number it lacks gets
+    ``(nan, nan)``: a check that should have an interval and has none is inconclusive, never
+    judged on its point value alone."""
     per_layer = per_layer or {}
     out = []
     for claim in claims:
-        checks = [
-            replace(c, interval=intervals[c.number]) if c.number in intervals else c
-            for c in claim.checks
-        ]
+        checks = []
+        for c in claim.checks:
+            interval = intervals.get(c.number, NO_INTERVAL)
+            reps = getattr(interval, "replicates", None)  # kept by Bootstrap.pair's Interval
+            checks.append(replace(c, interval=interval, replicates=reps))
         out.append(
             replace(claim, checks=checks, per_layer=per_layer.get(claim.id, claim.per_layer))
         )

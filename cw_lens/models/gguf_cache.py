@@ -71,10 +71,14 @@ def gguf_cache_dir(gguf: Path, *, build: bool = False) -> Path:
     ``build=True`` (re)builds it when it is missing or fails its digests.
     """
     digest = gguf_digest(gguf)
-    folder = cache_root() / "models" / f"{gguf.stem}-{digest[:12]}-f{CACHE_FORMAT}"
+    folder = _cache_folder(gguf, digest)
     if build and not cache_is_valid(folder, digest):
         build_gguf_cache(gguf, folder, digest)
     return folder
+
+
+def _cache_folder(gguf: Path, digest: str) -> Path:
+    return cache_root() / "models" / f"{gguf.stem}-{digest[:12]}-f{CACHE_FORMAT}"
 
 
 def cache_is_valid(folder: Path, digest: str) -> bool:
@@ -113,6 +117,55 @@ def gguf_digest(gguf: Path) -> str:
     memo.parent.mkdir(parents=True, exist_ok=True)
     memo.write_text(f"{stamp} {digest}")
     return digest
+
+
+WEIGHTS_RECORD = "weights.json"
+
+
+def gguf_weights(gguf: Path) -> dict[str, Any]:
+    """What identifies a GGUF file's weights exactly: its file name, size, SHA-256 and
+    quantisation (the header's ``general.file_type``, e.g. ``Q4_1``).
+
+    Read once and kept as ``weights.json`` in the file's de-quantised cache folder (named by the
+    same digest, so a different file never reads another's record); the digest itself is
+    memoised by :func:`gguf_digest`.
+    """
+    digest = gguf_digest(gguf)
+    folder = _cache_folder(gguf, digest)
+    path = folder / WEIGHTS_RECORD
+    try:
+        record = json.loads(path.read_text())
+        if record.get("sha256") == digest:
+            return record
+    except (OSError, ValueError):
+        pass
+    record = {
+        "file": gguf.name,
+        "format": "GGUF",
+        "quantisation": gguf_quantisation(gguf),
+        "sha256": digest,
+        "size_bytes": gguf.stat().st_size,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return record
+
+
+def gguf_quantisation(gguf: Path) -> str:
+    """The GGUF header's file type without its ``MOSTLY_`` prefix (``"Q4_1"``, ``"F16"``), or
+    ``"unknown (file_type N)"`` for a type the installed ``gguf`` package does not name."""
+    import gguf as gguf_lib
+
+    field = gguf_lib.GGUFReader(str(gguf)).fields.get("general.file_type")
+    if field is None:
+        return "not recorded in the file"
+    code = int(field.contents())
+    try:
+        return gguf_lib.LlamaFileType(code).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return f"unknown (file_type {code})"
 
 
 def gguf_bpe_tokenizer(gguf: Path) -> Any | None:

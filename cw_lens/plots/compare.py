@@ -10,7 +10,12 @@ from matplotlib.lines import Line2D
 from cw_lens.core.claims import threshold_text
 from cw_lens.plots._style import plt
 
-VERDICT_COLOURS = {"yes": "tab:green", "no": "tab:red", "inconclusive": "tab:orange"}
+VERDICT_COLOURS = {
+    "yes": "tab:green",
+    "no": "tab:red",
+    "inconclusive": "tab:orange",
+    "not measured": "tab:gray",
+}
 
 
 def plot_run_comparison(

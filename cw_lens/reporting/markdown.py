@@ -28,7 +28,10 @@ def _fmt(value: Any, depth: int = 0) -> str:
 
 
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
-    """REPORT.md: the claims table and every figure with a one-line reading."""
+    """REPORT.md: the claims table, the provenance block and every figure with a one-line
+    reading."""
+    from cw_lens.reporting.provenance import provenance_markdown
+
     lines = [
         f"# cw_lens report — {summary['model']}",
         "",
@@ -38,11 +41,13 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         + ", ".join(f"{k} {v}" for k, v in summary["versions"].items())
         + ".",
         "",
+        *provenance_markdown(summary.get("provenance")),
         "## Claims",
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (docs/methods.md#claims).",
+        "the interval straddles the threshold (or a number has no interval), `not measured` "
+        "when the run could not compute a number (docs/methods.md#claims).",
         "",
         claims_markdown(summary),
         "",
@@ -88,7 +93,8 @@ def _interval_words(summary: dict[str, Any]) -> str:
         return "interval (none computed)"
     return (
         f"{boot['level']:.0%} bootstrap interval over {boot['unit']}s ({boot['resamples']} "
-        f"resamples, seed {boot['seed']}, {boot['method'].split(';')[0]})"
+        f"resamples, bootstrap seed {boot['seed']}, its own: the run's seed "
+        f"{summary.get('seed')} does not set it; {boot['method'].split(';')[0]})"
     )
 
 
@@ -101,13 +107,18 @@ def _interval_text(interval: Any) -> str:
     return f"[{low:.3g}, {high:.3g}]"
 
 
-VERDICT_MARK = {"yes": "yes", "no": "**no**", "inconclusive": "*inconclusive*"}
+VERDICT_MARK = {
+    "yes": "yes",
+    "no": "**no**",
+    "inconclusive": "*inconclusive*",
+    "not measured": "*not measured*",
+}
 
 
 def claims_markdown(summary: dict[str, Any]) -> str:
     """The claims table of a schema-2 summary as Markdown (REPORT.md and the docs):
     per claim the paper's statement, the criterion's checks — each number with its interval
-    and threshold — and the three-valued verdict."""
+    and threshold — and the verdict."""
     lines = [
         "| claim | paper says | number = value [interval] (criterion) | verdict |",
         "|---|---|---|---|",
@@ -147,7 +158,12 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     Long: one sentence per figure read from summary.json, a table of f-strings.
     """
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
-    words = {"yes": "holds", "no": "does not hold", "inconclusive": "is inconclusive"}
+    words = {
+        "yes": "holds",
+        "no": "does not hold",
+        "inconclusive": "is inconclusive",
+        "not measured": "could not be measured",
+    }
     held = {cid: words[claim["holds"]] for cid, claim in summary["claims"].items()}
     sink = c["sink_attention_vs_contribution"]
     ratio = c["sink_value_norm_ratio"]
@@ -232,7 +248,8 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
 
 
 def claims_table(summary: dict[str, Any]) -> pd.DataFrame:
-    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive",
+    """The claims of a summary as a table (paper, holds: "yes" / "no" / "inconclusive" / "not
+    measured",
     figure)."""
     rows = [
         {"claim": cid, "holds": c["holds"], "paper": c["paper"], "figure": c["figure"]}

@@ -8,17 +8,25 @@ claim::
 
     number of run r  =  value_r  [low_r, high_r]   verdict_r  (check:  value op threshold)
 
-where ``[low, high]`` is the run's 95% bootstrap interval over documents (schema 2) and the
-verdict is ``yes`` / ``no`` / ``inconclusive`` (the interval straddles the threshold). Nothing is
-recomputed: the numbers are the runs' own, so a difference between two columns is a difference
-between the runs, read against their intervals — two runs whose intervals overlap widely do not
-disagree about that number, whatever the point estimates say.
+where ``[low, high]`` is the run's 95% bootstrap interval over documents (schemas 2 and 3) and
+the verdict is ``yes`` / ``no`` / ``inconclusive`` / ``not measured`` (docs/methods.md#claims).
 
-Reads summary schema 2 (``"schema": 2``: string verdicts, intervals) and schema 1 (no
-``"schema"`` key: ``holds`` a bool, mapped to ``"yes"`` / ``"no"``, no intervals; the oldest
-files have no ``checks`` either, and their claims show the claim verdict alone). Anything else is
-refused with an :class:`~cw_lens.core.errors.InputError` naming the file and the problem. Per-layer
-detail (schema 2 ``per_layer``) is not compared here; each run's REPORT.md shows it.
+Whether two runs differ is *tested*, never read off the verdict strings (two verdicts can differ
+with no real difference — 0.06 [0.04, 0.09] against 0.10 — and agree across a real one — 4.84
+[4.10, 5.62] against 3.50 [3.2, 3.8]). Every number of every run is compared with the first
+run's (:meth:`RunComparison.differences`) from the bootstrap replicates each schema-3 run keeps
+in ``replicates.npz`` (:mod:`cw_lens.core.replicates`): a paired bootstrap of the difference when
+both runs resampled the same documents (same token-id hashes, bootstrap seed and resamples),
+independent resamples otherwise; ``"differ"`` when the 95% interval of the difference excludes
+0, ``"same within uncertainty"`` when it includes 0, ``"not comparable"`` when a number is
+missing or not measured or a run kept no replicates (schemas 1 and 2).
+
+Reads summary schema 3 (four verdicts, a ``replicates`` record), schema 2 (three verdicts,
+intervals) and schema 1 (no ``"schema"`` key: ``holds`` a bool, mapped to ``"yes"`` / ``"no"``,
+no intervals; the oldest files have no ``checks`` either, and their claims show the claim
+verdict alone). Anything else is refused with an :class:`~cw_lens.core.errors.InputError` naming the
+file and the problem, as is a ``replicates.npz`` whose SHA-256 is not the one its summary
+records. Per-layer detail (``per_layer``) is not compared here; each run's REPORT.md shows it.
 
 Example::
 
@@ -27,7 +35,8 @@ Example::
     print(cmp.to_markdown())       # one column per run: value [low, high] verdict
     cmp.to_dataframe()             # tidy: run, claim, number, value, low, high, op, ...
     cmp.plot()                     # forest plot: one panel per headline number, runs as rows
-    cmp.disagreements()            # the claims whose verdict differs between runs
+    cmp.differences()              # each number minus the first run's, interval, result
+    cmp.disagreements()            # the numbers that differ (interval excludes 0)
 
 On the command line: ``cw-lens compare figures figures-licence --labels pydoc,licence``.
 """
@@ -37,17 +46,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from cw_lens.core.claims import threshold_text
+from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.errors import InputError
+from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, RunReplicates, difference_test, unpack
 
-VERDICTS = ("yes", "no", "inconclusive")
-SCHEMAS = (1, 2)
+SCHEMAS = (1, 2, 3)
+# the verdicts each schema writes: 1 true/false, 2 three values, 3 four (docs/methods.md#claims)
+SCHEMA_VERDICTS = {2: ("yes", "no", "inconclusive"), 3: VERDICTS}
 OPS = ("<", ">", "in")
 NO_CHECK = {"number": "", "value": math.nan, "low": math.nan, "high": math.nan, "op": "",
             "threshold": None}  # fmt: skip
@@ -77,6 +88,8 @@ class Run:
     n_documents: int | None
     n_tokens: int | None
     seed: int | None
+    replicates: RunReplicates | None = field(default=None, repr=False)
+    no_replicates: str = "a summary of schema 1 or 2 keeps no bootstrap replicates"
 
 
 @dataclass
@@ -99,12 +112,20 @@ class RunComparison:
         ``inconclusive``."""
         return self.rows.copy()
 
+    def differences(self) -> pd.DataFrame:
+        """Every headline number of every run tested against the first run (the reference):
+        ``claim``, ``number``, ``run``, ``reference``, ``value`` (the run's), ``reference_value``,
+        ``difference`` (run - reference) with its interval ``low``/``high``, ``paired`` (the
+        replicates resampled the same documents), ``result`` (``"differ"`` / ``"same within
+        uncertainty"`` / ``"not comparable"``) and ``reason`` (:mod:`cw_lens.core.replicates`)."""
+        return run_differences(self.runs, self.rows)
+
     def disagreements(self) -> pd.DataFrame:
-        """The claims whose verdict is not the same in every run: one row per claim, one column
-        per run."""
-        verdicts = self.claim_verdicts()
-        same = verdicts.nunique(axis=1, dropna=False) == 1
-        return verdicts[~same]
+        """The numbers whose difference from the first run's is significant (result
+        ``"differ"``): :meth:`differences` rows. Verdict strings are not compared — two
+        verdicts can differ without any real difference and agree despite one."""
+        table = self.differences()
+        return table[table["result"] == DIFFER].reset_index(drop=True)
 
     def claim_verdicts(self) -> pd.DataFrame:
         """Claim verdict per run: one row per claim (first-seen order), one column per run."""
@@ -143,6 +164,8 @@ class RunComparison:
                 )
                 cells = [_value_cell(rows.loc[lab]) if lab in rows.index else "—" for lab in labels]
                 lines.append(f"| ↳ {number} | {check} | " + " | ".join(cells) + " |")
+        if len(self.runs) > 1:
+            lines += ["", *differences_markdown(self.differences(), labels[0])]
         return "\n".join(lines) + "\n"
 
     def plot(self, **kwargs: Any) -> Any:
@@ -176,7 +199,7 @@ def compare_runs(
         raise InputError("compare_runs needs at least one run folder or summary.json.")
     loaded = [_load(r, i) for i, r in enumerate(runs)]
     if labels is None:
-        labels = [name for name, _, _ in loaded]
+        labels = [name for name, _, _, _ in loaded]
         if len(set(labels)) < len(labels):
             labels = [f"{i + 1}:{name}" for i, name in enumerate(labels)]
     else:
@@ -186,8 +209,9 @@ def compare_runs(
         if len(set(labels)) < len(labels) or "" in labels:
             raise InputError(f"Labels must be unique and non-empty, got {labels}.")
     header, rows = [], []
-    for label, (_, source, summary) in zip(labels, loaded, strict=True):
+    for label, (_, source, summary, path) in zip(labels, loaded, strict=True):
         run, run_rows = _read(summary, label, source)
+        _attach_replicates(run, summary, path)
         header.append(run)
         rows += run_rows
     return RunComparison(header, pd.DataFrame(rows, columns=COLUMNS))
@@ -196,10 +220,10 @@ def compare_runs(
 # --------------------------------------------------------------------------- reading
 
 
-def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, Any]:
-    """``(default label, source name, parsed JSON)`` of one run."""
+def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, Any, Path | None]:
+    """``(default label, source name, parsed JSON, summary path)`` of one run."""
     if isinstance(run, Mapping):
-        return f"run {index + 1}", f"summary #{index + 1}", run
+        return f"run {index + 1}", f"summary #{index + 1}", run, None
     path = Path(run)
     if path.is_dir():
         name = path.resolve().name
@@ -217,7 +241,22 @@ def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, An
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path} is not a cw_lens summary: not JSON ({exc}).") from None
-    return name, str(path), summary
+    return name, str(path), summary, path
+
+
+def _attach_replicates(run: Run, summary: Mapping[str, Any], path: Path | None) -> None:
+    """Read the run's ``replicates.npz`` (schema 3) if it is there; else say why not."""
+    block = summary.get("replicates")
+    if run.schema < 3:
+        return
+    if not isinstance(block, Mapping) or "file" not in block:
+        run.no_replicates = "the summary records no replicates file"
+    elif path is None:
+        run.no_replicates = "a summary given as a dict brings no replicates file"
+    elif not (path.parent / block["file"]).is_file():
+        run.no_replicates = f"{block['file']} is missing beside {path}"
+    else:
+        run.replicates = unpack(path.parent / block["file"], block.get("sha256"))
 
 
 def _read(summary: Any, label: str, source: str) -> tuple[Run, list[dict[str, Any]]]:
@@ -307,8 +346,8 @@ def _verdict(holds: Any, schema: int, fail: Any) -> str:
         if not isinstance(holds, bool):
             raise fail(f"schema 1 verdicts are true/false, got {holds!r}.")
         return "yes" if holds else "no"
-    if holds not in VERDICTS:
-        raise fail(f"schema 2 verdicts are {VERDICTS}, got {holds!r}.")
+    if holds not in SCHEMA_VERDICTS[schema]:
+        raise fail(f"schema {schema} verdicts are {SCHEMA_VERDICTS[schema]}, got {holds!r}.")
     return holds
 
 
@@ -339,3 +378,103 @@ def _value_cell(row: pd.Series) -> str:
     if not (math.isnan(row["low"]) and math.isnan(row["high"])):
         value += f" [{row['low']:.3g}, {row['high']:.3g}]"
     return f"{value} {row['check']}"
+
+
+# --------------------------------------------------------------------------- differences
+
+DIFFERENCE_COLUMNS = [
+    "claim",
+    "number",
+    "run",
+    "reference",
+    "value",
+    "reference_value",
+    "difference",
+    "low",
+    "high",
+    "paired",
+    "result",
+    "reason",
+]
+
+
+def run_differences(runs: list[Run], rows: pd.DataFrame) -> pd.DataFrame:
+    """:meth:`RunComparison.differences`: each run's numbers against the first run's."""
+    reference, out = runs[0], []
+    checks = rows[rows["number"] != ""]
+    mine = checks[checks["run"] == reference.label]
+    ref = dict(zip(zip(mine["claim"], mine["number"], strict=True), mine["value"], strict=True))
+    for run in runs[1:]:
+        theirs = checks[checks["run"] == run.label]
+        for claim, number, value in zip(
+            theirs["claim"], theirs["number"], theirs["value"], strict=True
+        ):
+            in_reference = (claim, number) in ref
+            ref_value = ref.get((claim, number), math.nan)
+            test = _test(reference, run, claim, number, ref_value, value)
+            out.append(
+                {
+                    "claim": claim,
+                    "number": number,
+                    "run": run.label,
+                    "reference": reference.label,
+                    "value": value,
+                    "reference_value": ref_value,
+                    "difference": test.value,
+                    "low": test.low,
+                    "high": test.high,
+                    "paired": test.paired,
+                    "result": test.result,
+                    "reason": test.reason if in_reference else "not in the reference run",
+                }
+            )
+    return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
+
+
+def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, value: float):
+    """The difference test of one number (paired only when exact)."""
+    reps = []
+    for r in (reference, run):
+        found = None if r.replicates is None else r.replicates.numbers.get((claim, number))
+        reps.append(found)
+    missing = [r for r, rep in zip((reference, run), reps, strict=True) if rep is None]
+    result = difference_test(
+        ref_value,
+        reps[0],
+        value,
+        reps[1],
+        paired=not missing and reference.replicates.pairs_with(run.replicates, claim),
+    )
+    unmeasured = [r.label for r, v in ((reference, ref_value), (run, value)) if math.isnan(v)]
+    if unmeasured:
+        return replace(result, reason=f"not measured in {' and '.join(unmeasured)}")
+    if missing and result.reason.startswith("a run kept no"):
+        why = missing[0].no_replicates if missing[0].replicates is None else "no replicates"
+        result = replace(result, reason=f"{missing[0].label}: {why}")
+    return result
+
+
+def differences_markdown(table: pd.DataFrame, reference: str) -> list[str]:
+    """The differences table: each number of each run minus the reference run's, with the
+    95% interval of the difference and the result."""
+    lines = [
+        f"Differences from `{reference}` (run - {reference}; 95% bootstrap interval of the "
+        "difference, paired when both runs resampled the same documents):",
+        "",
+        "| claim / number | run | difference [interval] | resamples | result |",
+        "|---|---|---|---|---|",
+    ]
+    for _, row in table.iterrows():
+        diff = "n/a" if math.isnan(row["difference"]) else f"{row['difference']:+.3g}"
+        if not math.isnan(row["low"]):
+            diff += f" [{row['low']:+.3g}, {row['high']:+.3g}]"
+        result = row["result"] if row["result"] != DIFFER else f"**{DIFFER}**"
+        if row["result"] == NOT_COMPARABLE:
+            result += f" ({row['reason']})"
+        kind = "paired" if row["paired"] else "independent"
+        if row["result"] == NOT_COMPARABLE:
+            kind = "—"
+        lines.append(
+            f"| `{row['claim']}` ↳ {row['number']} | {row['run']} | {diff} | {kind} | {result} |"
+        )
+    return lines
