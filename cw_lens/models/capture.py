@@ -128,9 +128,10 @@ def consistency_error(
 
     With ``upper_bound`` the pattern is read once, in one product ``pattern @ [v r, |v| |r|]``
     that takes ``alpha_j`` for ``|alpha_j|``: the same value for a non-negative pattern (every
-    softmax pattern), and never a smaller one (a negative ``alpha_j`` only shrinks the rounding
-    bound), so an error within a tolerance here is within it exactly;
-    :func:`check_consistent` recomputes the exact value only then when this one is above it."""
+    softmax pattern; up to the float rounding of the products), and a larger one otherwise (a
+    negative ``alpha_j`` only shrinks the rounding bound), so an error within a tolerance here is
+    within it exactly; :func:`check_consistent` recomputes the exact value when this one is
+    above the tolerance."""
     gen = torch.Generator().manual_seed(seed)
     r = torch.randn(values.shape[-1], 2, generator=gen).to(values.device)
     values, z, pattern = values.float(), z.float(), pattern.float()
