@@ -10,7 +10,16 @@ Measured (embedded SmolLM2-135M, CPU, float32):
 
 1. ``stream``: all 30 layers, intra + inter contribution weights with the decomposition
    (weights, cosine, relative norm for both kinds), streamed, divided by a plain forward pass
-   (logits) of the same bridge on the same batch (4 x 512 tokens).
+   (logits) of the same bridge on the same batch (4 x 512 tokens); ``stream_nocheck``: the same
+   with the per-layer checks skipped (finite activations, ``z == pattern @ v``; a
+   benchmark-only switch), so the ratio is reported with and without the checks.
+
+   Where the time of ``stream`` goes (py-spy, one pass; docs/performance.md has the table and
+   how it was taken): the forward pass up to the last layer; the checks (one product
+   ``pattern @ [v r, |v| |r|]`` per layer, one sum per tensor for finiteness); the capture
+   (``o_i = sum_h z W_O``, a ``d_model x d_model`` product per token); per block the norms
+   and query sides (``z G`` once, ``W_O o_i``), the grouped ``<pv_j, o_i>`` product per kind,
+   and one elementwise pass per field (the scaled dots are cleared above the diagonal once).
 2. ``dense``: the same fields on the same batch for a few layers, head space versus the dense
    reference that materialises every ``alpha[i,j] pv_j`` as a ``d_model`` vector (one head at
    a time, float32, the way attention-attribution tools do it): time and peak memory.
