@@ -66,7 +66,7 @@ def test_the_one_product_bound_never_passes_what_the_exact_check_refuses(llama):
     """check_consistent decides passes on an upper bound of the exact error (alpha for |alpha|,
     one product over the pattern): equal for a softmax pattern, larger for a signed one — where
     the exact error is recomputed, so a signed pattern that does make z still passes."""
-    from cw_lens.capture import check_consistent
+    from cw_lens.models.capture import check_consistent
 
     gen = torch.Generator().manual_seed(1)
     values = torch.randn(2, 9, 2, 8, generator=gen, dtype=torch.float64)
