@@ -75,10 +75,11 @@ def test_embedded_half_model_within_tolerance_of_float32(smollm, dtype):
 
 
 # --------------------------------------------------------------------- planted edits, every dtype
-# The per-layer check (z == pattern @ v, cw_lens.models.capture.check_consistent) runs in float32
-# with a rounding bound, so it must stay sharp enough to catch a real edit in every precision a
-# model may run in: an edit of z behind cw_lens's back, and a hook_pattern edit that the model ignores
-# (GPT-J fires hook_pattern after its attention has run: the edit never reaches z).
+# The per-layer check (z == pattern @ v, cw_lens.models.capture.check_consistent) runs in
+# float32 with a rounding bound, so it must stay sharp enough to catch a real edit in every
+# precision a model may run in: an edit of z behind cw_lens's back, and a hook_pattern edit that
+# the model ignores (GPT-J fires hook_pattern after its attention has run: the edit never
+# reaches z).
 PLANTED_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 PLANTED_REFUSAL = "z differs from pattern @ v"
 
