@@ -10,7 +10,16 @@ Measured (embedded SmolLM2-135M, CPU, float32):
 
 1. ``stream``: all 30 layers, intra + inter contribution weights with the decomposition
    (weights, cosine, relative norm for both kinds), streamed, divided by a plain forward pass
-   (logits) of the same bridge on the same batch (4 x 512 tokens).
+   (logits) of the same bridge on the same batch (4 x 512 tokens); ``stream_nocheck``: the same
+   with the per-layer checks skipped (finite activations, ``z == pattern @ v``; a
+   benchmark-only switch), so the ratio is reported with and without the checks.
+
+   Where the time of ``stream`` goes (py-spy, one pass; docs/performance.md has the table and
+   how it was taken): the forward pass up to the last layer; the checks (one product
+   ``pattern @ [v r, |v| |r|]`` per layer, one sum per tensor for finiteness); the capture
+   (``o_i = sum_h z W_O``, a ``d_model x d_model`` product per token); per block the norms
+   and query sides (``z G`` once, ``W_O o_i``), the grouped ``<pv_j, o_i>`` product per kind,
+   and one elementwise pass per field (the scaled dots are cleared above the diagonal once).
 2. ``dense``: the same fields on the same batch for a few layers, head space versus the dense
    reference that materialises every ``alpha[i,j] pv_j`` as a ``d_model`` vector (one head at
    a time, float32, the way attention-attribution tools do it): time and peak memory.
@@ -92,6 +101,15 @@ def stream(model, tokens, layers=None, consumer=all_fields) -> None:
     import cw_lens
 
     cw_lens.stream_contributions(model, tokens, consumer, layers=layers, batch_size=None)
+
+
+def stream_nocheck(model, tokens) -> None:
+    """:func:`stream` with the per-layer checks skipped (finite activations, z == pattern @ v):
+    what the checks cost. A benchmark-only switch; no analysis can turn the checks off."""
+    from cw_lens.models.capture import _checks_skipped
+
+    with _checks_skipped():
+        stream(model, tokens)
 
 
 def dense_layer(pattern, values, W_O, layer_output) -> None:
@@ -222,19 +240,24 @@ def main() -> None:
             "forward": lambda: forward(model, tokens),
             "capture_only": lambda: stream(model, tokens, consumer=lambda lc: None),
             "stream": lambda: stream(model, tokens),
+            "stream_nocheck": lambda: stream_nocheck(model, tokens),
         },
         repeats,
     )
     report["stream_vs_forward"] = {
         **t,
         "ratio": t["stream"] / t["forward"],
+        "ratio_nocheck": t["stream_nocheck"] / t["forward"],
+        "checks_seconds": t["stream"] - t["stream_nocheck"],
         "ratio_to_capture_only": t["stream"] / t["capture_only"],
     }
     print(
         f"[1] {docs}x{n_tok}, 30 layers, intra+inter with decomposition: forward "
         f"{t['forward']:.2f} s, streamed analysis {t['stream']:.2f} s -> ratio "
-        f"{t['stream'] / t['forward']:.2f} (capture alone {t['capture_only']:.2f} s; analysis / "
-        f"capture {t['stream'] / t['capture_only']:.2f})"
+        f"{t['stream'] / t['forward']:.2f} with every check, "
+        f"{t['stream_nocheck'] / t['forward']:.2f} without the per-layer checks "
+        f"({t['stream_nocheck']:.2f} s); capture alone {t['capture_only']:.2f} s, analysis / "
+        f"capture {t['stream'] / t['capture_only']:.2f}"
     )
 
     # 2. head space vs dense reference on the same layers (time in-process, memory per child);

@@ -62,6 +62,33 @@ def test_consistency_error_catches_small_edits_of_z():
     assert consistency_error(pattern, values, edited) > 1e-4
 
 
+def test_the_one_product_bound_never_passes_what_the_exact_check_refuses(llama):
+    """check_consistent decides passes on an upper bound of the exact error (alpha for |alpha|,
+    one product over the pattern): equal for a softmax pattern, larger for a signed one — where
+    the exact error is recomputed, so a signed pattern that does make z still passes."""
+    from cw_lens.models.capture import check_consistent
+
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randn(2, 9, 2, 8, generator=gen, dtype=torch.float64)
+    for signed in (False, True):
+        scores = torch.randn(2, 4, 9, 9, generator=gen, dtype=torch.float64)
+        pattern = scores if signed else torch.softmax(scores, -1).tril()
+        z = torch.einsum("bhqk,bkhd->bqhd", pattern, expand_kv(values, 4))
+        args = (pattern.float(), values.float(), z.float())
+        exact = consistency_error(*args)
+        bound = consistency_error(*args, upper_bound=True)
+        assert exact < 1e-5
+        if signed:  # the bound alone would refuse it (cancelling alpha |v| terms)
+            assert bound > 1e-4
+        else:  # the same up to the float rounding of the products
+            assert bound < 1e-5
+        check_consistent(model_access(llama), 0, *args)  # passes: the exact error decides
+        edited = args[2].clone()
+        edited[1, 5, 3] *= 1.01
+        with pytest.raises(cw_lens.UnsupportedModelError, match="z differs from pattern @ v"):
+            check_consistent(model_access(llama), 0, *args[:2], edited)
+
+
 def test_capture_refuses_a_foreign_edit_of_z(llama):
     """A plain hook list that edits z (here patch_sink's own pairs) inside a capture: cw_lens
     cannot know the edit, so the captured pattern and values would not explain z — refuse."""

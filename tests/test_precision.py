@@ -72,3 +72,53 @@ def test_embedded_half_model_within_tolerance_of_float32(smollm, dtype):
         b = cw_lens.contribution_weights(smollm, text, kind=kind).weights
         mean, p99 = row_relative_error(a, b, kind)
         assert mean < TOLERANCE[dtype][0] and p99 < TOLERANCE[dtype][1], (kind, mean, p99)
+
+
+# --------------------------------------------------------------------- planted edits, every dtype
+# The per-layer check (z == pattern @ v, cw_lens.models.capture.check_consistent) runs in
+# float32 with a rounding bound, so it must stay sharp enough to catch a real edit in every
+# precision a model may run in: an edit of z behind cw_lens's back, and a hook_pattern edit that
+# the model ignores (GPT-J fires hook_pattern after its attention has run: the edit never
+# reaches z).
+PLANTED_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+PLANTED_REFUSAL = "z differs from pattern @ v"
+
+
+def _halve_z(z, hook):
+    z = z.clone()
+    z[:, 6:, 1] *= 0.5  # one head's output, from query 6 on
+    return z
+
+
+def _halve_sink(pattern, hook):
+    pattern = pattern.clone()
+    pattern[:, :, 1:, 0] *= 0.5  # every head's attention to position 0, after it
+    return pattern
+
+
+@pytest.mark.parametrize("dtype", PLANTED_DTYPES, ids=str)
+def test_a_planted_edit_of_z_is_refused_in_every_precision(dtype):
+    model = tiny_llama(seed=3, dtype=dtype)
+    tokens = random_tokens(model, 2, 16, seed=3)
+    cw_lens.contribution_weights(model, tokens, kind="inter")  # the clean model passes
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", _halve_z)]):
+        with pytest.raises(cw_lens.UnsupportedModelError, match=PLANTED_REFUSAL):
+            cw_lens.contribution_weights(model, tokens, kind="inter")
+
+
+@pytest.mark.parametrize("dtype", PLANTED_DTYPES, ids=str)
+def test_an_ignored_pattern_edit_is_refused_in_every_precision(dtype):
+    from dataclasses import replace
+
+    from architectures import BY_NAME, build
+
+    model = build(replace(BY_NAME["GPT-J"], dtype=dtype), seed=3).bridge
+    tokens = random_tokens(model, 2, 16, seed=3)
+    cw_lens.contribution_weights(model, tokens, kind="inter")  # the clean model passes
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", _halve_sink)]):
+        with torch.no_grad():
+            plain = model(tokens)
+        with pytest.raises(cw_lens.UnsupportedModelError, match=PLANTED_REFUSAL):
+            cw_lens.contribution_weights(model, tokens, kind="inter")
+    with torch.no_grad():
+        assert torch.equal(plain, model(tokens))  # the model did ignore the edit

@@ -102,10 +102,14 @@ def projected_value_norms(
 
 
 def head_output_norms(
-    z: Float[Tensor, "batch query head d_head"], gram: Float[Tensor, "head d_head d_head"]
+    z: Float[Tensor, "batch query head d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+    z_gram: Float[Tensor, "batch query head d_head"] | None = None,
 ) -> Float[Tensor, "batch head query"]:
-    """``||o_i^h|| = sqrt(z_i^h G^h (z_i^h)^T)``."""
-    sq = (apply_gram(z, gram) * z).sum(-1).transpose(1, 2)
+    """``||o_i^h|| = sqrt(z_i^h G^h (z_i^h)^T)`` (``z_gram``: ``apply_gram(z, gram)`` when the
+    caller has it already)."""
+    z_gram = apply_gram(z, gram) if z_gram is None else z_gram
+    sq = (z_gram * z).sum(-1).transpose(1, 2)
     return sq.clamp_min(0).sqrt()
 
 

@@ -185,9 +185,15 @@ class LayerContributions:
         return self.acts.z[:, self.queries]
 
     @cached_property
+    def _z_gram(self) -> Tensor:
+        """``z_i^h G^h`` for this block's rows: the intra query side and ``||o_i^h||^2``."""
+        return geo.apply_gram(self._z, self.acts.weights.gram)
+
+    @cached_property
     def head_output_norm(self) -> Float[Tensor, "batch head query"]:
         """``||o_i^h||``."""
-        return self._sel(geo.head_output_norms(self._z, self.acts.weights.gram))
+        gram = self.acts.weights.gram
+        return self._sel(geo.head_output_norms(self._z, gram, z_gram=self._z_gram))
 
     @cached_property
     def layer_output_norm(self) -> Float[Tensor, "batch query"]:
@@ -227,6 +233,11 @@ class LayerContributions:
 
         return self._memo(("inv_norm", kind), compute)
 
+    def _row_scale(self, kind: Kind) -> Float[Tensor, "batch head query"]:
+        """``1 / ||o_i||`` with 0 at undefined rows (for products whose NaN comes from
+        :meth:`scaled_dots`)."""
+        return self._memo(("row_scale", kind), lambda: self._inv_output_norm(kind).nan_to_num(0.0))
+
     def _row_nan(self, t: Tensor) -> Tensor:
         """Set padded query rows of ``t`` (in place) to NaN at ``j <= i``."""
         if self._padded:
@@ -248,7 +259,8 @@ class LayerContributions:
         """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
 
         The ``1/||o_i||`` scale is folded into the (small) query side before the product, so
-        undefined rows come out NaN without a pass over the ``query x key`` tensor.
+        undefined rows come out NaN without a pass over the ``query x key`` tensor. Keys after
+        the query are 0 (undefined rows too): :meth:`weights` and :meth:`cosine` inherit both.
         """
         check_kind(kind)
 
@@ -256,7 +268,7 @@ class LayerContributions:
             w = self.acts.weights
             inv = self._inv_output_norm(kind)  # [batch, head(sel), query]
             if kind == "intra":
-                side = geo.apply_gram(self._z, w.gram)
+                side = self._z_gram
                 if self._all_heads:
                     side = side * inv.transpose(1, 2)[..., None]
                 else:
@@ -267,7 +279,7 @@ class LayerContributions:
                 out = self.acts.layer_output[:, self.queries] * inv[:, 0, :, None]
                 side = geo.project_into_heads(out, w.W_O)
             buf = self._ws.get(f"dots_{kind}", self.shape, side.device)
-            return self._grouped(side, buf)
+            return self._grouped(side, buf).tril_(diagonal=self.queries.start)
 
         return self._memo(("scaled_dots", kind), compute)
 
@@ -280,10 +292,12 @@ class LayerContributions:
         """Contribution weights ``c`` (intra) or ``C`` (inter)."""
 
         def compute() -> Tensor:
+            # alpha * (<pv, o> / ||o||) * (1 / ||o||): the scaled dots are NaN at j <= i of
+            # undefined rows and 0 at j > i, so the row scale's NaN is not needed (0 keeps the
+            # zeros after the query) and no triangle has to be cleared here
             buf = self._ws.get(f"weights_{kind}", self.shape, self.acts.pattern.device)
             torch.mul(self.attention, self.scaled_dots(kind), out=buf)
-            buf.mul_(self._inv_output_norm(kind)[..., None])
-            return buf.tril_(diagonal=self.queries.start)
+            return buf.mul_(self._row_scale(kind)[..., None])
 
         return self._memo(("weights", kind), compute)
 
@@ -292,8 +306,7 @@ class LayerContributions:
 
         def compute() -> Tensor:
             buf = self._ws.get(f"cosine_{kind}", self.shape, self.acts.pattern.device)
-            torch.mul(self.scaled_dots(kind), self._inv_key_norm[:, :, None, :], out=buf)
-            return buf.tril_(diagonal=self.queries.start)
+            return torch.mul(self.scaled_dots(kind), self._inv_key_norm[:, :, None, :], out=buf)
 
         return self._memo(("cosine", kind), compute)
 
