@@ -52,7 +52,7 @@ from cw_lens.rollout import METHODS, rollout_batches
 from cw_lens.routes import RouteCollector, build_route_graph, check_threshold
 from cw_lens.scoring import run_logits, score_answers
 from cw_lens.shares import stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.verify import require_flow
 
 DEFAULT_KS = (1, 2, 4, 8)
 
@@ -176,7 +176,7 @@ def rollout_deletion(
     Returns:
         A :class:`RolloutDeletion`.
     """
-    require_verified(model)
+    require_flow(model)
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
         raise InputError(f"n_random must be a non-negative integer, got {n_random!r}.")
     ks = sorted({int(k) for k in ks})
@@ -327,7 +327,7 @@ def ioi_route_statistics(
         threshold: The route threshold (see :func:`cw_lens.routes`).
         batch_size: Items per forward pass.
     """
-    require_verified(model)
+    require_flow(model)
     threshold = check_threshold(threshold)
     docs = as_corpus(corpus)
     if not all((d.meta or {}).get("task") == "ioi" for d in docs):

@@ -45,7 +45,7 @@ from cw_lens.capture import LayerActivations, run_layers
 from cw_lens.errors import InputError
 from cw_lens.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.shares import LayerShares, resolve_row, stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.verify import require_flow, require_verified
 
 METHODS = ("contribution", "attention")
 
@@ -202,7 +202,7 @@ def contribution_rollout(
     Returns:
         A :class:`RolloutResult` with ``contribution`` and ``attention`` ``[batch, pos, pos]``.
     """
-    require_verified(model)
+    require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
     out = {m: torch.full((n_docs, n_pos, n_pos), math.nan) for m in METHODS}

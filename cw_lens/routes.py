@@ -41,7 +41,7 @@ from cw_lens import flow_geometry as fg
 from cw_lens.errors import InputError
 from cw_lens.inputs import prepare_inputs
 from cw_lens.shares import LayerShares, stream_shares
-from cw_lens.verify import require_verified
+from cw_lens.verify import require_flow
 
 EDGE_COLUMNS = (
     "layer", "head", "kind", "source", "target", "source_token", "target_token",
@@ -280,7 +280,7 @@ def routes(
     Returns:
         A :class:`RouteGraph`.
     """
-    require_verified(model)
+    require_flow(model)
     threshold = check_threshold(threshold)
     batch = prepare_inputs(model, text, prepend_bos=prepend_bos)
     if batch.tokens.shape[0] != 1:

@@ -54,7 +54,7 @@ from cw_lens.geometry import projected_value_norms
 from cw_lens.inputs import TokenBatch, prepare_inputs
 from cw_lens.layer_contributions import Workspace
 from cw_lens.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
-from cw_lens.verify import require_verified
+from cw_lens.verify import require_flow
 
 PIECES = ("residual", "attention", "bias", "mlp")
 
@@ -280,7 +280,7 @@ def stream_shares(
     Returns:
         A :class:`~cw_lens.streaming.StreamStats` (documents and tokens seen).
     """
-    require_verified(model)
+    require_flow(model)
     if not callable(consumer):
         raise InputError(
             f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
@@ -475,7 +475,7 @@ def residual_shares(
         UnsupportedModelError: when a block's hooks do not add up (see
             :mod:`cw_lens.flow_capture`).
     """
-    require_verified(model)
+    require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     n_docs, n_pos = batch.tokens.shape
