@@ -28,7 +28,8 @@ projected into each head once, then one ``query x key`` product per head, the co
 ``T[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)``; rows sum to 1.
 **Contribution rollout** ``R = T_{L-1} ... T_0`` (:func:`compose`); **attention rollout**
 (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers") composes
-``0.5 * mean_h alpha + 0.5 I`` (:func:`attention_rollout_step`). Both treat shares as linear
+``0.5 * mean_h alpha + 0.5 I`` with rows re-normalised to sum to 1
+(:func:`attention_rollout_step`). Both treat shares as linear
 mixing of the token streams — a heuristic, like ALTI's aggregation (Ferrando et al. 2022).
 
 **Route graphs** (Ferrando & Voita 2024, "Information Flow Routes"; :func:`trace_routes`): from
@@ -133,12 +134,15 @@ def token_matrix(
 def attention_rollout_step(
     pattern: Float[Tensor, "batch head query key"],
 ) -> Float[Tensor, "batch query key"]:
-    """Abnar & Zuidema's per-layer matrix ``0.5 * mean_h alpha + 0.5 I`` (square pattern)."""
+    """Abnar & Zuidema's per-layer matrix: ``S = 0.5 * mean_h alpha + 0.5 I`` with each row
+    re-normalised, ``S[i, :] / sum_j S[i, j]``, so rows sum to 1 even where the attention rows
+    do not (GPT-OSS's learned sink logits take part of the softmax mass). Square pattern; the
+    row sum is at least 0.5, so the division is always defined."""
     step = pattern.mean(1) * 0.5
     n = step.shape[-1]
     idx = torch.arange(n, device=step.device)
     step[:, idx, idx] += 0.5
-    return step
+    return step.div_(step.sum(-1, keepdim=True))
 
 
 def compose(

@@ -336,3 +336,29 @@ def test_hooked_transformer_shares_match_a_dense_reference(post_norm):
         res = (c["hook_resid_pre"] * y).sum(-1) / y.pow(2).sum(-1)
         assert torch.allclose(result.residual[:, layer].double(), res, atol=1e-5)
     assert torch.allclose(result.total(), torch.ones(()), atol=1e-5)
+
+
+@needs_bridge
+def test_attention_rollout_rows_sum_to_one_with_learned_sink_logits():
+    """GPT-OSS: attention rows sum to less than 1 (learned sink logits take softmax mass);
+    attention rollout re-normalises each step's rows (SPEC §7), computed here independently
+    from the float64 HF twin's attention probabilities."""
+    from arch_checks import built
+
+    b = built("GPT-OSS")
+    tokens = random_tokens(b.bridge, 2, 12, seed=5)
+    with torch.no_grad():
+        attentions = b.hf(tokens, output_attentions=True).attentions
+    assert attentions[0].sum(-1).min() < 0.95  # the premise of the test
+    n = tokens.shape[1]
+    eye = torch.eye(n, dtype=torch.float64)
+    want = eye.expand(2, n, n)
+    for alpha in attentions:
+        step = 0.5 * alpha.mean(1) + 0.5 * eye
+        want = (step / step.sum(-1, keepdim=True)) @ want
+    got = cw_lens.attention_rollout(b.bridge, tokens)
+    assert torch.allclose(got.sum(-1).double(), torch.ones(2, n, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(got.double(), want, atol=1e-6)
+    both = cw_lens.contribution_rollout(b.bridge, tokens)
+    assert torch.allclose(both.attention, got, atol=1e-6)
+    assert torch.allclose(both.contribution.sum(-1), torch.ones(()), atol=1e-4)
