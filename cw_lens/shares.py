@@ -66,6 +66,11 @@ class LayerShares:
     ``0 .. queries.stop - 1``; per-position pieces are ``[batch, query]``. Rows at padding and
     rows whose stream norm is zero are NaN. With a reusing workspace, :meth:`pairs` lives in a
     buffer the next block overwrites: reduce it in the callback or ``.clone()`` it.
+
+    ``into`` names the stream the shares are of: ``"post"``, ``x_{l+1}`` (residual, pairs,
+    bias and MLP sum to 1), or ``"mid"``, ``m_l = x_l + A(o + b_O) (+ beta)``, the stream the
+    MLP of a sequential block reads (residual, pairs and bias sum to 1; the MLP share is 0) —
+    the first sub-layer step of the route graph (:meth:`into_mid`).
     """
 
     def __init__(
@@ -75,15 +80,38 @@ class LayerShares:
         shared: dict[str, Any],
         workspace: Workspace,
         model_name: str = "",
+        into: str = "post",
     ) -> None:
+        if into not in ("post", "mid") or (into == "mid" and block.resid_mid is None):
+            raise InputError(
+                f"into must be 'post', or 'mid' on a sequential block; got {into!r} on a "
+                f"{'sequential' if block.resid_mid is not None else 'parallel'} block."
+            )
         self.block = block
         self.layer = block.layer
         self.queries = queries
         self.keys = slice(0, queries.stop)
+        self.into = into
+        self._stream = block.resid_post if into == "post" else block.resid_mid
         self._shared = shared
         self._ws = workspace
         self._model_name = model_name
         self._pairs: Tensor | None = None
+
+    @property
+    def sequential(self) -> bool:
+        """Whether the block's MLP reads ``m_l`` (False on parallel blocks: it reads ``x_l``)."""
+        return self.block.resid_mid is not None
+
+    @cached_property
+    def _mid(self) -> LayerShares:
+        return LayerShares(
+            self.block, self.queries, self._shared, self._ws, self._model_name, into="mid"
+        )
+
+    def into_mid(self) -> LayerShares:
+        """The shares of the same rows in ``m_l`` (sequential blocks only)."""
+        return self if self.into == "mid" else self._mid
 
     @property
     def batch(self) -> TokenBatch:
@@ -110,7 +138,7 @@ class LayerShares:
     @cached_property
     def _read(self) -> tuple[Tensor, Tensor]:
         """``u_i`` (NaN at padded and zero-norm rows) and ``||y_i||^2``."""
-        y = self.block.resid_post[:, self.queries]
+        y = self._stream[:, self.queries]
         u, sq = fg.read_vectors(y, *self._map)
         u = u.masked_fill(~self.query_mask[..., None], math.nan)
         return u, sq
@@ -122,7 +150,7 @@ class LayerShares:
         return inv.masked_fill(~self.query_mask, math.nan)
 
     def _plain_share(self, piece: Tensor) -> Float[Tensor, "batch query"]:
-        y = self.block.resid_post[:, self.queries]
+        y = self._stream[:, self.queries]
         return (piece[:, self.queries] * y).sum(-1) * self._inv_sq
 
     @cached_property
@@ -137,8 +165,18 @@ class LayerShares:
 
     @cached_property
     def mlp(self) -> Float[Tensor, "batch query"]:
-        """``share(f_i)``: the MLP output (after any post-MLP norm)."""
+        """``share(f_i)``: the MLP output (after any post-MLP norm); 0 in ``m_l``."""
+        if self.into == "mid":
+            return self.residual * 0.0  # 0, NaN where the row is undefined
         return self._plain_share(self.block.mlp_out)
+
+    @cached_property
+    def mid(self) -> Float[Tensor, "batch query"]:
+        """``share(m_{l,i})`` in ``x_{l+1,i}`` (``= 1 - share(MLP)``): the residual edge of the
+        second sub-layer step; NaN on parallel blocks (no ``m``) and in ``m`` itself."""
+        if self.into == "mid" or self.block.resid_mid is None:
+            return self.residual * math.nan
+        return self._plain_share(self.block.resid_mid)
 
     @cached_property
     def bias(self) -> Float[Tensor, "batch query"]:
@@ -169,7 +207,7 @@ class LayerShares:
         """``share(h, j)`` of every (head, key) pair; 0 for ``j > i``."""
         if self._pairs is None:
             acts = self.block.acts
-            buf = self._ws.get("pairs", self.shape, acts.pattern.device)
+            buf = self._ws.get(f"pairs_{self.into}", self.shape, acts.pattern.device)
             pattern = acts.pattern[:, :, self.queries, self.keys]
             self._pairs = fg.pair_shares(
                 pattern, acts.values[:, self.keys], self._head_side, out=buf
@@ -227,8 +265,9 @@ class LayerShares:
         attention * relative_norm * cosine``.
 
         ``index`` rows are ``(batch, head, query_row, key)`` into :meth:`pairs`;
-        ``relative_norm = ||A_i(pv_j^h)|| / ||x_{l+1,i}||`` and ``cosine = cos(A_i(pv_j^h),
-        x_{l+1,i})`` (0 for a zero projected value).
+        ``relative_norm = ||A_i(pv_j^h)|| / ||y_i||`` and ``cosine = cos(A_i(pv_j^h), y_i)``
+        (0 for a zero projected value), ``y`` the stream of :attr:`into` (``x_{l+1}`` or
+        ``m_l``).
         """
         b, h, q, k = index.unbind(-1)
         acts = self.block.acts
