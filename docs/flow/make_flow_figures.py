@@ -61,6 +61,20 @@ def main() -> None:
 
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
     texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, tokenizer=model, seed=1)
+    for threshold in (0.02, 0.03, 0.05):
+        stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
+        out[f"ioi_routes_{threshold}"] = {
+            "summary": stats.summary(),
+            "top_io_heads": stats.top(6).to_dict("records"),
+            "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
+            "top_io_embedding_heads": stats.top(8, by="io_embedding_items").to_dict("records"),
+            "io_embedding_mlps": stats.mlps.to_dict("records"),
+            "items": stats.items[
+                ["item", "io", "target", "reaches_io_embedding", "io_embedding_heads",
+                 "io_embedding_mlps"]
+            ].to_dict("records"),
+        }  # fmt: skip
+        save()
     for name, corpus in (("ioi", ioi), ("text", texts)):
         for exclude_bos in (False, True):
             d = cw_lens.rollout_deletion(
@@ -76,20 +90,6 @@ def main() -> None:
             if not exclude_bos:
                 save_figure(d.plot(), HERE / f"deletion_{name}", formats=("png",))
             save()
-    for threshold in (0.02, 0.03, 0.05):
-        stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
-        out[f"ioi_routes_{threshold}"] = {
-            "summary": stats.summary(),
-            "top_io_heads": stats.top(6).to_dict("records"),
-            "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
-            "top_io_embedding_heads": stats.top(8, by="io_embedding_items").to_dict("records"),
-            "io_embedding_mlps": stats.mlps.to_dict("records"),
-            "items": stats.items[
-                ["item", "io", "target", "reaches_io_embedding", "io_embedding_heads",
-                 "io_embedding_mlps"]
-            ].to_dict("records"),
-        }  # fmt: skip
-        save()
     print(json.dumps(out, indent=1, default=str))
 
 
