@@ -8,7 +8,7 @@ Measured (embedded SmolLM2-135M, CPU, float32, a batch of 4 x 512 tokens):
 
 1. ``shares``: all 30 blocks, every (head, key) pair share and the per-position pieces (residual,
    attention, bias, MLP), summed into the token-level matrix ``T_l`` (and the three model checks
-   of ``cw_lens.flow.capture``), streamed — divided by a plain forward pass with logits.
+   of ``cw_lens.models.blocks``), streamed — divided by a plain forward pass with logits.
 2. ``rollout``: the same plus the composition ``R = T_{L-1} ... T_0`` and the attention rollout.
 """
 

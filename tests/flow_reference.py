@@ -72,19 +72,22 @@ def tiny_model(arch: str, seed: int = 0, n_layers: int = 2):
     return _wrap(hf, name, f"tiny-{arch}")
 
 
-# per architecture: decoder layers, attention module, output projection, MLP piece, post-attn norm
+# per architecture: decoder layers, attention module, output projection, MLP piece, post-attn
+# norm, and the module whose input is m_l (the stream the MLP reads; None: parallel block)
 LAYOUT = {
-    "LlamaForCausalLM": ("model.layers", "self_attn", "self_attn.o_proj", "mlp", None),
-    "GPT2LMHeadModel": ("transformer.h", "attn", "attn.c_proj", "mlp", None),
-    "GPTNeoXForCausalLM": ("gpt_neox.layers", "attention", "attention.dense", "mlp", None),
-    "GPTJForCausalLM": ("transformer.h", "attn", "attn.out_proj", "mlp", None),
+    "LlamaForCausalLM": (
+        "model.layers", "self_attn", "self_attn.o_proj", "mlp", None, "post_attention_layernorm",
+    ),
+    "GPT2LMHeadModel": ("transformer.h", "attn", "attn.c_proj", "mlp", None, "ln_2"),
+    "GPTNeoXForCausalLM": ("gpt_neox.layers", "attention", "attention.dense", "mlp", None, None),
+    "GPTJForCausalLM": ("transformer.h", "attn", "attn.out_proj", "mlp", None, None),
     "Gemma2ForCausalLM": (
         "model.layers", "self_attn", "self_attn.o_proj", "post_feedforward_layernorm",
-        "post_attention_layernorm",
+        "post_attention_layernorm", "pre_feedforward_layernorm",
     ),
     "Olmo2ForCausalLM": (
         "model.layers", "self_attn", "self_attn.o_proj", "post_feedforward_layernorm",
-        "post_attention_layernorm",
+        "post_attention_layernorm", "mlp",
     ),
 }  # fmt: skip
 
@@ -117,11 +120,15 @@ def dense_flow_reference(model, tokens, attention_mask=None):
 
     Returns a list (one dict per layer) with ``pairs`` [batch, head, query, key], ``residual``,
     ``attention``, ``bias``, ``mlp`` [batch, query], ``relative_norm`` and ``cosine`` of the
-    pairs, the stream ``y`` and the max reconstruction errors the reference itself found.
+    pairs (all shares in ``x_{l+1}``), the stream ``y``, ``sequential`` and the max
+    reconstruction errors the reference itself found. On sequential blocks also ``mid`` (the
+    same shares in ``m_l``, read as the input of the module the MLP reads it with: pairs,
+    residual, bias, attention, relative_norm, cosine) and ``mid_share`` (``share(m_l)`` in
+    ``x_{l+1}``).
     """
     hf = model.original_model
     arch = type(hf).__name__
-    layers_path, attn_path, proj_path, mlp_path, norm_path = LAYOUT[arch]
+    layers_path, attn_path, proj_path, mlp_path, norm_path, mid_path = LAYOUT[arch]
     layer_mods = _get(hf, layers_path)
     got: dict = {}
     handles = []
@@ -144,6 +151,9 @@ def dense_flow_reference(model, tokens, attention_mask=None):
             if path is not None:
                 mod = _get(dec, path, unwrap=False)
                 handles.append(mod.register_forward_hook(grab((key, layer)), with_kwargs=True))
+        if mid_path is not None:
+            mod = _get(dec, mid_path, unwrap=False)
+            handles.append(mod.register_forward_hook(grab(("m", layer), "in"), with_kwargs=True))
     names = [f"blocks.{i}.attn.hook_{k}" for i in range(n_layers) for k in ("pattern", "v")]
     try:
         with torch.no_grad():
@@ -182,26 +192,30 @@ def dense_flow_reference(model, tokens, attention_mask=None):
         piece_err = (pieces.sum((1, 3)) + bias - attn_piece).abs().max().item()
         x_in, y, mlp = got[("x_in", layer)], got[("x_out", layer)], got[("mlp", layer)]
         block_err = (x_in + attn_piece + mlp - y).abs().max().item()
-        sq = y.pow(2).sum(-1)
-        share = lambda p, y=y, sq=sq: (p * y).sum(-1) / sq  # noqa: E731
-        pairs = (pieces * y[:, None, :, None, :]).sum(-1) / sq[:, None, :, None]
-        piece_norm = pieces.norm(dim=-1)
-        rel = piece_norm / pattern.clamp_min(1e-300) / sq.sqrt()[:, None, :, None]
-        cos = torch.nn.functional.cosine_similarity(pieces, y[:, None, :, None, :], dim=-1)
-        out.append(
-            {
-                "pairs": pairs,
-                "residual": share(x_in),
-                "attention": pairs.sum((1, 3)),
-                "bias": share(bias),
-                "mlp": share(mlp),
-                "relative_norm": rel,
-                "cosine": cos,
-                "y": y,
-                "errors": {"attn": attn_err, "pieces": piece_err, "block": block_err},
-            }
-        )
+        entry = _shares_into(pieces, pattern, {"residual": x_in, "bias": bias, "mlp": mlp}, y)
+        entry["y"] = y
+        entry["errors"] = {"attn": attn_err, "pieces": piece_err, "block": block_err}
+        entry["sequential"] = mid_path is not None
+        if mid_path is not None:  # shares into m_l (the MLP's input, read from the HF module)
+            m = got[("m", layer)]
+            entry["errors"]["mid"] = (x_in + attn_piece - m).abs().max().item()
+            mid = _shares_into(pieces, pattern, {"residual": x_in, "bias": bias}, m)
+            entry["mid"] = mid
+            entry["mid_share"] = (m * y).sum(-1) / y.pow(2).sum(-1)  # share(m_l) in x_{l+1}
+        out.append(entry)
     return out
+
+
+def _shares_into(pieces, pattern, plain, y):
+    """Dense shares of every pair piece and of the ``plain`` pieces in the stream ``y``, with
+    the pairs' relative norm and cosine."""
+    sq = y.pow(2).sum(-1)
+    pairs = (pieces * y[:, None, :, None, :]).sum(-1) / sq[:, None, :, None]
+    rel = pieces.norm(dim=-1) / pattern.clamp_min(1e-300) / sq.sqrt()[:, None, :, None]
+    cos = torch.nn.functional.cosine_similarity(pieces, y[:, None, :, None, :], dim=-1)
+    out = {name: (p * y).sum(-1) / sq for name, p in plain.items()}
+    return {**out, "pairs": pairs, "attention": pairs.sum((1, 3)), "relative_norm": rel,
+            "cosine": cos}  # fmt: skip
 
 
 def dense_token_matrix(ref_layer):
@@ -214,14 +228,30 @@ def dense_token_matrix(ref_layer):
 
 
 def dense_route_edges(ref, target, threshold, batch=0):
-    """Route edges from the dense reference, traced with networkx (independent of fg)."""
+    """Route edges of SPEC §7's sub-layer graph from the dense reference, traced with networkx
+    (independent of fg): ``(l, j) -> (l+0.5, i)`` (heads, shares into ``m_l``) and ``(l, i) ->
+    (l+0.5, i)`` (residual), ``(l+0.5, i) -> (l+1, i)`` (residual = share of ``m_l``, MLP) on
+    sequential blocks; ``(l, j) -> (l+1, i)`` (heads), residual and MLP from ``(l, i)`` on
+    parallel ones."""
     n_layers = len(ref)
     g = nx.MultiDiGraph()
     g.add_node((n_layers, target))
+
+    def add(shares, src, dst, key):
+        for i in (shares[batch] > threshold).nonzero().flatten().tolist():
+            g.add_edge((src, i), (dst, i), key=key)
+
     for layer, r in enumerate(ref):
-        for h, i, j in (r["pairs"][batch] > threshold).nonzero().tolist():
-            g.add_edge((layer, j), (layer + 1, i), key=h, share=r["pairs"][batch, h, i, j].item())
-        for i in (r["residual"][batch] > threshold).nonzero().flatten().tolist():
-            g.add_edge((layer, i), (layer + 1, i), key="residual")
+        into = r["mid"] if r["sequential"] else r
+        up = layer + 0.5 if r["sequential"] else layer + 1
+        for h, i, j in (into["pairs"][batch] > threshold).nonzero().tolist():
+            g.add_edge((layer, j), (up, i), key=h)
+        if r["sequential"]:
+            add(into["residual"], layer, up, "residual")
+            add(r["mid_share"], up, layer + 1, "residual")
+            add(r["mlp"], up, layer + 1, "mlp")
+        else:
+            add(r["residual"], layer, layer + 1, "residual")
+            add(r["mlp"], layer, layer + 1, "mlp")
     keep = nx.ancestors(g, (n_layers, target)) | {(n_layers, target)}
     return {(u, v, k) for u, v, k in g.edges(keys=True) if v in keep}, keep

@@ -67,10 +67,49 @@ def test_shares_match_the_dense_reference(arch_model):
             assert torch.allclose(got.double(), exp, atol=2e-5), (arch, layer, piece)
     total = result.total()
     assert torch.allclose(total, torch.ones_like(total), atol=1e-5)
+    # the sub-layer shares of the route graph: into m_l, and of m_l in x_{l+1}
+    got = collect_mid_shares(model, tokens)
+    for layer, want in enumerate(ref):
+        assert want["sequential"] == (arch not in ("neox", "gptj")), arch
+        if not want["sequential"]:
+            assert layer not in got
+            continue
+        assert want["errors"]["mid"] < 1e-4, (arch, layer, want["errors"])
+        mid = got[layer]
+        row_close(mid["pairs"], want["mid"]["pairs"], 1e-4, f"{arch} L{layer} pairs into m")
+        for piece in ("residual", "attention", "bias"):
+            assert torch.allclose(mid[piece].double(), want["mid"][piece], atol=2e-5), piece
+        assert torch.allclose(mid["mid_share"].double(), want["mid_share"], atol=2e-5)
+        into_m = mid["residual"] + mid["attention"] + mid["bias"]
+        assert torch.allclose(into_m, torch.ones(()), atol=1e-5)
+        assert torch.allclose(mid["mid_share"] + result.mlp[:, layer], torch.ones(()), atol=1e-5)
     for layer, want in enumerate(ref):
         rows = result.token_matrix(layer)
         assert torch.allclose(rows.double(), dense_token_matrix(want), atol=2e-5)
         assert torch.allclose(rows.sum(-1), torch.ones(()), atol=1e-5)
+
+
+def collect_mid_shares(model, tokens):
+    """Per sequential block: the shares in ``m_l`` and ``share(m_l)`` in ``x_{l+1}``."""
+    out: dict = {}
+
+    def keep(ls):
+        if not ls.sequential:
+            return
+        mid = ls.into_mid()
+        row = {"pairs": mid.pairs().clone(), "mid_share": ls.mid}
+        row.update({p: getattr(mid, p) for p in ("residual", "attention", "bias")})
+        old = out.setdefault(ls.layer, {})
+        for k, v in row.items():  # query blocks: rows along the query axis (pairs: keys grow)
+            if k == "pairs" and k in old:
+                v = torch.nn.functional.pad(old[k], (0, v.shape[-1] - old[k].shape[-1]))
+                v = torch.cat([v, row[k]], 2)
+            elif k in old:
+                v = torch.cat([old[k], v], 1)
+            old[k] = v
+
+    cw_lens.stream_shares(model, tokens, keep, query_chunk=4)
+    return out
 
 
 def test_padded_batches_match_single_texts(llama):
@@ -121,23 +160,38 @@ def test_routes_hold_exactly_the_reachable_edges_above_threshold(arch_model, thr
     want_edges, want_nodes = dense_route_edges(ref, 8, threshold)
     assert set(g.graph.edges(keys=True)) == want_edges, arch
     assert set(g.graph.nodes) == want_nodes
-    # edge factors multiply back to the share and match the dense pieces
-    for (_, j), (_, i), h, d in g.graph.edges(keys=True, data=True):
-        if h == "residual":
-            assert d["share"] == pytest.approx(ref[d["layer"]]["residual"][0, i].item(), abs=1e-5)
-            continue
+    # edge shares and factors match the dense pieces; factors multiply back to the share
+    for (lj, j), (li, i), key, d in g.graph.edges(keys=True, data=True):
         r = ref[d["layer"]]
-        assert d["share"] == pytest.approx(r["pairs"][0, h, i, j].item(), abs=1e-5)
-        assert d["attention"] * d["relative_norm"] * d["cosine"] == pytest.approx(d["share"])
-        assert d["relative_norm"] == pytest.approx(r["relative_norm"][0, h, i, j].item(), rel=1e-4)
-        assert d["cosine"] == pytest.approx(r["cosine"][0, h, i, j].item(), abs=1e-4)
+        assert (lj, li) == (d["source_layer"], d["target_layer"])
+        into = r["mid"] if r["sequential"] and li != d["layer"] + 1 else r
+        if key == "mlp":
+            want = r["mlp"]
+        elif key == "residual":
+            want = r["mid_share"] if r["sequential"] and li == d["layer"] + 1 else into["residual"]
+        else:
+            assert d["share"] == pytest.approx(into["pairs"][0, key, i, j].item(), abs=1e-5)
+            assert d["attention"] * d["relative_norm"] * d["cosine"] == pytest.approx(d["share"])
+            rel = into["relative_norm"][0, key, i, j].item()
+            assert d["relative_norm"] == pytest.approx(rel, rel=1e-4)
+            assert d["cosine"] == pytest.approx(into["cosine"][0, key, i, j].item(), abs=1e-4)
+            continue
+        assert d["share"] == pytest.approx(want[0, i].item(), abs=1e-5), (arch, key)
+    # the shares into every node sum to 1 (the bias share a node attribute)
+    for node, d in g.graph.nodes(data=True):
+        if node[0] == 0:
+            continue
+        total = sum(d[p] for p in ("residual", "attention", "mlp", "bias"))
+        assert total == pytest.approx(1.0, abs=1e-5), (arch, node, d)
+        assert d["half"] == (node[0] != int(node[0]))
 
 
 def test_route_views_and_panel(llama):
     g = cw_lens.routes(llama, "hello <b>world</b> & more", threshold=0.01)
     df = g.to_dataframe()
     assert len(df) == g.graph.number_of_edges()
-    assert set(df["kind"]) <= {"attention", "residual"}
+    assert set(df["kind"]) == {"attention", "residual", "mlp"}
+    assert (0.5 in set(df["target_layer"])) and g.mlps()["share"].gt(0.01).all()
     top = g.top(k=3)
     att = df[df["kind"] == "attention"]["share"].sort_values(ascending=False)
     assert top["share"].tolist() == att.head(3).tolist()
@@ -200,7 +254,7 @@ def test_hooks_that_do_not_add_up_are_refused(llama):
 
 
 def test_unknown_post_norm_is_refused(llama):
-    from cw_lens.flow.capture import norm_spec
+    from cw_lens.models.blocks import norm_spec
 
     class FancyNorm(torch.nn.Module):  # no RMS/LayerNorm formula we know
         weight = torch.nn.Parameter(torch.ones(4))
@@ -336,3 +390,29 @@ def test_hooked_transformer_shares_match_a_dense_reference(post_norm):
         res = (c["hook_resid_pre"] * y).sum(-1) / y.pow(2).sum(-1)
         assert torch.allclose(result.residual[:, layer].double(), res, atol=1e-5)
     assert torch.allclose(result.total(), torch.ones(()), atol=1e-5)
+
+
+@needs_bridge
+def test_attention_rollout_rows_sum_to_one_with_learned_sink_logits():
+    """GPT-OSS: attention rows sum to less than 1 (learned sink logits take softmax mass);
+    attention rollout re-normalises each step's rows (SPEC §7), computed here independently
+    from the float64 HF twin's attention probabilities."""
+    from arch_checks import built
+
+    b = built("GPT-OSS")
+    tokens = random_tokens(b.bridge, 2, 12, seed=5)
+    with torch.no_grad():
+        attentions = b.hf(tokens, output_attentions=True).attentions
+    assert attentions[0].sum(-1).min() < 0.95  # the premise of the test
+    n = tokens.shape[1]
+    eye = torch.eye(n, dtype=torch.float64)
+    want = eye.expand(2, n, n)
+    for alpha in attentions:
+        step = 0.5 * alpha.mean(1) + 0.5 * eye
+        want = (step / step.sum(-1, keepdim=True)) @ want
+    got = cw_lens.attention_rollout(b.bridge, tokens)
+    assert torch.allclose(got.sum(-1).double(), torch.ones(2, n, dtype=torch.float64), atol=1e-6)
+    assert torch.allclose(got.double(), want, atol=1e-6)
+    both = cw_lens.contribution_rollout(b.bridge, tokens)
+    assert torch.allclose(both.attention, got, atol=1e-6)
+    assert torch.allclose(both.contribution.sum(-1), torch.ones(()), atol=1e-4)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import random_pattern
 
-from cw_lens.flow import geometry as fg
+from cw_lens.core import flow_geometry as fg
 
 
 @st.composite
@@ -128,26 +128,31 @@ def test_rollouts_compose_like_an_explicit_product(seed, n_pos, n_layers):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**16), st.integers(1, 7), st.integers(1, 4), st.floats(0.0, 0.3))
-def test_trace_routes_keeps_exactly_the_reachable_edges(seed, n_pos, n_layers, threshold):
-    """Against networkx: all edges above the threshold, then the ancestors of the target."""
+@given(st.integers(0, 2**16), st.integers(1, 7), st.integers(1, 6), st.floats(0.0, 0.3))
+def test_trace_routes_keeps_exactly_the_reachable_edges(seed, n_pos, n_steps, threshold):
+    """Against networkx: all edges above the threshold, then the ancestors of the target. Steps
+    alternate like sub-layer steps: pair edges with one same-position edge (x_l -> m_l), then
+    no pairs and two same-position edges (m_l -> x_{l+1}: residual and MLP)."""
     gen = torch.Generator().manual_seed(seed)
-    shares = [torch.rand(2, n_pos, n_pos, generator=gen).tril() * 0.5 for _ in range(n_layers)]
-    residual = torch.rand(n_layers, n_pos, generator=gen)
     target = int(torch.randint(n_pos, (1,), generator=gen))
-    edges = []
+    steps = []
     full = nx.MultiDiGraph()
-    full.add_node((n_layers, target))
-    for layer, s in enumerate(shares):
-        h, q, k = (s > threshold).nonzero().unbind(-1)
-        edges.append((h, q, k))
+    full.add_node((n_steps, target))
+    for s in range(n_steps):
+        pairs = torch.rand(2, n_pos, n_pos, generator=gen).tril() * 0.5
+        if s % 2:
+            pairs.zero_()
+        h, q, k = (pairs > threshold).nonzero().unbind(-1)
+        same = [torch.rand(n_pos, generator=gen) > 0.4 for _ in range(1 + s % 2)]
+        steps.append(((q, k), same))
         for hh, qq, kk in zip(h.tolist(), q.tolist(), k.tolist(), strict=True):
-            full.add_edge((layer, kk), (layer + 1, qq), key=hh)
-        for i in (residual[layer] > threshold).nonzero().flatten().tolist():
-            full.add_edge((layer, i), (layer + 1, i), key="residual")
-    kept, reached = fg.trace_routes(edges, residual > threshold, target)
-    ancestors = nx.ancestors(full, (n_layers, target)) | {(n_layers, target)}
+            full.add_edge((s, kk), (s + 1, qq), key=hh)
+        for n, mask in enumerate(same):
+            for i in mask.nonzero().flatten().tolist():
+                full.add_edge((s, i), (s + 1, i), key=f"same{n}")
+    kept, reached = fg.trace_routes(steps, n_pos, target)
+    ancestors = nx.ancestors(full, (n_steps, target)) | {(n_steps, target)}
     assert {tuple(x) for x in reached.nonzero().tolist()} == ancestors
-    for layer, (_, q, _) in enumerate(edges):
-        want = torch.tensor([(layer + 1, qq) in ancestors for qq in q.tolist()], dtype=torch.bool)
-        assert torch.equal(kept[layer], want)
+    for s, ((q, _), _) in enumerate(steps):
+        want = torch.tensor([(s + 1, qq) in ancestors for qq in q.tolist()], dtype=torch.bool)
+        assert torch.equal(kept[s], want)

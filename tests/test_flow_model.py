@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import networkx as nx
 import pytest
 import torch
 from flow_reference import dense_flow_reference, dense_route_edges, dense_token_matrix
@@ -51,6 +52,10 @@ def test_routes_hold_exactly_the_reachable_edges(smollm, ioi_tokens, reference):
     assert set(g.graph.edges(keys=True)) == want_edges
     assert set(g.graph.nodes) == want_nodes
     assert g.reaches(2)  # ' Mary', the indirect object
+    # through the sub-layer steps a route reaches the IO token's embedding (it cannot without
+    # the MLP edges: the layer-0 residual share is about 0) and leads to the answer position
+    assert (0, 2) in g.graph and nx.has_path(g.graph, (0, 2), (g.n_layers, n - 1))
+    assert not g.routes_from((0, 2)).mlps().empty
 
 
 def test_word_positions_find_the_names(smollm):
@@ -78,5 +83,10 @@ def test_ioi_statistics_agree_with_single_routes(smollm):
             {(d["layer"], d["head"]) for (_, j), (_, i), d in g.graph.edges(data=True)
              if d["kind"] == "attention" and j == row.io and i != row.io}
         )  # fmt: skip
+        assert row.reaches_io_embedding == ((0, row.io) in g.graph)
+        from_io = g.routes_from((0, row.io))
+        assert row.io_embedding_mlps == sorted(
+            (d["layer"], i) for _, (_, i), d in from_io.graph.edges(data=True) if d["kind"] == "mlp"
+        )
     total = stats.heads["io_items"].sum()
     assert total == sum(len(h) for h in stats.items["io_heads"])

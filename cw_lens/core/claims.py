@@ -9,7 +9,8 @@ conjunction of comparisons of one measured *headline number* with a fixed thresh
     Check("contribution_over_attention", 0.64, "<", 0.5)       # fails
 
 Each number may carry an ``interval`` (a 95% bootstrap interval over documents,
-:mod:`cw_lens.core.bootstrap`), and each check has a four-valued verdict ``holds`` (docs/methods.md#claims):
+:mod:`cw_lens.core.bootstrap`), and each check has a four-valued verdict ``holds``
+(docs/methods.md#claims):
 
 - ``"not measured"``: the number is NaN (the run could not compute it: no sink heads, too few
   queries, ...). Never ``"no"``: an unmeasured number refutes nothing;

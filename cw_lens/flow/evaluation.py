@@ -52,7 +52,7 @@ from cw_lens.flow.rollout import METHODS, rollout_batches
 from cw_lens.flow.routes import RouteCollector, build_route_graph, check_threshold
 from cw_lens.flow.shares import stream_shares
 from cw_lens.models.interventions import mask_attention
-from cw_lens.models.verify import require_verified
+from cw_lens.models.verify import require_flow
 
 DEFAULT_KS = (1, 2, 4, 8)
 
@@ -176,7 +176,7 @@ def rollout_deletion(
     Returns:
         A :class:`RolloutDeletion`.
     """
-    require_verified(model)
+    require_flow(model)
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
         raise InputError(f"n_random must be a non-negative integer, got {n_random!r}.")
     ks = sorted({int(k) for k in ks})
@@ -242,19 +242,25 @@ class IOIRouteStatistics:
 
     ``items``: one row per item — ``target``, ``io`` (the indirect object's token position),
     ``s1``/``s2`` (the subject's), ``reaches_io`` (any node at the IO position),
-    ``reaches_io_embedding`` (node ``(0, io)``), ``reaches_s1``, ``reaches_s2``,
-    ``io_into_target`` / ``s_into_target`` (an attention edge from the IO / a subject position
-    straight into the target), ``n_edges`` (attention edges), ``io_heads`` (the ``(layer,
-    head)`` of edges leaving the IO position), ``io_target_heads`` (of edges from the IO
-    position into the target). ``heads``: per (layer, head), the number of items whose route
-    uses it to move information out of the IO position (``io_items``), from the IO position
-    straight into the target (``io_target_items``), and into the target from anywhere
-    (``target_items``).
+    ``reaches_io_embedding`` (node ``(0, io)``, the IO token's embedding), ``reaches_s1``,
+    ``reaches_s2``, ``io_into_target`` / ``s_into_target`` (an attention edge from the IO / a
+    subject position straight into the target), ``n_edges`` (attention edges), ``n_mlp_edges``,
+    ``io_heads`` (the ``(layer, head)`` of edges leaving the IO position), ``io_target_heads``
+    (of edges from the IO position into the target), ``io_embedding_heads`` (of the attention
+    edges between positions on the routes that start at the IO embedding) and
+    ``io_embedding_mlps`` (the ``(layer, position)`` of the MLP edges on those routes).
+    ``heads``: per (layer, head), the number of items whose route uses it to move information
+    out of the IO position (``io_items``), from the IO position straight into the target
+    (``io_target_items``), into the target from anywhere (``target_items``) and on a route
+    from the IO embedding (``io_embedding_items``). ``mlps``: per (layer, ``where`` — ``"io"``,
+    ``"target"`` or ``"other"`` position), the number of items whose routes from the IO
+    embedding pass that MLP (``io_embedding_items``).
     """
 
     items: pd.DataFrame
     heads: pd.DataFrame
     threshold: float
+    mlps: pd.DataFrame | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.items
@@ -271,6 +277,7 @@ class IOIRouteStatistics:
             "io_into_target": float(df["io_into_target"].mean()),
             "s_into_target": float(df["s_into_target"].mean()),
             "mean_edges": float(df["n_edges"].mean()),
+            "mean_mlp_edges": float(df["n_mlp_edges"].mean()),
         }
 
     def top(self, k: int = 10, by: str = "io_items") -> pd.DataFrame:
@@ -280,10 +287,10 @@ class IOIRouteStatistics:
 
 def _heads(g: Any, *, source: int | None = None, target: int | None = None) -> list:
     """Sorted ``(layer, head)`` of the attention edges on the routes from ``source`` (to
-    another position) and/or into ``target``."""
+    another position) and/or into ``target`` (neither: every edge between two positions)."""
     out = set()
     for (_, j), (_, i), data in g.graph.edges(data=True):
-        if data["kind"] != "attention":
+        if data["kind"] != "attention" or (source is None and target is None and i == j):
             continue
         if source is not None and (j != source or i == source):
             continue
@@ -293,7 +300,14 @@ def _heads(g: Any, *, source: int | None = None, target: int | None = None) -> l
     return sorted(out)
 
 
+def _mlps(g: Any) -> list[tuple[int, int]]:
+    """Sorted ``(layer, position)`` of the MLP edges on the routes."""
+    edges = g.graph.edges(data=True)
+    return sorted((int(d["layer"]), int(i)) for _, (_, i), d in edges if d["kind"] == "mlp")
+
+
 def _item_row(g: Any, doc: int, text: str, target: int, io: int, subj: list[int]) -> dict:
+    from_io = g.routes_from((0, io))
     att = g.to_dataframe()
     att = att[att["kind"] == "attention"]
     into = set(att.loc[att["target"] == target, "source"])
@@ -311,8 +325,11 @@ def _item_row(g: Any, doc: int, text: str, target: int, io: int, subj: list[int]
         "io_into_target": io in into,
         "s_into_target": bool(into & set(subj)),
         "n_edges": len(att),
+        "n_mlp_edges": int((g.to_dataframe()["kind"] == "mlp").sum()),
         "io_heads": _heads(g, source=io),
         "io_target_heads": _heads(g, source=io, target=target),
+        "io_embedding_heads": _heads(from_io),
+        "io_embedding_mlps": _mlps(from_io),
     }
 
 
@@ -327,7 +344,7 @@ def ioi_route_statistics(
         threshold: The route threshold (see :func:`cw_lens.routes`).
         batch_size: Items per forward pass.
     """
-    require_verified(model)
+    require_flow(model)
     threshold = check_threshold(threshold)
     docs = as_corpus(corpus)
     if not all((d.meta or {}).get("task") == "ioi" for d in docs):
@@ -335,11 +352,11 @@ def ioi_route_statistics(
     prompts = Corpus(docs.name, [type(d)(d.text) for d in docs])
     batch = prepare_inputs(model, prompts)
     tokens = batch.str_tokens(model)
-    rows, head_rows = [], []
+    rows, head_rows, mlp_rows = [], [], []
     for sub in iter_batches(batch, batch_size):
         collector = RouteCollector(model.cfg.n_layers, threshold)
         stream_shares(model, sub.tokens, collector, attention_mask=sub.mask.long(), batch_size=None)
-        edges, nodes = collector.tables()
+        edges, nodes, sequential = collector.tables()
         for r, doc in enumerate(sub.documents):
             d = docs[doc]
             io = word_positions(model, d.text, d.answer.strip())
@@ -350,16 +367,22 @@ def ioi_route_statistics(
                     f"{d.text!r} (found positions {io} and {subj})."
                 )
             target = int(sub.lengths[r]) - 1
-            g = build_route_graph(edges, nodes, r, target, threshold, tokens[doc])
+            g = build_route_graph(edges, nodes, sequential, r, target, threshold, tokens[doc])
             rows.append(_item_row(g, doc, d.text, target, io[0], subj))
             for what, heads in (
                 ("io", rows[-1]["io_heads"]),
                 ("io_target", rows[-1]["io_target_heads"]),
                 ("target", _heads(g, target=target)),
+                ("io_embedding", rows[-1]["io_embedding_heads"]),
             ):
                 head_rows += [(doc, layer, head, what) for layer, head in heads]
+            where = {io[0]: "io", target: "target"}
+            mlps = rows[-1]["io_embedding_mlps"]
+            mlp_rows += sorted({(doc, layer, where.get(pos, "other")) for layer, pos in mlps})
     hr = pd.DataFrame(head_rows, columns=["item", "layer", "head", "what"])
-    counts = {f"{w}_items": hr["what"] == w for w in ("io", "io_target", "target")}
+    counts = {f"{w}_items": hr["what"] == w for w in ("io", "io_target", "target", "io_embedding")}
     heads = hr.assign(**counts).groupby(["layer", "head"])[list(counts)].sum().reset_index()
+    mr = pd.DataFrame(mlp_rows, columns=["item", "layer", "where"])
+    mlps = mr.groupby(["layer", "where"]).size().rename("io_embedding_items").reset_index()
     items = pd.DataFrame(rows).sort_values("item").reset_index(drop=True)
-    return IOIRouteStatistics(items, heads, threshold)
+    return IOIRouteStatistics(items, heads, threshold, mlps)

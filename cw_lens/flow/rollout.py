@@ -9,7 +9,9 @@ has rows that sum to 1 (the pieces that live on the token itself stay on its dia
 **contribution rollout** ``R = T_{L-1} ... T_1 T_0`` gives ``R[i, j]``, the share of position
 ``i``'s final residual stream (before the final norm) attributed to input token ``j``; rows sum
 to 1. The **attention rollout** baseline (Abnar & Zuidema 2020, "Quantifying Attention Flow in
-Transformers") composes ``0.5 * mean_h alpha + 0.5 I`` the same way. Both treat the per-layer
+Transformers") composes ``S_l = 0.5 * mean_h alpha_l + 0.5 I``, each row re-normalised to sum
+to 1 (on models whose attention rows sum to less than 1, such as GPT-OSS with its learned sink
+logits, ``S_l`` alone would not), the same way; its rows sum to 1 too. Both treat the per-layer
 matrices as linear mixing of token streams — a heuristic (shares of a non-linear network do not
 compose exactly), documented as such; :func:`cw_lens.rollout_deletion` tests which ranking is
 more faithful to the model.
@@ -40,12 +42,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.flow import geometry as fg
 from cw_lens.flow.shares import LayerShares, resolve_row, stream_shares
 from cw_lens.models.capture import LayerActivations, run_layers
-from cw_lens.models.verify import require_verified
+from cw_lens.models.verify import require_flow, require_verified
 
 METHODS = ("contribution", "attention")
 
@@ -202,7 +204,7 @@ def contribution_rollout(
     Returns:
         A :class:`RolloutResult` with ``contribution`` and ``attention`` ``[batch, pos, pos]``.
     """
-    require_verified(model)
+    require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
     out = {m: torch.full((n_docs, n_pos, n_pos), math.nan) for m in METHODS}
@@ -233,9 +235,11 @@ def attention_rollout(
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
 ) -> Float[Tensor, "batch query key"]:
-    """Attention rollout alone (Abnar & Zuidema 2020): ``prod_l (0.5 mean_h alpha_l + 0.5 I)``.
+    """Attention rollout alone (Abnar & Zuidema 2020): ``S_{L-1} ... S_0`` with ``S_l = 0.5
+    mean_h alpha_l + 0.5 I``, each row divided by its sum.
 
-    Returns ``[batch, pos, pos]`` (rows sum to 1; NaN rows at padding). Reads only the attention
+    Returns ``[batch, pos, pos]`` (rows sum to 1, also where attention rows do not; NaN rows at
+    padding). Reads only the attention
     patterns, so it costs a forward pass; :func:`contribution_rollout` returns it too.
     """
     require_verified(model)

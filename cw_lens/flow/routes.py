@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,52 +38,72 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError
 from cw_lens.data.inputs import prepare_inputs
-from cw_lens.flow import geometry as fg
 from cw_lens.flow.shares import LayerShares, stream_shares
-from cw_lens.models.verify import require_verified
+from cw_lens.models.verify import require_flow
 
 EDGE_COLUMNS = (
-    "layer", "head", "kind", "source", "target", "source_token", "target_token",
-    "share", "attention", "relative_norm", "cosine",
+    "layer", "head", "kind", "source", "target", "source_layer", "target_layer",
+    "source_token", "target_token", "share", "attention", "relative_norm", "cosine",
 )  # fmt: skip
+# the per-position pieces of a node's inflow (with the pair shares, they sum to 1)
+NODE_PIECES = ("residual", "attention", "mlp", "bias")
 
 
 class RouteCollector:
     """Consumer of :func:`~cw_lens.flow.shares.stream_shares` that keeps what routes need.
 
-    Per block: the candidate pair edges (share above the threshold) with their factors, and
-    the residual / MLP / bias shares of every position ``[batch, layer, pos]``.
+    Per block: the candidate pair edges (share above the threshold) with their factors — into
+    ``m_l`` on sequential blocks, into ``x_{l+1}`` on parallel ones — and the per-position
+    shares ``[batch, layer, pos]`` of the pieces entering the half node ``m_l`` (``half``:
+    residual, attention, bias; NaN on parallel blocks) and the node ``x_{l+1}`` (``full``:
+    the residual — ``m_l`` on sequential blocks, ``x_l`` on parallel ones —, attention, MLP,
+    bias).
     """
 
     def __init__(self, n_layers: int, threshold: float) -> None:
         self.threshold = threshold
         self.n_layers = n_layers
         self.edges: list[list[Tensor]] = [[] for _ in range(n_layers)]
-        self.nodes: dict[str, list[list[Tensor]]] = {
-            p: [[] for _ in range(n_layers)] for p in ("residual", "mlp", "bias")
+        self.sequential: list[bool | None] = [None] * n_layers
+        self.nodes: dict[str, dict[str, list[list[Tensor]]]] = {
+            level: {p: [[] for _ in range(n_layers)] for p in NODE_PIECES}
+            for level in ("half", "full")
         }
 
     def __call__(self, ls: LayerShares) -> None:
-        pairs = ls.pairs()
+        into = ls.into_mid() if ls.sequential else ls
+        self.sequential[ls.layer] = ls.sequential
+        pairs = into.pairs()
         index = (pairs > self.threshold).nonzero()  # (batch, head, row, key)
-        alpha, rel, cos = ls.factors(index)
+        alpha, rel, cos = into.factors(index)
         b, h, q, k = index.unbind(-1)
         share = pairs[b, h, q, k]
         q = q + ls.queries.start
         cols = (b, h, q, k, share, alpha, rel, cos)
         self.edges[ls.layer].append(torch.stack([c.double().cpu() for c in cols], -1))
-        for p, rows in self.nodes.items():
-            rows[ls.layer].append(getattr(ls, p).cpu())
+        if ls.sequential:
+            half = {p: getattr(into, p) for p in NODE_PIECES}  # the MLP share is 0 there
+            zero = ls.mlp * 0.0  # 0, NaN where the row is undefined
+            full = {"residual": ls.mid, "attention": zero, "mlp": ls.mlp, "bias": zero}
+        else:
+            half = dict.fromkeys(NODE_PIECES, ls.residual * math.nan)
+            full = {p: getattr(ls, p) for p in NODE_PIECES}
+        for level, pieces in (("half", half), ("full", full)):
+            for p, value in pieces.items():
+                self.nodes[level][p][ls.layer].append(value.cpu())
 
-    def tables(self) -> tuple[list[Tensor], dict[str, Tensor]]:
-        """Edges per layer ``[n, 8]`` and node shares ``{piece: [batch, layer, pos]}``."""
+    def tables(self) -> tuple[list[Tensor], dict[str, dict[str, Tensor]], list[bool]]:
+        """Edges per layer ``[n, 8]``, node shares ``{level: {piece: [batch, layer, pos]}}``
+        and which blocks are sequential."""
         edges = [torch.cat(e) if e else torch.zeros(0, 8, dtype=torch.float64) for e in self.edges]
         nodes = {
-            p: torch.stack([torch.cat(r, 1) for r in rows], 1) for p, rows in self.nodes.items()
+            level: {p: torch.stack([torch.cat(r, 1) for r in rows], 1) for p, rows in d.items()}
+            for level, d in self.nodes.items()
         }
-        return edges, nodes
+        return edges, nodes, [bool(s) for s in self.sequential]
 
 
 @dataclass
@@ -90,12 +111,17 @@ class RouteGraph:
     """The routes to one target position.
 
     Attributes:
-        graph: ``networkx.MultiDiGraph``; nodes ``(layer, position)`` with ``token``,
-            ``layer``, ``position`` and (for ``layer >= 1``) the ``mlp``, ``bias`` and
-            ``residual`` shares of the block that produced the node; edges
-            ``(layer, j) -> (layer + 1, i)`` keyed by the head (``"residual"`` for residual
-            edges) with ``layer``, ``head`` (-1 for residual), ``kind``, ``share`` and the
-            factors ``attention``, ``relative_norm``, ``cosine`` (NaN for residual edges).
+        graph: ``networkx.MultiDiGraph``. Nodes ``(layer, position)``: ``(l, i)`` the stream
+            ``x_{l,i}`` entering block ``l`` (``l = 0`` the embeddings, ``l = n_layers`` the
+            final stream) and, on sequential blocks, the half node ``(l + 0.5, i)``, ``m_{l,i}``
+            (the stream the MLP reads). Node attributes: ``token``, ``layer``, ``position``,
+            ``half`` and (all but the embeddings) the shares of the pieces entering the node,
+            ``residual``, ``attention`` (the sum of its pair shares), ``mlp`` and ``bias``, which
+            sum to 1. Edges ``source -> target`` keyed by the head, ``"residual"`` or ``"mlp"``,
+            with ``layer`` (the block), ``head`` (-1 for residual and MLP edges), ``kind``
+            (``"attention"``, ``"residual"``, ``"mlp"``), ``share``, the factors
+            ``attention``, ``relative_norm``, ``cosine`` (NaN for residual and MLP edges) and
+            ``source_layer`` / ``target_layer`` (the node layers).
         target: The target position; ``threshold`` the share threshold; ``str_tokens`` the
             tokens; ``n_layers`` the number of blocks.
     """
@@ -111,22 +137,26 @@ class RouteGraph:
     def to_dataframe(self) -> pd.DataFrame:
         """Tidy edges: one row per edge, columns ``EDGE_COLUMNS`` (source/target positions)."""
         rows = []
-        for (_, j), (_, i), data in self.graph.edges(data=True):
+        for (lj, j), (li, i), data in self.graph.edges(data=True):
             rows.append(
                 {
                     **{c: data[c] for c in ("layer", "head", "kind", "share")},
                     **{c: data[c] for c in ("attention", "relative_norm", "cosine")},
                     "source": j,
                     "target": i,
+                    "source_layer": lj,
+                    "target_layer": li,
                     "source_token": self.str_tokens[j],
                     "target_token": self.str_tokens[i],
                 }
             )
         df = pd.DataFrame(rows, columns=list(EDGE_COLUMNS))
-        return df.sort_values(["layer", "target", "head", "source"]).reset_index(drop=True)
+        order = ["target_layer", "target", "kind", "head", "source"]
+        return df.sort_values(order).reset_index(drop=True)
 
     def top(self, k: int = 10, *, kind: str | None = "attention") -> pd.DataFrame:
-        """The ``k`` edges with the largest share (``kind=None``: residual edges too)."""
+        """The ``k`` edges with the largest share (``kind=None``: residual and MLP edges
+        too)."""
         df = self.to_dataframe()
         if kind is not None:
             df = df[df["kind"] == kind]
@@ -135,6 +165,24 @@ class RouteGraph:
     def reaches(self, position: int) -> bool:
         """Whether any node at ``position`` lies on a route."""
         return any(p == position for _, p in self.graph.nodes)
+
+    def routes_from(self, node: tuple[float, int]) -> RouteGraph:
+        """The routes that start at ``node`` (e.g. ``(0, i)``, token ``i``'s embedding): the
+        subgraph of the nodes reachable from it (all lead to the target); empty when
+        ``node`` is not on a route."""
+        keep = nx.descendants(self.graph, node) | {node} if node in self.graph else set()
+        sub = self.graph.subgraph(keep).copy()
+        return RouteGraph(sub, self.target, self.threshold, self.str_tokens, self.n_layers,
+                          self.model_name, dict(self.meta))  # fmt: skip
+
+    def mlps(self) -> pd.DataFrame:
+        """MLP edges on the routes: ``layer, position, token, share``."""
+        df = self.to_dataframe()
+        df = df[df["kind"] == "mlp"]
+        out = df[["layer", "target", "target_token", "share"]]
+        return out.rename(columns={"target": "position", "target_token": "token"}).reset_index(
+            drop=True
+        )
 
     def heads(self) -> pd.DataFrame:
         """Attention edges per (layer, head): count and summed share."""
@@ -157,9 +205,10 @@ class RouteGraph:
         """A JSON-able description for the interactive panel (nodes, edges with factors)."""
         nodes = [
             {
-                "layer": int(layer),
+                "layer": _num(layer),
                 "position": int(pos),
-                **{k: _num(v) for k, v in data.items() if k in ("mlp", "bias", "residual")},
+                "half": bool(data.get("half", False)),
+                **{k: _num(v) for k, v in data.items() if k in NODE_PIECES},
             }
             for (layer, pos), data in sorted(self.graph.nodes(data=True))
         ]
@@ -195,9 +244,38 @@ def _num(v: Any) -> Any:
     return v
 
 
+def _step(
+    source: float, target: float, layer: int, pairs: Tensor, same: dict, pieces: dict
+) -> dict[str, Any]:
+    return {"source": source, "target": target, "layer": layer, "pairs": pairs, "same": same,
+            "pieces": pieces}  # fmt: skip
+
+
+def _route_steps(
+    per_layer: list[Tensor], nodes: dict[str, dict[str, Tensor]], sequential: list[bool], row: int
+) -> list[dict[str, Any]]:
+    """The steps of the route graph of one batch row, from the embeddings up (SPEC §7):
+    ``x_l -> m_l`` and ``m_l -> x_{l+1}`` per sequential block, ``x_l -> x_{l+1}`` per
+    parallel one. Each: source/target node layer, block, pair edges, same-position shares and
+    the node attributes of its target level."""
+    steps = []
+    for layer, seq in enumerate(sequential):
+        full = {p: v[row, layer] for p, v in nodes["full"].items()}
+        up = {"residual": full["residual"], "mlp": full["mlp"]}
+        if seq:
+            half = {p: v[row, layer] for p, v in nodes["half"].items()}
+            first = {"residual": half["residual"]}
+            steps.append(_step(layer, layer + 0.5, layer, per_layer[layer], first, half))
+            steps.append(_step(layer + 0.5, layer + 1, layer, per_layer[layer][:0], up, full))
+        else:
+            steps.append(_step(layer, layer + 1, layer, per_layer[layer], up, full))
+    return steps
+
+
 def build_route_graph(
     edges: list[Tensor],
-    nodes: dict[str, Tensor],
+    nodes: dict[str, dict[str, Tensor]],
+    sequential: list[bool],
     row: int,
     target: int,
     threshold: float,
@@ -205,46 +283,40 @@ def build_route_graph(
     model_name: str = "",
 ) -> RouteGraph:
     """Trace the routes of one batch row from the collected candidates (docs/methods.md#flow)."""
-    n_layers = len(edges)
+    n_layers, n_pos = len(edges), nodes["full"]["residual"].shape[-1]
     per_layer = [e[e[:, 0] == row] for e in edges]
-    index = [(e[:, 1].long(), e[:, 2].long(), e[:, 3].long()) for e in per_layer]
-    residual = nodes["residual"][row]
-    kept, reached = fg.trace_routes(index, residual > threshold, target)
+    steps = _route_steps(per_layer, nodes, sequential, row)
+    index = [
+        ((st["pairs"][:, 2].long(), st["pairs"][:, 3].long()),
+         [share > threshold for share in st["same"].values()])
+        for st in steps
+    ]  # fmt: skip
+    kept, reached = fg.trace_routes(index, n_pos, target)
+    levels = [0] + [st["target"] for st in steps]
     g = nx.MultiDiGraph()
-    for layer, pos in reached.nonzero().tolist():
-        attrs = {"layer": layer, "position": pos, "token": str_tokens[pos]}
-        if layer >= 1:
-            attrs.update({p: float(nodes[p][row, layer - 1, pos]) for p in nodes})
+    for level, pos in reached.nonzero().tolist():
+        layer = levels[level]
+        attrs = {"layer": layer, "position": pos, "token": str_tokens[pos],
+                 "half": not float(layer).is_integer()}  # fmt: skip
+        if level > 0:
+            attrs.update({p: float(v[pos]) for p, v in steps[level - 1]["pieces"].items()})
         g.add_node((layer, pos), **attrs)
     nan = float("nan")
-    for layer in range(n_layers):
-        for _, h, i, j, share, alpha, rel, cos in per_layer[layer][kept[layer]].tolist():
+    for s, st in enumerate(steps):
+        common = {"layer": st["layer"], "source_layer": st["source"], "target_layer": st["target"]}
+        for _, h, i, j, share, alpha, rel, cos in st["pairs"][kept[s]].tolist():
             g.add_edge(
-                (layer, int(j)),
-                (layer + 1, int(i)),
-                key=int(h),
-                layer=layer,
-                head=int(h),
-                kind="attention",
-                share=share,
-                attention=alpha,
-                relative_norm=rel,
-                cosine=cos,
-            )
-        for i in (reached[layer + 1] & reached[layer] & (residual[layer] > threshold)).nonzero():
-            i = int(i)
-            g.add_edge(
-                (layer, i),
-                (layer + 1, i),
-                key="residual",
-                layer=layer,
-                head=-1,
-                kind="residual",
-                share=float(residual[layer, i]),
-                attention=nan,
-                relative_norm=nan,
-                cosine=nan,
-            )
+                (st["source"], int(j)), (st["target"], int(i)), key=int(h), head=int(h),
+                kind="attention", share=share, attention=alpha, relative_norm=rel, cosine=cos,
+                **common,
+            )  # fmt: skip
+        for kind, share in st["same"].items():
+            for i in (reached[s + 1] & (share > threshold)).nonzero().flatten().tolist():
+                g.add_edge(
+                    (st["source"], i), (st["target"], i), key=kind, head=-1, kind=kind,
+                    share=float(share[i]), attention=nan, relative_norm=nan, cosine=nan,
+                    **common,
+                )  # fmt: skip
     return RouteGraph(g, target, threshold, str_tokens, n_layers, model_name)
 
 
@@ -280,7 +352,7 @@ def routes(
     Returns:
         A :class:`RouteGraph`.
     """
-    require_verified(model)
+    require_flow(model)
     threshold = check_threshold(threshold)
     batch = prepare_inputs(model, text, prepend_bos=prepend_bos)
     if batch.tokens.shape[0] != 1:
@@ -293,10 +365,11 @@ def routes(
         raise InputError(f"target must be a position in {-n}..{n - 1}, got {target!r}.")
     collector = RouteCollector(model.cfg.n_layers, threshold)
     stream_shares(model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None)
-    edges, nodes = collector.tables()
+    edges, nodes, sequential = collector.tables()
     return build_route_graph(
         edges,
         nodes,
+        sequential,
         0,
         target % n,
         threshold,

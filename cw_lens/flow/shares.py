@@ -12,7 +12,7 @@ is the same). Each piece's **projection share**
 says how much of the stream lies along it; the shares of the residual, every (head, key) pair,
 the bias and the MLP sum to 1 exactly and can be negative or exceed 1 (the projection form of
 P1's contribution weights — Cunningham & Muca Cirone, ICML 2026 — applied to the residual
-stream). The pair shares are computed in head space (:mod:`cw_lens.flow.geometry`): one
+stream). The pair shares are computed in head space (:mod:`cw_lens.core.flow_geometry`): one
 ``query x key`` product per head and layer, the cost of ``QK^T``; no ``[query, key, d_model]``
 tensor is ever built.
 
@@ -47,15 +47,15 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
-from cw_lens.flow import geometry as fg
-from cw_lens.flow.capture import CHECK_RTOL, BlockActivations, arch_name, run_blocks
+from cw_lens.models.blocks import CHECK_RTOL, BlockActivations, arch_name, run_blocks
 from cw_lens.models.capture import LayerWeights, resolve_layers
 from cw_lens.models.layer_contributions import Workspace
-from cw_lens.models.verify import require_verified
+from cw_lens.models.verify import require_flow
 
 PIECES = ("residual", "attention", "bias", "mlp")
 
@@ -67,6 +67,11 @@ class LayerShares:
     ``0 .. queries.stop - 1``; per-position pieces are ``[batch, query]``. Rows at padding and
     rows whose stream norm is zero are NaN. With a reusing workspace, :meth:`pairs` lives in a
     buffer the next block overwrites: reduce it in the callback or ``.clone()`` it.
+
+    ``into`` names the stream the shares are of: ``"post"``, ``x_{l+1}`` (residual, pairs,
+    bias and MLP sum to 1), or ``"mid"``, ``m_l = x_l + A(o + b_O) (+ beta)``, the stream the
+    MLP of a sequential block reads (residual, pairs and bias sum to 1; the MLP share is 0) —
+    the first sub-layer step of the route graph (:meth:`into_mid`).
     """
 
     def __init__(
@@ -76,15 +81,38 @@ class LayerShares:
         shared: dict[str, Any],
         workspace: Workspace,
         model_name: str = "",
+        into: str = "post",
     ) -> None:
+        if into not in ("post", "mid") or (into == "mid" and block.resid_mid is None):
+            raise InputError(
+                f"into must be 'post', or 'mid' on a sequential block; got {into!r} on a "
+                f"{'sequential' if block.resid_mid is not None else 'parallel'} block."
+            )
         self.block = block
         self.layer = block.layer
         self.queries = queries
         self.keys = slice(0, queries.stop)
+        self.into = into
+        self._stream = block.resid_post if into == "post" else block.resid_mid
         self._shared = shared
         self._ws = workspace
         self._model_name = model_name
         self._pairs: Tensor | None = None
+
+    @property
+    def sequential(self) -> bool:
+        """Whether the block's MLP reads ``m_l`` (False on parallel blocks: it reads ``x_l``)."""
+        return self.block.resid_mid is not None
+
+    @cached_property
+    def _mid(self) -> LayerShares:
+        return LayerShares(
+            self.block, self.queries, self._shared, self._ws, self._model_name, into="mid"
+        )
+
+    def into_mid(self) -> LayerShares:
+        """The shares of the same rows in ``m_l`` (sequential blocks only)."""
+        return self if self.into == "mid" else self._mid
 
     @property
     def batch(self) -> TokenBatch:
@@ -111,7 +139,7 @@ class LayerShares:
     @cached_property
     def _read(self) -> tuple[Tensor, Tensor]:
         """``u_i`` (NaN at padded and zero-norm rows) and ``||y_i||^2``."""
-        y = self.block.resid_post[:, self.queries]
+        y = self._stream[:, self.queries]
         u, sq = fg.read_vectors(y, *self._map)
         u = u.masked_fill(~self.query_mask[..., None], math.nan)
         return u, sq
@@ -123,7 +151,7 @@ class LayerShares:
         return inv.masked_fill(~self.query_mask, math.nan)
 
     def _plain_share(self, piece: Tensor) -> Float[Tensor, "batch query"]:
-        y = self.block.resid_post[:, self.queries]
+        y = self._stream[:, self.queries]
         return (piece[:, self.queries] * y).sum(-1) * self._inv_sq
 
     @cached_property
@@ -138,8 +166,18 @@ class LayerShares:
 
     @cached_property
     def mlp(self) -> Float[Tensor, "batch query"]:
-        """``share(f_i)``: the MLP output (after any post-MLP norm)."""
+        """``share(f_i)``: the MLP output (after any post-MLP norm); 0 in ``m_l``."""
+        if self.into == "mid":
+            return self.residual * 0.0  # 0, NaN where the row is undefined
         return self._plain_share(self.block.mlp_out)
+
+    @cached_property
+    def mid(self) -> Float[Tensor, "batch query"]:
+        """``share(m_{l,i})`` in ``x_{l+1,i}`` (``= 1 - share(MLP)``): the residual edge of the
+        second sub-layer step; NaN on parallel blocks (no ``m``) and in ``m`` itself."""
+        if self.into == "mid" or self.block.resid_mid is None:
+            return self.residual * math.nan
+        return self._plain_share(self.block.resid_mid)
 
     @cached_property
     def bias(self) -> Float[Tensor, "batch query"]:
@@ -170,7 +208,7 @@ class LayerShares:
         """``share(h, j)`` of every (head, key) pair; 0 for ``j > i``."""
         if self._pairs is None:
             acts = self.block.acts
-            buf = self._ws.get("pairs", self.shape, acts.pattern.device)
+            buf = self._ws.get(f"pairs_{self.into}", self.shape, acts.pattern.device)
             pattern = acts.pattern[:, :, self.queries, self.keys]
             self._pairs = fg.pair_shares(
                 pattern, acts.values[:, self.keys], self._head_side, out=buf
@@ -228,8 +266,9 @@ class LayerShares:
         attention * relative_norm * cosine``.
 
         ``index`` rows are ``(batch, head, query_row, key)`` into :meth:`pairs`;
-        ``relative_norm = ||A_i(pv_j^h)|| / ||x_{l+1,i}||`` and ``cosine = cos(A_i(pv_j^h),
-        x_{l+1,i})`` (0 for a zero projected value).
+        ``relative_norm = ||A_i(pv_j^h)|| / ||y_i||`` and ``cosine = cos(A_i(pv_j^h), y_i)``
+        (0 for a zero projected value), ``y`` the stream of :attr:`into` (``x_{l+1}`` or
+        ``m_l``).
         """
         b, h, q, k = index.unbind(-1)
         acts = self.block.acts
@@ -281,7 +320,7 @@ def stream_shares(
     Returns:
         A :class:`~cw_lens.data.streaming.StreamStats` (documents and tokens seen).
     """
-    require_verified(model)
+    require_flow(model)
     if not callable(consumer):
         raise InputError(
             f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
@@ -475,9 +514,9 @@ def residual_shares(
 
     Raises:
         UnsupportedModelError: when a block's hooks do not add up (see
-            :mod:`cw_lens.flow.capture`).
+            :mod:`cw_lens.models.blocks`).
     """
-    require_verified(model)
+    require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     n_docs, n_pos = batch.tokens.shape

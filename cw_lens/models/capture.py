@@ -37,6 +37,7 @@ from torch import Tensor
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
 from cw_lens.models.access import (
+    ATTENTION_HOOKS,
     LayerWeights,
     ModelAccess,
     cache_names,
@@ -244,11 +245,13 @@ def run_layers(
     tokens = batch.tokens.to(device)
     mask = batch.mask.to(device)
     store: dict[int, dict[str, Tensor]] = {}
+    delivered: set[int] = set()
     hooks: list[tuple[str, Callable]] = []
     last = max(layers) if layers else -1
 
     def finish(layer: int) -> None:
         got = store.pop(layer)
+        delivered.add(layer)
         if layer not in weights:
             weights[layer] = access.output_weights(layer)
         w = weights[layer]
@@ -281,12 +284,12 @@ def run_layers(
 
     if on_layer is not None:
         for layer in layers:
-            for kind in ("pattern", "values", "z"):
+            for kind in ATTENTION_HOOKS:
 
                 def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
                     got = store.setdefault(layer, {})
                     got[kind] = t
-                    if len(got) == 3:
+                    if len(got) == len(ATTENTION_HOOKS):
                         finish(layer)
 
                 hooks.append((access.hook_name(kind, layer), keep))
@@ -301,5 +304,36 @@ def run_layers(
         try:
             out = access.forward(tokens)
         except StreamDone:
-            return None
-    return out.float() if need_logits else None
+            out = None
+    if on_layer is not None:
+        fired = {layer: set(got) for layer, got in store.items()}
+        check_delivered(access, layers, delivered, fired, ATTENTION_HOOKS)
+    return None if out is None or not need_logits else out.float()
+
+
+def check_delivered(
+    access: ModelAccess,
+    layers: Sequence[int],
+    delivered: set[int],
+    fired: dict[int, set[str]],
+    kinds: Sequence[str],
+) -> None:
+    """Raise unless every requested layer was handed over in the pass (no silent zeros).
+
+    ``fired`` holds, per layer not yet handed over, the hook kinds that did fire; ``kinds`` are
+    the hook kinds (of :meth:`ModelAccess.hook_name`) a layer needs.
+    A hook point that exists but never runs would otherwise leave a consumer uncalled and a
+    result of zeros.
+    """
+    missing = [layer for layer in layers if layer not in delivered]
+    if not missing:
+        return
+    layer = missing[0]
+    silent = [access.hook_name(k, layer) for k in kinds if k not in fired.get(layer, set())]
+    raise UnsupportedModelError(
+        f"{access.architecture}, layer {layer}: the hook {' / '.join(silent) or '(none)'} never "
+        f"fired in the forward pass (layers {missing} were not delivered), although the model "
+        "lists it. This model does not run the hook points cw_lens reads, so every number for "
+        "the missing layers would be zero; it is not supported by this analysis "
+        "(cw_lens.verify_model(model) shows which analyses are)."
+    )

@@ -15,7 +15,12 @@ an architecture wrongly is caught even when its hooks agree with each other. It 
 whose values are clamped after ``hook_v`` (OLMo's ``clip_qkv``). Then it checks every
 intervention on one layer: under it, the attention module's output must equal
 ``(z - delta) W_O + b_O`` with the exact edit ``delta`` computed independently from the clean
-probe (``patch_sink``, ``mask_attention``, ``remove_heads``).
+probe (``patch_sink``, ``mask_attention``, ``remove_heads``). Last, the hooks the flow analyses
+read (:func:`cw_lens.models.blocks.run_blocks`: ``hook_resid_pre``, ``hook_attn_out``,
+``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``) must all fire on the probe and add up
+(the block checks of :mod:`cw_lens.models.blocks`); a model that fails them keeps its
+contribution weights but its flow analyses are refused (``report.flow``,
+:func:`require_flow`).
 
 Every analysis calls :func:`require_verified` first (the result is cached per model), so a model
 that fails gets :class:`~cw_lens.core.errors.UnsupportedModelError` naming the architecture, the
@@ -25,7 +30,7 @@ Example::
 
     import cw_lens
     report = cw_lens.verify_model(cw_lens.load_model())
-    report.ok, report.route, report.interventions
+    report.ok, report.route, report.interventions, report.flow
     report.to_dataframe()          # one row per layer: relative errors of both identities
 """
 
@@ -44,6 +49,8 @@ from torch import Tensor
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
 from cw_lens.models.access import ModelAccess, model_access, probe_tokens
+from cw_lens.models.batch import TokenBatch
+from cw_lens.models.blocks import run_blocks
 from cw_lens.models.edits import HeadRemoval, PairMask, SinkPatch, head_removal_hooks, realise
 
 # relative errors allowed: (identities, logits) by parameter dtype
@@ -66,6 +73,8 @@ class ModelVerification:
         logits_vs_hf: Relative error of the bridge's logits against the unbridged Hugging Face
             model (``None`` for a HookedTransformer).
         interventions: ``{name: "exact (...)" | "refused: why"}``.
+        flow: ``"exact (...)"`` or ``"refused: why"`` for the flow analyses (residual shares,
+            rollout, routes), which read the residual-stream hooks.
         problems: Why the model is refused (empty when ``ok``).
         warnings: What the user should know (e.g. processed weights).
         tolerances: ``(identities, logits)`` relative tolerances used.
@@ -78,6 +87,7 @@ class ModelVerification:
     layers: pd.DataFrame
     logits_vs_hf: float | None
     interventions: dict[str, str]
+    flow: str = ""
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     tolerances: tuple[float, float] = (1e-4, 1e-3)
@@ -113,6 +123,7 @@ class ModelVerification:
             )
         lines.append(f"  interventions act on: {self.route}")
         lines += [f"  {name}: {verdict}" for name, verdict in self.interventions.items()]
+        lines.append(f"  flow analyses: {self.flow}")
         lines += [f"  problem: {p}" for p in self.problems]
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -268,6 +279,25 @@ def _check_interventions(
     return verdicts
 
 
+def _check_flow(access: ModelAccess, tokens: Tensor) -> str:
+    """The flow analyses' hooks on the probe: every block delivered and checked."""
+    n_batch, n_pos = tokens.shape
+    mask = torch.ones(n_batch, n_pos, dtype=torch.bool, device=tokens.device)
+    batch = TokenBatch(tokens, mask, False, None, list(range(n_batch)))
+    kinds: set[str] = set()
+
+    def note(block: Any) -> None:
+        kinds.add("sequential" if block.resid_mid is not None else "parallel")
+        if block.attn_map.gain is not None:
+            kinds.add("post-norm linearised")
+
+    try:
+        run_blocks(access.model, batch, note, layers=list(range(access.n_layers)))
+    except UnsupportedModelError as err:
+        return f"refused: {err}"
+    return f"exact ({', '.join(sorted(kinds))} blocks)"
+
+
 def _config_problems(access: ModelAccess) -> list[str]:
     clip = getattr(access.hf_config, "clip_qkv", None)
     if clip is not None:
@@ -335,8 +365,10 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerification:
             )
     if problems:
         interventions = {name: "refused: the model failed verification" for name in INTERVENTIONS}
+        flow = "refused: the model failed verification"
     else:
         interventions = _check_interventions(access, tokens, clean, tol)
+        flow = _check_flow(access, tokens)
     result = ModelVerification(
         architecture=access.architecture,
         api=access.api,
@@ -345,6 +377,7 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerification:
         layers=layers,
         logits_vs_hf=logits_vs_hf,
         interventions=interventions,
+        flow=flow,
         problems=problems,
         warnings=_weight_warnings(access),
         tolerances=(tol, tol_logits),
@@ -362,4 +395,16 @@ def require_verified(model: Any) -> ModelVerification:
     """:func:`verify_model` (cached), raising :class:`UnsupportedModelError` on a failed check."""
     result = verify_model(model)
     result.raise_if_failed()
+    return result
+
+
+def require_flow(model: Any) -> ModelVerification:
+    """:func:`require_verified`, and refuse a model whose flow-analysis hooks failed the probe."""
+    result = require_verified(model)
+    if result.flow.startswith("refused"):
+        raise UnsupportedModelError(
+            "cw_lens's flow analyses (residual shares, rollout, routes) cannot run on this "
+            f"model: {result.flow.removeprefix('refused: ')} Contribution weights and the other "
+            "analyses are unaffected."
+        )
     return result

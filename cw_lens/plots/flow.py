@@ -67,19 +67,23 @@ def plot_rollout(result: Any, *, batch: int = 0, query: int, figsize=(13, 4.6)) 
 
 def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 60) -> Any:
     """The route graph on a layers x positions grid: attention edges coloured by share (width
-    too), residual edges grey, the target outlined."""
+    too), MLP edges blue, residual edges grey; half nodes ``m_l`` (the MLP's input on
+    sequential blocks) hollow at ``l + 0.5``; the target outlined."""
     import networkx as nx
 
     g = graph.graph
     n_pos = len(graph.str_tokens)
-    figsize = figsize or (max(7, 0.45 * n_pos + 2), max(5, 0.22 * graph.n_layers + 2))
+    figsize = figsize or (max(7, 0.45 * n_pos + 2), max(5, 0.3 * graph.n_layers + 2))
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
     pos = {node: (node[1], node[0]) for node in g.nodes}
-    residual = [(u, v) for u, v, d in g.edges(data=True) if d["kind"] == "residual"]
-    attention = [(u, v, d) for u, v, d in g.edges(data=True) if d["kind"] == "attention"]
-    nx.draw_networkx_edges(
-        g, pos, edgelist=residual, ax=ax, edge_color="#bbbbbb", width=1.0, arrows=False
-    )
+    by_kind = {k: [(u, v, d) for u, v, d in g.edges(data=True) if d["kind"] == k]
+               for k in ("residual", "mlp", "attention")}  # fmt: skip
+    for kind, colour in (("residual", "#bbbbbb"), ("mlp", PIECE_COLOURS["mlp"])):
+        edges = by_kind[kind]
+        widths = [0.8 + 1.5 * min(1.0, d["share"]) for *_, d in edges]
+        nx.draw_networkx_edges(g, pos, edgelist=[(u, v) for u, v, _ in edges], ax=ax,
+                               edge_color=colour, width=widths or 1.0, arrows=False)  # fmt: skip
+    attention = by_kind["attention"]
     if attention:
         shares = np.array([d["share"] for *_, d in attention])
         top = max(float(shares.max()), graph.threshold * 2)
@@ -93,7 +97,12 @@ def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 6
             width=0.8 + 3.0 * np.clip(shares / top, 0, 1),
             arrows=False,
         )
-    nx.draw_networkx_nodes(g, pos, ax=ax, node_size=14, node_color="#333333")
+    half = [n for n, d in g.nodes(data=True) if d.get("half")]
+    full = [n for n in g.nodes if n not in set(half)]
+    nx.draw_networkx_nodes(g, pos, nodelist=full, ax=ax, node_size=14, node_color="#333333")
+    if half:
+        nx.draw_networkx_nodes(g, pos, nodelist=half, ax=ax, node_size=12, node_color="white",
+                               edgecolors="#333333", linewidths=0.8)  # fmt: skip
     target = (graph.n_layers, graph.target)
     if target in pos:
         ax.scatter(*pos[target], s=120, facecolors="none", edgecolors="#d62728", lw=1.5)
@@ -102,13 +111,13 @@ def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 6
     step = max(1, graph.n_layers // 10)
     ax.set_yticks(range(0, graph.n_layers + 1, step))
     ax.tick_params(left=True, bottom=True, labelleft=True, labelbottom=True)
-    ax.set_ylabel("layer (stream entering the block)")
+    ax.set_ylabel("layer (stream entering the block; l + 0.5: the MLP's input)")
     ax.set_xlim(-0.7, n_pos - 0.3)
     ax.set_ylim(-0.7, graph.n_layers + 0.7)
-    n_edges = len(attention)
     ax.set_title(
         f"routes to position {graph.target} ({_label(graph.str_tokens[graph.target])!r}), "
-        f"share > {graph.threshold:g}: {n_edges} attention edges"
+        f"share > {graph.threshold:g}: {len(attention)} attention edges, "
+        f"{len(by_kind['mlp'])} MLP edges"
     )
     return fig
 

@@ -1,10 +1,12 @@
 r"""Interactive route-graph panel: one self-contained HTML page (no network, no dependencies).
 
 The page draws the routes of :meth:`cw_lens.RouteGraph.panel_data` on a grid — positions left
-to right (token strings below), layers bottom to top — with attention edges coloured and
-widened by their share and residual edges in grey. **Hover an edge**: its layer and head, the
-source and target tokens, the share and its factors (``share = attention x relative norm x
-cosine``). **Hover a node**: the MLP, bias and residual shares of the block that produced it.
+to right (token strings below), layers bottom to top, the half nodes ``m_l`` (the MLP's input
+on sequential blocks, hollow) half-way — with attention edges coloured and widened by their
+share, MLP edges blue and residual edges grey. **Hover an edge**: its layer and head (or
+residual / MLP), the source and target tokens, the share and its factors (``share = attention
+x relative norm x cosine``). **Hover a node**: the shares of the pieces entering it (residual,
+attention, MLP, bias; they sum to 1).
 The state can be set in the URL hash: ``page.html#edge=3`` opens edge 3's tooltip (for
 headless screenshots and tests).
 

@@ -37,10 +37,19 @@ def main() -> None:
     g = cw_lens.routes(model, SENTENCE, threshold=0.03)
     save_figure(g.plot(), HERE / "routes_ioi", formats=("png",))
     g.to_html(HERE / "routes_ioi.html")
+    kinds = g.to_dataframe()["kind"].value_counts()
+    from_io = g.routes_from((0, 2))  # ' Mary', the indirect object's embedding
     out["routes_ioi"] = {
         "threshold": 0.03,
-        "attention_edges": int((g.to_dataframe()["kind"] == "attention").sum()),
+        "attention_edges": int(kinds.get("attention", 0)),
+        "mlp_edges": int(kinds.get("mlp", 0)),
+        "embedding_nodes": sorted(p for layer, p in g.graph.nodes if layer == 0),
         "top_edges": g.top(8).drop(columns=["kind"]).to_dict("records"),
+        "from_io_embedding": {
+            "edges": from_io.graph.number_of_edges(),
+            "heads": from_io.heads().to_dict("records"),
+            "mlps": from_io.mlps().to_dict("records"),
+        },
     }
     ro = cw_lens.contribution_rollout(model, SENTENCE)
     save_figure(ro.plot(), HERE / "rollout_ioi", formats=("png",))
@@ -52,6 +61,20 @@ def main() -> None:
 
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
     texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, tokenizer=model, seed=1)
+    for threshold in (0.02, 0.03, 0.05):
+        stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
+        out[f"ioi_routes_{threshold}"] = {
+            "summary": stats.summary(),
+            "top_io_heads": stats.top(6).to_dict("records"),
+            "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
+            "top_io_embedding_heads": stats.top(8, by="io_embedding_items").to_dict("records"),
+            "io_embedding_mlps": stats.mlps.to_dict("records"),
+            "items": stats.items[
+                ["item", "io", "target", "reaches_io_embedding", "io_embedding_heads",
+                 "io_embedding_mlps"]
+            ].to_dict("records"),
+        }  # fmt: skip
+        save()
     for name, corpus in (("ioi", ioi), ("text", texts)):
         for exclude_bos in (False, True):
             d = cw_lens.rollout_deletion(
@@ -67,14 +90,6 @@ def main() -> None:
             if not exclude_bos:
                 save_figure(d.plot(), HERE / f"deletion_{name}", formats=("png",))
             save()
-    for threshold in (0.02, 0.03, 0.05):
-        stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
-        out[f"ioi_routes_{threshold}"] = {
-            "summary": stats.summary(),
-            "top_io_heads": stats.top(6).to_dict("records"),
-            "top_io_target_heads": stats.top(6, by="io_target_items").to_dict("records"),
-        }
-        save()
     print(json.dumps(out, indent=1, default=str))
 
 

@@ -11,13 +11,19 @@ the worst defect); a failure raises :class:`~cw_lens.UnsupportedModelError` nami
 architecture, the layer, the identity and the size of the error:
 
 1. ``resid_post == resid_pre + attn_out + mlp_out`` (the block has no hidden pieces: no
-   residual multiplier, no un-hooked branch);
+   residual multiplier, no un-hooked branch), and on sequential blocks ``resid_mid ==
+   resid_pre + attn_out`` (``hook_resid_mid`` is the stream the MLP reads: the half node
+   ``m_l`` of the route graph);
 2. ``attn_out == A(o + b_O)`` with ``o = sum_h z^h W_O^h`` from ``hook_z`` and ``A`` the
    identity (pre-norm) or the post-attention norm recomputed from its parameters at its
    actual input (post-norm: Gemma 2/3, OLMo 2/3).
 
 (The third identity, ``sum_{h,j} share(h, j) == <o, u>`` — the attention pattern and values
 are what ``z`` is made of — is checked by :class:`cw_lens.flow.shares.LayerShares`.)
+
+After the pass, every requested block must have been handed over: a hook point that the
+model lists but never runs (OpenAI-GPT's ``hook_resid_post``) raises
+:class:`~cw_lens.UnsupportedModelError` naming the layer and the hook, never an empty result.
 
 All hook names and module look-ups of the flow analyses live in :func:`block_wiring`.
 """
@@ -33,15 +39,23 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import UnsupportedModelError
-from cw_lens.data.inputs import TokenBatch
-from cw_lens.flow import geometry as fg
 from cw_lens.models.access import model_access
-from cw_lens.models.capture import LayerActivations, LayerWeights, StreamDone, run_layers
+from cw_lens.models.batch import TokenBatch
+from cw_lens.models.capture import (
+    LayerActivations,
+    LayerWeights,
+    StreamDone,
+    check_delivered,
+    run_layers,
+)
 
 # Relative tolerance of the block checks, by the model's activation dtype: float32 rounding
 # leaves ~1e-6, half precision ~1e-2; a wrong wiring (a missing multiplier, a wrong hook) is O(1).
 CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 3e-2}
+# the residual-stream hooks of every block (sequential blocks add ``resid_mid``)
+BLOCK_HOOKS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 
 
 @dataclass
@@ -60,13 +74,17 @@ class BlockWiring:
     """Where block ``layer``'s residual-stream pieces are read.
 
     ``hooks`` maps ``resid_pre``, ``attn_out`` (the attention piece as it enters the
-    residual), ``mlp_out`` (likewise, after any post-MLP norm) and ``resid_post`` to hook
-    names; ``post_norm`` is the post-attention norm (``None`` on pre-norm blocks).
+    residual), ``mlp_out`` (likewise, after any post-MLP norm), ``resid_post`` and, on
+    sequential blocks, ``resid_mid`` (the stream the MLP reads) to hook names; ``post_norm`` is
+    the post-attention norm (``None`` on pre-norm blocks). ``sequential`` is False on parallel
+    blocks (GPT-J, NeoX, Falcon, Phi, Cohere: the MLP reads ``x_l``, there is no
+    ``resid_mid``).
     """
 
     layer: int
     hooks: dict[str, str]
     post_norm: NormSpec | None
+    sequential: bool = True
 
 
 def block_wiring(model: Any, layer: int) -> BlockWiring:
@@ -78,13 +96,13 @@ def block_wiring(model: Any, layer: int) -> BlockWiring:
     post-norms (verified on every pass by :func:`check_block`).
     """
     access = model_access(model)
-    hooks = {
-        kind: access.hook_name(kind, layer)
-        for kind in ("resid_pre", "attn_out", "mlp_out", "resid_post")
-    }
+    sequential = not bool(getattr(model.cfg, "parallel_attn_mlp", False))
+    kinds = BLOCK_HOOKS + (("resid_mid",) if sequential else ())
+    hooks = {kind: access.hook_name(kind, layer) for kind in kinds}
     block = model.blocks[layer]
     norm = getattr(block, "ln1_post", None)
-    return BlockWiring(layer, hooks, None if norm is None else norm_spec(model, norm, layer))
+    post_norm = None if norm is None else norm_spec(model, norm, layer)
+    return BlockWiring(layer, hooks, post_norm, sequential)
 
 
 def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
@@ -142,6 +160,8 @@ class BlockActivations:
         acts: The attention layer's :class:`~cw_lens.models.capture.LayerActivations`.
         resid_pre: ``x_l`` [batch, pos, d_model].
         resid_post: ``x_{l+1}``.
+        resid_mid: ``m_l = x_l + A(o + b_O) (+ beta)``, the stream the MLP reads (``None`` on
+            parallel blocks, whose MLP reads ``x_l``).
         attn_out: The attention piece as it enters the residual (``A(o + b_O)``).
         mlp_out: The MLP piece as it enters the residual (after any post-MLP norm).
         layer_output: ``o = sum_h z^h W_O^h`` (``b_O`` excluded, before ``A``).
@@ -156,6 +176,7 @@ class BlockActivations:
     layer_output: Float[Tensor, "batch pos d_model"]
     attn_map: AttentionMap
     dtype: torch.dtype
+    resid_mid: Float[Tensor, "batch pos d_model"] | None = None
 
     @property
     def layer(self) -> int:
@@ -202,6 +223,18 @@ def check_block(model: Any, block: BlockActivations) -> None:
             "residual shares would not add up; this architecture is not supported by the "
             "flow analyses."
         )
+    if block.resid_mid is not None:
+        pieces = (block.resid_pre, block.attn_out)
+        scale = sum(p.norm(dim=-1) for p in pieces)
+        err = _row_error(sum(pieces), block.resid_mid, scale, mask)
+        if not err <= rtol:
+            raise UnsupportedModelError(
+                f"{arch_name(model)}, layer {block.layer}: resid_mid != resid_pre + attn_out "
+                f"(relative error {err:.2e} > {rtol:.0e}). The stream the MLP reads is not the "
+                "block input plus the attention piece (a parallel block not flagged as one, or "
+                "hooks that do not reflect the computation); the sub-layer route graph would "
+                "be wrong, so this architecture is not supported by the flow analyses."
+            )
     a = block.layer_output
     b_O = block.acts.weights.b_O
     if b_O is not None:
@@ -248,48 +281,61 @@ def run_blocks(
     """One forward pass; ``on_block`` gets each requested block's checked activations.
 
     Without ``need_logits`` the pass ends after the last requested block. Returns the logits
-    (float32) when ``need_logits``, else ``None``.
+    (float32) when ``need_logits``, else ``None``. Raises
+    :class:`~cw_lens.UnsupportedModelError` when a requested block was not delivered (a hook
+    the model lists never fired).
     """
+    access = model_access(model)
     wirings = {layer: block_wiring(model, layer) for layer in layers}
     last = max(layers)
     attention: dict[int, LayerActivations] = {}
     store: dict[int, dict[str, Tensor]] = {}
+    delivered: set[int] = set()
     hooks: list[tuple[str, Callable]] = []
 
     def stash(acts: LayerActivations) -> None:
         attention[acts.layer] = acts
 
+    def finish(t: Tensor, hook: Any, layer: int) -> None:
+        got = store.pop(layer, {})
+        got["resid_post"] = t
+        wiring = wirings[layer]
+        if layer not in attention:  # run_layers names the attention hook that did not fire
+            return
+        if set(wiring.hooks) - set(got):  # a piece of the block never fired
+            check_delivered(access, [layer], set(), {layer: set(got)}, wiring.hooks)
+        acts = attention.pop(layer)
+        o, b_O = acts.layer_output, acts.weights.b_O
+        block = BlockActivations(
+            acts=acts,
+            resid_pre=got["resid_pre"].float(),
+            resid_post=t.float(),
+            attn_out=got["attn_out"].float(),
+            mlp_out=got["mlp_out"].float(),
+            layer_output=o,
+            attn_map=attention_map(wiring, o if b_O is None else o + b_O),
+            dtype=t.dtype,
+            resid_mid=got["resid_mid"].float() if "resid_mid" in got else None,
+        )
+        check_block(model, block)
+        delivered.add(layer)
+        on_block(block)
+        if not need_logits and layer == last:
+            raise StreamDone
+
     for layer, wiring in wirings.items():
-        for kind in ("resid_pre", "attn_out", "mlp_out"):
+        for kind, name in wiring.hooks.items():
+            if kind == "resid_post":
+                hooks.append((name, lambda t, hook, layer=layer: finish(t, hook, layer)))
+                continue
 
             def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
                 store.setdefault(layer, {})[kind] = t
 
-            hooks.append((wiring.hooks[kind], keep))
-
-        def finish(t: Tensor, hook: Any, layer: int = layer) -> None:
-            got, acts = store.pop(layer), attention.pop(layer)
-            o, b_O = acts.layer_output, acts.weights.b_O
-            a = o if b_O is None else o + b_O
-            block = BlockActivations(
-                acts=acts,
-                resid_pre=got["resid_pre"].float(),
-                resid_post=t.float(),
-                attn_out=got["attn_out"].float(),
-                mlp_out=got["mlp_out"].float(),
-                layer_output=o,
-                attn_map=attention_map(wirings[layer], a),
-                dtype=t.dtype,
-            )
-            check_block(model, block)
-            on_block(block)
-            if not need_logits and layer == last:
-                raise StreamDone
-
-        hooks.append((wirings[layer].hooks["resid_post"], finish))
+            hooks.append((name, keep))
     # run_layers must not stop at the last attention layer (its MLP is needed): it runs to
     # the end, unless ``finish`` ends the pass (run_layers turns StreamDone into ``None``)
-    return run_layers(
+    logits = run_layers(
         model,
         batch,
         stash,
@@ -298,3 +344,6 @@ def run_blocks(
         need_logits=True,
         weights=weights,
     )
+    fired = {layer: set(got) for layer, got in store.items()}
+    check_delivered(access, layers, delivered, fired, BLOCK_HOOKS)
+    return logits

@@ -29,12 +29,15 @@ projected into each head once, then one ``query x key`` product per head, the co
 ``T[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)``; rows sum to 1.
 **Contribution rollout** ``R = T_{L-1} ... T_0`` (:func:`compose`); **attention rollout**
 (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers") composes
-``0.5 * mean_h alpha + 0.5 I`` (:func:`attention_rollout_step`). Both treat shares as linear
+``0.5 * mean_h alpha + 0.5 I`` with rows re-normalised to sum to 1
+(:func:`attention_rollout_step`). Both treat shares as linear
 mixing of the token streams — a heuristic, like ALTI's aggregation (Ferrando et al. 2022).
 
-**Route graphs** (Ferrando & Voita 2024, "Information Flow Routes"; :func:`trace_routes`): from
-node ``(L, target)`` keep the edges to ``(l, j)`` whose pair share exceeds the threshold and
-the residual edge when its share does; continue from every node reached.
+**Route graphs** (Ferrando & Voita 2024, "Information Flow Routes"; :func:`trace_routes`), with
+their two sub-layer steps per sequential block, ``x_l -> m_l`` (pairs and the residual) and
+``m_l -> x_{l+1}`` (the residual and the MLP), one step per parallel block: from the top node
+``(L, target)`` keep every edge whose share exceeds the threshold; continue from every node
+reached.
 """
 
 from __future__ import annotations
@@ -134,12 +137,15 @@ def token_matrix(
 def attention_rollout_step(
     pattern: Float[Tensor, "batch head query key"],
 ) -> Float[Tensor, "batch query key"]:
-    """Abnar & Zuidema's per-layer matrix ``0.5 * mean_h alpha + 0.5 I`` (square pattern)."""
+    """Abnar & Zuidema's per-layer matrix: ``S = 0.5 * mean_h alpha + 0.5 I`` with each row
+    re-normalised, ``S[i, :] / sum_j S[i, j]``, so rows sum to 1 even where the attention rows
+    do not (GPT-OSS's learned sink logits take part of the softmax mass). Square pattern; the
+    row sum is at least 0.5, so the division is always defined."""
     step = pattern.mean(1) * 0.5
     n = step.shape[-1]
     idx = torch.arange(n, device=step.device)
     step[:, idx, idx] += 0.5
-    return step
+    return step.div_(step.sum(-1, keepdim=True))
 
 
 def compose(
@@ -162,31 +168,38 @@ def effective_gram(
 
 
 def trace_routes(
-    edges: Sequence[tuple[Int[Tensor, " n"], Int[Tensor, " n"], Int[Tensor, " n"]]],
-    residual_kept: Bool[Tensor, "layer pos"],
+    steps: Sequence[
+        tuple[tuple[Int[Tensor, " n"], Int[Tensor, " n"]], Sequence[Bool[Tensor, " pos"]]]
+    ],
+    n_pos: int,
     target: int,
-) -> tuple[list[Bool[Tensor, " n"]], Bool[Tensor, "layer_plus_1 pos"]]:
-    """Trace the route graph back from node ``(L, target)`` (docs/methods.md#flow).
+) -> tuple[list[Bool[Tensor, " n"]], Bool[Tensor, "level pos"]]:
+    """Trace the route graph back from the top node ``(top level, target)`` (docs/methods.md#flow).
+
+    The graph is a stack of steps; step ``s`` leads from level ``s`` to level ``s + 1``
+    (a block, or a sub-layer step of one: ``x_l -> m_l -> x_{l+1}``).
 
     Args:
-        edges: Per block ``l``, the candidate pair edges above the threshold as
-            ``(head, query, key)`` index tensors: edge ``(l, key) -> (l+1, query)``.
-        residual_kept: ``[L, pos]``, True where block ``l``'s residual share at a position
-            exceeds the threshold: edge ``(l, i) -> (l+1, i)``.
-        target: The position whose final stream the routes explain.
+        steps: Per step, the candidate pair edges above the threshold as ``(query, key)``
+            index tensors (edge ``(s, key) -> (s+1, query)``), and the same-position edges
+            (residual, MLP) as masks ``[pos]``, True where the edge ``(s, i) -> (s+1, i)``
+            exceeds the threshold.
+        n_pos: Positions.
+        target: The position whose top node the routes explain.
 
     Returns:
-        Per block, which candidate edges lie on a route (reachable back from the target), and
-        the nodes reached ``[L + 1, pos]`` (row ``l`` = the stream entering block ``l``).
+        Per step, which candidate pair edges lie on a route (reachable back from the target),
+        and the nodes reached ``[n_steps + 1, pos]`` (row ``s`` = level ``s``).
     """
-    n_layers, n_pos = residual_kept.shape
-    reached = torch.zeros(n_layers + 1, n_pos, dtype=torch.bool)
-    reached[n_layers, target] = True
-    kept: list[Tensor] = [torch.zeros(0, dtype=torch.bool)] * n_layers
-    for layer in range(n_layers - 1, -1, -1):
-        _, query, key = edges[layer]
-        on_route = reached[layer + 1][query.cpu()]
-        kept[layer] = on_route
-        reached[layer, key.cpu()[on_route]] = True
-        reached[layer] |= reached[layer + 1] & residual_kept[layer].cpu()
+    n_steps = len(steps)
+    reached = torch.zeros(n_steps + 1, n_pos, dtype=torch.bool)
+    reached[n_steps, target] = True
+    kept: list[Tensor] = [torch.zeros(0, dtype=torch.bool)] * n_steps
+    for s in range(n_steps - 1, -1, -1):
+        (query, key), same = steps[s]
+        on_route = reached[s + 1][query.cpu()]
+        kept[s] = on_route
+        reached[s, key.cpu()[on_route]] = True
+        for mask in same:
+            reached[s] |= reached[s + 1] & mask.cpu()
     return kept, reached
