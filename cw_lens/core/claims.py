@@ -46,6 +46,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from cw_lens.core.results import ClaimsTable
+
 Op = Literal["<", ">", "in"]
 OPS = ("<", ">", "in")
 Verdict = Literal["yes", "no", "inconclusive"]
@@ -180,9 +182,9 @@ class Claim:
         return out
 
 
-def claims_dict(claims: Iterable[Claim]) -> dict[str, dict[str, Any]]:
-    """``{claim id: claim.to_dict()}`` in the given order."""
-    return {c.id: c.to_dict() for c in claims}
+def claims_dict(claims: Iterable[Claim]) -> ClaimsTable:
+    """``{claim id: claim.to_dict()}`` in the given order, as a printable :class:`ClaimsTable`."""
+    return ClaimsTable((c.id, c.to_dict()) for c in claims)
 
 
 def threshold_text(op: str, threshold: float | Sequence[float]) -> str:

@@ -41,6 +41,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.flow import geometry as fg
 from cw_lens.flow.shares import LayerShares, resolve_row, stream_shares
@@ -50,8 +51,8 @@ from cw_lens.models.verify import require_verified
 METHODS = ("contribution", "attention")
 
 
-@dataclass
-class RolloutResult:
+@dataclass(repr=False)
+class RolloutResult(Result):
     """Contribution and attention rollout of a few texts, ``[batch, query, key]``.
 
     ``contribution[b, i, j]``: share of position ``i``'s final stream from input token ``j``;

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.flow import geometry as fg
 from cw_lens.flow.shares import LayerShares, stream_shares
@@ -85,8 +86,8 @@ class RouteCollector:
         return edges, nodes
 
 
-@dataclass
-class RouteGraph:
+@dataclass(repr=False)
+class RouteGraph(Result):
     """The routes to one target position.
 
     Attributes:

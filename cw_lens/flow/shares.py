@@ -48,6 +48,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
 from cw_lens.flow import geometry as fg
@@ -59,7 +60,7 @@ from cw_lens.models.verify import require_verified
 PIECES = ("residual", "attention", "bias", "mlp")
 
 
-class LayerShares:
+class LayerShares(Result):
     """Residual shares of one block for one block of query rows (the streaming unit).
 
     Pair tensors are ``[batch, head, query, key]`` over the rows ``queries`` and the keys
@@ -333,15 +334,18 @@ def resolve_row(mask: Tensor, batch: int, query: int | None) -> tuple[int, int]:
     return batch, q
 
 
-@dataclass
-class ResidualShares:
+@dataclass(repr=False)
+class ResidualShares(Result):
     """Residual contribution shares of a few texts.
 
     ``pairs`` ``[batch, layer, head, query, key]`` (0 for ``j > i``), and per position
     ``residual``, ``attention`` (the sum of the pairs), ``bias``, ``mlp`` ``[batch, layer,
     query]``. ``residual + attention + bias + mlp == 1`` at every real (layer, position); rows
-    at padding are NaN. ``layers`` names the layer axis.
+    at padding are NaN. ``layers`` names the layer axis; ``shares.layer(20)`` is this result
+    for layer NUMBER 20 only.
     """
+
+    _layer_axes = tuple((name, 1) for name in ("pairs", "residual", "attention", "bias", "mlp"))
 
     pairs: Float[Tensor, "batch layer head query key"]
     residual: Float[Tensor, "batch layer query"]

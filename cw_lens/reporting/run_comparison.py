@@ -44,6 +44,7 @@ import pandas as pd
 
 from cw_lens.core.claims import threshold_text
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 
 VERDICTS = ("yes", "no", "inconclusive")
 SCHEMAS = (1, 2)
@@ -78,8 +79,8 @@ class Run:
     seed: int | None
 
 
-@dataclass
-class RunComparison:
+@dataclass(repr=False)
+class RunComparison(Result):
     """Checks of several runs, one row per run x claim x headline number.
 
     Attributes:

@@ -64,6 +64,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard, merge_across_ranks
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
@@ -73,8 +74,8 @@ from cw_lens.models.layer_contributions import METRICS
 from cw_lens.models.verify import require_verified
 
 
-@dataclass
-class FaithfulnessResult:
+@dataclass(repr=False)
+class FaithfulnessResult(Result):
     """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).
 
     Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on

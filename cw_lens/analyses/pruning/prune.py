@@ -64,6 +64,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import pruning_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.scoring import NLLResult, corpus_nll
 from cw_lens.models.capture import resolve_layers
@@ -71,8 +72,8 @@ from cw_lens.models.interventions import remove_heads
 from cw_lens.models.verify import require_verified
 
 
-@dataclass
-class PruningResult:
+@dataclass(repr=False)
+class PruningResult(Result):
     """ΔPPL of structured head pruning (P2) per order and retention level.
 
     Attributes:
@@ -130,7 +131,7 @@ class PruningResult:
             raise InputError("This result has no lone-head costs; rerun prune_heads(lone=True).")
         return self.lone.head(k).reset_index(drop=True)
 
-    def summary(self) -> dict[str, Any]:
+    def summary_dict(self) -> dict[str, Any]:
         """Headline numbers of the claim ``pruning_signal`` (JSON-ready)."""
         table = self.by_retention()
         out: dict[str, Any] = {
@@ -267,7 +268,7 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
         "best_order": {
             str(r): str(table.loc[r, orders].idxmin()) for r in AGGRESSIVE if r in table.index
         },
-        "delta_ppl": result.summary()["delta_ppl"],
+        "delta_ppl": result.summary_dict()["delta_ppl"],
     }
     if variant is not None:
         other = variant.by_retention()
@@ -280,12 +281,12 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
                 for r in AGGRESSIVE
                 if r in other.index
             },
-            "delta_ppl": variant.summary()["delta_ppl"],
+            "delta_ppl": variant.summary_dict()["delta_ppl"],
         }
     if result.lone is not None:
-        measured["top_lone_heads"] = result.summary()["top_lone_heads"]
+        measured["top_lone_heads"] = result.summary_dict()["top_lone_heads"]
     elif variant is not None and variant.lone is not None:
-        measured["top_lone_heads"] = variant.summary()["top_lone_heads"]
+        measured["top_lone_heads"] = variant.summary_dict()["top_lone_heads"]
     return Claim(
         "pruning_signal",
         paper="taxonomy order is a useful pruning signal at moderate retention, not always best "
