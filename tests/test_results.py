@@ -145,3 +145,20 @@ def test_layer_on_shares_and_selection(results):
     assert geo.layer(0).sums[0].equal(geo.sums[0])
     with pytest.raises(InputError, match="has no layer axis"):
         results["RolloutResult"].layer(0)
+
+
+def test_attention_rollout_returns_a_rollout_result(model, results):
+    alone = cw_lens.attention_rollout(model, TEXTS)
+    assert isinstance(alone, cw_lens.RolloutResult) and alone.contribution is None
+    full = results["RolloutResult"]
+    torch.testing.assert_close(alone.matrix, full.attention, equal_nan=True, atol=1e-6, rtol=0)
+    assert list(alone.top(k=2).columns[-1:]) == ["attention"] and len(repr(alone)) < 400
+    with pytest.raises(InputError, match="contribution_rollout"):
+        alone.plot()
+    # the bare tensor of 0.2 keeps working for one minor version, with a warning
+    with pytest.warns(DeprecationWarning, match="result.matrix"):
+        assert alone[0].nan_to_num().equal(alone.matrix[0].nan_to_num())
+    with pytest.warns(DeprecationWarning, match="shape"):
+        assert alone.shape == alone.matrix.shape
+    with pytest.warns(DeprecationWarning, match="allclose"):
+        assert torch.allclose(alone, alone.matrix, equal_nan=True)
