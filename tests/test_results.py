@@ -46,7 +46,7 @@ def results(model):
         ),
         "HeadTaxonomyResult": cw_lens.head_taxonomy(model, TEXTS, progress=False),
         "PruningResult": cw_lens.prune_heads(
-            model, TEXTS, retention=(1.0, 0.5), n_draws=1, lone=False, progress=False
+            model, TEXTS, retention=(1.0, 0.5), n_random=1, lone=False, progress=False
         ),
         "FaithfulnessResult": cw_lens.faithfulness(
             model, TEXTS, metrics=("attention", "value_norm", "value_norm_output",

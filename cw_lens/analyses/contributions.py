@@ -53,6 +53,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
@@ -420,6 +421,7 @@ def contribution_weights(
         attention_mask=batch.mask.long(),  # always: a text may contain the pad token itself
         count_nan=(kind,),
         on_logits=on_logits,
+        progress=False,
     )
     filler.mark_padding(batch.lengths.tolist())
     return ContributionResult(
@@ -441,11 +443,12 @@ def contribution_weights(
     )
 
 
+@keyword_only("layer")
 def contribution_weights_from_cache(
     cache: Any,
     model: Any,
-    layer: int,
     *,
+    layer: int,
     kind: Kind = "intra",
     heads: int | Sequence[int] | None = None,
     tokens: Tensor | None = None,

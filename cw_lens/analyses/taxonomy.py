@@ -20,7 +20,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     tax = cw_lens.head_taxonomy(model, corpus)
     tax.regime_shares()           # Retriever / Mixer / Reset shares of heads
     tax.shares_by_layer()         # the regimes over depth

@@ -2,6 +2,7 @@
 ``DeprecationWarning`` that names the new one.
 
 - :func:`renamed_kwargs` — a function's keyword argument renamed (``n_draws=`` -> ``n_random=``);
+- :func:`keyword_only` — arguments that were positional and are now keyword-only;
 - :func:`deprecated` — any other old behaviour kept reachable: warn, then do it.
 
 Example::
@@ -15,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -56,6 +58,36 @@ def renamed_kwargs(**old_to_new: str) -> Callable[[F], F]:
             return fn(*args, **kwargs)
 
         wrapper.__renamed_kwargs__ = dict(old_to_new)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def keyword_only(*names: str) -> Callable[[F], F]:
+    """Accept ``names`` (now keyword-only, in this order after the positional parameters) also
+    positionally, with a ``DeprecationWarning``: ``routes(model, text, 5)`` runs as
+    ``routes(model, text, target=5)``."""
+
+    def decorate(fn: F) -> F:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        n_positional = sum(p.kind in kinds for p in inspect.signature(fn).parameters.values())
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            extra = args[n_positional:]
+            if extra:
+                if len(extra) > len(names):
+                    raise TypeError(
+                        f"{fn.__name__}() takes {n_positional} positional arguments; pass the "
+                        f"others by keyword"
+                    )
+                given = dict(zip(names, extra, strict=False))
+                spelled = ", ".join(f"{name}=..." for name in given)
+                deprecated(f"{fn.__name__}(): pass {spelled} by keyword")
+                kwargs.update(given)
+            return fn(*args[:n_positional], **kwargs)
+
+        wrapper.__keyword_only__ = names  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate

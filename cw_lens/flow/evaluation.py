@@ -339,7 +339,14 @@ def ioi_route_statistics(
     rows, head_rows = [], []
     for sub in iter_batches(batch, batch_size):
         collector = RouteCollector(model.cfg.n_layers, threshold)
-        stream_shares(model, sub.tokens, collector, attention_mask=sub.mask.long(), batch_size=None)
+        stream_shares(
+            model,
+            sub.tokens,
+            collector,
+            attention_mask=sub.mask.long(),
+            batch_size=None,
+            progress=False,
+        )
         edges, nodes = collector.tables()
         for r, doc in enumerate(sub.documents):
             d = docs[doc]

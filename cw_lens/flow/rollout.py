@@ -213,6 +213,7 @@ def rollout_batches(
             batch_size=None,
             on_logits=keep if need_logits else None,
             query_chunk=query_chunk,
+            progress=False,
         )
         contribution, attention = acc.finish(sub.mask)
         yield sub, contribution, attention, got.pop("logits", None)

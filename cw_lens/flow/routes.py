@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
@@ -126,11 +127,13 @@ class RouteGraph(Result):
         df = pd.DataFrame(rows, columns=list(EDGE_COLUMNS))
         return df.sort_values(["layer", "target", "head", "source"]).reset_index(drop=True)
 
-    def top(self, k: int = 10, *, kind: str | None = "attention") -> pd.DataFrame:
-        """The ``k`` edges with the largest share (``kind=None``: residual edges too)."""
+    @renamed_kwargs(kind="edge")
+    def top(self, k: int = 10, *, edge: str | None = "attention") -> pd.DataFrame:
+        """The ``k`` edges with the largest share, of one ``edge`` type (``"attention"`` or
+        ``"residual"``; ``None``: both)."""
         df = self.to_dataframe()
-        if kind is not None:
-            df = df[df["kind"] == kind]
+        if edge is not None:
+            df = df[df["kind"] == edge]
         return df.sort_values("share", ascending=False).head(k).reset_index(drop=True)
 
     def reaches(self, position: int) -> bool:
@@ -259,12 +262,13 @@ def check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+@keyword_only("target", "threshold")
 def routes(
     model: Any,
     text: Any,
+    *,
     target: int = -1,
     threshold: float = 0.02,
-    *,
     prepend_bos: bool = True,
     query_chunk: int | None = None,
 ) -> RouteGraph:
@@ -293,7 +297,9 @@ def routes(
     if isinstance(target, bool) or not isinstance(target, int) or not -n <= target < n:
         raise InputError(f"target must be a position in {-n}..{n - 1}, got {target!r}.")
     collector = RouteCollector(model.cfg.n_layers, threshold)
-    stream_shares(model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None)
+    stream_shares(
+        model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None, progress=False
+    )
     edges, nodes = collector.tables()
     return build_route_graph(
         edges,

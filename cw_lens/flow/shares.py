@@ -257,7 +257,7 @@ def stream_shares(
     attention_mask: Tensor | None = None,
     fwd_hooks: Sequence | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = False,
+    progress: bool | str = True,
     reuse_buffers: bool = True,
 ) -> StreamStats:
     """Stream one block (and one block of query rows) at a time to ``consumer``.
@@ -494,6 +494,7 @@ def residual_shares(
         query_chunk=query_chunk,
         batch_size=batch_size,
         attention_mask=batch.mask.long(),
+        progress=False,
     )
     n_nan = int((filler.pieces["residual"].isnan() & batch.mask[:, None, :]).sum())
     if n_nan:

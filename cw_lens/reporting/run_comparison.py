@@ -43,6 +43,7 @@ from typing import Any
 import pandas as pd
 
 from cw_lens.core.claims import threshold_text
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 
@@ -153,8 +154,9 @@ class RunComparison(Result):
         return plot_run_comparison(self.rows, [r.label for r in self.runs], **kwargs)
 
 
+@keyword_only("labels")
 def compare_runs(
-    runs: Sequence[str | Path | Mapping[str, Any]], labels: Sequence[str] | None = None
+    runs: Sequence[str | Path | Mapping[str, Any]], *, labels: Sequence[str] | None = None
 ) -> RunComparison:
     """Read several runs' ``summary.json`` and line up their claims.
 

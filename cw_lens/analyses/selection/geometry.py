@@ -456,7 +456,7 @@ def selection_geometry(
 
     Example::
 
-        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(tokenizer=model))
+        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(model=model))
         geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
         geo.plot()
 

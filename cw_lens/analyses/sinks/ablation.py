@@ -272,7 +272,7 @@ def sink_ablation(
     low_norm_quantile: float = 0.25,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
-    progress: bool | str = False,
+    progress: bool | str = True,
     per_document: bool = False,
 ) -> SinkAblation:
     """Remove (or rescale) the sink's projected value and measure what changes (SPEC §3).

@@ -330,7 +330,7 @@ def sink_statistics(
     max_samples: int = MAX_SAMPLES_PER_HEAD,
     seed: int = 0,
     prepend_bos: bool = True,
-    progress: bool | str = False,
+    progress: bool | str = True,
     per_document: bool = False,
 ) -> SinkStatistics:
     """Sink geometry over a corpus in one streamed pass (SPEC §3).
@@ -443,5 +443,6 @@ def sink_rates(
         fill,
         layers=layer_list,
         attention_mask=batch.mask.long(),
+        progress=False,
     )
     return out
