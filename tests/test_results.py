@@ -162,3 +162,15 @@ def test_attention_rollout_returns_a_rollout_result(model, results):
         assert alone.shape == alone.matrix.shape
     with pytest.warns(DeprecationWarning, match="allclose"):
         assert torch.allclose(alone, alone.matrix, equal_nan=True)
+
+
+NO_TABLE = {"LayerContributions", "LayerShares"}  # one streamed block: read its tensors
+
+
+@pytest.mark.parametrize("name", sorted(set(RESULT_NAMES) - NO_TABLE))
+def test_every_result_has_a_table(results, name):
+    assert isinstance(results[name].to_dataframe(), pd.DataFrame)
+
+
+def test_protocol_is_public():
+    assert cw_lens.Result is Result and cw_lens.ClaimsTable is ClaimsTable

@@ -125,9 +125,7 @@ class Result:
         if self._layer_axes is None:
             raise InputError(f"{type(self).__name__} has no layer axis to select from.")
         i = self.layer_index(layer)
-        fields = {
-            name: _take(getattr(self, name), axis, i) for name, axis in self._layer_axes.items()
-        }
+        fields = {name: _take(getattr(self, name), axis, i) for name, axis in self._layer_axes}
         return dataclasses.replace(self, layers=[layer], **fields)  # type: ignore[type-var]
 
 
