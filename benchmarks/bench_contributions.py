@@ -77,7 +77,7 @@ def setup(n_docs: int, n_tokens: int):
     from cw_lens.data.inputs import prepare_inputs
 
     model = cw_lens.load_model(device="cpu")
-    corpus = cw_lens.load_corpus(n_docs=n_docs, max_tokens=n_tokens - 1, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=n_docs, max_tokens=n_tokens - 1, model=model)
     tokens = prepare_inputs(model, corpus).tokens
     torch.set_grad_enabled(False)
     return model, tokens

@@ -36,7 +36,7 @@ def child(job: str, n_tokens: int) -> None:
     import cw_lens
 
     model = cw_lens.load_model(device="cpu")
-    corpus = cw_lens.load_corpus(n_docs=1, max_tokens=n_tokens - 1, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=1, max_tokens=n_tokens - 1, model=model)
     torch.set_grad_enabled(False)
 
     def contributions() -> None:

@@ -62,7 +62,7 @@ def child(analysis: str, n_docs: int, n_tokens: int, corpus: str) -> None:
     from cw_lens.data.inputs import prepare_inputs
 
     model = cw_lens.load_model(device="cpu")
-    corpus = cw_lens.load_corpus(corpus, n_docs=n_docs, max_tokens=n_tokens, tokenizer=model)
+    corpus = cw_lens.load_corpus(corpus, n_docs=n_docs, max_tokens=n_tokens, model=model)
     tokens = int(prepare_inputs(model, corpus).mask.sum())
     torch.set_grad_enabled(False)
     jobs = {

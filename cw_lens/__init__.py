@@ -3,6 +3,7 @@
 Public API (re-exports only; each function's module docstring states its formula and paper):
 
 - models: :func:`load_model`
+- the result protocol every result follows: :class:`Result`; claims tables: :class:`ClaimsTable`
 - data: :func:`load_corpus`, :class:`Corpus`, :class:`Document`
 - contributions (P1): :func:`contribution_weights`, :func:`contribution_weights_from_cache`,
   :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributions`
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
         ModelLoadError,
         UnsupportedModelError,
     )
+    from cw_lens.core.results import ClaimsTable, Result
     from cw_lens.data.corpora import load_corpus
     from cw_lens.data.documents import Corpus, Document
     from cw_lens.data.streaming import stream_contributions
@@ -91,6 +93,7 @@ if TYPE_CHECKING:
 _moved.install(sys.modules[__name__])
 
 __all__ = [
+    "ClaimsTable",
     "ContributionResult",
     "Corpus",
     "CwLensError",
@@ -108,6 +111,7 @@ __all__ = [
     "PatchControls",
     "PruningResult",
     "ResidualShares",
+    "Result",
     "RolloutDeletion",
     "RolloutResult",
     "RouteGraph",

@@ -59,7 +59,7 @@ inter.top(k=5, layer=20, sum_heads=True)"""),
 ("md", "## Interactive view\n\nHover tokens for attention, relative norm and cosine; click a token to make it the query."),
 ("code", """inter.show(layer=20, head="all")"""),
 ("md", "## A corpus, streamed\n\n`stream_contributions` hands one layer (one block of query rows) at a time to your function, inside the forward pass, so memory stays flat."),
-("code", """corpus = cw_lens.load_corpus(n_docs=2 if QUICK else 8, max_tokens=48 if QUICK else 128, tokenizer=model)
+("code", """corpus = cw_lens.load_corpus(n_docs=2 if QUICK else 8, max_tokens=48 if QUICK else 128, model=model)
 sink_share = torch.zeros(model.cfg.n_layers)
 
 def consumer(lc):
@@ -111,7 +111,7 @@ for scale in (1.0, 0.5, 0.0):
         model.run_with_hooks(tokens, fwd_hooks=[*patch, ("blocks.20.attn.hook_z", record_norm)])
     print(scale, seen["z"].round(decimals=2).tolist())"""),
 ("md", "## Before and after over a corpus: norms, semantic cone, perplexity"),
-("code", """corpus = cw_lens.load_corpus(n_docs=2 if QUICK else 8, max_tokens=48 if QUICK else 128, tokenizer=model)
+("code", """corpus = cw_lens.load_corpus(n_docs=2 if QUICK else 8, max_tokens=48 if QUICK else 128, model=model)
 ablation = cw_lens.sink_ablation(model, corpus)
 print(f"PPL {ablation.clean_ppl:.2f} -> {ablation.patched_ppl:.2f}")
 ablation.summary().round(3)"""),

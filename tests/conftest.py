@@ -79,7 +79,7 @@ def smollm_hooked(request):
 def prose(smollm):
     import cw_lens
 
-    return cw_lens.load_corpus(n_docs=2, max_tokens=48, tokenizer=smollm, seed=1)
+    return cw_lens.load_corpus(n_docs=2, max_tokens=48, model=smollm, seed=1)
 
 
 @pytest.fixture(scope="module")

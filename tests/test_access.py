@@ -32,7 +32,7 @@ def _clean_layer(model, tokens, layer):
 
 def test_verify_model_reports_identities_routes_and_interventions(tiny):
     report = cw_lens.verify_model(tiny)
-    assert report.ok, report.summary()
+    assert report.ok, report.summary_text()
     api = "hooked" if type(tiny).__name__ == "HookedTransformer" else "bridge"
     assert report.api == api and report.route == "hook_z"
     assert len(report.layers) == tiny.cfg.n_layers

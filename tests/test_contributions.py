@@ -100,7 +100,7 @@ def test_from_cache_equals_streamed(tiny):
         full = cw_lens.contribution_weights(tiny, tokens, kind=kind)
         for layer in range(tiny.cfg.n_layers):
             one = cw_lens.contribution_weights_from_cache(
-                cache, tiny, layer, kind=kind, tokens=tokens
+                cache, tiny, layer=layer, kind=kind, tokens=tokens
             )
             assert one.layers == [layer]
             for field in FIELDS:
@@ -199,17 +199,17 @@ def test_cache_errors(llama, gpt2):
     tokens = random_tokens(llama, 1, 6)
     _, cache = llama.run_with_cache(tokens)
     with pytest.raises(InputError, match="another model"):
-        cw_lens.contribution_weights_from_cache(cache, gpt2, 0)
+        cw_lens.contribution_weights_from_cache(cache, gpt2, layer=0)
     partial = {k: v for k, v in cache.items() if "hook_z" not in k}
     with pytest.raises(InputError, match=r"has no 'blocks\.0\.attn\.hook_z'"):
-        cw_lens.contribution_weights_from_cache(partial, llama, 0)
+        cw_lens.contribution_weights_from_cache(partial, llama, layer=0)
     broken = dict(cache.items())
     broken["blocks.0.attn.hook_v"] = broken["blocks.0.attn.hook_v"].clone()
     broken["blocks.0.attn.hook_v"][0, 1, 0, 0] = float("nan")
     with pytest.raises(InputError, match="NaN or inf"):
-        cw_lens.contribution_weights_from_cache(broken, llama, 0)
+        cw_lens.contribution_weights_from_cache(broken, llama, layer=0)
     with pytest.raises(InputError, match="out of range"):
-        cw_lens.contribution_weights_from_cache(cache, llama, 5)
+        cw_lens.contribution_weights_from_cache(cache, llama, layer=5)
 
 
 def test_more_bad_inputs_name_the_fix(llama):

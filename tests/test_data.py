@@ -22,14 +22,14 @@ from cw_lens.models.testing import byte_tokenizer
 
 def test_pydoc_windows_have_exactly_max_tokens_and_are_seeded():
     tok = byte_tokenizer()
-    corpus = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=3)
+    corpus = cw_lens.load_corpus(n_docs=5, max_tokens=64, model=tok, seed=3)
     assert len(corpus) == 5 and corpus.name == "pydoc"
     for doc in corpus:
         assert len(doc.tokens) == 64
         assert tok(doc.text, add_special_tokens=False)["input_ids"] == list(doc.tokens)
         assert doc.text in pydoc_text()
-    again = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=3)
-    other = cw_lens.load_corpus(n_docs=5, max_tokens=64, tokenizer=tok, seed=4)
+    again = cw_lens.load_corpus(n_docs=5, max_tokens=64, model=tok, seed=3)
+    other = cw_lens.load_corpus(n_docs=5, max_tokens=64, model=tok, seed=4)
     assert again.texts == corpus.texts and other.texts != corpus.texts
     assert list(corpus.to_dataframe().columns[:3]) == ["doc", "text", "answer"]
 
@@ -47,18 +47,18 @@ def test_stdlib_corpora_are_docstrings_parsed_not_imported():
     assert inspect.getdoc(textwrap.wrap) in text and inspect.getdoc(textwrap.TextWrapper) in text
     private = inspect.getdoc(textwrap.TextWrapper._fix_sentence_endings)
     assert private not in text  # private members are left out
-    corpus = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok, seed=1)
-    again = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, tokenizer=tok, seed=1)
+    corpus = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, model=tok, seed=1)
+    again = cw_lens.load_corpus("stdlib", n_docs=4, max_tokens=64, model=tok, seed=1)
     assert corpus.name == "stdlib" and all(d.text in text for d in corpus)
     assert corpus.texts == again.texts
     both = pydoc_text() + "\n\n" + text
     n_tokens = len(tok(both, add_special_tokens=False)["input_ids"])
-    big = cw_lens.load_corpus("pydoc+stdlib", n_docs=512, max_tokens=n_tokens // 600, tokenizer=tok)
+    big = cw_lens.load_corpus("pydoc+stdlib", n_docs=512, max_tokens=n_tokens // 600, model=tok)
     assert len(big) == 512 and {d.meta["source"] for d in big} == {
         "pydoc_data.topics + stdlib docstrings"
     }
     with pytest.raises(InputError, match="holds only"):
-        cw_lens.load_corpus("pydoc", n_docs=512, max_tokens=n_tokens // 600, tokenizer=tok)
+        cw_lens.load_corpus("pydoc", n_docs=512, max_tokens=n_tokens // 600, model=tok)
 
 
 def test_task_items_carry_answers():
@@ -79,7 +79,7 @@ def test_task_items_carry_answers():
 def test_user_text_and_jsonl_files(tmp_path, llama):
     txt = tmp_path / "notes.txt"
     txt.write_text("attention sinks everywhere. " * 40)
-    corpus = cw_lens.load_corpus(str(txt), n_docs=3, max_tokens=50, tokenizer=llama)
+    corpus = cw_lens.load_corpus(str(txt), n_docs=3, max_tokens=50, model=llama)
     assert len(corpus) == 3 and all(len(d.tokens) == 50 for d in corpus)
     jl = tmp_path / "items.jsonl"
     jl.write_text(
@@ -95,12 +95,12 @@ def test_user_text_and_jsonl_files(tmp_path, llama):
             ]
         )
     )
-    items = cw_lens.load_corpus(str(jl), n_docs=10, tokenizer=llama)
+    items = cw_lens.load_corpus(str(jl), n_docs=10, model=llama)
     assert [d.answer for d in items] == [" Mary", None] and items[0].meta == {"id": 1}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"txt": 1}\n')
     with pytest.raises(InputError, match='needs a string "text" field'):
-        cw_lens.load_corpus(str(bad), tokenizer=llama)
+        cw_lens.load_corpus(str(bad), model=llama)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ def test_corpus_errors(name, kwargs, message, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     with pytest.raises(InputError, match=message):
-        cw_lens.load_corpus(name, tokenizer=byte_tokenizer(), **kwargs)
+        cw_lens.load_corpus(name, model=byte_tokenizer(), **kwargs)
 
 
 @pytest.mark.model

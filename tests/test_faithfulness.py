@@ -198,7 +198,7 @@ def test_random_ranking_is_seeded(llama):
 def test_random_draws_are_independent_and_their_spread_is_reported(llama):
     kw = dict(fractions=(0.1, 0.5), progress=False, seed=3, per_document=True)
     one = faithfulness(llama, TEXTS, metrics=("random",), **kw)
-    three = faithfulness(llama, TEXTS, random_draws=3, **kw)
+    three = faithfulness(llama, TEXTS, n_random=3, **kw)
     aopc = three.aopc()
     assert list(aopc.columns)[-3:] == ["random", "random#2", "random#3"]
     # the first draw is the one-draw run's ranking; the others are new rankings
@@ -224,10 +224,10 @@ def test_random_draws_are_independent_and_their_spread_is_reported(llama):
     )
     assert "random_aopc_over_draws" not in one_draw_claims(llama)
     with pytest.raises(cw_lens.InputError, match="needs the 'random' metric"):
-        faithfulness(llama, TEXTS, metrics=("attention",), random_draws=2, progress=False)
+        faithfulness(llama, TEXTS, metrics=("attention",), n_random=2, progress=False)
     for bad in (0, True, 1.5):
-        with pytest.raises(cw_lens.InputError, match="random_draws must be"):
-            faithfulness(llama, TEXTS, random_draws=bad, progress=False)
+        with pytest.raises(cw_lens.InputError, match="n_random must be"):
+            faithfulness(llama, TEXTS, n_random=bad, progress=False)
     no_random = faithfulness(llama, TEXTS, metrics="attention", fractions=(0.1,), progress=False)
     with pytest.raises(cw_lens.InputError, match="no random ranking"):
         no_random.random_spread()

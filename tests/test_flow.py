@@ -136,7 +136,8 @@ def test_rollout_is_the_product_of_the_dense_token_matrices(arch_model):
     assert torch.allclose(result.attention.sum(-1), torch.ones(()), atol=1e-5)
     # the attention rollout of the same pass equals the stand-alone one
     alone = cw_lens.attention_rollout(model, tokens)
-    assert torch.allclose(alone, result.attention, atol=1e-6)
+    assert alone.contribution is None and alone.methods == ("attention",)
+    assert torch.allclose(alone.matrix, result.attention, atol=1e-6)
 
 
 def test_rollout_result_views(llama):

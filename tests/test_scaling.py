@@ -71,7 +71,13 @@ ANALYSES = {
     ),
     "prune_heads": (
         lambda m, t: pruning.prune_heads(
-            m, t, order=("taxonomy", "random"), retention=0.5, n_draws=1, lone=False, progress=False
+            m,
+            t,
+            order=("taxonomy", "random"),
+            retention=0.5,
+            n_random=1,
+            lone=False,
+            progress=False,
         ),
         [(scoring, "merge_across_ranks"), (taxonomy, "stream_corpus")],
     ),

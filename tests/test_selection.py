@@ -521,7 +521,7 @@ def test_summaries_are_json_ready(model, pruned):
 
     geo = sel.selection_geometry(model, TEXTS, n_random=2, progress=False)
     tax = taxo.head_taxonomy(model, TEXTS, progress=False)
-    out = json.loads(json.dumps([geo.summary(), tax.summary(), pruned.summary()]))
+    out = json.loads(json.dumps([geo.summary_dict(), tax.summary_dict(), pruned.summary_dict()]))
     assert out[0]["top_over_random"]["2"] == pytest.approx(
         geo.f_by_n().loc[2, "top_over_random"], abs=1e-4
     )

@@ -54,7 +54,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import hook_name, model_access, resolve_heads, resolve_layers
@@ -63,16 +65,29 @@ from cw_lens.models.layer_contributions import Kind, LayerContributions, check_k
 from cw_lens.models.verify import require_verified
 
 
-@dataclass
-class ContributionResult:
+@dataclass(repr=False)
+class ContributionResult(Result):
     """Contribution weights and their decomposition, ``[batch, layer, head, query, key]``.
 
     Stored: ``attention``, ``cosine``, ``projected_value_norm`` ``[batch, layer, head, key]``,
     ``output_norm`` and ``head_output_norm`` ``[batch, layer, head, query]``. Derived on first
     access (and cached): ``weights = attention * relative_norm * cosine``, ``relative_norm``,
     ``value_norm``, ``value_norm_output``. Positions index ``tokens``; ``mask`` is False at
-    padding (whose rows are NaN). ``layers``/``heads`` name the layer and head axes.
+    padding (whose rows are NaN). ``layers``/``heads`` name the layer and head axes;
+    ``cw.layer(20)`` is this result for layer NUMBER 20 only (the result protocol,
+    :class:`~cw_lens.core.results.Result`).
     """
+
+    _layer_axes = tuple(
+        (name, 1)
+        for name in (
+            "attention",
+            "cosine",
+            "projected_value_norm",
+            "output_norm",
+            "head_output_norm",
+        )
+    )
 
     attention: Float[Tensor, "batch layer head query key"]
     cosine: Float[Tensor, "batch layer head query key"]
@@ -407,6 +422,7 @@ def contribution_weights(
         attention_mask=batch.mask.long(),  # always: a text may contain the pad token itself
         count_nan=(kind,),
         on_logits=on_logits,
+        progress=False,
     )
     filler.mark_padding(batch.lengths.tolist())
     return ContributionResult(
@@ -428,11 +444,12 @@ def contribution_weights(
     )
 
 
+@keyword_only("layer")
 def contribution_weights_from_cache(
     cache: Any,
     model: Any,
-    layer: int,
     *,
+    layer: int,
     kind: Kind = "intra",
     heads: int | Sequence[int] | None = None,
     tokens: Tensor | None = None,

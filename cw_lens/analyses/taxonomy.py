@@ -20,7 +20,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     tax = cw_lens.head_taxonomy(model, corpus)
     tax.regime_shares()           # Retriever / Mixer / Reset shares of heads
     tax.shares_by_layer()         # the regimes over depth
@@ -46,6 +46,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.capture import resolve_layers
@@ -138,8 +139,8 @@ class _TaxonomyAccumulator:
             )
 
 
-@dataclass
-class HeadTaxonomyResult:
+@dataclass(repr=False)
+class HeadTaxonomyResult(Result):
     """P2's source-winner taxonomy: one row per (layer, head) in ``table``.
 
     Columns: ``layer``, ``head``, ``n_queries`` (counted queries), ``share_current``,
@@ -189,7 +190,7 @@ class HeadTaxonomyResult:
             raise InputError(f"by must be a column of the table, got {by!r}.")
         return self.table.sort_values(by, ascending=False, kind="stable").head(k)
 
-    def summary(self) -> dict[str, Any]:
+    def summary_dict(self) -> dict[str, Any]:
         shares = self.regime_shares()
         return {
             "n_heads": len(self.table),

@@ -57,6 +57,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from cw_lens.core.results import ClaimsTable
+
 Op = Literal["<", ">", "in"]
 OPS = ("<", ">", "in")
 NO_INTERVAL = (math.nan, math.nan)  # a bootstrap was run but gave the number no interval
@@ -201,9 +203,10 @@ class Claim:
         return out
 
 
-class ClaimsDict(dict):
-    """``{claim id: claim dict}`` (plain JSON-ready dicts) with ``replicates``: ``{(claim id,
-    number): float32 [R]}``, the bootstrap replicates of the checks that have them."""
+class ClaimsDict(ClaimsTable):
+    """A printable :class:`ClaimsTable` ``{claim id: claim dict}`` (plain JSON-ready dicts)
+    with ``replicates``: ``{(claim id, number): float32 [R]}``, the bootstrap replicates of the
+    checks that have them."""
 
     replicates: dict[tuple[str, str], np.ndarray]
 

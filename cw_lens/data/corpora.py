@@ -11,7 +11,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model)
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
 """
 
@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.data import documents as data
 from cw_lens.data.scoring import keep_correct
@@ -33,14 +34,14 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
     return getattr(tokenizer, "tokenizer", None) or tokenizer
 
 
+@renamed_kwargs(tokenizer="model")
 def load_corpus(
     name: str | os.PathLike | None = None,
     *,
     n_docs: int = 8,
     max_tokens: int = 128,
-    tokenizer: Any = None,
-    seed: int = 0,
     model: Any = None,
+    seed: int = 0,
     only_correct: bool = False,
 ) -> data.Corpus:
     """Load a corpus of documents to analyse.
@@ -52,10 +53,10 @@ def load_corpus(
         n_docs: Number of documents.
         max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
             analyses). Task items are single short prompts and ignore it.
-        tokenizer: A tokenizer or a model whose ``.tokenizer`` to use; ``None`` uses the
-            embedded SmolLM2 tokenizer. Windows are cut in this tokenizer's tokens.
+        model: The model the corpus is for (or a bare tokenizer): windows are cut in its
+            tokenizer's tokens, and with ``only_correct`` it answers the task items. ``None``
+            uses the embedded SmolLM2 tokenizer. (``tokenizer=``: its deprecated name.)
         seed: Seed for window sampling and task generation.
-        model: For task sets, the model used to keep only correctly answered items.
         only_correct: Keep only items ``model`` answers correctly (requires ``model``). The
             generator draws more candidates until ``n_docs`` are found or 20x were tried.
 
@@ -68,14 +69,16 @@ def load_corpus(
         raise InputError(f"n_docs must be at least 1, got {n_docs}.")
     if max_tokens < 1:
         raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
-    if tokenizer is None and model is not None:
-        tokenizer = model
+    tokenizer = model
     key = None if name is None else str(name)
     if key in data.TASKS:
         generate = data.ioi_items if key == "ioi" else data.arithmetic_items
         if only_correct:
-            if model is None:
-                raise InputError("only_correct=True needs model= to check the answers.")
+            if model is None or not hasattr(model, "cfg"):
+                raise InputError(
+                    "only_correct=True needs model= to be the model (not a tokenizer) to check "
+                    "the answers."
+                )
             pool = generate(20 * n_docs, seed)
             docs = keep_correct(model, pool, limit=n_docs)
             if not docs:

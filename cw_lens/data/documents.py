@@ -38,7 +38,7 @@ model completes correctly (greedy, teacher-forced over every answer token).
 
 Example::
 
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model.tokenizer)
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model.tokenizer)
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
 """
 

@@ -143,7 +143,7 @@ def stream_contributions(
     attention_mask: Tensor | None = None,
     fwd_hooks: Sequence[tuple[str, Callable]] | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = False,
+    progress: bool | str = True,
     count_nan: Sequence[str] = (),
     reuse_buffers: bool = True,
     shard: tuple[int, int] | None = None,

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from cw_lens.analyses.faithfulness import rank_candidates
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 from cw_lens.data.scoring import run_logits, score_answers
@@ -85,8 +86,8 @@ def _seed(*parts: Any) -> int:
 # --------------------------------------------------------------------------- deletion test
 
 
-@dataclass
-class RolloutDeletion:
+@dataclass(repr=False)
+class RolloutDeletion(Result):
     """Outcome of the deletion test: one record per (item, ranking, draw, k).
 
     ``records`` columns: ``item, method, draw, k, n_candidates, clean_logprob, logprob, drop``
@@ -236,8 +237,8 @@ def word_positions(model: Any, text: str, word: str, prepend_bos: bool = True) -
     return out
 
 
-@dataclass
-class IOIRouteStatistics:
+@dataclass(repr=False)
+class IOIRouteStatistics(Result):
     """Routes from the answer position of IOI items.
 
     ``items``: one row per item — ``target``, ``io`` (the indirect object's token position),
@@ -265,7 +266,7 @@ class IOIRouteStatistics:
     def to_dataframe(self) -> pd.DataFrame:
         return self.items
 
-    def summary(self) -> dict[str, float]:
+    def summary_dict(self) -> dict[str, float]:
         df = self.items
         return {
             "n_items": len(df),
@@ -355,7 +356,14 @@ def ioi_route_statistics(
     rows, head_rows, mlp_rows = [], [], []
     for sub in iter_batches(batch, batch_size):
         collector = RouteCollector(model.cfg.n_layers, threshold)
-        stream_shares(model, sub.tokens, collector, attention_mask=sub.mask.long(), batch_size=None)
+        stream_shares(
+            model,
+            sub.tokens,
+            collector,
+            attention_mask=sub.mask.long(),
+            batch_size=None,
+            progress=False,
+        )
         edges, nodes, sequential = collector.tables()
         for r, doc in enumerate(sub.documents):
             d = docs[doc]

@@ -43,7 +43,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
+from cw_lens.core.deprecation import deprecated
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.flow.shares import LayerShares, resolve_row, stream_shares
 from cw_lens.models.capture import LayerActivations, run_layers
@@ -52,21 +54,50 @@ from cw_lens.models.verify import require_flow, require_verified
 METHODS = ("contribution", "attention")
 
 
-@dataclass
-class RolloutResult:
+@dataclass(repr=False)
+class RolloutResult(Result):
     """Contribution and attention rollout of a few texts, ``[batch, query, key]``.
 
-    ``contribution[b, i, j]``: share of position ``i``'s final stream from input token ``j``;
-    ``attention``: the attention-rollout baseline. Rows sum to 1; 0 for ``j > i``; NaN rows at
-    padding.
+    ``contribution[b, i, j]``: share of position ``i``'s final stream from input token ``j``
+    (``None`` in the result of :func:`attention_rollout`); ``attention``: the attention-rollout
+    baseline. Rows sum to 1; 0 for ``j > i``; NaN rows at padding. ``matrix``: the rollout the
+    result was computed for (``contribution``, or ``attention`` for :func:`attention_rollout`).
     """
 
-    contribution: Float[Tensor, "batch query key"]
+    contribution: Float[Tensor, "batch query key"] | None
     attention: Float[Tensor, "batch query key"]
     tokens: Int[Tensor, "batch pos"]
     mask: Bool[Tensor, "batch pos"]
     str_tokens: list[list[str]]
     model_name: str = ""
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The rollouts this result holds: ``("contribution", "attention")`` or
+        ``("attention",)``."""
+        return METHODS if self.contribution is not None else ("attention",)
+
+    @property
+    def matrix(self) -> Float[Tensor, "batch query key"]:
+        """The rollout this result was computed for (``contribution``, else ``attention``)."""
+        return getattr(self, self.methods[0])
+
+    # attention_rollout returned a bare tensor in 0.2: indexing, .shape and torch functions
+    # still act on ``matrix``, with a DeprecationWarning
+    def __getitem__(self, index: Any) -> Tensor:
+        deprecated("indexing a RolloutResult like a tensor; use result.matrix[...]")
+        return self.matrix[index]
+
+    @property
+    def shape(self) -> torch.Size:
+        deprecated("RolloutResult.shape; use result.matrix.shape")
+        return self.matrix.shape
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        deprecated(f"torch.{func.__name__} on a RolloutResult; pass result.matrix")
+        swap = lambda a: a.matrix if isinstance(a, RolloutResult) else a  # noqa: E731
+        return func(*map(swap, args), **{k: swap(v) for k, v in (kwargs or {}).items()})
 
     def _row(self, batch: int, query: int | None) -> tuple[int, int]:
         return resolve_row(self.mask, batch, query)
@@ -87,16 +118,18 @@ class RolloutResult:
             "query_token": toks[qq],
             "key_token": toks[kk],
         }
-        for m in METHODS:
+        for m in self.methods:
             data[m] = getattr(self, m)[batch].detach().cpu().numpy()[qq, kk]
         return pd.DataFrame(data)
 
     def top(
-        self, *, query: int | None = None, k: int = 10, batch: int = 0, by: str = "contribution"
+        self, *, query: int | None = None, k: int = 10, batch: int = 0, by: str | None = None
     ) -> pd.DataFrame:
-        """The ``k`` input tokens with the largest rollout for one query (default: the last)."""
-        if by not in METHODS:
-            raise InputError(f"by must be one of {METHODS}, got {by!r}.")
+        """The ``k`` input tokens with the largest rollout for one query (default: the last),
+        ranked ``by`` one of :attr:`methods` (default: the first)."""
+        by = self.methods[0] if by is None else by
+        if by not in self.methods:
+            raise InputError(f"by must be one of {self.methods}, got {by!r}.")
         df = self.to_dataframe(batch=batch, query=self._row(batch, query)[1])
         return df.sort_values(by, ascending=False).head(k).reset_index(drop=True)
 
@@ -104,6 +137,11 @@ class RolloutResult:
         """Contribution rollout next to attention rollout (matrices and one query's row)."""
         from cw_lens.plots import plot_rollout
 
+        if self.contribution is None:
+            raise InputError(
+                "This result holds the attention rollout alone; the figure compares it with the "
+                "contribution rollout: use cw_lens.contribution_rollout(model, text).plot()."
+            )
         batch, q = self._row(batch, query)
         return plot_rollout(self, batch=batch, query=q, **kwargs)
 
@@ -177,6 +215,7 @@ def rollout_batches(
             batch_size=None,
             on_logits=keep if need_logits else None,
             query_chunk=query_chunk,
+            progress=False,
         )
         contribution, attention = acc.finish(sub.mask)
         yield sub, contribution, attention, got.pop("logits", None)
@@ -234,12 +273,13 @@ def attention_rollout(
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
-) -> Float[Tensor, "batch query key"]:
+) -> RolloutResult:
     """Attention rollout alone (Abnar & Zuidema 2020): ``S_{L-1} ... S_0`` with ``S_l = 0.5
     mean_h alpha_l + 0.5 I``, each row divided by its sum.
 
-    Returns ``[batch, pos, pos]`` (rows sum to 1, also where attention rows do not; NaN rows at
-    padding). Reads only the attention
+    Returns a :class:`RolloutResult` whose ``attention`` (= ``matrix``) is ``[batch, pos, pos]``
+    (rows sum to 1, also where attention rows do not; NaN rows at padding) and ``contribution``
+    is None. Reads only the attention
     patterns, so it costs a forward pass; :func:`contribution_rollout` returns it too.
     """
     require_verified(model)
@@ -256,7 +296,14 @@ def attention_rollout(
         run_layers(model, sub, step, layers=layers)
         width = sub.tokens.shape[1]
         out[torch.tensor(sub.documents), :width, :width] = state["r"].cpu()
-    return _mark_padding(out, batch.mask)
+    return RolloutResult(
+        contribution=None,
+        attention=_mark_padding(out, batch.mask),
+        tokens=batch.tokens,
+        mask=batch.mask,
+        str_tokens=batch.str_tokens(model),
+        model_name=str(getattr(model.cfg, "model_name", "")),
+    )
 
 
 def _mark_padding(r: Tensor, mask: Tensor) -> Tensor:

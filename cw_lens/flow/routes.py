@@ -39,7 +39,9 @@ import torch
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
+from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.flow.shares import LayerShares, stream_shares
 from cw_lens.models.verify import require_flow
@@ -106,8 +108,8 @@ class RouteCollector:
         return edges, nodes, [bool(s) for s in self.sequential]
 
 
-@dataclass
-class RouteGraph:
+@dataclass(repr=False)
+class RouteGraph(Result):
     """The routes to one target position.
 
     Attributes:
@@ -154,12 +156,13 @@ class RouteGraph:
         order = ["target_layer", "target", "kind", "head", "source"]
         return df.sort_values(order).reset_index(drop=True)
 
-    def top(self, k: int = 10, *, kind: str | None = "attention") -> pd.DataFrame:
-        """The ``k`` edges with the largest share (``kind=None``: residual and MLP edges
-        too)."""
+    @renamed_kwargs(kind="edge")
+    def top(self, k: int = 10, *, edge: str | None = "attention") -> pd.DataFrame:
+        """The ``k`` edges with the largest share, of one ``edge`` type (``"attention"``,
+        ``"residual"`` or ``"mlp"``; ``None``: all)."""
         df = self.to_dataframe()
-        if kind is not None:
-            df = df[df["kind"] == kind]
+        if edge is not None:
+            df = df[df["kind"] == edge]
         return df.sort_values("share", ascending=False).head(k).reset_index(drop=True)
 
     def reaches(self, position: int) -> bool:
@@ -330,12 +333,13 @@ def check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+@keyword_only("target", "threshold")
 def routes(
     model: Any,
     text: Any,
+    *,
     target: int = -1,
     threshold: float = 0.02,
-    *,
     prepend_bos: bool = True,
     query_chunk: int | None = None,
 ) -> RouteGraph:
@@ -364,7 +368,9 @@ def routes(
     if isinstance(target, bool) or not isinstance(target, int) or not -n <= target < n:
         raise InputError(f"target must be a position in {-n}..{n - 1}, got {target!r}.")
     collector = RouteCollector(model.cfg.n_layers, threshold)
-    stream_shares(model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None)
+    stream_shares(
+        model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None, progress=False
+    )
     edges, nodes, sequential = collector.tables()
     return build_route_graph(
         edges,

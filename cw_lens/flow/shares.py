@@ -50,6 +50,7 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
 from cw_lens.models.blocks import CHECK_RTOL, BlockActivations, arch_name, run_blocks
@@ -60,7 +61,7 @@ from cw_lens.models.verify import require_flow
 PIECES = ("residual", "attention", "bias", "mlp")
 
 
-class LayerShares:
+class LayerShares(Result):
     """Residual shares of one block for one block of query rows (the streaming unit).
 
     Pair tensors are ``[batch, head, query, key]`` over the rows ``queries`` and the keys
@@ -296,7 +297,7 @@ def stream_shares(
     attention_mask: Tensor | None = None,
     fwd_hooks: Sequence | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = False,
+    progress: bool | str = True,
     reuse_buffers: bool = True,
 ) -> StreamStats:
     """Stream one block (and one block of query rows) at a time to ``consumer``.
@@ -373,15 +374,18 @@ def resolve_row(mask: Tensor, batch: int, query: int | None) -> tuple[int, int]:
     return batch, q
 
 
-@dataclass
-class ResidualShares:
+@dataclass(repr=False)
+class ResidualShares(Result):
     """Residual contribution shares of a few texts.
 
     ``pairs`` ``[batch, layer, head, query, key]`` (0 for ``j > i``), and per position
     ``residual``, ``attention`` (the sum of the pairs), ``bias``, ``mlp`` ``[batch, layer,
     query]``. ``residual + attention + bias + mlp == 1`` at every real (layer, position); rows
-    at padding are NaN. ``layers`` names the layer axis.
+    at padding are NaN. ``layers`` names the layer axis; ``shares.layer(20)`` is this result
+    for layer NUMBER 20 only.
     """
+
+    _layer_axes = tuple((name, 1) for name in ("pairs", "residual", "attention", "bias", "mlp"))
 
     pairs: Float[Tensor, "batch layer head query key"]
     residual: Float[Tensor, "batch layer query"]
@@ -531,6 +535,7 @@ def residual_shares(
         query_chunk=query_chunk,
         batch_size=batch_size,
         attention_mask=batch.mask.long(),
+        progress=False,
     )
     n_nan = int((filler.pieces["residual"].isnan() & batch.mask[:, None, :]).sum())
     if n_nan:

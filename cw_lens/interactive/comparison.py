@@ -44,6 +44,7 @@ from torch import Tensor
 from cw_lens.analyses.contributions import ContributionResult, contribution_weights
 from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.scoring import token_nll
 from cw_lens.models.access import resolve_heads, resolve_layers
@@ -254,8 +255,8 @@ def run_text(
     return SinkRun(weights, ids.cpu(), probs.cpu(), nll.cpu(), cone_list, norm, cos, sink_tuple)
 
 
-@dataclass
-class SinkPatchComparison:
+@dataclass(repr=False)
+class SinkPatchComparison(Result):
     """Result of :func:`compare_sink_patch`: the clean and the patched :class:`SinkRun`."""
 
     controls: PatchControls

@@ -101,7 +101,7 @@ def cache_names(layers: int | Sequence[int]) -> list[str]:
     Example::
 
         _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([3, 4]))
-        cw = cw_lens.contribution_weights_from_cache(cache, model, 3)
+        cw = cw_lens.contribution_weights_from_cache(cache, model, layer=3)
     """
     layers = [layers] if isinstance(layers, int) else list(layers)
     return [hook_name(kind, layer) for layer in layers for kind in ATTENTION_HOOKS]

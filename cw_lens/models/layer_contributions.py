@@ -36,6 +36,7 @@ from torch import Tensor
 
 from cw_lens.core import geometry as geo
 from cw_lens.core.errors import InputError
+from cw_lens.core.results import Result
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import LayerActivations
 
@@ -73,7 +74,7 @@ class Workspace:
         return buf[:numel].view(tuple(shape))
 
 
-class LayerContributions:
+class LayerContributions(Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
     Tensors are ``[batch, head, query, key]`` over the selected heads, the query rows

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.core.results import Result
 from cw_lens.models.access import ModelAccess, model_access, probe_tokens
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.blocks import run_blocks
@@ -61,8 +62,8 @@ PROBE_BATCH, PROBE_LENGTH = 2, 16
 INTERVENTIONS = ("patch_sink", "mask_attention", "remove_heads")
 
 
-@dataclass
-class ModelVerification:
+@dataclass(repr=False)
+class ModelVerification(Result):
     """What :func:`verify_model` found.
 
     Attributes:
@@ -109,7 +110,22 @@ class ModelVerification:
                 "cw_lens.verify_model(model) lists every check."
             )
 
-    def summary(self) -> str:
+    def summary_dict(self) -> dict[str, Any]:
+        """The verdict and the largest errors (``summary()``: this as a one-row DataFrame;
+        ``summary_text()`` / ``str()``: the readable report)."""
+        return {
+            "architecture": self.architecture,
+            "api": self.api,
+            "dtype": self.dtype,
+            "ok": self.ok,
+            "max_error_pattern_v_z": float(self.layers["pattern_v_z"].max()),
+            "max_error_output": float(self.layers["output"].max()),
+            "logits_vs_hf": self.logits_vs_hf,
+            "route": self.route,
+            "n_problems": len(self.problems),
+        }
+
+    def summary_text(self) -> str:
         lines = [
             f"{self.architecture} ({self.api}, {self.dtype}): "
             + ("verified" if self.ok else "REFUSED"),
@@ -128,10 +144,10 @@ class ModelVerification:
         lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
-    __str__ = summary
+    __str__ = summary_text
 
     def _repr_markdown_(self) -> str:
-        return "```\n" + self.summary() + "\n```"
+        return "```\n" + self.summary_text() + "\n```"
 
 
 def _relative(a: Tensor, b: Tensor) -> float:

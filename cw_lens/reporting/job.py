@@ -287,7 +287,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
         seed=job.config.seed,
         progress=job.progress,
         per_document=True,
-        random_draws=job.config.random_draws,
+        n_random=job.config.random_draws,
     )
     return {"result": result}
 

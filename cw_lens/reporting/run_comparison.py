@@ -53,8 +53,10 @@ from typing import Any
 import pandas as pd
 
 from cw_lens.core.claims import VERDICTS, threshold_text
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, RunReplicates, difference_test, unpack
+from cw_lens.core.results import Result
 
 SCHEMAS = (1, 2, 3)
 # the verdicts each schema writes: 1 true/false, 2 three values, 3 four (docs/methods.md#claims)
@@ -92,8 +94,8 @@ class Run:
     no_replicates: str = "a summary of schema 1 or 2 keeps no bootstrap replicates"
 
 
-@dataclass
-class RunComparison:
+@dataclass(repr=False)
+class RunComparison(Result):
     """Checks of several runs, one row per run x claim x headline number.
 
     Attributes:
@@ -176,8 +178,9 @@ class RunComparison:
         return plot_run_comparison(self.rows, [r.label for r in self.runs], **kwargs)
 
 
+@keyword_only("labels")
 def compare_runs(
-    runs: Sequence[str | Path | Mapping[str, Any]], labels: Sequence[str] | None = None
+    runs: Sequence[str | Path | Mapping[str, Any]], *, labels: Sequence[str] | None = None
 ) -> RunComparison:
     """Read several runs' ``summary.json`` and line up their claims.
 

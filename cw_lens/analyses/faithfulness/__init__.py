@@ -32,7 +32,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model)
     result = cw_lens.faithfulness(model, corpus, granularity=("pairs", "tokens"))
     result.aopc()
     result.plot()

@@ -32,7 +32,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model)
     result = cw_lens.faithfulness(model, corpus, granularity=("pairs", "tokens"))
     result.aopc()
     result.plot()
@@ -62,8 +62,10 @@ from cw_lens.analyses.faithfulness.ranking import (
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard, merge_across_ranks
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
@@ -73,8 +75,8 @@ from cw_lens.models.layer_contributions import METRICS
 from cw_lens.models.verify import require_verified
 
 
-@dataclass
-class FaithfulnessResult:
+@dataclass(repr=False)
+class FaithfulnessResult(Result):
     """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).
 
     Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on
@@ -119,7 +121,7 @@ class FaithfulnessResult:
         )
 
     def random_spread(self, column: str | None = None) -> pd.DataFrame:
-        """The random-ranking control over its independent draws (``random_draws``): per
+        """The random-ranking control over its independent draws (``n_random``): per
         (granularity, mode), the number of draws and the mean, standard deviation (ddof=1;
         NaN for one draw), minimum and maximum of their AOPCs."""
         draws = _random_columns(self.aopc(column))
@@ -146,7 +148,7 @@ class FaithfulnessResult:
         :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
         and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
         ranking's included: its interval over documents, per draw). With several random draws
-        (``random_draws``), ``measured["random_aopc_over_draws"]`` holds their spread
+        (``n_random``), ``measured["random_aopc_over_draws"]`` holds their spread
         (:meth:`random_spread`). Intervals need ``per_document=True``."""
         point = self.aopc()
         claim = faithfulness_claim(point, self.value_column, self.clean)
@@ -264,6 +266,7 @@ class _Outcomes:
             self._add(docs, f"count|{tag}", torch.ones(len(docs)))
 
 
+@renamed_kwargs(random_draws="n_random")
 def faithfulness(
     model: Any,
     corpus: Any,
@@ -279,7 +282,7 @@ def faithfulness(
     prepend_bos: bool = True,
     progress: bool = True,
     per_document: bool = False,
-    random_draws: int = 1,
+    n_random: int = 1,
 ) -> FaithfulnessResult:
     """Run the faithfulness protocol of methods § Faithfulness (docs/methods.md#faithfulness) on a
     corpus.
@@ -308,7 +311,7 @@ def faithfulness(
             per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
             with both granularities and the defaults) for bootstrap intervals of the AOPCs
             (:meth:`FaithfulnessResult.claims`).
-        random_draws: Independent draws of the ``random`` ranking (metrics ``random``,
+        n_random: Independent draws of the ``random`` ranking (metrics ``random``,
             ``random#2``, ...; the first is the same with any number of draws), for the
             control's spread over draws (:meth:`FaithfulnessResult.random_spread`). Each extra
             draw costs ``len(granularity) * len(modes) * len(fractions)`` passes per batch.
@@ -321,7 +324,7 @@ def faithfulness(
     """
     require_verified(model)
     metrics, modes, grans, fractions = _checked_options(
-        metrics, modes, granularity, ranking, fractions, first_query, random_draws
+        metrics, modes, granularity, ranking, fractions, first_query, n_random
     )
 
     docs = as_corpus(corpus)
@@ -372,6 +375,7 @@ def faithfulness(
             batch_size=None,
             attention_mask=local.mask.long(),
             on_logits=on_logits,
+            progress=False,
         )
         outcomes.tokens += int(batch.mask.sum())
         bar.update(1)
@@ -397,7 +401,7 @@ def _checked_options(
     ranking: str,
     fractions: Sequence[float],
     first_query: int,
-    random_draws: int,
+    n_random: int,
 ) -> tuple[list[str], list[str], list[str], list[float]]:
     """:func:`faithfulness`'s options checked: metrics (with the extra random draws), modes,
     granularities and fractions as lists."""
@@ -408,12 +412,12 @@ def _checked_options(
     for m in metrics:
         if m not in ALL_METRICS:
             raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
-    if isinstance(random_draws, bool) or not isinstance(random_draws, int) or random_draws < 1:
-        raise InputError(f"random_draws must be a positive integer, got {random_draws!r}.")
-    if random_draws > 1:
+    if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
+        raise InputError(f"n_random must be a positive integer, got {n_random!r}.")
+    if n_random > 1:
         if "random" not in metrics:
-            raise InputError("random_draws > 1 needs the 'random' metric; add it to metrics.")
-        metrics += random_draw_names(random_draws)[1:]
+            raise InputError("n_random > 1 needs the 'random' metric; add it to metrics.")
+        metrics += random_draw_names(n_random)[1:]
     for mode in modes:
         if mode not in MODES:
             raise InputError(f"Unknown mode {mode!r}; choose from {', '.join(MODES)}.")

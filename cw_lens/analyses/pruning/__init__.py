@@ -15,7 +15,7 @@ those of methods § Token selection (docs/methods.md#selection).
   head's);
 - ``entropy`` — mean attention entropy ``-sum_j alpha log alpha`` over the counted queries,
   highest first;
-- ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
+- ``random`` — seeded permutations (``n_random`` of them; the mean and each are reported).
 
 Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, methods § Token
 selection (docs/methods.md#selection)) removes the same fraction from every layer, ranked within the
@@ -32,7 +32,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     pruned = cw_lens.prune_heads(model, corpus)
     pruned.by_retention()         # ΔPPL per retention (rows) and order (columns)
     pruned.top(5)                 # the heads whose lone removal costs most

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from cw_lens.analyses.common import check_count
 from cw_lens.analyses.pruning.orders import Head
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
@@ -63,11 +64,12 @@ def _row_group_removal(
     ]
 
 
+@keyword_only("heads")
 def lone_head_costs(
     model: Any,
     corpus: Any,
-    heads: Sequence[Head] | None = None,
     *,
+    heads: Sequence[Head] | None = None,
     n_docs: int | None = 2,
     n_tokens: int | None = 32,
     heads_per_pass: int = 8,

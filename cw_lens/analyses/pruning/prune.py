@@ -15,7 +15,7 @@ those of methods § Token selection (docs/methods.md#selection).
   head's);
 - ``entropy`` — mean attention entropy ``-sum_j alpha log alpha`` over the counted queries,
   highest first;
-- ``random`` — seeded permutations (``n_draws`` of them; the mean and each are reported).
+- ``random`` — seeded permutations (``n_random`` of them; the mean and each are reported).
 
 Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, methods § Token
 selection (docs/methods.md#selection)) removes the same fraction from every layer, ranked within the
@@ -32,7 +32,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     pruned = cw_lens.prune_heads(model, corpus)
     pruned.by_retention()         # ΔPPL per retention (rows) and order (columns)
     pruned.top(5)                 # the heads whose lone removal costs most
@@ -62,8 +62,10 @@ from cw_lens.analyses.pruning.orders import (
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import pruning_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.scoring import NLLResult, corpus_nll
 from cw_lens.models.capture import resolve_layers
@@ -71,8 +73,8 @@ from cw_lens.models.interventions import remove_heads
 from cw_lens.models.verify import require_verified
 
 
-@dataclass
-class PruningResult:
+@dataclass(repr=False)
+class PruningResult(Result):
     """ΔPPL of structured head pruning (P2) per order and retention level.
 
     Attributes:
@@ -130,7 +132,7 @@ class PruningResult:
             raise InputError("This result has no lone-head costs; rerun prune_heads(lone=True).")
         return self.lone.head(k).reset_index(drop=True)
 
-    def summary(self) -> dict[str, Any]:
+    def summary_dict(self) -> dict[str, Any]:
         """Headline numbers of the claim ``pruning_signal`` (JSON-ready)."""
         table = self.by_retention()
         out: dict[str, Any] = {
@@ -267,7 +269,7 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
         "best_order": {
             str(r): str(table.loc[r, orders].idxmin()) for r in AGGRESSIVE if r in table.index
         },
-        "delta_ppl": result.summary()["delta_ppl"],
+        "delta_ppl": result.summary_dict()["delta_ppl"],
     }
     if variant is not None:
         other = variant.by_retention()
@@ -280,12 +282,12 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
                 for r in AGGRESSIVE
                 if r in other.index
             },
-            "delta_ppl": variant.summary()["delta_ppl"],
+            "delta_ppl": variant.summary_dict()["delta_ppl"],
         }
     if result.lone is not None:
-        measured["top_lone_heads"] = result.summary()["top_lone_heads"]
+        measured["top_lone_heads"] = result.summary_dict()["top_lone_heads"]
     elif variant is not None and variant.lone is not None:
-        measured["top_lone_heads"] = variant.summary()["top_lone_heads"]
+        measured["top_lone_heads"] = variant.summary_dict()["top_lone_heads"]
     return Claim(
         "pruning_signal",
         paper="taxonomy order is a useful pruning signal at moderate retention, not always best "
@@ -305,6 +307,7 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
     )
 
 
+@renamed_kwargs(n_draws="n_random")
 def prune_heads(
     model: Any,
     corpus: Any,
@@ -313,7 +316,7 @@ def prune_heads(
     retention: float | Sequence[float] = RETENTION,
     scope: Literal["layer", "global"] = "layer",
     layers: int | Sequence[int] | None = None,
-    n_draws: int = 3,
+    n_random: int = 3,
     seed: int = 0,
     sink_positions: Sequence[int] = (0,),
     taxonomy: HeadTaxonomyResult | None = None,
@@ -346,7 +349,7 @@ def prune_heads(
             order and removes the first ones (norms and magnitudes grow with depth, so global
             orders by them concentrate removal in the first layers).
         layers: Layers whose heads may be removed (``None`` = all); retention counts them.
-        n_draws: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
+        n_random: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
         seed: Seed of the random orders.
         sink_positions: For the taxonomy (see :func:`head_taxonomy`).
         taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
@@ -384,7 +387,7 @@ def prune_heads(
     levels = _check_retention(retention)
     if scope not in ("global", "layer"):
         raise InputError(f"scope must be 'global' or 'layer', got {scope!r}.")
-    check_count(n_draws, "n_draws (3 in P2)")
+    check_count(n_random, "n_random (3 in P2)")
     check_count(lone_heads_per_pass, "lone_heads_per_pass")
     sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
@@ -401,7 +404,7 @@ def prune_heads(
         "progress": progress,
     }
     stats = _head_statistics(model, docs, layer_list, orders, taxonomy, stream_args)
-    rankings = pruning_rankings(stats, orders, n_draws, seed)
+    rankings = pruning_rankings(stats, orders, n_random, seed)
     nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos, "per_document": per_document}
     clean = corpus_nll(model, docs, **nll_args)
     table, per_doc = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
@@ -423,7 +426,7 @@ def prune_heads(
         result.lone_clean_ppl, result.lone = lone_head_costs(
             model,
             lone_source,
-            lone_list,
+            heads=lone_list,
             n_docs=lone_docs,
             n_tokens=lone_tokens,
             heads_per_pass=lone_heads_per_pass,

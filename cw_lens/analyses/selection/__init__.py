@@ -38,7 +38,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     geo = cw_lens.selection_geometry(model, corpus)
     geo.f_by_n()                  # mean F_N per N: top vs random, and the sink effect
     geo.sink_effect()             # F_N without the sink over F_N with it

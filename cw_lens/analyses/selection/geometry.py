@@ -32,6 +32,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import selection_numbers
+from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.data.streaming import stream_corpus
@@ -245,15 +246,16 @@ def selection_claims(table: pd.DataFrame) -> list[Claim]:
     return out
 
 
-@dataclass
-class SelectionGeometryResult:
+@dataclass(repr=False)
+class SelectionGeometryResult(Result):
     """F_N, P_N, R_N of the three selection rules per (layer, head, N), summed over a corpus.
 
     Attributes:
         sums: float64 totals ``[layer, rule, head, n, 4]``: the sums of P, R, F over the scored
             queries (the random rule contributes each query's mean over its ``n_random``
             rankings) and the number of scored queries.
-        layers: Layer index of each entry of the layer axis.
+        layers: Layer index of each entry of the layer axis (``result.layer(n)``: layer ``n``
+            only).
         n_grid: The N of each entry of the n axis.
         query: ``"last"`` (the last real position of each document) or ``"all"``.
         n_random, seed: The random baseline's size and seed.
@@ -264,6 +266,8 @@ class SelectionGeometryResult:
     Means are NaN where no query was scored (a query needs at least ``2N`` keys); tables drop
     those entries.
     """
+
+    _layer_axes = (("sums", 0),)
 
     sums: Float[Tensor, "layer rule head n 4"]
     layers: list[int]
@@ -363,8 +367,9 @@ class SelectionGeometryResult:
         df = df[(df["rule"] == rule) & (df["n"] == n)]
         return df.sort_values("f", ascending=False, kind="stable").head(k).reset_index(drop=True)
 
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers of the claims ``topn_beats_random`` and ``sink_lowers_fn``."""
+    def summary_dict(self) -> dict[str, Any]:
+        """Headline numbers of the claims ``topn_beats_random`` and ``sink_lowers_fn``
+        (``summary()``: this dict as a one-row DataFrame)."""
         table = self.f_by_n()
         out: dict[str, Any] = {
             "query": self.query,
@@ -451,7 +456,7 @@ def selection_geometry(
 
     Example::
 
-        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(tokenizer=model))
+        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(model=model))
         geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
         geo.plot()
 

@@ -27,7 +27,7 @@ Example::
 
     import cw_lens
     model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, tokenizer=model)
+    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
     stats = cw_lens.sink_statistics(model, corpus)
     stats.heads().query("sink_head")            # per-head sink geometry
     stats.claims()                              # P1's sink claims, measured

@@ -24,6 +24,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import (
     ablation_numbers,
 )
+from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.scoring import corpus_nll
@@ -151,8 +152,8 @@ class _AblationAccumulator:
             )
 
 
-@dataclass
-class SinkAblation:
+@dataclass(repr=False)
+class SinkAblation(Result):
     """Result of :func:`sink_ablation`.
 
     Attributes:
@@ -271,7 +272,7 @@ def sink_ablation(
     low_norm_quantile: float = 0.25,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
-    progress: bool | str = False,
+    progress: bool | str = True,
     per_document: bool = False,
 ) -> SinkAblation:
     """Remove (or rescale) the sink's projected value and measure what changes

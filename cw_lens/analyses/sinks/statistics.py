@@ -43,14 +43,15 @@ from cw_lens.core.resampled import (
     sink_numbers,
     sink_numbers_per_layer,
 )
+from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_contributions, stream_corpus
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributions
 
 
-@dataclass
-class SinkStatistics:
+@dataclass(repr=False)
+class SinkStatistics(Result):
     """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
 
     Use :meth:`heads` for the per-head table, :meth:`curve` for the empirical sink-rate curves,
@@ -329,7 +330,7 @@ def sink_statistics(
     max_samples: int = MAX_SAMPLES_PER_HEAD,
     seed: int = 0,
     prepend_bos: bool = True,
-    progress: bool | str = False,
+    progress: bool | str = True,
     per_document: bool = False,
 ) -> SinkStatistics:
     """Sink geometry over a corpus in one streamed pass (docs/methods.md#sinks).
@@ -442,5 +443,6 @@ def sink_rates(
         fill,
         layers=layer_list,
         attention_mask=batch.mask.long(),
+        progress=False,
     )
     return out

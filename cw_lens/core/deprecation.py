@@ -1,0 +1,93 @@
+"""Deprecations of the public API: old spellings keep working for one minor version, with a
+``DeprecationWarning`` that names the new one.
+
+- :func:`renamed_kwargs` — a function's keyword argument renamed (``n_draws=`` -> ``n_random=``);
+- :func:`keyword_only` — arguments that were positional and are now keyword-only;
+- :func:`deprecated` — any other old behaviour kept reachable: warn, then do it.
+
+Example::
+
+    @renamed_kwargs(n_draws="n_random")
+    def prune_heads(model, corpus, *, n_random=3): ...
+
+    prune_heads(model, corpus, n_draws=5)    # DeprecationWarning; runs with n_random=5
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from cw_lens.core.errors import InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+REMOVED_IN = "0.4"
+
+
+def deprecated(message: str, *, stacklevel: int = 3) -> None:
+    """Warn that an old spelling or behaviour goes away in :data:`REMOVED_IN`."""
+    warnings.warn(
+        f"{message} (deprecated; removed in cw_lens {REMOVED_IN})",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def renamed_kwargs(**old_to_new: str) -> Callable[[F], F]:
+    """Accept each old keyword name for its new one, with a ``DeprecationWarning``; passing
+    both raises :class:`~cw_lens.InputError`. The wrapped function's signature shows only the
+    new names; ``__renamed_kwargs__`` lists the old ones."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for old, new in old_to_new.items():
+                if old not in kwargs:
+                    continue
+                if new in kwargs:
+                    raise InputError(
+                        f"{fn.__name__}() got both {old}= and {new}=; pass only {new}= "
+                        f"({old}= is its deprecated name)."
+                    )
+                deprecated(f"{fn.__name__}({old}=...) is now {fn.__name__}({new}=...)")
+                kwargs[new] = kwargs.pop(old)
+            return fn(*args, **kwargs)
+
+        wrapper.__renamed_kwargs__ = dict(old_to_new)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def keyword_only(*names: str) -> Callable[[F], F]:
+    """Accept ``names`` (now keyword-only, in this order after the positional parameters) also
+    positionally, with a ``DeprecationWarning``: ``routes(model, text, 5)`` runs as
+    ``routes(model, text, target=5)``."""
+
+    def decorate(fn: F) -> F:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        n_positional = sum(p.kind in kinds for p in inspect.signature(fn).parameters.values())
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            extra = args[n_positional:]
+            if extra:
+                if len(extra) > len(names):
+                    raise TypeError(
+                        f"{fn.__name__}() takes {n_positional} positional arguments; pass the "
+                        f"others by keyword"
+                    )
+                given = dict(zip(names, extra, strict=False))
+                spelled = ", ".join(f"{name}=..." for name in given)
+                deprecated(f"{fn.__name__}(): pass {spelled} by keyword")
+                kwargs.update(given)
+            return fn(*args[:n_positional], **kwargs)
+
+        wrapper.__keyword_only__ = names  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

@@ -1,0 +1,187 @@
+"""The result protocol: what every object an analysis returns answers to.
+
+Every public result class (:class:`~cw_lens.ContributionResult`, :class:`~cw_lens.SinkStatistics`,
+:class:`~cw_lens.RolloutResult`, ...) derives from :class:`Result`, so the same few calls work on
+all of them::
+
+    cw = cw_lens.contribution_weights(model, text, layers=[10, 20])
+    cw                   # ContributionResult(model_name='...', layers=[10, 20], ...) one line
+    cw.summary()         # a pandas DataFrame, always
+    cw.to_dataframe()    # the full tidy table
+    cw.plot()            # the figure (where the result has one)
+    cw.layer(20)         # the same result restricted to layer 20 (by layer NUMBER)
+    stats.claims()       # a ClaimsTable: prints as a table, stats.claims()["sink_anti_alignment"]
+
+:class:`ClaimsTable` is the printable ``{claim id: claim}`` mapping every ``claims()`` returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import pandas as pd
+
+from cw_lens.core.errors import InputError
+
+_REPR_LIMIT = 380
+
+
+def _short(value: Any) -> str:
+    """A value for a repr: shapes, lengths and type names — never tensor or table contents."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, (int, float, str)):
+        dims = "x".join(str(int(d)) for d in shape) if len(shape) else "scalar"
+        if isinstance(value, pd.DataFrame):
+            return f"DataFrame[{dims}]"
+        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+        return f"{type(value).__name__}[{dims}] {dtype}".rstrip()
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:37] + "...")
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        if len(value) <= 8 and all(isinstance(v, (int, float, str)) for v in value):
+            text = repr(value)
+            if len(text) <= 60:
+                return text
+        return f"{type(value).__name__}(len {len(value)})"
+    if isinstance(value, dict):
+        return f"dict(len {len(value)})"
+    return type(value).__name__
+
+
+class Result:
+    """Base of every public result: one protocol for all analyses.
+
+    - ``repr(result)``: one short line — the class, the model, the layers, the shape of every
+      tensor and the size of every table; never their contents (a notebook cell ending with a
+      result prints one line). Jupyter and IPython show the same line.
+    - ``result.summary()``: a :class:`pandas.DataFrame`, for every result: the headline numbers
+      (one row, or one row per group such as a ranking or a layer). Results whose summary was a
+      dict or a string in 0.2 keep it as ``summary_dict()`` / ``summary_text()``.
+    - ``result.to_dataframe()``: the full tidy table behind the result.
+    - ``result.plot(...)``: the result's figure (a matplotlib ``Figure``), where it has one.
+    - ``result.claims(...)``: where the result carries claims of the papers, a
+      :class:`ClaimsTable` (a ``{claim id: claim}`` mapping that prints as a table).
+    - ``result.layer(n)``: for results over a subset of layers (``layers=[10, 20]``), the same
+      result restricted to layer NUMBER ``n`` (``layers == [n]``, the layer axis kept with size
+      1); ``result.layer_index(n)`` is that layer's position on the layer axis. A layer that is
+      not in the result raises :class:`~cw_lens.InputError` naming the layers it has.
+
+    Subclasses that support :meth:`layer` hold the layer numbers in ``layers`` and list their
+    layer-axis fields in ``_layer_axes`` (``((field name, axis), ...)``; ``()`` when ``layers``
+    alone selects, e.g. tables keyed by layer number).
+    """
+
+    _layer_axes: ClassVar[tuple[tuple[str, int], ...] | None] = None
+
+    # ----------------------------------------------------------------- repr
+    def _repr_items(self) -> list[tuple[str, Any]]:
+        """The (name, value) pairs the repr describes: the dataclass fields shown by ``repr``
+        (or the public attributes), the model name and layers first."""
+        if dataclasses.is_dataclass(self):
+            items = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr]
+        else:
+            items = [(k, v) for k, v in vars(self).items() if not k.startswith("_")]
+        first = {"model_name": 0, "model": 0, "architecture": 0, "layers": 1, "layer": 1}
+        return sorted(items, key=lambda kv: first.get(kv[0], 2))
+
+    def __repr__(self) -> str:
+        parts = [f"{name}={_short(value)}" for name, value in self._repr_items()]
+        text = f"{type(self).__name__}({', '.join(parts)})"
+        if len(text) > _REPR_LIMIT:
+            text = text[: _REPR_LIMIT - 4] + " ...)"
+        return text
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+    # ----------------------------------------------------------------- summary
+    def summary(self) -> pd.DataFrame:
+        """The headline numbers as a DataFrame (the default: ``summary_dict()`` as one row, or
+        the repr's fields when the result has no headline numbers)."""
+        summary_dict = getattr(self, "summary_dict", None)
+        if summary_dict is not None:
+            return dict_frame(summary_dict())
+        return dict_frame({name: _short(value) for name, value in self._repr_items()})
+
+    # ----------------------------------------------------------------- layers
+    def layer_index(self, layer: int) -> int:
+        """The position of layer NUMBER ``layer`` on this result's layer axis."""
+        layers = list(getattr(self, "layers", None) or [])
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer not in layers:
+            raise InputError(
+                f"Layer {layer!r} is not in this {type(self).__name__} (its layers: {layers}); "
+                "pass one of those layer numbers, or compute the result with layers=[...]"
+                " including it."
+            )
+        return layers.index(layer)
+
+    def layer(self, layer: int) -> Result:
+        """The same result restricted to layer NUMBER ``layer`` (``layers == [layer]``; every
+        layer-axis field keeps its axis, with size 1)."""
+        if self._layer_axes is None:
+            raise InputError(f"{type(self).__name__} has no layer axis to select from.")
+        i = self.layer_index(layer)
+        fields = {name: _take(getattr(self, name), axis, i) for name, axis in self._layer_axes}
+        return dataclasses.replace(self, layers=[layer], **fields)  # type: ignore[type-var]
+
+
+def _take(value: Any, axis: int, index: int) -> Any:
+    if hasattr(value, "narrow"):
+        return value.narrow(axis, index, 1)
+    if isinstance(value, Sequence):
+        return [value[index]]
+    raise TypeError(f"cannot select a layer from a {type(value).__name__}")
+
+
+def dict_frame(values: dict[str, Any]) -> pd.DataFrame:
+    """A dict of headline numbers as a one-row DataFrame (lists and dicts kept as cells)."""
+    return pd.DataFrame([{k: v for k, v in values.items()}])
+
+
+class ClaimsTable(dict):
+    """The claims of a result: ``{claim id: claim dict}`` (``paper``, ``measured``, ``holds``,
+    ``criterion``, ``checks``) that prints as a table.
+
+    It is a ``dict``, so ``claims["sink_anti_alignment"]["holds"]``, iteration, ``json.dumps``
+    and ``.update`` work as before; ``to_dataframe()`` is one row per claim, ``to_dict()`` the
+    plain nested dict, and Jupyter renders it as a Markdown table.
+    """
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {cid: dict(claim) for cid, claim in self.items()}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per claim: ``claim``, ``holds``, ``paper``, ``criterion`` and the claim's
+        checked numbers as ``number=value`` text."""
+        rows = [
+            {
+                "claim": cid,
+                "holds": claim.get("holds"),
+                "paper": claim.get("paper"),
+                "criterion": claim.get("criterion"),
+                "numbers": ", ".join(
+                    f"{c['number']}={c['value']:.3g}" for c in claim.get("checks", [])
+                ),
+            }
+            for cid, claim in self.items()
+        ]
+        return pd.DataFrame(rows, columns=["claim", "holds", "paper", "criterion", "numbers"])
+
+    def __repr__(self) -> str:
+        if not self:
+            return "ClaimsTable(no claims)"
+        df = self.to_dataframe()[["claim", "holds", "numbers"]]
+        return "ClaimsTable\n" + df.to_string(index=False, max_colwidth=70)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+    def _repr_markdown_(self) -> str:
+        lines = ["| claim | holds | paper | numbers |", "|---|---|---|---|"]
+        for row in self.to_dataframe().itertuples(index=False):
+            lines.append(f"| `{row.claim}` | {row.holds} | {row.paper} | {row.numbers} |")
+        return "\n".join(lines)

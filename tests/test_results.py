@@ -1,0 +1,176 @@
+"""The result protocol: every public result has a short repr (no tensor contents), a DataFrame
+``summary()``, printable ``claims()``, and layer selection by layer number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import cw_lens
+from cw_lens.core.errors import InputError
+from cw_lens.core.results import ClaimsTable, Result
+from cw_lens.models.testing import tiny_llama
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Attention heads select tokens; some of them mostly look at the first one.",
+]
+RUNS = Path(__file__).parent / "fixtures" / "compare"
+IOI_COLUMNS = ["reaches_io", "reaches_io_embedding", "reaches_s1", "reaches_s2",
+               "io_into_target", "s_into_target", "n_edges"]  # fmt: skip
+RESULT_NAMES = [
+    "ContributionResult", "LayerContributions", "SinkStatistics", "SinkAblation",
+    "SelectionGeometryResult", "HeadTaxonomyResult", "PruningResult", "FaithfulnessResult",
+    "ResidualShares", "LayerShares", "RolloutResult", "RouteGraph", "RolloutDeletion",
+    "IOIRouteStatistics", "SinkPatchComparison", "RunComparison", "ModelVerification",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(seed=0, n_layers=2)
+
+
+@pytest.fixture(scope="module")
+def results(model):
+    """One instance of every result an entry point returns (tiny settings)."""
+    out = {
+        "ContributionResult": cw_lens.contribution_weights(model, TEXTS, layers=[1]),
+        "SinkStatistics": cw_lens.sink_statistics(model, TEXTS, min_query=2),
+        "SinkAblation": cw_lens.sink_ablation(model, TEXTS, layers=[1]),
+        "SelectionGeometryResult": cw_lens.selection_geometry(
+            model, TEXTS, n_random=2, progress=False
+        ),
+        "HeadTaxonomyResult": cw_lens.head_taxonomy(model, TEXTS, progress=False),
+        "PruningResult": cw_lens.prune_heads(
+            model, TEXTS, retention=(1.0, 0.5), n_random=1, lone=False, progress=False
+        ),
+        "FaithfulnessResult": cw_lens.faithfulness(
+            model, TEXTS, metrics=("attention", "value_norm", "value_norm_output",
+            "contribution"), fractions=(0.1,), progress=False,
+        ),
+        "ResidualShares": cw_lens.residual_shares(model, TEXTS, layers=[0, 1]),
+        "RolloutResult": cw_lens.contribution_rollout(model, TEXTS),
+        "RouteGraph": cw_lens.routes(model, TEXTS[0]),
+        "RolloutDeletion": cw_lens.rollout_deletion(model, TEXTS, ks=(1,), n_random=1),
+        "SinkPatchComparison": cw_lens.compare_sink_patch(model, TEXTS[0], view_layers=[1]),
+        "RunComparison": cw_lens.compare_runs([RUNS / "run_a", RUNS / "run_b"]),
+        "ModelVerification": cw_lens.verify_model(model),
+        "IOIRouteStatistics": cw_lens.IOIRouteStatistics(
+            items=pd.DataFrame({c: [1.0] for c in IOI_COLUMNS}), heads=pd.DataFrame(),
+            threshold=0.02,
+        ),
+    }  # fmt: skip
+    streamed = {}
+    cw_lens.stream_contributions(model, TEXTS, lambda lc: streamed.setdefault("c", lc))
+    cw_lens.stream_shares(model, TEXTS, lambda ls: streamed.setdefault("s", ls))
+    out["LayerContributions"], out["LayerShares"] = streamed["c"], streamed["s"]
+    return out
+
+
+@pytest.mark.parametrize("name", RESULT_NAMES)
+def test_repr_is_short_and_prints_no_tensor(results, name):
+    result = results[name]
+    assert type(result).__name__ == name and isinstance(result, Result)
+    text = repr(result)
+    assert text.startswith(name + "(")
+    assert len(text) < 400, text
+    assert "tensor(" not in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize("name", RESULT_NAMES)
+def test_summary_is_a_dataframe(results, name):
+    assert isinstance(results[name].summary(), pd.DataFrame)
+
+
+def test_repr_names_model_and_layers_and_shapes(results):
+    text = repr(results["ContributionResult"])
+    assert "layers=[1]" in text and "attention=Tensor[2x1x" in text, text
+
+
+def test_jupyter_pretty_printer_uses_the_short_repr(results):
+    IPython = pytest.importorskip("IPython.lib.pretty")
+    result = results["ResidualShares"]
+    assert IPython.pretty(result) == repr(result)
+
+
+def test_old_summaries_stay_reachable(results):
+    assert isinstance(results["SelectionGeometryResult"].summary_dict(), dict)
+    tax = results["HeadTaxonomyResult"]
+    assert tax.summary()["retriever_share"].iloc[0] == tax.summary_dict()["retriever_share"]
+    assert isinstance(results["IOIRouteStatistics"].summary_dict(), dict)
+    verification = results["ModelVerification"]
+    assert verification.summary_text() == str(verification)
+    assert bool(verification.summary()["ok"].iloc[0]) is verification.ok
+
+
+CLAIMS = ["SinkStatistics", "SinkAblation", "SelectionGeometryResult", "HeadTaxonomyResult",
+          "PruningResult", "FaithfulnessResult"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CLAIMS)
+def test_claims_are_a_printable_table(results, name):
+    claims = results[name].claims()
+    assert isinstance(claims, ClaimsTable) and claims
+    cid = next(iter(claims))
+    assert claims[cid]["holds"] in ("yes", "no", "inconclusive")
+    text = repr(claims)
+    assert text.startswith("ClaimsTable") and cid in text and "{" not in text
+    frame = claims.to_dataframe()
+    assert list(frame["claim"]) == list(claims) and len(frame) == len(claims)
+    assert type(claims.to_dict()) is dict and claims.to_dict() == claims
+    assert f"`{cid}`" in claims._repr_markdown_()
+
+
+def test_layer_selects_by_layer_number(model):
+    cw = cw_lens.contribution_weights(model, TEXTS, layers=[0, 1])
+    one = cw.layer(1)
+    assert isinstance(one, cw_lens.ContributionResult) and one.layers == [1]
+    assert one.weights.shape[1] == 1
+    torch.testing.assert_close(one.weights[:, 0], cw.weights[:, 1], equal_nan=True)
+    assert cw.layer_index(1) == 1
+    with pytest.raises(InputError, match=r"Layer 5 is not in this ContributionResult.*\[0, 1\]"):
+        cw.layer(5)
+
+
+def test_layer_on_shares_and_selection(results):
+    shares = results["ResidualShares"]
+    torch.testing.assert_close(
+        shares.layer(1).residual[:, 0], shares.residual[:, 1], equal_nan=True
+    )
+    geo = results["SelectionGeometryResult"]
+    assert geo.layer(0).sums[0].equal(geo.sums[0])
+    with pytest.raises(InputError, match="has no layer axis"):
+        results["RolloutResult"].layer(0)
+
+
+def test_attention_rollout_returns_a_rollout_result(model, results):
+    alone = cw_lens.attention_rollout(model, TEXTS)
+    assert isinstance(alone, cw_lens.RolloutResult) and alone.contribution is None
+    full = results["RolloutResult"]
+    torch.testing.assert_close(alone.matrix, full.attention, equal_nan=True, atol=1e-6, rtol=0)
+    assert list(alone.top(k=2).columns[-1:]) == ["attention"] and len(repr(alone)) < 400
+    with pytest.raises(InputError, match="contribution_rollout"):
+        alone.plot()
+    # the bare tensor of 0.2 keeps working for one minor version, with a warning
+    with pytest.warns(DeprecationWarning, match="result.matrix"):
+        assert alone[0].nan_to_num().equal(alone.matrix[0].nan_to_num())
+    with pytest.warns(DeprecationWarning, match="shape"):
+        assert alone.shape == alone.matrix.shape
+    with pytest.warns(DeprecationWarning, match="allclose"):
+        assert torch.allclose(alone, alone.matrix, equal_nan=True)
+
+
+NO_TABLE = {"LayerContributions", "LayerShares"}  # one streamed block: read its tensors
+
+
+@pytest.mark.parametrize("name", sorted(set(RESULT_NAMES) - NO_TABLE))
+def test_every_result_has_a_table(results, name):
+    assert isinstance(results[name].to_dataframe(), pd.DataFrame)
+
+
+def test_protocol_is_public():
+    assert cw_lens.Result is Result and cw_lens.ClaimsTable is ClaimsTable
