@@ -80,11 +80,19 @@ def analyze(
 @_clean_errors
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
+    preset: str = typer.Option(
+        "quick",
+        help="Sizes: quick (8 x 128 tokens of pydoc, minutes) or paper (256 x 256 tokens of "
+        "pydoc+stdlib, causal analyses on 32 of them, 20 random pruning orders; under an hour "
+        "on two cores). The options below override it.",
+    ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
     ),
-    n_docs: int = typer.Option(8, help="Documents."),
-    max_tokens: int = typer.Option(128, help="Tokens per document (BOS added on top)."),
+    n_docs: int | None = typer.Option(None, help="Documents (quick 8, paper 256)."),
+    max_tokens: int | None = typer.Option(
+        None, help="Tokens per document, BOS added on top (quick 128, paper 256)."
+    ),
     out: Path = typer.Option(Path("figures"), help="Output folder."),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: TransformerLens')."),
     dtype: str = typer.Option("float32", help="Model dtype: float32, bfloat16, float16."),
@@ -93,8 +101,8 @@ def figures(
     batch_size: int = typer.Option(8, help="Documents per forward pass."),
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
-    random_draws: int = typer.Option(
-        1, help="Draws of faithfulness's random ranking (> 1 reports their spread)."
+    random_draws: int | None = typer.Option(
+        None, help="Draws of faithfulness's random ranking (> 1 reports their spread; 1)."
     ),
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
@@ -107,20 +115,23 @@ def figures(
     """
     from cw_lens.reporting.job import JobConfig, run_figures
 
-    config = JobConfig(
+    config = JobConfig.preset(
+        preset,
         model=model,
         corpus=corpus,
         n_docs=n_docs,
         max_tokens=max_tokens,
         seed=seed,
         batch_size=batch_size,
-        task=None if task.lower() == "none" else task,
+        task=task,
         task_docs=task_docs,
         device=device,
         dtype=dtype,
         api=api,
         random_draws=random_draws,
     )
+    if task.lower() == "none":
+        config.task = None
     summary = run_figures(config, out, force=force, progress=not quiet)
     from cw_lens.data.distributed import is_main_process
 
