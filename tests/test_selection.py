@@ -471,7 +471,7 @@ def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
     layered = prn.prune_heads(
         model, TEXTS, order="entropy", retention=0.5, lone=False, progress=False, cross_fit=False
     )
-    removed = prn.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
+    removed = prn.removed_heads(layered.rankings["entropy"][0], 0.5, "layer")
     expected = corpus_nll(model, TEXTS, hooks=remove_heads(model, removed).hooks).ppl
     assert layered.table["ppl"].tolist() == [expected]
     assert layered.scope == "layer" and layered.table["n_removed"].tolist() == [4]
