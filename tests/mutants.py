@@ -363,16 +363,16 @@ MUTANTS = [
         TIES,
     ),
     m(
-        "sink_lowers_fn: mean instead of median of per-head ratios",
-        "cw_lens/analyses/selection/geometry.py",
-        '    median = ratio.groupby("n").median()',
-        '    median = ratio.groupby("n").mean()',
+        "sink_lowers_fn: arithmetic instead of geometric mean of per-head ratios",
+        "cw_lens/core/resampled.py",
+        "    return torch.exp(masked_mean(log_ratio, ~log_ratio.isnan()))",
+        "    return masked_mean(log_ratio.exp(), ~log_ratio.isnan())",
         CLAIMS,
     ),
     flip(
         "reversed: sink_lowers_fn",
         "cw_lens/analyses/selection/geometry.py",
-        'Check(f"median_head_ratio_n{n}", median.get(n, math.nan), ">", 1.0) for n in SINK_N',
+        'Check(f"geomean_head_ratio_n{n}", geomean.get(n, math.nan), ">", 1.0)',
     ),
     flip(
         "reversed: topn_beats_random (beats random)",

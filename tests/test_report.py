@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cw_lens.core.bootstrap import METHOD
+from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.core.claims import VERDICTS, combine
 from cw_lens.reporting.job import CLAIM_ORDER, STEPS, JobConfig, run_figures
+from cw_lens.reporting.markdown import size_limits
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,7 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
         "level": 0.95,
         "seed": 0,
         "unit": "document",
-        "method": METHOD,
+        "method": Bootstrap().to_dict()["method"],
     }
     layered = {
         "sink_attention_vs_contribution": "contribution_over_attention",
@@ -239,3 +240,22 @@ def test_steps_run_alone_report_only_their_claims(tmp_path):
     assert not written & {"sink_value_geometry", "faithfulness_order", "topn_beats_random"}
     report = (out / "REPORT.md").read_text()
     assert "Steps not run (--steps/--skip)" in report and "`sinks`" not in report
+
+
+def test_presets_and_what_a_quick_run_cannot_settle():
+    """``paper``: 256 x 256 tokens of pydoc+stdlib, the causal analyses on 32 windows, 20
+    random pruning orders; the quick default's report names the verdicts its size cannot
+    settle (its intervals, pruning's 3 random orders), the paper run's only the intervals'."""
+    from cw_lens.core.errors import InputError
+
+    paper = JobConfig.preset("paper")
+    assert (paper.corpus, paper.n_docs, paper.max_tokens) == ("pydoc+stdlib", 256, 256)
+    assert paper.faithfulness_docs == paper.pruning_docs == 32 and paper.pruning_draws == 20
+    assert JobConfig.preset("quick") == JobConfig()
+    assert JobConfig.preset("paper", n_docs=64, corpus=None).n_docs == 64  # None: the preset's
+    assert JobConfig.preset("paper", corpus=None).corpus == "pydoc+stdlib"
+    quick = "\n".join(size_limits(JobConfig()))
+    assert "`pruning_signal`: 3 random orders" in quick and "8 documents" in quick
+    assert "pruning_signal" not in "\n".join(size_limits(paper))
+    with pytest.raises(InputError, match="Unknown preset"):
+        JobConfig.preset("huge")

@@ -417,6 +417,8 @@ def test_pruning_levels_are_exact(model, pruned):
     assert corpus_nll(model, TEXTS, hooks=remove_heads(model, []).hooks).ppl == pruned.clean_ppl
     assert set(table.loc[table["retention"] == 0.75, "n_removed"]) == {2}  # 8 heads
     for name, draws in pruned.rankings.items():
+        if name in pruned.cross_fitted:  # each half ranked by the other: checked below
+            continue
         for draw, ranking in enumerate(draws):
             row = table[(table.order == name) & (table.draw == draw) & (table.retention == 0.5)]
             hooks = remove_heads(model, prn.removed_heads(ranking, 0.5, "layer")).hooks
@@ -467,12 +469,56 @@ def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
     # SPEC §4: the same share of heads in every layer by default
     assert pruned.scope == "layer"
     layered = prn.prune_heads(
-        model, TEXTS, order="entropy", retention=0.5, lone=False, progress=False
+        model, TEXTS, order="entropy", retention=0.5, lone=False, progress=False, cross_fit=False
     )
-    removed = prn.removed_heads(pruned.rankings["entropy"][0], 0.5, "layer")
+    removed = prn.removed_heads(layered.rankings["entropy"][0], 0.5, "layer")
     expected = corpus_nll(model, TEXTS, hooks=remove_heads(model, removed).hooks).ppl
     assert layered.table["ppl"].tolist() == [expected]
     assert layered.scope == "layer" and layered.table["n_removed"].tolist() == [4]
+
+
+def test_cross_fitted_rankings_are_learnt_on_the_other_half(model, pruned):
+    """SPEC §6: the taxonomy and entropy rankings that prune the even-indexed documents are
+    learnt on the odd-indexed ones and vice versa; ΔPPL pools both halves' NLL."""
+    assert pruned.cross_fitted == ("taxonomy", "entropy")
+    res = prn.prune_heads(
+        model,
+        TEXTS,
+        order=("taxonomy", "entropy", "magnitude"),
+        retention=0.5,
+        lone=False,
+        progress=False,
+        per_document=True,
+    )
+    for name in ("taxonomy", "entropy"):
+        record = res.per_document[(name, 0, 0.5)]  # [document, (nll sum, count)]
+        for fold in (0, 1):
+            learnt = prn.prune_heads(
+                model,
+                TEXTS[1 - fold :: 2],
+                order=name,
+                retention=0.5,
+                lone=False,
+                progress=False,
+                cross_fit=False,
+            ).rankings[name][0]
+            removed = prn.removed_heads(learnt, 0.5, "layer")
+            hooks = remove_heads(model, removed).hooks
+            own = corpus_nll(model, TEXTS[fold::2], hooks=hooks)
+            total = record[fold::2].sum(0)
+            assert float(total[0]) == pytest.approx(float(own.sums.total("nll")), rel=1e-6)
+            assert float(total[1]) == float(own.sums.total("count"))
+        pooled = record.sum(0)
+        row = res.table[(res.table.order == name)]
+        assert float(row["nll"].iloc[0]) == pytest.approx(float(pooled[0] / pooled[1]), rel=1e-6)
+    assert res.table.query("order == 'magnitude'")["ppl"].iloc[0] == pytest.approx(
+        pruned.table.query("order == 'magnitude' and retention == 0.5")["ppl"].iloc[0]
+    )
+    whole = taxo.head_taxonomy(model, TEXTS, progress=False)
+    with pytest.raises(InputError, match="cross_fit=False"):
+        prn.prune_heads(model, TEXTS, order="taxonomy", taxonomy=whole, progress=False)
+    with pytest.raises(InputError, match="at least 2 documents"):
+        prn.prune_heads(model, TEXTS[:1], order="entropy", lone=False, progress=False)
 
 
 def test_lone_head_costs_match_direct_removal(model, pruned):

@@ -207,8 +207,7 @@ class HeadTaxonomyResult(Result):
         ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
-            require_record(self.per_document, "head_taxonomy")
-            reps = taxonomy_numbers(bootstrap.resample(self.per_document))
+            reps = self.replicates(bootstrap)
             layers = self.layers
             point = self.table.groupby("layer")["regime"].apply(lambda r: (r == "Retriever").mean())
             rows = per_layer_rows(
@@ -220,6 +219,12 @@ class HeadTaxonomyResult(Result):
             intervals = {"retriever_share": bootstrap.pair(reps["retriever_share"])}
             claims = with_intervals(claims, intervals, {"retriever_share": rows})
         return claims_dict(claims)
+
+    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
+        """``retriever_share`` ``[rows]`` and per layer ``[rows, layer]`` in every row of
+        ``bootstrap.weights`` (each row reclassifies every head from its winner counts)."""
+        record = require_record(self.per_document, "head_taxonomy")
+        return taxonomy_numbers(bootstrap.resample(record))
 
     def _claim(self) -> Claim:
         shares = self.regime_shares()

@@ -14,7 +14,7 @@ bootstrap distribution::
     paired       Δ_r = rep_b[r] - rep_a[r]                   (same documents, same resamples)
     independent  Δ_r = rep_b[r] - rep_a[π(r)],  π a seeded random permutation
 
-and the 95% interval of the ``Δ_r`` (:meth:`cw_lens.core.bootstrap.Bootstrap.interval`, the method
+and the 95% interval of the ``Δ_r`` (the expanded percentile interval, the method
 the claims' intervals use). The result is ``"differ"`` when the hull of the point ``Δ`` and its
 interval excludes 0, ``"same within uncertainty"`` when it includes 0, ``"not comparable"`` when
 either number is missing or not measured, a run kept no replicates (summaries of schema 1 and
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cw_lens.core.bootstrap import Bootstrap
+from cw_lens.core.bootstrap import expanded_tail, quantiles
 from cw_lens.core.errors import InputError
 
 FILE = "replicates.npz"
@@ -140,11 +140,14 @@ def difference_test(
     reps_b: np.ndarray | None,
     *,
     paired: bool,
+    n_documents: int | None = None,
     level: float = 0.95,
     seed: int = 0,
 ) -> Difference:
     """The test of ``value_b - value_a`` (module docstring). ``paired`` only when replicate r
-    of both resampled the same documents (:meth:`RunReplicates.pairs_with`)."""
+    of both resampled the same documents (:meth:`RunReplicates.pairs_with`). The interval is
+    the claims' expanded percentile interval (:func:`cw_lens.core.bootstrap.expanded_tail`) for
+    ``n_documents`` (the smaller run's documents); the plain percentile one when it is None."""
     delta = value_b - value_a
 
     def not_comparable(reason: str) -> Difference:
@@ -163,8 +166,12 @@ def difference_test(
         n = min(len(a), len(b))
         order = np.random.default_rng(seed).permutation(len(a))[:n]
         diff = b[:n] - a[order]
-    boot = Bootstrap(resamples=len(diff), level=level)
-    low, high = boot.interval(torch.from_numpy(diff)).tolist()
+    tail = (1 - level) / 2 if n_documents is None else expanded_tail(level, n_documents)
+    x = torch.from_numpy(diff)
+    undefined = float(x.isnan().double().mean())
+    low, high = quantiles(x, torch.tensor(tail), torch.tensor(1 - tail)).tolist()
+    if math.isnan(tail) or undefined > tail:
+        low = high = math.nan
     if math.isnan(low) or math.isnan(high):
         return not_comparable("the difference is undefined in too many resamples")
     lo, hi = min(low, delta), max(high, delta)

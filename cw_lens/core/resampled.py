@@ -186,6 +186,8 @@ def driver_numbers(
         member[:, i] = sink[:, layer, head]
         if not member[:, i].any():
             continue  # a sink head in no replicate: its rho is never read
+        drawn = weights[:, docs].any(0)  # entries of documents no row draws count nowhere
+        table, docs = table[drawn], docs[drawn]
         present, local = torch.unique(docs, return_inverse=True)
         rhos = doc_weighted_spearman(table[:, :-1].T, table[:, -1], local, weights[:, present])
         for j, f in enumerate(factors):
@@ -252,10 +254,9 @@ def selection_numbers(
     sink_n: tuple[int, ...],
 ) -> dict[str, Tensor]:
     """``topn_beats_random`` and ``sink_lowers_fn``'s numbers from sums of (F, scored queries)
-    per (layer, rule, head, N), as :func:`cw_lens.analyses.selection.selection_claims` reads them:
-    the
-    mean over heads of each head's mean F per rule and N; the median over heads of F(sink
-    excluded) / F(sink allowed) (``inf`` where only the sink-free F is positive)."""
+    per (layer, rule, head, N), as :func:`cw_lens.analyses.selection.selection_claims` reads
+    them: the mean over heads of each head's mean F per rule and N; the geometric mean over
+    heads of F(sink excluded) / F(sink allowed) (:func:`geometric_mean_ratio`)."""
     f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
     f = f.transpose(1, 2).flatten(2, 3)  # [R, rule, heads, n]
     means = masked_mean(f.transpose(-1, -2), ~f.transpose(-1, -2).isnan())  # [R, rule, n]
@@ -276,13 +277,27 @@ def selection_numbers(
                 gap[:, large], largest=True
             )
     with_sink, without = f[:, rule["top"]], f[:, rule["top_no_sink"]]  # [R, heads, n]
-    head_ratio = without / torch.where(with_sink > 0, with_sink, math.nan)
-    head_ratio = torch.where((with_sink == 0) & (without > 0), math.inf, head_ratio)
     for n in sink_n:
         if n in n_index:
-            r = head_ratio[..., n_index[n]]
-            out[f"median_head_ratio_n{n}"] = masked_median(r, ~r.isnan())
+            k = n_index[n]
+            out[f"geomean_head_ratio_n{n}"] = geometric_mean_ratio(
+                without[..., k], with_sink[..., k]
+            )
     return out
+
+
+F_EPS = 0.01  # added to both F's of a head in sink_lowers_fn's ratio (F_N is in [0, 1])
+
+
+def geometric_mean_ratio(
+    f_without: Float[Tensor, "... head"], f_with: Float[Tensor, "... head"]
+) -> Float[Tensor, "..."]:
+    """``exp(mean_h log((F_h(sink excluded) + eps) / (F_h(sink allowed) + eps)))`` over the heads
+    where both are measured (``eps`` = :data:`F_EPS`: a head whose F is 0 — no selected key
+    closer than the nearest unselected one in any scored query — gets a finite ratio instead
+    of 0 or infinity); NaN where no head is."""
+    log_ratio = torch.log((f_without.double() + F_EPS) / (f_with.double() + F_EPS))
+    return torch.exp(masked_mean(log_ratio, ~log_ratio.isnan()))
 
 
 # --------------------------------------------------------------------------- faithfulness
@@ -362,10 +377,15 @@ def ablation_numbers(
 
 
 def pruning_numbers(
-    nll: dict[Any, Float[Tensor, "R 2"]], levels: tuple[float, ...]
+    nll: dict[Any, Float[Tensor, "R 2"]],
+    levels: tuple[float, ...],
+    draw_weights: Float[Tensor, "R draw"] | None = None,
 ) -> dict[str, Tensor]:
     """``pruning_signal``'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
-    from resampled (NLL sum, count) per ``(order, draw, level)`` and ``"clean"``."""
+    from resampled (NLL sum, count) per ``(order, draw, level)`` and ``"clean"``. The mean over
+    the random draws counts draw ``k`` ``draw_weights[r, k]`` times in row ``r``
+    (:meth:`cw_lens.core.bootstrap.Bootstrap.draw_weights`: the draws resampled with the
+    documents); ``None`` = each once."""
 
     def ppl(t: Tensor) -> Tensor:
         return torch.exp(t[:, 0] / t[:, 1])
@@ -374,8 +394,10 @@ def pruning_numbers(
     out = {}
     for level in levels:
         tax = [v for k, v in nll.items() if k != "clean" and k[0] == "taxonomy" and k[2] == level]
-        rand = [v for k, v in nll.items() if k != "clean" and k[0] == "random" and k[2] == level]
-        if tax and rand:
-            random_mean = torch.stack([ppl(r) - clean for r in rand]).mean(0)
+        keys = sorted(k for k in nll if k != "clean" and k[0] == "random" and k[2] == level)
+        if tax and keys:
+            delta = torch.stack([ppl(nll[k]) - clean for k in keys], -1)  # [R, draw]
+            w = torch.ones_like(delta) if draw_weights is None else draw_weights
+            random_mean = (delta * w).sum(-1) / w.sum(-1)
             out[f"random_minus_taxonomy_delta_ppl_at_{level}"] = random_mean - (ppl(tax[0]) - clean)
     return out

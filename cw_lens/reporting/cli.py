@@ -140,11 +140,19 @@ def analyze(
 @_clean_errors
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
+    preset: str = typer.Option(
+        "quick",
+        help="Sizes: quick (8 x 128 tokens of pydoc, minutes) or paper (256 x 256 tokens of "
+        "pydoc+stdlib, causal analyses on 32 of them, 20 random pruning orders; under an hour "
+        "on two cores). The options below override it.",
+    ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
     ),
-    n_docs: int = typer.Option(8, help="Documents."),
-    max_tokens: int = typer.Option(128, help="Tokens per document (BOS added on top)."),
+    n_docs: int | None = typer.Option(None, help="Documents (quick 8, paper 256)."),
+    max_tokens: int | None = typer.Option(
+        None, help="Tokens per document, BOS added on top (quick 128, paper 256)."
+    ),
     out: Path = typer.Option(
         DEFAULT_OUT, help="Output folder (--out figures regenerates the committed gallery)."
     ),
@@ -168,9 +176,11 @@ def figures(
     faithfulness_docs: int | None = typer.Option(
         None, help="Documents the faithfulness step uses (default: all; it is the slow step)."
     ),
-    lone_docs: int = typer.Option(2, help="Documents for the lone-head costs of pruning."),
-    random_draws: int = typer.Option(
-        1, help="Draws of faithfulness's random ranking (> 1 reports their spread)."
+    lone_docs: int | None = typer.Option(
+        None, help="Documents for the lone-head costs of pruning (2)."
+    ),
+    random_draws: int | None = typer.Option(
+        None, help="Draws of faithfulness's random ranking (> 1 reports their spread; 1)."
     ),
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
@@ -185,14 +195,15 @@ def figures(
     """
     from cw_lens.reporting.job import JobConfig, run_figures
 
-    config = JobConfig(
+    config = JobConfig.preset(
+        preset,
         model=model,
         corpus=corpus,
         n_docs=n_docs,
         max_tokens=max_tokens,
         seed=seed,
         batch_size=batch_size,
-        task=None if task.lower() == "none" else task,
+        task=task,
         task_docs=task_docs,
         faithfulness_docs=faithfulness_docs,
         lone_docs=lone_docs,
@@ -206,6 +217,8 @@ def figures(
     summary = run_figures(
         config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
     )
+    if task.lower() == "none":
+        config.task = None
     from cw_lens.data.distributed import is_main_process
 
     if is_main_process():

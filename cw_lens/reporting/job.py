@@ -93,6 +93,11 @@ class JobConfig:
     random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
     n_resamples: int = 2000  # resamples of the claims' intervals (methods § Claims: at least 2,000)
     bootstrap_seed: int = 0  # the bootstrap's own seed, independent of ``seed``
+    faithfulness_granularity: tuple[str, ...] = ("pairs", "tokens")
+    pruning_docs: int | None = None  # the first documents pruning runs on (None: all)
+    pruning_draws: int = 3  # random orders; pruning_signal's verdict needs >= 20
+    pruning_draws_everywhere: int | None = None  # draws at 50% and 25% too (None: all)
+    global_ranking: bool = True  # also prune with one global ranking (the variant)
 
     def __post_init__(self) -> None:
         from cw_lens.core.errors import InputError
@@ -103,6 +108,17 @@ class JobConfig:
                 f"{MIN_RESAMPLES} bootstrap resamples (docs/methods.md#claims); use --n-resamples "
                 f"{MIN_RESAMPLES} or more."
             )
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> JobConfig:
+        """The settings of a named preset (:data:`PRESETS`), then ``overrides`` (``None``
+        values leave the preset's)."""
+        if name not in PRESETS:
+            from cw_lens.core.errors import InputError
+
+            raise InputError(f"Unknown preset {name!r}; use one of {sorted(PRESETS)}.")
+        settings = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(**settings)
 
     def fingerprint(self) -> str:
         """The stored steps' key: every setting that changes what a step computes. The
@@ -121,6 +137,31 @@ class JobConfig:
         keys["version"] = __version__
         blob = json.dumps(keys, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
+
+
+# The main job's sizes. ``quick`` (the default, ``make figures``): 8 windows of 128 tokens of
+# pydoc for every analysis — its intervals are wide and pruning_signal has too few random draws
+# for a verdict. ``paper``: the non-causal analyses (sinks, ablation, selection, taxonomy) on
+# 256 windows of 256 tokens of pydoc+stdlib; the causal ones on the first 32 of them:
+# faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of them at
+# 50% and 25% too) and no global variant; the IOI task on 24 items.
+# the smallest document count from which docs/coverage.md measured a coverage >= 0.93 for
+# every interval-bearing claim number (None: not shown yet for all of them)
+COVERED_FROM: int | None = None
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "corpus": "pydoc+stdlib",
+        "n_docs": 256,
+        "max_tokens": 256,
+        "faithfulness_docs": 32,
+        "faithfulness_granularity": ("pairs",),
+        "pruning_docs": 32,
+        "pruning_draws": 20,
+        "pruning_draws_everywhere": 3,
+        "global_ranking": False,
+    },
+}
 
 
 @dataclass
@@ -282,7 +323,7 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
     result = faithfulness(
         job.model,
         corpus,
-        granularity=("pairs", "tokens"),
+        granularity=job.config.faithfulness_granularity,
         batch_size=job.config.batch_size,
         seed=job.config.seed,
         progress=job.progress,
@@ -345,27 +386,32 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 
 
 def step_pruning(job: Job) -> dict[str, Any]:
-    """P2 pruning ranked within each layer (the methods page's reading, with the lone-head costs)
-    and, as the variant, with one global ranking."""
+    """P2 pruning ranked within each layer (the methods page's reading, with the lone-head costs; the
+    taxonomy and entropy rankings cross-fitted) and, as the variant, with one global ranking
+    (3 random draws)."""
     from cw_lens.analyses.pruning import prune_heads
 
-    orders = ("taxonomy", "magnitude", "entropy", "random")
+    cfg = job.config
+    corpus = job.corpus[: cfg.pruning_docs] if cfg.pruning_docs else job.corpus
     common = dict(
-        order=orders,
-        seed=job.config.seed,
-        batch_size=job.config.batch_size,
-        taxonomy=job.results["taxonomy"]["result"],
+        order=("taxonomy", "magnitude", "entropy", "random"),
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
         progress=job.progress,
     )
     result = prune_heads(
         job.model,
-        job.corpus,
+        corpus,
         scope="layer",
-        lone_docs=job.config.lone_docs,
+        n_draws=cfg.pruning_draws,
+        draws_everywhere=cfg.pruning_draws_everywhere,
+        lone_docs=cfg.lone_docs,
         per_document=True,
         **common,
     )
-    global_ranking = prune_heads(job.model, job.corpus, scope="global", lone=False, **common)
+    global_ranking = None
+    if cfg.global_ranking:
+        global_ranking = prune_heads(job.model, corpus, scope="global", lone=False, **common)
     return {"result": result, "global": global_ranking}
 
 
@@ -448,7 +494,8 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
         figures["retriever_share"] = r["taxonomy"]["result"].plot()
     if "pruning" in r:
         figures["pruning_signal"] = r["pruning"]["result"].plot()
-        figures["pruning_signal_global"] = r["pruning"]["global"].plot()
+        if r["pruning"]["global"] is not None:
+            figures["pruning_signal_global"] = r["pruning"]["global"].plot()
     if summary is not None and summary["claims"]:
         figures["per_layer_intervals"] = plots.plot_per_layer_intervals(summary["claims"])
     written = {}

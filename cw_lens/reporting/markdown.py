@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 if TYPE_CHECKING:
-    from cw_lens.reporting.job import Job
+    from cw_lens.reporting.job import Job, JobConfig
 
 
 def _fmt(value: Any, depth: int = 0) -> str:
@@ -51,6 +51,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         claims_markdown(summary),
         "",
+        *size_limits(job.config),
         "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
     ]
@@ -85,6 +86,31 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             "",
         ]
     return "\n".join(lines)
+
+
+def size_limits(config: JobConfig) -> list[str]:
+    """REPORT.md lines on the verdicts a run of this size cannot settle (none: no lines)."""
+    from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
+    from cw_lens.reporting.job import COVERED_FROM
+
+    limits = []
+    if COVERED_FROM is None or config.n_docs < COVERED_FROM:
+        limits.append(
+            f"- Every interval: at {config.n_docs} documents the coverage study "
+            "(docs/coverage.md) has not shown a coverage of at least 0.93 for every claim "
+            "number; where it falls short the intervals are too narrow, so the verdicts are "
+            "indicative."
+            + (" The `paper` preset runs 256 documents." if config.n_docs < 256 else "")
+        )
+    if config.pruning_draws < MIN_RANDOM_DRAWS:
+        limits.append(
+            f"- `pruning_signal`: {config.pruning_draws} random orders, fewer than the "
+            f"{MIN_RANDOM_DRAWS} its verdict compares with: the control's spread is not known, "
+            "so the verdict is `inconclusive` whatever the numbers."
+        )
+    if not limits:
+        return []
+    return ["What this run's size cannot settle:", "", *limits, ""]
 
 
 def _interval_words(summary: dict[str, Any]) -> str:

@@ -434,6 +434,12 @@ def run_differences(runs: list[Run], rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
 
 
+def _documents(reference: Run, run: Run, claim: str) -> int | None:
+    """The smaller of the two runs' document counts behind ``claim`` (None when unknown)."""
+    counts = [r.replicates.documents_per_claim.get(claim) for r in (reference, run)]
+    return None if None in counts else min(counts)
+
+
 def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, value: float):
     """The difference test of one number (paired only when exact)."""
     reps = []
@@ -447,6 +453,7 @@ def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, v
         value,
         reps[1],
         paired=not missing and reference.replicates.pairs_with(run.replicates, claim),
+        n_documents=None if missing else _documents(reference, run, claim),
     )
     unmeasured = [r.label for r, v in ((reference, ref_value), (run, value)) if math.isnan(v)]
     if unmeasured:

@@ -53,6 +53,8 @@ from cw_lens.analyses.pruning.orders import (
 )
 from cw_lens.analyses.pruning.prune import (
     AGGRESSIVE,
+    LEARNT,
+    MIN_RANDOM_DRAWS,
     MODERATE,
     PruningResult,
     prune_heads,
@@ -61,6 +63,8 @@ from cw_lens.analyses.pruning.prune import (
 
 __all__ = [
     "AGGRESSIVE",
+    "LEARNT",
+    "MIN_RANDOM_DRAWS",
     "MODERATE",
     "ORDERS",
     "RETENTION",

@@ -46,14 +46,21 @@ def _row_group_removal(
     groups: Sequence[Head | None], n_rows: int, n_heads: int
 ) -> list[tuple[str, Any]]:
     """Hooks that zero ``hook_z`` of head ``groups[g]`` in rows ``g*n_rows .. (g+1)*n_rows``."""
+    rows = torch.arange(len(groups) * n_rows) // n_rows
+    return row_removal(rows, [() if head is None else (head,) for head in groups], n_heads)
+
+
+def row_removal(
+    group_of_row: Tensor, removed: Sequence[Sequence[Head]], n_heads: int
+) -> list[tuple[str, Any]]:
+    """Hooks that zero ``hook_z`` of the heads ``removed[g]`` in the batch rows of group ``g``
+    (``group_of_row[row]``)."""
     masks: dict[int, Tensor] = {}
-    for g, head in enumerate(groups):
-        if head is None:
-            continue
-        layer, h = head
-        shape = (len(groups) * n_rows, 1, n_heads, 1)
-        mask = masks.setdefault(layer, torch.zeros(shape, dtype=torch.bool))
-        mask[g * n_rows : (g + 1) * n_rows, :, h] = True
+    for g, heads in enumerate(removed):
+        for layer, h in heads:
+            shape = (len(group_of_row), 1, n_heads, 1)
+            mask = masks.setdefault(layer, torch.zeros(shape, dtype=torch.bool))
+            mask[group_of_row == g, :, h] = True
 
     def zero(z: Tensor, hook: Any, mask: Tensor) -> Tensor:
         return z.masked_fill(mask.to(z.device), 0.0)

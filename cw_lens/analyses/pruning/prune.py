@@ -47,10 +47,17 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.analyses.common import check_count, check_sinks
-from cw_lens.analyses.pruning.lone_heads import check_lone_heads, lone_head_batch, lone_head_costs
+from cw_lens.analyses.pruning.lone_heads import (
+    check_lone_heads,
+    lone_head_batch,
+    lone_head_costs,
+    row_removal,
+)
 from cw_lens.analyses.pruning.orders import (
     ORDERS,
     RETENTION,
@@ -67,6 +74,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import pruning_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
+from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.scoring import NLLResult, corpus_nll
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.interventions import remove_heads
@@ -108,6 +116,8 @@ class PruningResult(Result):
     model_name: str = ""
     # opt-in: each document's (NLL sum, count) per (order, draw, retention) and "clean"
     per_document: dict | None = None
+    # the orders ranked by cross-fitting; their ``rankings`` entry is the even documents' one
+    cross_fitted: tuple[str, ...] = ()
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.table.copy()
@@ -161,9 +171,11 @@ class PruningResult(Result):
 
         The criterion reads the per-layer ranking (``scope="layer"``); a result of the other
         scope (passed as ``other_scope``, either way round) is reported as the variant. With
-        ``bootstrap``, each number's interval over documents (the per-layer result needs
-        ``per_document=True``; the random orders' draws stay fixed, their mean ΔPPL is
-        recomputed on each resample)."""
+        ``bootstrap``, each number's interval over documents and random draws resampled
+        together (:meth:`replicates`; the per-layer result needs ``per_document=True``). With
+        fewer than :data:`MIN_RANDOM_DRAWS` random draws the control's spread is not known well
+        enough for a verdict: no interval (the verdict is ``inconclusive``), and
+        ``measured["random_draws"]`` says how many there were."""
         results = [r for r in (self, other_scope) if r is not None]
         per_layer = [r for r in results if r.scope == "layer"]
         if not per_layer:
@@ -176,12 +188,27 @@ class PruningResult(Result):
         variants = [r for r in results if r is not main]
         claims = [pruning_claim(main, variants[0] if variants else None)]
         if bootstrap is not None:
-            require_record(main.per_document, "prune_heads")
-            reps = pruning_numbers(
-                {k: bootstrap.resample(v) for k, v in main.per_document.items()}, MODERATE
-            )
-            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+            reps = main.replicates(bootstrap)
+            enough = main.n_random_draws >= MIN_RANDOM_DRAWS
+            nan = (math.nan, math.nan)
+            intervals = {k: bootstrap.pair(v) if enough else nan for k, v in reps.items()}
+            claims = with_intervals(claims, intervals)
         return claims_dict(claims)
+
+    @property
+    def n_random_draws(self) -> int:
+        """How many random orders were drawn (0 without the ``random`` order)."""
+        return len(self.rankings.get("random", []))
+
+    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
+        """``pruning_signal``'s numbers in every row of ``bootstrap.weights``: documents
+        resampled, and the random draws resampled with them
+        (:meth:`cw_lens.core.bootstrap.Bootstrap.draw_weights`)."""
+        record = require_record(self.per_document, "prune_heads")
+        n_docs = record["clean"].shape[0]
+        draws = bootstrap.draw_weights(n_docs, self.n_random_draws) if self.n_random_draws else None
+        resampled = {k: bootstrap.resample(v) for k, v in record.items()}
+        return pruning_numbers(resampled, MODERATE, draws)
 
     def plot(self, **kwargs: Any) -> Any:
         """ΔPPL against retention per order (claim ``pruning_signal``)."""
@@ -248,6 +275,8 @@ def _head_statistics(
 
 
 MODERATE = (0.9, 0.75)  # retention levels where the taxonomy order must beat random
+LEARNT = ("taxonomy", "entropy")  # orders ranked by statistics measured on documents
+MIN_RANDOM_DRAWS = 20  # random orders a verdict on pruning_signal needs (SPEC §6)
 AGGRESSIVE = (0.5, 0.25)  # levels where the best order is reported
 
 
@@ -270,6 +299,8 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
             str(r): str(table.loc[r, orders].idxmin()) for r in AGGRESSIVE if r in table.index
         },
         "delta_ppl": result.summary_dict()["delta_ppl"],
+        "random_draws": result.n_random_draws,
+        "cross_fitted": sorted(result.cross_fitted),
     }
     if variant is not None:
         other = variant.by_retention()
@@ -292,8 +323,10 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
         "pruning_signal",
         paper="taxonomy order is a useful pruning signal at moderate retention, not always best "
         "when aggressive (P2)",
-        criterion="per-layer ranking: ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and "
-        "75% retention; the best order at 50% and 25% is reported",
+        criterion="per-layer ranking, learnt on held-out documents (cross-fitting): "
+        "ΔPPL(taxonomy) < mean ΔPPL over ≥ 20 random draws at 90% and 75% retention, the "
+        "interval resampling documents and draws together; the best order at 50% and 25% is "
+        "reported",
         checks=[
             Check(
                 f"random_minus_taxonomy_delta_ppl_at_{r}",
@@ -317,9 +350,11 @@ def prune_heads(
     scope: Literal["layer", "global"] = "layer",
     layers: int | Sequence[int] | None = None,
     n_random: int = 3,
+    draws_everywhere: int | None = None,
     seed: int = 0,
     sink_positions: Sequence[int] = (0,),
     taxonomy: HeadTaxonomyResult | None = None,
+    cross_fit: bool = True,
     lone: bool = True,
     lone_corpus: Any = None,
     lone_docs: int | None = 2,
@@ -349,10 +384,20 @@ def prune_heads(
             order and removes the first ones (norms and magnitudes grow with depth, so global
             orders by them concentrate removal in the first layers).
         layers: Layers whose heads may be removed (``None`` = all); retention counts them.
-        n_random: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...).
+        n_random: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...); ``pruning_signal``'s
+            verdict needs at least 20.
+        draws_everywhere: How many of the random orders are evaluated at every retention
+            level; the others only at 90% and 75%, the levels ``pruning_signal`` compares
+            (saves passes). ``None`` = all of them everywhere.
         seed: Seed of the random orders.
         sink_positions: For the taxonomy (see :func:`head_taxonomy`).
-        taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass).
+        taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass;
+            only with ``cross_fit=False``).
+        cross_fit: Learn the taxonomy and entropy rankings on documents other than those they
+            are evaluated on (SPEC §6): the even-indexed documents are pruned by the ranking
+            learnt on the odd-indexed ones and vice versa, and ΔPPL pools both halves' NLL.
+            ``False``: one ranking learnt on the whole corpus (optimistic: the ranking has
+            seen the text it is judged on). Magnitude and random orders need no data.
         lone: Also measure each head's lone removal (:func:`lone_head_costs`).
         lone_corpus: Corpus for the lone costs (default: ``corpus``).
         lone_docs: The lone costs use the first ``lone_docs`` documents of that corpus
@@ -403,15 +448,20 @@ def prune_heads(
         "prepend_bos": prepend_bos,
         "progress": progress,
     }
-    stats = _head_statistics(model, docs, layer_list, orders, taxonomy, stream_args)
-    rankings = pruning_rankings(stats, orders, n_random, seed)
+    learnt = tuple(o for o in LEARNT if o in orders) if cross_fit else ()
+    stats, folds = _fold_rankings(model, docs, layer_list, orders, taxonomy, stream_args, learnt)
+    folds = [pruning_rankings(s, orders, n_random, seed) for s in folds]
     nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos, "per_document": per_document}
     clean = corpus_nll(model, docs, **nll_args)
-    table, per_doc = _pruning_table(model, docs, rankings, levels, scope, clean, nll_args, progress)
+    if draws_everywhere is not None:
+        check_count(draws_everywhere, "draws_everywhere")
+    plan_args = (levels, scope, draws_everywhere)
+    table, per_doc = _pruning_table(model, docs, folds, plan_args, clean, nll_args, progress)
     result = PruningResult(
         table=table,
         head_stats=stats,
-        rankings=rankings,
+        rankings=folds[0],
+        cross_fitted=learnt,
         clean_ppl=clean.ppl,
         clean_nll=clean.mean_nll,
         retention=levels,
@@ -441,39 +491,93 @@ def prune_heads(
     return result
 
 
+def _fold_rankings(
+    model: Any,
+    docs: Corpus,
+    layers: list[int],
+    orders: tuple[str, ...],
+    taxonomy: HeadTaxonomyResult | None,
+    stream_args: dict[str, Any],
+    learnt: tuple[str, ...],
+) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """The head statistics to report and those each fold's documents are ranked by: one fold
+    (every document, ranked on the whole corpus) or, cross-fitted (``learnt`` orders), two —
+    the even-indexed documents ranked by statistics of the odd-indexed ones and vice versa
+    (the reported statistics: those learnt on the odd ones)."""
+    if not learnt:
+        stats = _head_statistics(model, docs, layers, orders, taxonomy, stream_args)
+        return stats, [stats]
+    if taxonomy is not None:
+        raise InputError(
+            f"Cross-fitting learns the {' and '.join(learnt)} ranking on each half of the "
+            "documents, so a taxonomy computed on all of them cannot be used: pass "
+            "taxonomy=None, or cross_fit=False to rank on the whole corpus."
+        )
+    if len(docs) < 2:
+        raise InputError(
+            "Cross-fitting learns the rankings on one half of the documents and evaluates them "
+            "on the other: it needs at least 2 documents (pass cross_fit=False for one)."
+        )
+    halves = [docs[0::2], docs[1::2]]
+    learnt_on = [_head_statistics(model, h, layers, orders, None, stream_args) for h in halves]
+    return learnt_on[1], [learnt_on[1], learnt_on[0]]
+
+
+def _fold_hooks(model: Any, removed: tuple[frozenset, ...]) -> Any:
+    """Hooks removing ``removed[f]`` from the documents of fold ``f`` (document index modulo
+    the number of folds); one set for all: :func:`cw_lens.interventions.remove_heads`."""
+    if len(removed) == 1:
+        return [remove_heads(model, sorted(removed[0]))]
+
+    def hooks(batch: TokenBatch) -> list[tuple[str, Any]]:
+        fold = torch.as_tensor(batch.documents) % len(removed)
+        return row_removal(fold, [sorted(r) for r in removed], model.cfg.n_heads)
+
+    return hooks
+
+
 def _pruning_table(
     model: Any,
     docs: Corpus,
-    rankings: dict[str, list[list[Head]]],
-    levels: tuple[float, ...],
-    scope: str,
+    folds: list[dict[str, list[list[Head]]]],
+    plan_args: tuple[tuple[float, ...], str, int | None],
     clean: NLLResult,
     nll_args: dict[str, Any],
     progress: bool,
 ) -> tuple[pd.DataFrame, dict | None]:
     """ΔPPL per (order, draw, level) and, when ``nll_args`` asks for it, each document's (NLL
-    sum, count) per (order, draw, level) with ``"clean"``'s."""
+    sum, count) per (order, draw, level) with ``"clean"``'s. ``folds[f]``: the rankings of
+    the documents whose index is ``f`` modulo ``len(folds)``; ``plan_args``: the retention
+    levels, the scope and how many random draws run at every level (the others at
+    :data:`MODERATE` only)."""
+    levels, scope, everywhere = plan_args
+
+    def removed(name: str, draw: int, level: float) -> tuple[frozenset, ...]:
+        sets = tuple(frozenset(removed_heads(f[name][draw], level, scope)) for f in folds)
+        return sets[:1] if len(set(sets)) == 1 else sets
+
     plan = [
-        (name, draw, level, frozenset(removed_heads(ranking, level, scope)), len(ranking))
-        for name, draws in rankings.items()
+        (name, draw, level, removed(name, draw, level), len(ranking))
+        for name, draws in folds[0].items()
         for draw, ranking in enumerate(draws)
         for level in levels
+        if everywhere is None or draw < everywhere or level in MODERATE
     ]
-    scores: dict[frozenset, NLLResult] = {frozenset(): clean}
+    scores: dict[tuple, NLLResult] = {(frozenset(),): clean}
     rows = []
-    for name, draw, level, removed, n_total in tqdm(
+    for name, draw, level, sets, n_total in tqdm(
         plan, desc="pruning", disable=not progress, leave=False
     ):
-        if removed not in scores:
-            hooks = [remove_heads(model, sorted(removed))]
-            scores[removed] = corpus_nll(model, docs, hooks=hooks, **nll_args)
-        score = scores[removed]
+        if sets not in scores:
+            hooks = _fold_hooks(model, sets)
+            scores[sets] = corpus_nll(model, docs, hooks=hooks, **nll_args)
+        score = scores[sets]
         rows.append(
             {
                 "order": name,
                 "draw": draw,
                 "retention": level,
-                "n_removed": len(removed),
+                "n_removed": len(sets[0]),
                 "n_heads": n_total,
                 "ppl": score.ppl,
                 "delta_ppl": score.ppl - clean.ppl,
@@ -484,6 +588,6 @@ def _pruning_table(
     per_doc = None
     if clean.per_doc is not None:
         per_doc = {"clean": clean.per_doc.table()}
-        for name, draw, level, removed, _ in plan:
-            per_doc[(name, draw, level)] = scores[removed].per_doc.table()
+        for name, draw, level, sets, _ in plan:
+            per_doc[(name, draw, level)] = scores[sets].per_doc.table()
     return pd.DataFrame(rows), per_doc

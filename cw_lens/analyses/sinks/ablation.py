@@ -209,13 +209,16 @@ class SinkAblation(Result):
         quarter; needs ``per_document=True``)."""
         claims = [self._claim()]
         if bootstrap is not None:
-            require_record(self.per_document, "sink_ablation")
-            heads, nll, planned = self.per_document
-            reps = ablation_numbers(
-                bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
-            )
+            reps = self.replicates(bootstrap)
             claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
         return claims_dict(claims)
+
+    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
+        """The claim's numbers in every row of ``bootstrap.weights``, ``{number: [rows]}``."""
+        heads, nll, planned = require_record(self.per_document, "sink_ablation")
+        return ablation_numbers(
+            bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
+        )
 
     def _claim(self) -> Claim:
         summary = self.summary()

@@ -250,20 +250,16 @@ class SinkStatistics(Result):
             claims = with_intervals(claims, *self.intervals(bootstrap))
         return claims_dict(claims)
 
-    def intervals(
-        self, bootstrap: Bootstrap
-    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
-        """Bootstrap intervals over documents of the sink claims' numbers
-        (:mod:`cw_lens.core.resampled` says what each is of) and per-layer rows for the claims
-        about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
-        document is drawn (:func:`cw_lens.core.resampled.driver_numbers`)."""
+    def replicates(self, bootstrap: Bootstrap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The sink claims' numbers in every row of ``bootstrap.weights`` (resamples, corpus,
+        leave-one-out corpora), ``{number: [rows]}``, and the per-head fields they come from
+        (:mod:`cw_lens.core.resampled` says what each is of)."""
         per_doc = require_record(self.acc.per_doc, "sink_statistics")
-        hist = self.acc.share_hist
         record = per_doc.table()
-        reps = bootstrap.resample(record)  # [R, statistic, layer, head]
+        reps = bootstrap.resample(record)  # [rows, statistic, layer, head]
         fields = sink_head_fields(
             {name: reps[:, i] for i, name in enumerate(per_doc.names)},
-            bootstrap.resample(hist.table("drift_share")),
+            bootstrap.resample(self.acc.share_hist.table("drift_share")),
             SHARE_BINNING,
             self.threshold,
         )
@@ -272,6 +268,17 @@ class SinkStatistics(Result):
         if samples is not None:  # None: samples stored without their documents (before 0.2.1)
             weights = bootstrap.weights(record.shape[0])
             numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
+        return numbers, fields
+
+    def intervals(
+        self, bootstrap: Bootstrap
+    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
+        """Bootstrap intervals over documents of the sink claims' numbers
+        (:mod:`cw_lens.core.resampled` says what each is of) and per-layer rows for the claims
+        about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
+        document is drawn (:func:`cw_lens.core.resampled.driver_numbers`)."""
+        numbers, fields = self.replicates(bootstrap)
+        hist = self.acc.share_hist
         intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
         exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
         counts = self.acc.s_star.counts[None].double()

@@ -1,0 +1,188 @@
+"""Coverage study: how often each claim number's 95% bootstrap interval covers the truth.
+
+Protocol (``docs/coverage.md`` holds the table and the run's numbers):
+
+1. A pool of ``--pool`` documents (windows of 256 tokens of ``load_corpus("pydoc+stdlib")``)
+   of the embedded model; every non-causal analysis (sink statistics, sink ablation, selection
+   geometry, head taxonomy) runs once on it with ``per_document=True``. The results are cached
+   under ``benchmarks/results/coverage_pool_<pool>/`` so reruns only redo step 2.
+2. The truth of each interval-bearing claim number is its value on the whole pool (the
+   analysis's own replicate formula on the pool's corpus row, :mod:`cw_lens.core.resampled`).
+3. For each document count ``n`` (``--sizes``) and each of ``--draws`` draws: ``n`` documents
+   drawn from the pool with replacement (the pool is the population, so the truth is exactly
+   the pool's number), seeded by the draw's index; the bootstrap (``--resamples``, its seed
+   the draw's index) on those documents alone, through the analyses' own
+   ``replicates(Bootstrap(documents=...))``; for every method of :data:`METHODS` the interval
+   from the same replicates. A draw covers when ``low <= truth <= high``; a missing interval
+   (NaN) counts as not covering and is counted apart.
+
+The table: per (number, n, method), the share of draws that covered, with its binomial
+standard error. Results go to ``benchmarks/results/coverage.json``.
+
+    python benchmarks/coverage.py [--pool 128] [--sizes 8 32 48 256] [--draws 300]
+                                  [--resamples 2000] [--analyses sinks selection ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pickle
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+METHODS = ("percentile", "bca", "expanded")
+ANALYSES = ("taxonomy", "sinks", "ablation", "selection")
+
+
+def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
+    """Each analysis on the pool (cached: computed once, then loaded)."""
+    folder = RESULTS / f"coverage_pool_{n_pool}"
+    folder.mkdir(parents=True, exist_ok=True)
+    out, model, corpus = {}, None, None
+    for name in analyses:
+        path = folder / f"{name}.pkl"
+        if path.exists():
+            out[name] = pickle.loads(path.read_bytes())
+            continue
+        import cw_lens
+        from cw_lens.analyses.selection import selection_geometry
+        from cw_lens.analyses.sinks import sink_ablation, sink_statistics
+        from cw_lens.analyses.taxonomy import head_taxonomy
+
+        if model is None:
+            model = cw_lens.load_model()
+            corpus = cw_lens.load_corpus(
+                "pydoc+stdlib", n_docs=n_pool, max_tokens=256, tokenizer=model, seed=0
+            )
+        run = {
+            "taxonomy": head_taxonomy,
+            "sinks": sink_statistics,
+            "ablation": sink_ablation,
+            "selection": selection_geometry,
+        }[name]
+        start, cpu = time.perf_counter(), time.process_time()
+        out[name] = run(model, corpus, progress=False, per_document=True)
+        print(
+            f"[pool] {name}: {time.perf_counter() - start:.0f} s wall, "
+            f"{time.process_time() - cpu:.0f} s CPU",
+            flush=True,
+        )
+        path.write_bytes(pickle.dumps(out[name]))
+    return out
+
+
+def replicate_numbers(result: object, bootstrap: object) -> dict[str, torch.Tensor]:
+    """The claim numbers of one analysis in every row of ``bootstrap.weights``."""
+    reps = result.replicates(bootstrap)
+    if isinstance(reps, tuple):  # sink statistics: (numbers, per-head fields)
+        reps = reps[0]
+    return {k: v for k, v in reps.items() if v.dim() == 1}
+
+
+def n_records(result: object) -> int:
+    """How many documents the analysis's per-document record holds."""
+    record = getattr(result, "per_document", None)
+    if record is None:  # sink statistics keep theirs in the accumulator
+        return int(result.acc.per_doc.table().shape[0])
+    return int(record[0].shape[0] if isinstance(record, tuple) else record.shape[0])
+
+
+def study(
+    results: dict[str, object], sizes: list[int], draws: int, resamples: int
+) -> list[dict[str, object]]:
+    from cw_lens.core.bootstrap import Bootstrap, interval
+
+    rows = []
+    for name, result in results.items():
+        n_pool = n_records(result)
+        truth = {
+            k: float(v[1])  # the corpus row of a one-resample bootstrap
+            for k, v in replicate_numbers(result, Bootstrap(resamples=1)).items()
+        }
+        for n in sizes:
+            start, cpu = time.perf_counter(), time.process_time()
+            hits = {(k, m): [0, 0] for k in truth for m in METHODS}  # covered, missing
+            for d in range(draws):
+                gen = torch.Generator().manual_seed(10_000 * n + d)
+                docs = torch.randint(n_pool, (n,), generator=gen).tolist()
+                boot = Bootstrap(resamples=resamples, seed=d, documents=docs)
+                for k, reps in replicate_numbers(result, boot).items():
+                    for m in METHODS:
+                        low, high = interval(reps, resamples, boot.level, m).tolist()
+                        if math.isnan(low) or math.isnan(high):
+                            hits[(k, m)][1] += 1
+                        elif low <= truth[k] <= high:
+                            hits[(k, m)][0] += 1
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            print(f"[{name}] n={n}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
+            for (k, m), (covered, missing) in hits.items():
+                share = covered / draws
+                rows.append(
+                    {
+                        "analysis": name,
+                        "number": k,
+                        "truth": truth[k],
+                        "n": n,
+                        "method": m,
+                        "coverage": share,
+                        "se": math.sqrt(max(share * (1 - share), 1e-12) / draws),
+                        "missing": missing,
+                        "draws": draws,
+                        "seconds": wall,
+                        "cpu_seconds": cpu,
+                    }
+                )
+    return rows
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    """Markdown: one row per (number, n), one column per method."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df["cell"] = [
+        f"{c:.3f}" + (f" ({m} missing)" if m else "")
+        for c, m in zip(df["coverage"], df["missing"], strict=True)
+    ]
+    wide = df.pivot_table(
+        index=["analysis", "number", "n"], columns="method", values="cell", aggfunc="first"
+    )
+    wide = wide[[m for m in METHODS if m in wide.columns]].reset_index()
+    lines = ["| " + " | ".join(wide.columns) + " |", "|" + "---|" * len(wide.columns)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in wide.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pool", type=int, default=128)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 48, 256])
+    parser.add_argument("--draws", type=int, default=300)
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=ANALYSES)
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("CW_COVERAGE_THREADS", "2")))
+    start, cpu = time.perf_counter(), time.process_time()
+    results = pool_results(args.pool, tuple(args.analyses))
+    rows = study(results, args.sizes, args.draws, args.resamples)
+    out = RESULTS / "coverage.json"
+    previous = json.loads(out.read_text()) if out.exists() else {"rows": []}
+    done = {(r["analysis"], r["n"]) for r in rows}
+    kept = [r for r in previous["rows"] if (r["analysis"], r["n"]) not in done]
+    meta = {"pool": args.pool, "draws": args.draws, "resamples": args.resamples}
+    meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
+    out.write_text(json.dumps({"meta": meta, "rows": kept + rows}, indent=1))
+    print(table(kept + rows))
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()
