@@ -1,0 +1,202 @@
+"""The main job's steps: one function per analysis, each computing its result from a
+:class:`~cw_lens.reporting.job.Job` (the model, the corpus, the settings) and returning what the
+job stores; the order in which the job runs them, and which step needs another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from cw_lens.core.errors import InputError
+
+if TYPE_CHECKING:
+    from cw_lens.reporting.job import Job
+
+
+def step_sinks(job: Job) -> dict[str, Any]:
+    from cw_lens.analyses.sinks import sink_statistics
+
+    stats = sink_statistics(
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        seed=job.config.seed,
+        progress=job.progress,
+        per_document=True,
+    )
+    return {"stats": stats}
+
+
+def step_heatmaps(job: Job) -> dict[str, Any]:
+    """P1 Fig. 1: attention and contribution matrices of two sink heads on one text — the sink
+    heads (in different layers) whose sink attention exceeds the sink's contribution most."""
+    from cw_lens.analyses.contributions import contribution_weights
+
+    heads = job.results["sinks"]["stats"].heads()
+    gap = heads["sink_attention"] - heads["sink_contribution"]
+    sink = heads.assign(gap=gap)[heads["sink_head"]].sort_values("gap", ascending=False)
+    picks = []
+    for _, row in sink.iterrows():
+        if all(abs(int(row["layer"]) - p[0]) > 3 for p in picks):
+            picks.append((int(row["layer"]), int(row["head"])))
+        if len(picks) == 2:
+            break
+    if not picks:
+        picks = [(job.model.cfg.n_layers // 2, 0)]
+    doc = job.corpus[0]
+    text_tokens = list(doc.tokens[:31]) if doc.tokens is not None else None
+    inputs = doc.text[:160] if text_tokens is None else job.model.tokenizer.decode(text_tokens)
+    result = contribution_weights(
+        job.model, inputs, layers=sorted({p[0] for p in picks}), kind="intra"
+    )
+    return {"result": result, "picks": picks}
+
+
+def step_ablation(job: Job) -> dict[str, Any]:
+    from cw_lens.analyses.sinks import sink_ablation
+
+    ablation = sink_ablation(
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
+    )
+    return {"ablation": ablation}
+
+
+def step_faithfulness(job: Job) -> dict[str, Any]:
+    from cw_lens.analyses.faithfulness import faithfulness
+
+    corpus = job.corpus
+    if job.config.faithfulness_docs:
+        corpus = corpus[: job.config.faithfulness_docs]
+    result = faithfulness(
+        job.model,
+        corpus,
+        granularity=job.config.faithfulness_granularity,
+        batch_size=job.config.batch_size,
+        seed=job.config.seed,
+        progress=job.progress,
+        per_document=True,
+        n_random=job.config.random_draws,
+    )
+    return {"result": result}
+
+
+def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
+    from cw_lens.analyses.faithfulness import faithfulness
+    from cw_lens.data.corpora import load_corpus
+
+    if not job.config.task:
+        return None
+    items = load_corpus(
+        job.config.task,
+        n_docs=job.config.task_docs,
+        model=job.model,
+        only_correct=True,
+        seed=job.config.seed,
+    )
+    result = faithfulness(
+        job.model,
+        items,
+        fractions=(0.02, 0.1, 0.5),
+        granularity="pairs",
+        batch_size=16,
+        seed=job.config.seed,
+        progress=job.progress,
+    )
+    return {"result": result, "n_items": len(items), "task": job.config.task}
+
+
+def step_selection(job: Job) -> dict[str, Any]:
+    from cw_lens.analyses.selection import selection_geometry
+
+    result = selection_geometry(
+        job.model,
+        job.corpus,
+        seed=job.config.seed,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
+    )
+    return {"result": result}
+
+
+def step_taxonomy(job: Job) -> dict[str, Any]:
+    from cw_lens.analyses.taxonomy import head_taxonomy
+
+    result = head_taxonomy(
+        job.model,
+        job.corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
+    )
+    return {"result": result}
+
+
+def step_pruning(job: Job) -> dict[str, Any]:
+    """P2 pruning ranked within each layer (the methods page's reading, with the lone-head
+    costs; the taxonomy and entropy rankings cross-fitted) and, as the variant, with one global
+    ranking (3 random draws)."""
+    from cw_lens.analyses.pruning import prune_heads
+
+    cfg = job.config
+    corpus = job.corpus[: cfg.pruning_docs] if cfg.pruning_docs else job.corpus
+    common = dict(
+        order=("taxonomy", "magnitude", "entropy", "random"),
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        progress=job.progress,
+    )
+    result = prune_heads(
+        job.model,
+        corpus,
+        scope="layer",
+        n_draws=cfg.pruning_draws,
+        draws_everywhere=cfg.pruning_draws_everywhere,
+        lone_docs=cfg.lone_docs,
+        per_document=True,
+        **common,
+    )
+    global_ranking = None
+    if cfg.global_ranking:
+        global_ranking = prune_heads(job.model, corpus, scope="global", lone=False, **common)
+    return {"result": result, "global": global_ranking}
+
+
+STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
+    ("sinks", step_sinks),
+    ("heatmaps", step_heatmaps),
+    ("ablation", step_ablation),
+    ("faithfulness", step_faithfulness),
+    ("task_faithfulness", step_task_faithfulness),
+    ("selection", step_selection),
+    ("taxonomy", step_taxonomy),
+    ("pruning", step_pruning),
+)
+STEP_NAMES = tuple(name for name, _ in STEPS)
+# a step that reads another's result: selecting it selects that one too
+STEP_NEEDS = {"heatmaps": ("sinks",), "pruning": ("taxonomy",)}
+
+
+def select_steps(
+    steps: Sequence[str] | None = None, skip: Sequence[str] | None = None
+) -> tuple[str, ...]:
+    """The steps a run computes, in job order: ``steps`` (default: all) without ``skip``, plus
+    what the chosen steps need (``heatmaps`` needs ``sinks``, ``pruning`` ``taxonomy``).
+    Unknown names are an error."""
+    for given in (steps or (), skip or ()):
+        unknown = [s for s in given if s not in STEP_NAMES]
+        if unknown:
+            raise InputError(
+                f"Unknown step(s) {', '.join(map(repr, unknown))}; the steps are "
+                f"{', '.join(STEP_NAMES)}."
+            )
+    chosen = {s for s in (STEP_NAMES if steps is None else steps) if s not in (skip or ())}
+    if not chosen:
+        raise InputError("No step left to run: --steps/--skip removed every step.")
+    for name in list(chosen):
+        chosen.update(STEP_NEEDS.get(name, ()))
+    return tuple(s for s in STEP_NAMES if s in chosen)
