@@ -60,7 +60,7 @@ def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
         if model is None:
             model = cw_lens.load_model()
             corpus = cw_lens.load_corpus(
-                "pydoc+stdlib", n_docs=n_pool, max_tokens=256, tokenizer=model, seed=0
+                "pydoc+stdlib", n_docs=n_pool, max_tokens=256, model=model, seed=0
             )
         run = {
             "taxonomy": head_taxonomy,

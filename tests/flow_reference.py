@@ -228,7 +228,8 @@ def dense_token_matrix(ref_layer):
 
 
 def dense_route_edges(ref, target, threshold, batch=0):
-    """Route edges of SPEC §7's sub-layer graph from the dense reference, traced with networkx
+    """Route edges of methods § Contribution flow's sub-layer graph from the dense reference,
+    traced with networkx
     (independent of fg): ``(l, j) -> (l+0.5, i)`` (heads, shares into ``m_l``) and ``(l, i) ->
     (l+0.5, i)`` (residual), ``(l+0.5, i) -> (l+1, i)`` (residual = share of ``m_l``, MLP) on
     sequential blocks; ``(l, j) -> (l+1, i)`` (heads), residual and MLP from ``(l, i)`` on

@@ -13,7 +13,7 @@ tiny model (``architectures.Built.hf``), plain torch hooks on the HF modules giv
 
 From these, ``tests/reference.dense_contributions`` materialises every ``alpha pv_j`` vector.
 Interventions are applied as forward pre-hooks on the HF output projection that edit ``z``
-exactly (SPEC §3), with ``alpha`` and ``v`` from a clean run.
+exactly (methods § Attention sinks), with ``alpha`` and ``v`` from a clean run.
 """
 
 from __future__ import annotations

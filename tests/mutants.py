@@ -71,7 +71,8 @@ def flip(name: str, path: str, old: str, *tests: str) -> Mutant:
 
 
 MUTANTS = [
-    # ---------------------------------------------------------------- sink statistics (SPEC §3)
+    # ---------------------------------------------------------------- sink statistics (methods §
+    # Attention sinks)
     m(
         "sinks: drift over the whole tail instead of the weak tokens",
         "cw_lens/core/geometry.py",

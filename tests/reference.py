@@ -10,7 +10,7 @@ import torch
 
 
 def dense_contributions(pattern, values, W_O, kind="intra"):
-    """Every field of SPEC §2 from materialised vectors.
+    """Every field of methods § Contribution weights from materialised vectors.
 
     Args:
         pattern: [batch, head, query, key]; values: [batch, key, kv_head, d_head];
@@ -248,7 +248,8 @@ def _queries(pattern, h):
 
 
 def reference_sink_heads(pattern, values, W_O, *, drift_k=4):
-    """SPEC §3 per head by loops over (document, query), from ``d_model`` vectors (sink = 0):
+    """methods § Attention sinks per head by loops over (document, query), from ``d_model`` vectors
+    (sink = 0):
     lists of ``norm_ratio`` (||pv_j|| / ||pv_0||, non-sink j), ``cos_mixture`` cos(pv_0, m_i)
     and ``s_star`` (queries with 1e-6 < s <= 0.999), ``drift_cos`` cos(alpha_0 pv_0, d_i) and
     ``drift_share`` -<alpha_0 pv_0, d_i> / ||d_i||^2 (d_i = the weak tokens: the tail without

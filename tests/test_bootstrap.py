@@ -102,7 +102,8 @@ def _coverage(method: str, n: int = 8, replications: int = 2000) -> float:
 
 
 def test_shipped_interval_covers_at_eight_documents_where_the_percentile_does_not():
-    """SPEC §6: the shipped method covers >= 0.93 at 8 documents (here with 3 binomial SEs of
+    """methods § Claims: the shipped method covers >= 0.93 at 8 documents (here with 3 binomial SEs
+    of
     slack over 2,000 samples: 0.93 - 3 * 0.0057); the plain percentile covers about 0.88."""
     floor = 0.93 - 3 * math.sqrt(0.93 * 0.07 / 2000)
     assert _coverage(Bootstrap().method) >= floor
@@ -342,7 +343,7 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
     assert all(c["interval"] is not None for c in drivers)
     assert set(stats.samples("sink")["document"]) <= set(range(6))
     # a state stored before samples remembered their document: no interval, not a wrong one,
-    # and the checks are inconclusive, not judged on their point values (SPEC §6)
+    # and the checks are inconclusive, not judged on their point values (methods § Claims)
     state = stats.acc.samples.__getstate__()
     del state["_docs"]
     stats.acc.samples = SampleReservoir.__new__(SampleReservoir)
@@ -448,7 +449,8 @@ def _pruning_record(draw_deltas: list[float], n_docs: int = 10) -> pruning.Pruni
 
 
 def test_pruning_interval_resamples_the_random_draws_with_the_documents():
-    """SPEC §6: documents alike, draws apart — an interval over documents alone has width 0;
+    """methods § Claims: documents alike, draws apart — an interval over documents alone has width
+    0;
     with the draws resampled jointly it spans their spread, and with 20 draws whose mean is
     above taxonomy's but whose spread straddles it the verdict is not yes."""
     deltas = [0.005 + 0.02 * (k % 2) for k in range(20)]  # ΔNLL 0.005 / 0.025 vs taxonomy 0.01

@@ -1,4 +1,5 @@
-"""SPEC §6's criteria, claim by claim, on both sides: tables built by hand where each claim must
+"""methods § Claims's criteria, claim by claim, on both sides: tables built by hand where each
+claim must
 hold and where it must not, with traps where a wrong reading (mean for median, pooled for per
 head, ratio for difference, no filter, wrong group, lax comparison) flips the verdict."""
 
@@ -20,7 +21,7 @@ from cw_lens.analyses.taxonomy import HeadTaxonomyResult
 from cw_lens.core.claims import VERDICTS, Check, Claim, claims_dict, combine, with_intervals
 from cw_lens.core.errors import InputError
 
-# SPEC §6's criterion column, verbatim
+# methods § Claims's criterion column, verbatim
 SPEC_CRITERIA = {
     "sink_attention_vs_contribution": "over sink heads, mean intra contribution of the sink < ½ × "
     "its mean attention (the ratio is the number)",

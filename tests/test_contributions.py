@@ -29,7 +29,7 @@ def test_matches_dense_reference_on_tiny_models(tiny, kind):
 
 
 def test_layer_output_reconstructs_hook_attn_out(tiny):
-    """SPEC §1 invariant: o_i + b_O == blocks.{l}.hook_attn_out."""
+    """methods § Notation invariant: o_i + b_O == blocks.{l}.hook_attn_out."""
     tokens = random_tokens(tiny, 2, 11, seed=4)
     for layer in range(tiny.cfg.n_layers):
         ref = model_reference(tiny, tokens, layer)

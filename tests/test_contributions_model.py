@@ -38,7 +38,7 @@ def test_every_layer_matches_dense_reference(smollm, kind):
             )
             worst = max(worst, err)
     assert worst < 1e-5
-    # SPEC §2 properties on the real model
+    # methods § Contribution weights properties on the real model
     if kind == "intra":
         assert torch.allclose(result.weights.sum(-1), torch.ones(()), atol=1e-4)
     else:

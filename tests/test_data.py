@@ -125,9 +125,9 @@ def test_windows_of_another_tokenizer_are_refused(gpt2):
     """load_corpus without tokenizer= cuts windows in SmolLM2 tokens; the tiny GPT-2 (another
     tokenizer) would read them as other token counts, so the analysis refuses, naming the fix."""
     smol = cw_lens.load_corpus(n_docs=2, max_tokens=32)
-    with pytest.raises(InputError, match=r"windows of 32 tokens.*tokenizer=model"):
+    with pytest.raises(InputError, match=r"windows of 32 tokens.*model=model"):
         cw_lens.contribution_weights(gpt2, smol, layers=[0])
-    with pytest.raises(InputError, match="tokenizer=model"):
+    with pytest.raises(InputError, match="model=model"):
         cw_lens.sink_statistics(gpt2, smol, layers=[0], progress=False)
     mine = cw_lens.load_corpus(n_docs=2, max_tokens=32, tokenizer=gpt2)
     assert cw_lens.contribution_weights(gpt2, mine, layers=[0]).weights.shape[-1] == 33

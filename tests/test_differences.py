@@ -164,11 +164,12 @@ def test_a_number_without_replicates_is_not_comparable_whatever_the_verdicts(tmp
 
 
 def test_a_real_difference_with_equal_verdicts_is_flagged(tmp_path):
-    """4.84 [4.10, 5.62] against 3.5: both inside [3, 10] (verdicts equal), yet different when
-    3.5's own interval is narrow — and not when it is wide."""
+    """4.84 (its 95% interval about [3.8, 5.9] at 8 documents, expanded percentile) against 3.5:
+    both inside [3, 10] (verdicts equal), yet different when 3.5's own interval is narrow — and
+    not when it is wide."""
     a = run_of({"x": with_mean_and_sd(4.84, 1.07, 8, seed=6)}, docs("a", 8))
     low, high = a[0]["claims"]["c"]["checks"][0]["interval"]
-    assert 3.9 < low < 4.4 and 5.3 < high < 5.8
+    assert 3.6 < low < 4.4 and 5.3 < high < 6.1
     narrow = run_of({"x": with_mean_and_sd(3.5, 0.42, 8, seed=7)}, docs("b", 8))
     row = compared(tmp_path / "n", a, narrow).differences().iloc[0]
     assert row["result"] == DIFFER and row["difference"] == pytest.approx(-1.34)

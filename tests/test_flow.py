@@ -396,7 +396,8 @@ def test_hooked_transformer_shares_match_a_dense_reference(post_norm):
 @needs_bridge
 def test_attention_rollout_rows_sum_to_one_with_learned_sink_logits():
     """GPT-OSS: attention rows sum to less than 1 (learned sink logits take softmax mass);
-    attention rollout re-normalises each step's rows (SPEC §7), computed here independently
+    attention rollout re-normalises each step's rows (methods § Contribution flow), computed here
+    independently
     from the float64 HF twin's attention probabilities."""
     from arch_checks import built
 
@@ -411,7 +412,7 @@ def test_attention_rollout_rows_sum_to_one_with_learned_sink_logits():
     for alpha in attentions:
         step = 0.5 * alpha.mean(1) + 0.5 * eye
         want = (step / step.sum(-1, keepdim=True)) @ want
-    got = cw_lens.attention_rollout(b.bridge, tokens)
+    got = cw_lens.attention_rollout(b.bridge, tokens).attention
     assert torch.allclose(got.sum(-1).double(), torch.ones(2, n, dtype=torch.float64), atol=1e-6)
     assert torch.allclose(got.double(), want, atol=1e-6)
     both = cw_lens.contribution_rollout(b.bridge, tokens)

@@ -1,4 +1,5 @@
-"""Pure math of contribution flow (SPEC §7) against materialised float64 computations."""
+"""Pure math of contribution flow (methods § Contribution flow) against materialised float64
+computations."""
 
 from __future__ import annotations
 

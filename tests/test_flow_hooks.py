@@ -116,7 +116,7 @@ def test_verify_model_reports_the_flow_hooks(llama, monkeypatch):
     """A model whose resid_post never fires: verified for contribution weights, flow refused."""
     report = cw_lens.verify_model(llama)
     assert report.flow == "exact (sequential blocks)"
-    assert "flow analyses: exact" in report.summary()
+    assert "flow analyses: exact" in report.summary_text()
     name = "blocks.0.hook_resid_post"
     mute(monkeypatch, llama.hook_dict[model_access(llama)._aliases.get(name, name)])
     fresh = cw_lens.verify_model(llama, force=True)

@@ -41,7 +41,8 @@ def test_bridge_logits_equal_the_transformers_model(smollm):
 
 
 def test_attention_output_reconstructs_on_every_layer(smollm):
-    """SPEC §1 invariant on the real model: sum_h sum_j alpha pv_j (+ b_O) == hook_attn_out."""
+    """methods § Notation invariant on the real model: sum_h sum_j alpha pv_j (+ b_O) ==
+    hook_attn_out."""
     tokens = smollm.to_tokens("A short sentence about attention sinks in language models.")
     for layer in range(smollm.cfg.n_layers):
         ref = model_reference(smollm, tokens, layer)

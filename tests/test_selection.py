@@ -466,7 +466,7 @@ def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
     assert prn.removed_heads(ranking, 0.5) == [(1, 2), (1, 0), (0, 3), (0, 1)]  # per layer
     assert prn.removed_heads(ranking, 0.25) == [(1, 2), (1, 0), (1, 1), (0, 3), (0, 1), (0, 0)]
     assert prn.removed_heads(ranking, 0.75) == [(1, 2), (0, 3)]  # 1 of 4 per layer
-    # SPEC §4: the same share of heads in every layer by default
+    # methods § Token selection: the same share of heads in every layer by default
     assert pruned.scope == "layer"
     layered = prn.prune_heads(
         model, TEXTS, order="entropy", retention=0.5, lone=False, progress=False, cross_fit=False
@@ -478,7 +478,7 @@ def test_layer_scope_removes_the_same_fraction_per_layer(model, pruned):
 
 
 def test_cross_fitted_rankings_are_learnt_on_the_other_half(model, pruned):
-    """SPEC §6: the taxonomy and entropy rankings that prune the even-indexed documents are
+    """methods § Claims: the taxonomy and entropy rankings that prune the even-indexed documents are
     learnt on the odd-indexed ones and vice versa; ΔPPL pools both halves' NLL."""
     assert pruned.cross_fitted == ("taxonomy", "entropy")
     res = prn.prune_heads(

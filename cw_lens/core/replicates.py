@@ -169,7 +169,8 @@ def difference_test(
     tail = (1 - level) / 2 if n_documents is None else expanded_tail(level, n_documents)
     x = torch.from_numpy(diff)
     undefined = float(x.isnan().double().mean())
-    low, high = quantiles(x, torch.tensor(tail), torch.tensor(1 - tail)).tolist()
+    q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    low, high = quantiles(x, q[0], q[1]).tolist()
     if math.isnan(tail) or undefined > tail:
         low = high = math.nan
     if math.isnan(low) or math.isnan(high):

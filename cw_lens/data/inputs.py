@@ -84,10 +84,10 @@ def check_windows_match(corpus: Corpus, model: Any) -> None:
         return
     raise InputError(
         f"The corpus {corpus.name!r} was cut into windows of {corpus.max_tokens} tokens of "
-        "another tokenizer than this model's (load_corpus without tokenizer= uses the embedded "
+        "another tokenizer than this model's (load_corpus without model= uses the embedded "
         "SmolLM2's), so this model would read windows of other lengths. Load it for this model: "
         f"cw_lens.load_corpus({corpus.name!r}, n_docs={len(corpus)}, "
-        f"max_tokens={corpus.max_tokens}, tokenizer=model)."
+        f"max_tokens={corpus.max_tokens}, model=model)."
     )
 
 

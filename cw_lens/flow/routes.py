@@ -257,7 +257,8 @@ def _step(
 def _route_steps(
     per_layer: list[Tensor], nodes: dict[str, dict[str, Tensor]], sequential: list[bool], row: int
 ) -> list[dict[str, Any]]:
-    """The steps of the route graph of one batch row, from the embeddings up (SPEC §7):
+    """The steps of the route graph of one batch row, from the embeddings up (methods §
+    Contribution flow):
     ``x_l -> m_l`` and ``m_l -> x_{l+1}`` per sequential block, ``x_l -> x_{l+1}`` per
     parallel one. Each: source/target node layer, block, pair edges, same-position shares and
     the node attributes of its target level."""

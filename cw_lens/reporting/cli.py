@@ -93,6 +93,20 @@ def _names(value: str | None) -> list[str] | None:
     return [s.strip() for s in value.split(",") if s.strip()]
 
 
+def _granularity(value: str | None) -> tuple[str, ...] | None:
+    """``--faithfulness-granularity pairs,tokens`` as the job's tuple, checked."""
+    names = _names(value)
+    if names is None:
+        return None
+    unknown = [n for n in names if n not in ("pairs", "tokens")]
+    if unknown or not names:
+        raise typer.BadParameter(
+            f"{value!r}: give pairs, tokens or both, comma-separated.",
+            param_hint="--faithfulness-granularity",
+        )
+    return tuple(names)
+
+
 def _load(model: str | None, device: str | None, api: str):
     from cw_lens.models.load import load_model
 
@@ -136,7 +150,17 @@ def analyze(
         typer.echo(f"wrote {html}")
 
 
-@app.command()
+FIGURES_HELP = """Run every analysis and write figures (PNG + PDF), summary.json and REPORT.md.
+
+    Resumable: finished steps are stored and skipped on a rerun (--force recomputes). A step
+    that another needs is added (heatmaps needs sinks, pruning needs taxonomy); the claims of
+    steps that did not run are left out. On a GPU: --device cuda --dtype bfloat16 --n-docs 256
+    --max-tokens 1024 --batch-size 16. Under torchrun the documents are sharded over ranks and
+    the results merged exactly.
+    """
+
+
+@app.command(help=FIGURES_HELP)
 @_clean_errors
 def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
@@ -182,17 +206,30 @@ def figures(
     random_draws: int | None = typer.Option(
         None, help="Draws of faithfulness's random ranking (> 1 reports their spread; 1)."
     ),
+    faithfulness_granularity: str | None = typer.Option(
+        None,
+        "--faithfulness-granularity",
+        help="Faithfulness granularities: pairs, tokens or both (quick both; paper pairs).",
+    ),
+    pruning_docs: int | None = typer.Option(
+        None, help="Documents pruning runs on (default: all; paper 32)."
+    ),
+    pruning_draws: int | None = typer.Option(
+        None, help="Random pruning orders (quick 3, paper 20; a verdict needs at least 20)."
+    ),
+    pruning_draws_everywhere: int | None = typer.Option(
+        None, help="Random orders also evaluated at 50% and 25% retention (default: all)."
+    ),
+    global_ranking: bool | None = typer.Option(
+        None,
+        "--global-ranking/--no-global-ranking",
+        help="Also prune with one global ranking, the variant (quick yes, paper no).",
+    ),
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
 ) -> None:
-    """Run every analysis and write figures (PNG + PDF), summary.json and REPORT.md.
+    """Long: one typer option per job setting (the help text is FIGURES_HELP)."""
 
-    Resumable: finished steps are stored and skipped on a rerun (--force recomputes). A step
-    that another needs is added (heatmaps needs sinks, pruning needs taxonomy); the claims of
-    steps that did not run are left out. On a GPU: --device cuda --dtype bfloat16 --n-docs 256
-    --max-tokens 1024 --batch-size 16. Under torchrun the documents are sharded over ranks and
-    the results merged exactly.
-    """
     from cw_lens.reporting.job import JobConfig, run_figures
 
     config = JobConfig.preset(
@@ -213,12 +250,17 @@ def figures(
         random_draws=random_draws,
         n_resamples=n_resamples,
         bootstrap_seed=bootstrap_seed,
-    )
-    summary = run_figures(
-        config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
+        faithfulness_granularity=_granularity(faithfulness_granularity),
+        pruning_docs=pruning_docs,
+        pruning_draws=pruning_draws,
+        pruning_draws_everywhere=pruning_draws_everywhere,
+        global_ranking=global_ranking,
     )
     if task.lower() == "none":
         config.task = None
+    summary = run_figures(
+        config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
+    )
     from cw_lens.data.distributed import is_main_process
 
     if is_main_process():

@@ -21,7 +21,7 @@ Example::
     from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
     model = cw_lens.load_model()
     weights_provenance(None, model, "float32")["quantisation"]     # "Q4_1"
-    corpus_provenance(cw_lens.load_corpus(n_docs=4, tokenizer=model), model.tokenizer)
+    corpus_provenance(cw_lens.load_corpus(n_docs=4, model=model), model.tokenizer)
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def document_ids(corpus: Corpus, tokenizer: Any) -> list[tuple[int, ...]]:
         elif tokenizer is None:
             raise InputError(
                 "A document has no token ids and no tokenizer was given; load the corpus with "
-                "load_corpus(..., tokenizer=model) or pass the model's tokenizer."
+                "load_corpus(..., model=model) or pass the model's tokenizer."
             )
         else:
             out.append(tuple(tokenizer(doc.text, add_special_tokens=False)["input_ids"]))

@@ -60,7 +60,7 @@ def main() -> None:
     save()
 
     ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
-    texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, tokenizer=model, seed=1)
+    texts = cw_lens.load_corpus(n_docs=24, max_tokens=48, model=model, seed=1)
     for threshold in (0.02, 0.03, 0.05):
         stats = cw_lens.ioi_route_statistics(model, ioi, threshold=threshold)
         out[f"ioi_routes_{threshold}"] = {

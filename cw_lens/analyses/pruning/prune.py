@@ -276,7 +276,7 @@ def _head_statistics(
 
 MODERATE = (0.9, 0.75)  # retention levels where the taxonomy order must beat random
 LEARNT = ("taxonomy", "entropy")  # orders ranked by statistics measured on documents
-MIN_RANDOM_DRAWS = 20  # random orders a verdict on pruning_signal needs (SPEC §6)
+MIN_RANDOM_DRAWS = 20  # random orders a verdict on pruning_signal needs (methods § Claims)
 AGGRESSIVE = (0.5, 0.25)  # levels where the best order is reported
 
 
@@ -394,7 +394,8 @@ def prune_heads(
         taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass;
             only with ``cross_fit=False``).
         cross_fit: Learn the taxonomy and entropy rankings on documents other than those they
-            are evaluated on (SPEC §6): the even-indexed documents are pruned by the ranking
+            are evaluated on (methods § Claims): the even-indexed documents are pruned by the
+            ranking
             learnt on the odd-indexed ones and vice versa, and ΔPPL pools both halves' NLL.
             ``False``: one ranking learnt on the whole corpus (optimistic: the ranking has
             seen the text it is judged on). Magnitude and random orders need no data.

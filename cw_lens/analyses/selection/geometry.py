@@ -174,8 +174,8 @@ SINK_N = (2, 4)
 
 
 def selection_claims(table: pd.DataFrame) -> list[Claim]:
-    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as methods §
-    Claims (docs/methods.md#claims)'s criterion column reads them, from the per-head table of
+    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as the
+    criteria of methods § Claims (docs/methods.md#claims) read them, from the per-head table of
     :meth:`SelectionGeometryResult.to_dataframe` (``layer, head, n, rule, f``).
 
     - ``topn_beats_random``: the mean over heads of F_N(top) - F_N(random) is > 0 at every
@@ -188,6 +188,9 @@ def selection_claims(table: pd.DataFrame) -> list[Claim]:
       the median sits on the point mass of heads at exactly 1); the median ratio
       (:func:`head_f_ratio`), the share of heads at >= 2x and the share of heads with an F of
       0 are reported beside it.
+
+    Long: the two claims share the per-head table and its N grid; split, each would re-derive
+    them.
     """
     f = table.pivot_table(index=["layer", "head", "n"], columns="rule", values="f")
     means = f.groupby("n").mean()
