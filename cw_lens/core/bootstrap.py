@@ -247,13 +247,15 @@ def interval(
     :meth:`Bootstrap.weights` (``resamples`` resamples, the corpus, the leave-one-out
     corpora)."""
     x = torch.as_tensor(replicates).double()
-    if x.shape[0] < resamples + 3:
+    if x.shape[0] < resamples + 2:
         raise InputError(
             f"interval() needs a number's values in every row of Bootstrap.weights(): "
             f"{resamples} resamples, the corpus, then one row per document; got {x.shape[0]} "
             "rows. Compute the number on Bootstrap.resample(...) of the whole record."
         )
     boot, point, jack = x[:resamples], x[resamples], x[resamples + 1 :]
+    if len(jack) < 2:  # one document: resampling it says nothing about its spread
+        return torch.full((2, *point.shape), math.nan, dtype=torch.float64)
     if method == "bca":
         low, high = bca_levels(boot, point, jack, level)
     else:
