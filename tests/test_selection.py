@@ -552,7 +552,7 @@ def test_magnitude_on_gpt2(gpt2):
         ({"retention": (0.9, 90)}, "fractions, not percentages"),
         ({"retention": ()}, "retention is empty"),
         ({"order": ("taxonomy", "size")}, "unknown: \\['size'\\]"),
-        ({"n_draws": 0}, "n_draws"),
+        ({"n_random": 0}, "n_random"),
         ({"lone_heads": [(0, 9)]}, "out of range"),
         ({"lone_tokens": 0}, "lone_tokens"),
     ],
