@@ -19,8 +19,12 @@ Protocol (``docs/coverage.md`` holds the table and the run's numbers):
 The table: per (number, n, method), the share of draws that covered, with its binomial
 standard error. Results go to ``benchmarks/results/coverage.json``.
 
-    python benchmarks/coverage.py [--pool 128] [--sizes 8 32 48 256] [--draws 300]
-                                  [--resamples 2000] [--analyses sinks selection ...]
+    python benchmarks/coverage.py [--pool 128 | --run RUN] [--sizes 8 32 48 256]
+                                  [--draws 300] [--resamples 2000] [--analyses sinks ...]
+
+``--run RUN`` takes the pool from a finished main-job run instead of step 1: the per-document
+records its non-causal steps stored (``cw-lens figures --preset paper --out RUN``: 256 windows
+of 256 tokens of pydoc+stdlib, the same corpus as step 1 with more windows).
 """
 
 from __future__ import annotations
@@ -76,6 +80,32 @@ def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
             flush=True,
         )
         path.write_bytes(pickle.dumps(out[name]))
+    return out
+
+
+# where the main job stores each analysis: (step name, key in the step's stored dict)
+JOB_STEPS = {
+    "sinks": ("sinks", "stats"),
+    "ablation": ("ablation", "ablation"),
+    "selection": ("selection", "result"),
+    "taxonomy": ("taxonomy", "result"),
+}
+
+
+def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
+    """Each analysis as a finished main-job run stored it (``cw-lens figures --out RUN``): its
+    per-document records are the pool, so the pool costs nothing beyond the run itself."""
+    wanted = {JOB_STEPS[name][0] for name in analyses}
+    states = [d for d in (run / ".state").glob("*") if wanted <= {p.stem for p in d.glob("*.pkl")}]
+    if len(states) != 1:
+        raise SystemExit(
+            f"{run}/.state/ holds {len(states)} stored runs with the steps {sorted(wanted)}; "
+            "need exactly one (run `cw-lens figures --out RUN` to completion first)."
+        )
+    out = {}
+    for name in analyses:
+        step, key = JOB_STEPS[name]
+        out[name] = pickle.loads((states[0] / f"{step}.pkl").read_bytes())[key]
     return out
 
 
@@ -164,6 +194,12 @@ def table(rows: list[dict[str, object]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", type=int, default=128)
+    parser.add_argument(
+        "--run",
+        type=Path,
+        help="a finished main-job output folder whose per-document records are the pool "
+        "(e.g. the paper preset's 256 windows); --pool is then ignored",
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 48, 256])
     parser.add_argument("--draws", type=int, default=300)
     parser.add_argument("--resamples", type=int, default=2000)
@@ -171,13 +207,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("CW_COVERAGE_THREADS", "2")))
     start, cpu = time.perf_counter(), time.process_time()
-    results = pool_results(args.pool, tuple(args.analyses))
+    if args.run is not None:
+        results = run_results(args.run, tuple(args.analyses))
+        args.pool = n_records(next(iter(results.values())))
+    else:
+        results = pool_results(args.pool, tuple(args.analyses))
     rows = study(results, args.sizes, args.draws, args.resamples)
     out = RESULTS / "coverage.json"
     previous = json.loads(out.read_text()) if out.exists() else {"rows": []}
     done = {(r["analysis"], r["n"]) for r in rows}
     kept = [r for r in previous["rows"] if (r["analysis"], r["n"]) not in done]
     meta = {"pool": args.pool, "draws": args.draws, "resamples": args.resamples}
+    meta["source"] = str(args.run) if args.run is not None else f"coverage_pool_{args.pool}"
     meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
     out.write_text(json.dumps({"meta": meta, "rows": kept + rows}, indent=1))
     print(table(kept + rows))
