@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 from reference import assert_rows_close, causal_rows, model_reference
@@ -232,6 +233,24 @@ def test_more_bad_inputs_name_the_fix(llama):
         result.plot(layer=1, head=9)
     with pytest.warns(UserWarning, match="not a share"):
         result.top(sum_heads=True)
+
+
+def test_top_reads_queries_like_the_flow_results(llama):
+    """One row resolver for every result: negative queries count from the end of the row's
+    real tokens, a query past them or a bool batch is refused."""
+    result = cw_lens.contribution_weights(llama, ["a longer first text", "short"])
+    n = int(result.mask[1].sum())
+    assert n < result.tokens.shape[1]  # row 1 is padded
+    last = result.top(batch=1, k=4)
+    assert (last["query"] == n - 1).all()
+    pd.testing.assert_frame_equal(result.top(batch=1, query=-1, k=4), last)
+    assert (result.top(batch=1, query=-n, k=4)["query"] == 0).all()
+    with pytest.raises(InputError, match=f"outside the {n} real positions of row 1"):
+        result.top(batch=1, query=n)
+    with pytest.raises(InputError, match="outside"):
+        result.top(batch=1, query=-n - 1)
+    with pytest.raises(InputError, match="batch must be a row index"):
+        result.top(batch=True)
 
 
 def test_text_containing_the_pad_token_is_text_not_padding(llama):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from flow_reference import (
 import cw_lens
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.models.testing import random_tokens
+from cw_lens.viz.routes import rerender_routes_page
 
 ARCHS = ["llama", "gpt2", "neox", "gptj", "gemma2", "olmo2"]
 PIECES = ("residual", "attention", "bias", "mlp")
@@ -203,6 +206,23 @@ def test_route_views_and_panel(llama):
     assert "<b>world" not in page  # tokens travel as escaped JSON only
     blob = page.split('id="route-data">')[1].split("</script>")[0]
     assert json.loads(blob)["edges"] == data["edges"]
+
+
+def test_the_documentation_panel_inlines_the_package_routes_js():
+    page = (Path(__file__).parents[1] / "docs/flow/routes_ioi.html").read_text(encoding="utf-8")
+    js = resources.files("cw_lens.viz").joinpath("routes.js").read_text(encoding="utf-8")
+    fix = "run `python docs/flow/make_flow_figures.py --panel` and commit docs/flow/routes_ioi.html"
+    assert f"<script>\n{js}\n</script>" in page, f"routes.js changed since the page: {fix}"
+    assert rerender_routes_page(page) == page, f"routes.html changed since the page: {fix}"
+
+
+def test_a_saved_panel_is_rerendered_with_the_current_script_and_its_own_data(llama):
+    page = cw_lens.routes(llama, "hello world, routes", threshold=0.01).to_html()
+    js = resources.files("cw_lens.viz").joinpath("routes.js").read_text(encoding="utf-8")
+    stale = page.replace(js, "/* an older routes.js */")
+    assert stale != page and rerender_routes_page(stale) == page
+    with pytest.raises(InputError, match="no embedded route data"):
+        rerender_routes_page("<html><title>x</title></html>")
 
 
 def test_routes_validate_their_input(llama):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import cw_lens
-from cw_lens.core.errors import InputError
 from cw_lens.core.claims import VERDICTS
+from cw_lens.core.errors import InputError
 from cw_lens.core.results import ClaimsTable, Result
 from cw_lens.models.testing import tiny_llama
 

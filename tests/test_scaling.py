@@ -11,9 +11,8 @@ from collections import defaultdict
 import pytest
 
 import cw_lens
-from cw_lens.analyses import pruning, taxonomy
+from cw_lens.analyses import common, pruning
 from cw_lens.analyses.faithfulness import curves as faith
-from cw_lens.analyses.selection import geometry as selection
 from cw_lens.analyses.sinks import ablation as sinks
 from cw_lens.core.accumulate import state_bytes
 from cw_lens.data import scoring
@@ -57,11 +56,11 @@ ANALYSES = {
     ),
     "selection_geometry": (
         lambda m, t: cw_lens.selection_geometry(m, t, n_grid=[1, 2], progress=False),
-        [(selection, "stream_corpus")],
+        [(common, "stream_corpus")],
     ),
     "head_taxonomy": (
         lambda m, t: cw_lens.head_taxonomy(m, t, progress=False),
-        [(taxonomy, "stream_corpus")],
+        [(common, "stream_corpus")],
     ),
     "faithfulness": (
         lambda m, t: cw_lens.faithfulness(
@@ -79,7 +78,7 @@ ANALYSES = {
             lone=False,
             progress=False,
         ),
-        [(scoring, "merge_across_ranks"), (taxonomy, "stream_corpus")],
+        [(scoring, "merge_across_ranks"), (common, "stream_corpus")],
     ),
     # the flow analysis: the rollouts of one batch at a time (its records are its result)
     "rollout_deletion": (

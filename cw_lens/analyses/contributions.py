@@ -56,7 +56,7 @@ from torch import Tensor
 
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
-from cw_lens.core.results import Result
+from cw_lens.core.results import Result, check_batch_row, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import hook_name, model_access, resolve_heads, resolve_layers
@@ -150,10 +150,7 @@ class ContributionResult(Result):
         return self.heads.index(head)
 
     def _batch_index(self, batch: int) -> int:
-        n = self.tokens.shape[0]
-        if not isinstance(batch, int) or not 0 <= batch < n:
-            raise InputError(f"batch must be a row index in 0..{n - 1}, got {batch!r}.")
-        return batch
+        return check_batch_row(self.mask, batch)
 
     def last_position(self, batch: int = 0) -> int:
         return int(self.mask[batch].sum()) - 1
@@ -210,7 +207,8 @@ class ContributionResult(Result):
         absolute: bool = False,
         sum_heads: bool = False,
     ) -> pd.DataFrame:
-        """The ``k`` largest entries for one query (default: the last real token).
+        """The ``k`` largest entries for one query (default: the last real token; negative
+        counts from the end of the row's real tokens).
 
         Args:
             by: Field to rank by (any of ``FIELDS``).
@@ -220,7 +218,7 @@ class ContributionResult(Result):
         """
         if by not in self.FIELDS:
             raise InputError(f"by must be one of {self.FIELDS}, got {by!r}.")
-        self._batch_index(batch)
+        batch, q = resolve_row(self.mask, batch, query)
         if sum_heads and self.kind == "intra" and by == "weights":
             warnings.warn(
                 "sum_heads=True adds intra-head weights, each relative to its own head's output; "
@@ -229,10 +227,6 @@ class ContributionResult(Result):
                 UserWarning,
                 stacklevel=2,
             )
-        q = self.last_position(batch) if query is None else query
-        n = int(self.mask[batch].sum())
-        if not 0 <= q < n:
-            raise InputError(f"Query {q} is outside the {n} real positions of batch row {batch}.")
         scores = getattr(self, by)[batch, :, :, q, : q + 1]  # [layer, head, key]
         layers = list(range(len(self.layers))) if layer is None else [self._layer_index(layer)]
         heads = list(range(len(self.heads))) if head is None else [self._head_index(head)]

@@ -40,7 +40,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict
+from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict, stream_layer_sums
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
@@ -48,7 +48,6 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
-from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
 
@@ -290,24 +289,24 @@ def head_taxonomy(
     sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
     layer_list = resolve_layers(model, layers)
-    accumulator, stats = stream_corpus(
+    sums, record, n_documents = stream_layer_sums(
         model,
         docs,
         _TaxonomyAccumulator(
             sinks, layer_list, model.cfg.n_heads, len(docs) if per_document else None
         ),
-        layers=layer_list,
+        layer_list,
+        record="winners",
         batch_size=batch_size,
         prepend_bos=prepend_bos,
         progress="head taxonomy" if progress else False,
     )
-    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layer_list])
     return HeadTaxonomyResult(
         table=_taxonomy_table(sums, layer_list),
         sink_positions=sinks,
-        n_documents=stats.n_documents,
+        n_documents=n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
-        per_document=None if accumulator.per_doc is None else accumulator.per_doc.table("winners"),
+        per_document=record,
     )
 
 

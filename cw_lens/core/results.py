@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pandas as pd
+from jaxtyping import Bool
+from torch import Tensor
 
 from cw_lens.core.errors import InputError
 
@@ -135,6 +137,25 @@ def _take(value: Any, axis: int, index: int) -> Any:
     if isinstance(value, Sequence):
         return [value[index]]
     raise TypeError(f"cannot select a layer from a {type(value).__name__}")
+
+
+def check_batch_row(mask: Bool[Tensor, "batch pos"], batch: int) -> int:
+    """Check a batch row index of a result whose real positions are ``mask``."""
+    n_batch = mask.shape[0]
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
+        raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
+    return batch
+
+
+def resolve_row(mask: Bool[Tensor, "batch pos"], batch: int, query: int | None) -> tuple[int, int]:
+    """Check a batch row and a query position (``None``: the last real token; negative
+    counts from the end of the row's real tokens)."""
+    check_batch_row(mask, batch)
+    n = int(mask[batch].sum())
+    q = n - 1 if query is None else (query + n if query < 0 else query)
+    if not 0 <= q < n:
+        raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
+    return batch, q
 
 
 def dict_frame(values: dict[str, Any]) -> pd.DataFrame:

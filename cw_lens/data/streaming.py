@@ -130,6 +130,55 @@ def query_blocks(n_pos: int, chunk: int) -> Iterator[slice]:
         yield slice(start, min(n_pos, start + chunk))
 
 
+def run_batches(
+    model: Any,
+    prepared: TokenBatch,
+    run_pass: Callable[..., Tensor | None],
+    on_rows: Callable[[Any, slice, dict[str, Any]], None],
+    stats: StreamStats,
+    *,
+    layers: Sequence[int],
+    n_heads: int,
+    batch_size: int | None,
+    query_chunk: int | None,
+    fwd_hooks: Sequence | Callable[[TokenBatch], Sequence],
+    on_logits: Callable[[TokenBatch, Tensor], None] | None,
+    shard: tuple[int, int] | None = None,
+    progress: bool | str = False,
+) -> None:
+    """The document-batch loop of the streams: one forward pass a batch (``run_pass``:
+    :func:`~cw_lens.models.capture.run_layers` or :func:`~cw_lens.models.blocks.run_blocks`),
+    and for each layer's activations ``on_rows(acts, rows, shared)`` once per block of query
+    rows (``shared``: a dict per layer and batch, for what the blocks of a layer share).
+
+    ``fwd_hooks`` may be a function of the batch; ``on_logits`` (if given) gets ``(batch,
+    logits)`` after each pass; ``stats`` counts every batch. Layer weights are cached across
+    the batches.
+    """
+    weights: dict[int, LayerWeights] = {}
+    for batch, chunk in document_batches(
+        model, prepared, batch_size, query_chunk, n_heads, shard=shard, progress=progress
+    ):
+
+        def on_acts(acts: Any, n_pos: int = batch.tokens.shape[1], chunk: int = chunk) -> None:
+            shared: dict[str, Any] = {}
+            for rows in query_blocks(n_pos, chunk):
+                on_rows(acts, rows, shared)
+
+        logits = run_pass(
+            model,
+            batch,
+            on_acts,
+            layers=layers,
+            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
+            need_logits=on_logits is not None,
+            weights=weights,
+        )
+        if on_logits is not None:
+            on_logits(batch, logits)
+        stats.count(batch)
+
+
 def stream_contributions(
     model: Any,
     inputs: Any,
@@ -189,34 +238,31 @@ def stream_contributions(
     head_list = None if heads is None else resolve_heads(model, heads)
     prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     stats = StreamStats()
-    weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
     n_heads = len(head_list or range(model.cfg.n_heads))
     label = progress if isinstance(progress, str) else "contributions"
-    for batch, chunk in document_batches(
-        model, prepared, batch_size, query_chunk, n_heads, shard=shard, progress=progress and label
-    ):
 
-        def on_layer(acts: LayerActivations, chunk: int = chunk) -> None:
-            shared: dict[str, Any] = {}
-            for rows in query_blocks(acts.pattern.shape[-1], chunk):
-                lc = LayerContributions(acts, head_list, rows, shared, workspace)
-                for kind in count_nan:
-                    stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
-                consumer(lc)
+    def on_rows(acts: LayerActivations, rows: slice, shared: dict[str, Any]) -> None:
+        lc = LayerContributions(acts, head_list, rows, shared, workspace)
+        for kind in count_nan:
+            stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
+        consumer(lc)
 
-        logits = run_layers(
-            model,
-            batch,
-            on_layer,
-            layers=layer_list,
-            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
-            need_logits=on_logits is not None,
-            weights=weights,
-        )
-        if on_logits is not None:
-            on_logits(batch, logits)
-        stats.count(batch)
+    run_batches(
+        model,
+        prepared,
+        run_layers,
+        on_rows,
+        stats,
+        layers=layer_list,
+        n_heads=n_heads,
+        batch_size=batch_size,
+        query_chunk=query_chunk,
+        fwd_hooks=fwd_hooks,
+        on_logits=on_logits,
+        shard=shard,
+        progress=progress and label,
+    )
     for kind in count_nan:
         if stats.n_nan_rows[kind]:
             warnings.warn(

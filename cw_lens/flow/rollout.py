@@ -45,9 +45,9 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.deprecation import deprecated
 from cw_lens.core.errors import InputError
-from cw_lens.core.results import Result
+from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.flow.shares import LayerShares, resolve_row, stream_shares
+from cw_lens.flow.shares import LayerShares, stream_shares
 from cw_lens.models.capture import LayerActivations, run_layers
 from cw_lens.models.verify import require_flow, require_verified
 

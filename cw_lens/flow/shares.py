@@ -50,11 +50,11 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
-from cw_lens.core.results import Result
+from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
-from cw_lens.data.streaming import StreamStats, check_query_chunk, document_batches, query_blocks
+from cw_lens.data.streaming import StreamStats, check_query_chunk, run_batches
 from cw_lens.models.blocks import CHECK_RTOL, BlockActivations, arch_name, run_blocks
-from cw_lens.models.capture import LayerWeights, resolve_layers
+from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import Workspace
 from cw_lens.models.verify import require_flow
 
@@ -330,48 +330,31 @@ def stream_shares(
     layer_list = resolve_layers(model, layers)
     prepared = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     stats = StreamStats()
-    weights: dict[int, LayerWeights] = {}
     workspace = Workspace(reuse=reuse_buffers)
     name = arch_name(model)
     label = progress if isinstance(progress, str) else "shares"
-    for batch, chunk in document_batches(
-        model, prepared, batch_size, query_chunk, model.cfg.n_heads, progress=progress and label
-    ):
 
-        def on_block(block: BlockActivations, chunk: int = chunk) -> None:
-            shared: dict[str, Any] = {}
-            for rows in query_blocks(block.resid_post.shape[1], chunk):
-                consumer(LayerShares(block, rows, shared, workspace, name))
+    def on_rows(block: BlockActivations, rows: slice, shared: dict[str, Any]) -> None:
+        consumer(LayerShares(block, rows, shared, workspace, name))
 
-        logits = run_blocks(
-            model,
-            batch,
-            on_block,
-            layers=layer_list,
-            fwd_hooks=fwd_hooks(batch) if callable(fwd_hooks) else fwd_hooks,
-            need_logits=on_logits is not None,
-            weights=weights,
-        )
-        if on_logits is not None:
-            on_logits(batch, logits)
-        stats.count(batch)
+    run_batches(
+        model,
+        prepared,
+        run_blocks,
+        on_rows,
+        stats,
+        layers=layer_list,
+        n_heads=model.cfg.n_heads,
+        batch_size=batch_size,
+        query_chunk=query_chunk,
+        fwd_hooks=fwd_hooks,
+        on_logits=on_logits,
+        progress=progress and label,
+    )
     return stats
 
 
 # ---------------------------------------------------------------------------- the result
-
-
-def resolve_row(mask: Tensor, batch: int, query: int | None) -> tuple[int, int]:
-    """Check a batch row and a query position (``None``: the last real token; negative
-    counts from the end of the row's real tokens)."""
-    n_batch = mask.shape[0]
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
-        raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
-    n = int(mask[batch].sum())
-    q = n - 1 if query is None else (query + n if query < 0 else query)
-    if not 0 <= q < n:
-        raise InputError(f"Query {query} is outside the {n} real positions of row {batch}.")
-    return batch, q
 
 
 @dataclass(repr=False)

@@ -13,18 +13,24 @@ if TYPE_CHECKING:
     from cw_lens.reporting.job import Job
 
 
+def on_corpus(job: Job, analysis: Callable[..., Any], corpus: Any = None, **settings: Any) -> Any:
+    """``analysis`` run on the job's model and corpus (or ``corpus``, a part of it) with the
+    job's batch size and progress bar, keeping each document's numbers (``per_document=True``)
+    for the bootstrap intervals; ``settings`` are the analysis's own arguments."""
+    return analysis(
+        job.model,
+        job.corpus if corpus is None else corpus,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
+        **settings,
+    )
+
+
 def step_sinks(job: Job) -> dict[str, Any]:
     from cw_lens.analyses.sinks import sink_statistics
 
-    stats = sink_statistics(
-        job.model,
-        job.corpus,
-        batch_size=job.config.batch_size,
-        seed=job.config.seed,
-        progress=job.progress,
-        per_document=True,
-    )
-    return {"stats": stats}
+    return {"stats": on_corpus(job, sink_statistics, seed=job.config.seed)}
 
 
 def step_heatmaps(job: Job) -> dict[str, Any]:
@@ -55,14 +61,7 @@ def step_heatmaps(job: Job) -> dict[str, Any]:
 def step_ablation(job: Job) -> dict[str, Any]:
     from cw_lens.analyses.sinks import sink_ablation
 
-    ablation = sink_ablation(
-        job.model,
-        job.corpus,
-        batch_size=job.config.batch_size,
-        progress=job.progress,
-        per_document=True,
-    )
-    return {"ablation": ablation}
+    return {"ablation": on_corpus(job, sink_ablation)}
 
 
 def step_faithfulness(job: Job) -> dict[str, Any]:
@@ -71,14 +70,12 @@ def step_faithfulness(job: Job) -> dict[str, Any]:
     corpus = job.corpus
     if job.config.faithfulness_docs:
         corpus = corpus[: job.config.faithfulness_docs]
-    result = faithfulness(
-        job.model,
+    result = on_corpus(
+        job,
+        faithfulness,
         corpus,
         granularity=job.config.faithfulness_granularity,
-        batch_size=job.config.batch_size,
         seed=job.config.seed,
-        progress=job.progress,
-        per_document=True,
         n_random=job.config.random_draws,
     )
     return {"result": result}
@@ -112,28 +109,13 @@ def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
 def step_selection(job: Job) -> dict[str, Any]:
     from cw_lens.analyses.selection import selection_geometry
 
-    result = selection_geometry(
-        job.model,
-        job.corpus,
-        seed=job.config.seed,
-        batch_size=job.config.batch_size,
-        progress=job.progress,
-        per_document=True,
-    )
-    return {"result": result}
+    return {"result": on_corpus(job, selection_geometry, seed=job.config.seed)}
 
 
 def step_taxonomy(job: Job) -> dict[str, Any]:
     from cw_lens.analyses.taxonomy import head_taxonomy
 
-    result = head_taxonomy(
-        job.model,
-        job.corpus,
-        batch_size=job.config.batch_size,
-        progress=job.progress,
-        per_document=True,
-    )
-    return {"result": result}
+    return {"result": on_corpus(job, head_taxonomy)}
 
 
 def step_pruning(job: Job) -> dict[str, Any]:
@@ -144,25 +126,30 @@ def step_pruning(job: Job) -> dict[str, Any]:
 
     cfg = job.config
     corpus = job.corpus[: cfg.pruning_docs] if cfg.pruning_docs else job.corpus
-    common = dict(
-        order=("taxonomy", "magnitude", "entropy", "random"),
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        progress=job.progress,
-    )
-    result = prune_heads(
-        job.model,
+    orders = ("taxonomy", "magnitude", "entropy", "random")
+    result = on_corpus(
+        job,
+        prune_heads,
         corpus,
+        order=orders,
+        seed=cfg.seed,
         scope="layer",
         n_draws=cfg.pruning_draws,
         draws_everywhere=cfg.pruning_draws_everywhere,
         lone_docs=cfg.lone_docs,
-        per_document=True,
-        **common,
     )
     global_ranking = None
     if cfg.global_ranking:
-        global_ranking = prune_heads(job.model, corpus, scope="global", lone=False, **common)
+        global_ranking = prune_heads(
+            job.model,
+            corpus,
+            order=orders,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            progress=job.progress,
+            scope="global",
+            lone=False,
+        )
     return {"result": result, "global": global_ranking}
 
 

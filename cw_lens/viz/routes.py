@@ -10,6 +10,11 @@ attention, MLP, bias; they sum to 1).
 The state can be set in the URL hash: ``page.html#edge=3`` opens edge 3's tooltip (for
 headless screenshots and tests).
 
+The page is the template ``routes.html`` with ``routes.js`` and the data inlined;
+:func:`rerender_routes_page` writes a saved page again from its own data with the current
+template and script (how ``docs/flow/make_flow_figures.py --panel`` keeps the documentation's
+panel in step with ``routes.js`` without recomputing its routes).
+
 This is a minimal stand-alone panel; the data come from a JSON-able dict
 (``RouteGraph.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
 same panel.
@@ -24,13 +29,17 @@ Example::
 from __future__ import annotations
 
 import html
+import json
 import re
 from importlib import resources
 from typing import Any
 
+from cw_lens.core.errors import InputError
 from cw_lens.viz.payload import script_json, token_label
 
 _MARKER = re.compile(r"\{\{(title|js|data)\}\}")
+_TITLE = re.compile(r"<title>(.*?)</title>", re.S)
+_DATA = re.compile(r'<script type="application/json" id="route-data">(.*?)</script>', re.S)
 
 
 def routes_html(data: dict[str, Any], title: str | None = None) -> str:
@@ -45,3 +54,15 @@ def routes_html(data: dict[str, Any], title: str | None = None) -> str:
         "data": script_json(data),
     }
     return _MARKER.sub(lambda m: parts[m.group(1)], template)
+
+
+def rerender_routes_page(page: str) -> str:
+    """A page written by :func:`routes_html`, written again from its own title and embedded
+    data with the current template and ``routes.js`` (no number is recomputed)."""
+    title, data = _TITLE.search(page), _DATA.search(page)
+    if title is None or data is None or 'content="cw_lens.viz.routes"' not in page:
+        raise InputError(
+            "Not a route panel page written by cw_lens (RouteGraph.to_html / routes_html): "
+            "it has no embedded route data; write the page with RouteGraph.to_html instead."
+        )
+    return routes_html(json.loads(data.group(1)), html.unescape(title.group(1)))

@@ -1,22 +1,38 @@
 """Regenerate the contribution-flow figures and numbers of the README (embedded SmolLM2-135M).
 
     python docs/flow/make_flow_figures.py            # ~30 min on 2 busy CPU cores
+    python docs/flow/make_flow_figures.py --panel    # routes_ioi.html's front end only (1 s)
 
 Writes, next to this file: ``routes_ioi.png``, ``routes_ioi.html`` (the interactive panel),
 ``rollout_ioi.png``, ``deletion_ioi.png``, ``deletion_text.png`` and ``flow_results.json``
 (the deletion summaries, the IOI route statistics and their top heads).
+
+The panel inlines the package's ``cw_lens/viz/routes.js`` and ``routes.html``; after a change to
+them, ``--panel`` writes ``routes_ioi.html`` again from its own embedded routes, without the
+model (``tests/test_flow.py`` fails while the committed page and ``routes.js`` differ).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 HERE = Path(__file__).parent
+PANEL = HERE / "routes_ioi.html"
 SENTENCE = "When Mary and John went to the store, John gave a drink to"
+
+
+def refresh_panel() -> None:
+    """``routes_ioi.html`` written again from its own routes with the package's current
+    template and ``routes.js`` (:func:`cw_lens.viz.routes.rerender_routes_page`)."""
+    from cw_lens.viz.routes import rerender_routes_page
+
+    page = rerender_routes_page(PANEL.read_text(encoding="utf-8"))
+    PANEL.write_text(page, encoding="utf-8")
 
 
 def main() -> None:
@@ -36,7 +52,7 @@ def main() -> None:
 
     g = cw_lens.routes(model, SENTENCE, threshold=0.03)
     save_figure(g.plot(), HERE / "routes_ioi", formats=("png",))
-    g.to_html(HERE / "routes_ioi.html")
+    g.to_html(PANEL)
     kinds = g.to_dataframe()["kind"].value_counts()
     from_io = g.routes_from((0, 2))  # ' Mary', the indirect object's embedding
     out["routes_ioi"] = {
@@ -94,4 +110,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--panel" in sys.argv[1:]:
+        refresh_panel()
+    else:
+        main()

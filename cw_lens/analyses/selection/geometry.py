@@ -16,7 +16,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.analyses.common import check_count, check_sinks, kv_of_heads, rounded_dict
+from cw_lens.analyses.common import (
+    check_count,
+    check_sinks,
+    kv_of_heads,
+    rounded_dict,
+    stream_layer_sums,
+)
 from cw_lens.analyses.selection.prf import (
     PRF,
     Distance,
@@ -35,7 +41,6 @@ from cw_lens.core.resampled import F_EPS, geometric_mean_ratio, selection_number
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import prepare_inputs
-from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
 
@@ -503,17 +508,16 @@ def selection_geometry(
         )
     layer_list = resolve_layers(model, layers)
     record = (layer_list, model.cfg.n_heads, len(docs)) if per_document else None
-    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record)
-    accumulator, stats = stream_corpus(
+    sums, per_document, n_documents = stream_layer_sums(
         model,
         docs,
-        accumulator,
-        layers=layer_list,
+        _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record),
+        layer_list,
+        record="f_and_count",
         batch_size=batch_size,
         prepend_bos=prepend_bos,
         progress="selection geometry" if progress else False,
     )
-    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layer_list])
     return SelectionGeometryResult(
         sums=sums,
         layers=layer_list,
@@ -523,9 +527,7 @@ def selection_geometry(
         seed=seed,
         sink_positions=sinks,
         distance=distance,
-        n_documents=stats.n_documents,
+        n_documents=n_documents,
         model_name=str(getattr(model.cfg, "model_name", "")),
-        per_document=None
-        if accumulator.per_doc is None
-        else accumulator.per_doc.table("f_and_count"),
+        per_document=per_document,
     )
