@@ -153,6 +153,14 @@ def test_grouped_scores_equals_repeated_values(n_batch, n_kv, group, n_pos, seed
     assert torch.allclose(geo.grouped_scores(q, v), expected, atol=1e-5)
     out = torch.empty(expected.shape)
     assert torch.allclose(geo.grouped_scores(q, v, out=out), expected, atol=1e-5)
+    # heads first: the values are a slice of the keys of a [batch, kv_head, key, d] tensor
+    q_first, v_first = q.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    scores = geo.grouped_scores_heads_first(q_first, v_first[:, :, :n_pos])
+    assert torch.allclose(scores, expected[..., :n_pos], atol=1e-5)
+    out = torch.empty(expected.shape)
+    assert torch.allclose(
+        geo.grouped_scores_heads_first(q_first, v_first, out=out), expected, atol=1e-5
+    )
 
 
 def test_zero_output_row_is_nan_and_counted():

@@ -79,6 +79,25 @@ def grouped_scores(
     return einops.rearrange(scores, "b kv (g q) k -> b (kv g) q k", q=n_query)
 
 
+def grouped_scores_heads_first(
+    queries: Float[Tensor, "batch head query d_head"],
+    values: Float[Tensor, "batch kv_head key d_head"],
+    out: Float[Tensor, "batch head query key"] | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """:func:`grouped_scores` with both operands heads first: the query heads of one group are
+    consecutive in a contiguous ``queries``, so stacking them along the query axis is a view,
+    and ``values`` (contiguous ``[batch, kv_head, key, d_head]``, or a slice of its keys) is
+    read as a transposed view. No operand is copied."""
+    n_batch, n_heads, n_query, d_head = queries.shape
+    n_kv, n_keys = values.shape[1], values.shape[2]
+    stacked = queries.reshape(n_batch, n_kv, (n_heads // n_kv) * n_query, d_head)
+    keys = values.transpose(-1, -2)
+    if out is None:
+        return torch.matmul(stacked, keys).view(n_batch, n_heads, n_query, n_keys)
+    torch.matmul(stacked, keys, out=out.view(n_batch, n_kv, -1, n_keys))
+    return out
+
+
 def apply_gram(
     vectors: Float[Tensor, "batch pos head d_head"],
     gram: Float[Tensor, "head d_head d_head"],

@@ -141,12 +141,23 @@ class LayerWeights:
         return cls(W_O, b_O, head_gram(W_O))
 
     def to(self, device: torch.device) -> LayerWeights:
+        if self.W_O.device == torch.device(device):
+            return self
         b_O = None if self.b_O is None else self.b_O.to(device)
         return LayerWeights(self.W_O.to(device), b_O, self.gram.to(device))
 
+    @cached_property
+    def _W_O_by_dim(self) -> Float[Tensor, "d_head_head d_model"]:
+        """``W_O`` as one matrix with the rows in ``(d_head, head)`` order (made once)."""
+        return self.W_O.transpose(0, 1).reshape(-1, self.W_O.shape[-1]).contiguous()
+
     def layer_output(self, z: Float[Tensor, "batch pos head d_head"]) -> Tensor:
-        """``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded), float32 ``[batch, pos, d_model]``."""
-        return torch.einsum("bphd,hdm->bpm", z.float(), self.W_O.to(z.device))
+        """``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded), float32 ``[batch, pos, d_model]``.
+
+        One matrix product over ``(d_head, head)`` (the order in which ``einsum`` sums them),
+        with ``W_O`` rearranged once per layer rather than on every call."""
+        flat = z.float().transpose(-1, -2).reshape(*z.shape[:-2], -1)
+        return torch.matmul(flat, self._W_O_by_dim.to(z.device))
 
 
 class ModelAccess:

@@ -165,6 +165,12 @@ class LayerContributions(Result):
             "pv_norm", lambda: geo.projected_value_norms(self.acts.values, self.acts.weights.gram)
         )
 
+    @property
+    def layer_projected_value_norm(self) -> Float[Tensor, "batch head key"]:
+        """``||pv_j^h||`` for every head and key of the layer, computed once per layer and
+        shared by its blocks (and by any consumer that needs all keys)."""
+        return self._full_key_norms
+
     @cached_property
     def projected_value_norm(self) -> Float[Tensor, "batch head key"]:
         """``||pv_j^h||`` for the keys of this block."""
@@ -186,15 +192,16 @@ class LayerContributions(Result):
         return self.acts.z[:, self.queries]
 
     @cached_property
-    def _z_gram(self) -> Tensor:
-        """``z_i^h G^h`` for this block's rows: the intra query side and ``||o_i^h||^2``."""
-        return geo.apply_gram(self._z, self.acts.weights.gram)
+    def _z_gram(self) -> Float[Tensor, "batch head query d_head"]:
+        """``z_i^h G^h`` for this block's rows, heads first (the layout of the grouped
+        products): the intra query side and ``||o_i^h||^2``."""
+        return torch.matmul(self._z.transpose(1, 2), self.acts.weights.gram)
 
     @cached_property
     def head_output_norm(self) -> Float[Tensor, "batch head query"]:
         """``||o_i^h||``."""
-        gram = self.acts.weights.gram
-        return self._sel(geo.head_output_norms(self._z, gram, z_gram=self._z_gram))
+        sq = (self._z_gram * self._z.transpose(1, 2)).sum(-1)
+        return self._sel(sq.clamp_min(0).sqrt())
 
     @cached_property
     def layer_output_norm(self) -> Float[Tensor, "batch query"]:
@@ -246,15 +253,21 @@ class LayerContributions(Result):
             t.tril_(diagonal=self.queries.start)
         return t
 
+    @cached_property
+    def _values_kv(self) -> Float[Tensor, "batch kv_head key d_head"]:
+        """The values with the key/value heads first, contiguous (once per layer): every
+        block's products read their keys as a transposed view, without a copy."""
+        return self._layer_memo("values_kv", lambda: self.acts.values.transpose(1, 2).contiguous())
+
     def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
-        """``<query_side[b,i,h], v_j^{g(h)}>`` for the selected heads and this block's keys."""
-        values = self.acts.values[:, self.keys]
+        """``<query_side[b,h,i], v_j^{g(h)}>`` for the selected heads and this block's keys
+        (``query_side`` is ``[batch, head, query, d_head]`` over the selected heads)."""
+        values = self._values_kv[:, :, : self.keys.stop]
         if self._all_heads:
-            return geo.grouped_scores(query_side, values, out=out)
-        group = self.acts.n_heads // values.shape[2]
+            return geo.grouped_scores_heads_first(query_side, values, out=out)
+        group = self.acts.n_heads // values.shape[1]
         kv = torch.tensor([h // group for h in self.heads], device=values.device)
-        q = query_side.index_select(2, self._head_index)
-        return torch.einsum("bqhd,bkhd->bhqk", q, values.index_select(2, kv))
+        return torch.matmul(query_side, values.index_select(1, kv).transpose(-1, -2))
 
     def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
         """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
@@ -269,16 +282,10 @@ class LayerContributions(Result):
             w = self.acts.weights
             inv = self._inv_output_norm(kind)  # [batch, head(sel), query]
             if kind == "intra":
-                side = self._z_gram
-                if self._all_heads:
-                    side = side * inv.transpose(1, 2)[..., None]
-                else:
-                    full = torch.ones(side.shape[:3], device=side.device)
-                    full[:, :, self._head_index] = inv.transpose(1, 2)
-                    side = side * full[..., None]
+                side = self._sel(self._z_gram) * inv[..., None]
             else:
                 out = self.acts.layer_output[:, self.queries] * inv[:, 0, :, None]
-                side = geo.project_into_heads(out, w.W_O)
+                side = self._sel(geo.project_into_heads(out, w.W_O).transpose(1, 2).contiguous())
             buf = self._ws.get(f"dots_{kind}", self.shape, side.device)
             return self._grouped(side, buf).tril_(diagonal=self.queries.start)
 

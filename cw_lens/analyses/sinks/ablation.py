@@ -107,7 +107,7 @@ class _AblationAccumulator:
         z = acts.z[:, q]
         axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
         tail = (acts.mask & ~sink_full).to(acts.values.dtype)
-        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        norms = lc.layer_projected_value_norm  # [b, h, pos], once per layer
         mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
         layer = lc.layer
         self._record(docs, layer, self.run_tag, z, axis, gram, valid, mean_pv)

@@ -205,7 +205,7 @@ class SinkAccumulator:
     ) -> None:
         acts = lc.acts
         gram = acts.weights.gram
-        norms = geo.projected_value_norms(acts.values, gram)  # [b, h, pos]
+        norms = lc.layer_projected_value_norm  # [b, h, pos], once per layer
         per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
         tail = acts.mask & ~sink_full
         cols = sink_full.any(0).nonzero().flatten()
