@@ -1,8 +1,8 @@
 """The result protocol: what every object an analysis returns answers to.
 
-Every public result class (:class:`~cw_lens.ContributionResult`, :class:`~cw_lens.SinkStatistics`,
-:class:`~cw_lens.RolloutResult`, ...) derives from :class:`Result`, so the same few calls work on
-all of them::
+Every public result class (:class:`~cw_lens.ContributionResult`,
+:class:`~cw_lens.SinkStatisticsResult`, :class:`~cw_lens.RolloutResult`, ...; each name ends in
+``Result``) derives from :class:`Result`, so the same few calls work on all of them::
 
     cw = cw_lens.contribution_weights(model, text, layers=[10, 20])
     cw                   # ContributionResult(model_name='...', layers=[10, 20], ...) one line

@@ -1,11 +1,10 @@
 """Streaming a corpus through the model, one layer and one block of query rows at a time.
 
-:func:`stream_contributions` runs the forward passes (document batches) and hands each
-requested layer's :class:`~cw_lens.models.layer_contributions.LayerContributions` — one block of
-query
+:func:`stream_contributions` runs the forward passes (document batches) and hands each requested
+layer's :class:`~cw_lens.models.layer_contributions.LayerContributionsResult` — one block of query
 rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so memory is flat in
-depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds
-an accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
+depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds an
+accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
 ``torchrun``, shards the document batches over ranks and merges the accumulators exactly.
 
 Example::
@@ -39,7 +38,7 @@ from cw_lens.models.capture import (
     resolve_layers,
     run_layers,
 )
-from cw_lens.models.layer_contributions import KINDS, LayerContributions, Workspace
+from cw_lens.models.layer_contributions import KINDS, LayerContributionsResult, Workspace
 from cw_lens.models.verify import require_verified
 
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
@@ -133,7 +132,7 @@ def query_blocks(n_pos: int, chunk: int) -> Iterator[slice]:
 def stream_contributions(
     model: Any,
     inputs: Any,
-    consumer: Callable[[LayerContributions], None],
+    consumer: Callable[[LayerContributionsResult], None],
     *,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
@@ -150,7 +149,7 @@ def stream_contributions(
 ) -> StreamStats:
     """Stream one layer (and one block of query rows) at a time to ``consumer``.
 
-    The consumer is called inside the forward pass with a :class:`LayerContributions`; it
+    The consumer is called inside the forward pass with a :class:`LayerContributionsResult`; it
     should fold what it needs into a small accumulator and keep no references to full tensors.
 
     Args:
@@ -182,7 +181,8 @@ def stream_contributions(
     require_verified(model)
     if not callable(consumer):
         raise InputError(
-            f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
+            "consumer must be a function of one LayerContributionsResult, got "
+            f"{type(consumer).__name__}."
         )
     check_query_chunk(query_chunk)
     layer_list = resolve_layers(model, layers)
@@ -200,7 +200,7 @@ def stream_contributions(
         def on_layer(acts: LayerActivations, chunk: int = chunk) -> None:
             shared: dict[str, Any] = {}
             for rows in query_blocks(acts.pattern.shape[-1], chunk):
-                lc = LayerContributions(acts, head_list, rows, shared, workspace)
+                lc = LayerContributionsResult(acts, head_list, rows, shared, workspace)
                 for kind in count_nan:
                     stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
                 consumer(lc)

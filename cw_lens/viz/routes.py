@@ -1,6 +1,6 @@
 r"""Interactive route-graph panel: one self-contained HTML page (no network, no dependencies).
 
-The page draws the routes of :meth:`cw_lens.RouteGraph.panel_data` on a grid — positions left
+The page draws the routes of :meth:`cw_lens.RouteGraphResult.panel_data` on a grid — positions left
 to right (token strings below), layers bottom to top, the half nodes ``m_l`` (the MLP's input
 on sequential blocks, hollow) half-way — with attention edges coloured and widened by their
 share, MLP edges blue and residual edges grey. **Hover an edge**: its layer and head (or
@@ -11,7 +11,7 @@ The state can be set in the URL hash: ``page.html#edge=3`` opens edge 3's toolti
 headless screenshots and tests).
 
 This is a minimal stand-alone panel; the data come from a JSON-able dict
-(``RouteGraph.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
+(``RouteGraphResult.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
 same panel.
 
 Example::
@@ -34,7 +34,7 @@ _MARKER = re.compile(r"\{\{(title|js|data)\}\}")
 
 
 def routes_html(data: dict[str, Any], title: str | None = None) -> str:
-    """The panel page for ``RouteGraph.panel_data()`` (token labels made visible)."""
+    """The panel page for ``RouteGraphResult.panel_data()`` (token labels made visible)."""
     data = {**data, "labels": [token_label(t) for t in data["tokens"]]}
     title = title or f"Routes to position {data['target']}"
     files = resources.files("cw_lens.viz")
