@@ -151,6 +151,26 @@ def test_layer_on_shares_and_selection(results):
         results["RolloutResult"].layer(0)
 
 
+def test_layer_on_the_sink_tables(model, results):
+    """``layer(n)`` of the sink results: the per-head rows of layer NUMBER n."""
+    stats = results["SinkStatisticsResult"]
+    n_heads = model.cfg.n_heads
+    assert stats.layers == [0, 1]
+    expected = stats.heads().iloc[n_heads:].reset_index(drop=True)  # layer-major: layer 1
+    pd.testing.assert_frame_equal(stats.layer(1), expected)
+    # the same rows when layer 1 is the only one analysed (position 0 of that result)
+    only = cw_lens.sink_statistics(model, TEXTS, layers=[1], min_query=2, progress=False)
+    pd.testing.assert_frame_equal(only.layer(1), expected)
+    with pytest.raises(InputError, match=r"Layer 0 is not in this SinkStatisticsResult.*\[1\]"):
+        only.layer(0)
+    ablation = results["SinkAblationResult"]  # layer 1 patched
+    rows = ablation.layer(1)
+    assert list(rows["head"]) == list(range(n_heads)) and set(rows["layer"]) == {1}
+    pd.testing.assert_frame_equal(rows, ablation.per_head.reset_index(drop=True))
+    with pytest.raises(InputError, match=r"Layer 0 is not in this SinkAblationResult.*\[1\]"):
+        ablation.layer(0)
+
+
 def test_attention_rollout_returns_a_rollout_result(model, results):
     alone = cw_lens.attention_rollout(model, TEXTS)
     assert isinstance(alone, cw_lens.RolloutResult) and alone.contribution is None

@@ -194,6 +194,12 @@ class SinkAblationResult(Result):
     def delta_ppl(self) -> float:
         return self.patched_ppl - self.clean_ppl
 
+    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
+        """The per-head rows (:attr:`per_head`) of patched layer NUMBER ``layer``; a layer that
+        was not patched raises :class:`~cw_lens.InputError` naming the patched ones. The NLL
+        and PPL are of all patched layers together: they have no per-layer value."""
+        return self._layer_rows(self.per_head, layer)
+
     def to_dataframe(self) -> pd.DataFrame:
         return self.per_head
 

@@ -128,6 +128,14 @@ class SinkStatisticsResult(Result):
         )
         return df
 
+    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
+        """The per-head table (:meth:`heads`) of layer NUMBER ``layer``: one row per head.
+
+        With ``layers=[10, 20]``, ``stats.layer(20)`` is layer 20's rows (not the 21st
+        layer's, nor the second position's); a layer that was not analysed raises
+        :class:`~cw_lens.InputError` naming the analysed ones."""
+        return self._layer_rows(self.heads(), layer)
+
     def to_dataframe(self) -> pd.DataFrame:
         return self.heads()
 
