@@ -6,7 +6,7 @@ Public API (re-exports only; each function's module docstring states its formula
 - the result protocol every result follows: :class:`Result`; claims tables: :class:`ClaimsTable`
 - data: :func:`load_corpus`, :class:`Corpus`, :class:`Document`
 - contributions (P1): :func:`contribution_weights`, :func:`contribution_weights_from_cache`,
-  :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributions`
+  :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributionsResult`
 - sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
   :func:`detect_sinks`
 - faithfulness (P1): :func:`faithfulness`, :class:`FaithfulnessResult`
@@ -15,7 +15,7 @@ Public API (re-exports only; each function's module docstring states its formula
 - interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
 - live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
   :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
-- several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparison`
+- several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparisonResult`
 - contribution flow (docs/methods.md#flow): :func:`residual_shares`, :func:`stream_shares`,
   :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
   :func:`rollout_deletion`, :func:`ioi_route_statistics`
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
         selection_geometry,
     )
     from cw_lens.analyses.sinks import (
-        SinkAblation,
-        SinkStatistics,
+        SinkAblationResult,
+        SinkStatisticsResult,
         detect_sinks,
         sink_ablation,
         sink_rates,
@@ -68,27 +68,32 @@ if TYPE_CHECKING:
     from cw_lens.data.documents import Corpus, Document
     from cw_lens.data.streaming import stream_contributions
     from cw_lens.flow.evaluation import (
-        IOIRouteStatistics,
-        RolloutDeletion,
+        IOIRouteStatisticsResult,
+        RolloutDeletionResult,
         ioi_route_statistics,
         rollout_deletion,
     )
     from cw_lens.flow.rollout import RolloutResult, attention_rollout, contribution_rollout
-    from cw_lens.flow.routes import RouteGraph, routes
-    from cw_lens.flow.shares import LayerShares, ResidualShares, residual_shares, stream_shares
+    from cw_lens.flow.routes import RouteGraphResult, routes
+    from cw_lens.flow.shares import (
+        LayerSharesResult,
+        ResidualSharesResult,
+        residual_shares,
+        stream_shares,
+    )
     from cw_lens.interactive.comparison import (
         PatchControls,
-        SinkPatchComparison,
+        SinkPatchComparisonResult,
         compare_sink_patch,
     )
     from cw_lens.interactive.widget import SinkPatcher as SinkPatcher  # not in __all__
     from cw_lens.interactive.widget import sink_patcher
     from cw_lens.models.access import cache_names
     from cw_lens.models.interventions import HookSet, mask_attention, patch_sink, remove_heads
-    from cw_lens.models.layer_contributions import LayerContributions
+    from cw_lens.models.layer_contributions import LayerContributionsResult
     from cw_lens.models.load import load_model
-    from cw_lens.models.verify import ModelVerification, verify_model
-    from cw_lens.reporting.run_comparison import RunComparison, compare_runs
+    from cw_lens.models.verify import ModelVerificationResult, verify_model
+    from cw_lens.reporting.run_comparison import RunComparisonResult, compare_runs
 
 _moved.install(sys.modules[__name__])
 
@@ -102,24 +107,24 @@ __all__ = [
     "FaithfulnessResult",
     "HeadTaxonomyResult",
     "HookSet",
-    "IOIRouteStatistics",
+    "IOIRouteStatisticsResult",
     "InputError",
-    "LayerContributions",
-    "LayerShares",
+    "LayerContributionsResult",
+    "LayerSharesResult",
     "ModelLoadError",
-    "ModelVerification",
+    "ModelVerificationResult",
     "PatchControls",
     "PruningResult",
-    "ResidualShares",
+    "ResidualSharesResult",
     "Result",
-    "RolloutDeletion",
+    "RolloutDeletionResult",
     "RolloutResult",
-    "RouteGraph",
-    "RunComparison",
+    "RouteGraphResult",
+    "RunComparisonResult",
     "SelectionGeometryResult",
-    "SinkAblation",
-    "SinkPatchComparison",
-    "SinkStatistics",
+    "SinkAblationResult",
+    "SinkPatchComparisonResult",
+    "SinkStatisticsResult",
     "UnsupportedModelError",
     "__version__",
     "attention_rollout",
@@ -180,7 +185,8 @@ def __getattr__(name: str):
     """A public name (``cw_lens.load_model``), imported from its module on first use; the widget
     (``cw_lens.sink_patcher``) needs the optional ``anywidget`` (``pip install
     'cw_lens[widget]'``); ``cw_lens.sinks`` and the other module paths of 0.2 are deprecated
-    aliases of their new homes (:mod:`cw_lens._moved`)."""
+    aliases of their new homes, and ``cw_lens.SinkStatistics`` and the other result classes
+    renamed to end in ``Result`` deprecated names of the new classes (:mod:`cw_lens._moved`)."""
     global _EXPORTS
     if _EXPORTS is None:
         _EXPORTS = _exports()
@@ -191,6 +197,12 @@ def __getattr__(name: str):
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
+    renamed = _moved.RENAMED.get(name)
+    if renamed is not None:  # not cached: every use of the old name warns
+        from cw_lens.core.deprecation import deprecated
+
+        deprecated(f"cw_lens.{name} is now cw_lens.{renamed}")
+        return __getattr__(renamed)
     old = _moved.moved_attribute(sys.modules[__name__], name)
     if old is not None:
         return old

@@ -1,6 +1,8 @@
 """The flat module paths of cw_lens 0.2 (``cw_lens.sinks``, ``cw_lens.report``, ...), kept for
 one minor version: each is a module whose attributes come from the new module, with a
-``DeprecationWarning`` naming the new path. ``cw_lens/__init__.py`` registers them when it is
+``DeprecationWarning`` naming the new path. Likewise the result classes renamed to end in
+``Result`` (:data:`RENAMED`): ``cw_lens.SinkStatistics`` is ``cw_lens.SinkStatisticsResult``, with
+a warning. ``cw_lens/__init__.py`` registers them when it is
 imported, so ``from cw_lens.sinks import sink_statistics`` and ``python -m cw_lens.cli`` keep
 working; nothing is a file at the old path (git follows the moved files).
 """
@@ -61,6 +63,22 @@ MOVED: dict[str, str | tuple[str, ...]] = {
     "verify": "cw_lens.models.verify",
     "weight_processing": "cw_lens.models.weight_processing",
     "widget": "cw_lens.interactive.widget",
+}
+
+# public result classes renamed so that every result class ends in `Result`: old -> new (each
+# defining module keeps the old name too, for imports and pickles that name it)
+RENAMED: dict[str, str] = {
+    "IOIRouteStatistics": "IOIRouteStatisticsResult",
+    "LayerContributions": "LayerContributionsResult",
+    "LayerShares": "LayerSharesResult",
+    "ModelVerification": "ModelVerificationResult",
+    "ResidualShares": "ResidualSharesResult",
+    "RolloutDeletion": "RolloutDeletionResult",
+    "RouteGraph": "RouteGraphResult",
+    "RunComparison": "RunComparisonResult",
+    "SinkAblation": "SinkAblationResult",
+    "SinkPatchComparison": "SinkPatchComparisonResult",
+    "SinkStatistics": "SinkStatisticsResult",
 }
 
 

@@ -32,10 +32,14 @@ quick = nb([
 ("md", """# cw_lens quickstart
 
 Load the embedded SmolLM2-135M (offline), compute **contribution weights** — how much each token
-really moves a head's output — and compare them with attention (P1, Fig. 1).
+really moves a head's output — and compare them with attention (P1, Fig. 1). The weight of key
+`j` for query `i` in head `h` is the share of the head's output `o_i^h` due to that key's
+weighted projected value, and it factors into attention, relative norm and cosine:
 
-$$c_{ij}^h = \\frac{\\langle \\alpha_{ij}^h\\, pv_j^h,\\; o_i^h\\rangle}{\\lVert o_i^h\\rVert^2}
-= \\alpha_{ij}^h \\cdot \\frac{\\lVert pv_j^h\\rVert}{\\lVert o_i^h\\rVert} \\cdot \\cos(pv_j^h, o_i^h)$$"""),
+    c[i,j]^h = < alpha[i,j]^h pv_j^h , o_i^h > / ||o_i^h||²
+             = alpha[i,j]^h · ( ||pv_j^h|| / ||o_i^h|| ) · cos(pv_j^h, o_i^h)
+
+(The Methods page of the documentation gives the inter-head form and the conventions.)"""),
 ("code", """import os
 import cw_lens
 
@@ -66,7 +70,7 @@ def consumer(lc):
     w = lc.weights("inter")                       # [batch, head, query, key] of this block
     sink_share[lc.layer] += w[..., 0].nansum().item()
 
-stats = cw_lens.stream_contributions(model, corpus, consumer)
+stats = cw_lens.stream_contributions(model, corpus, consumer, progress=False)  # no progress bar
 (sink_share / stats.n_tokens).round(decimals=3)"""),
 ])
 
@@ -112,12 +116,12 @@ for scale in (1.0, 0.5, 0.0):
     print(scale, seen["z"].round(decimals=2).tolist())"""),
 ("md", "## Before and after over a corpus: norms, semantic cone, perplexity"),
 ("code", """corpus = cw_lens.load_corpus(n_docs=2 if QUICK else 8, max_tokens=48 if QUICK else 128, model=model)
-ablation = cw_lens.sink_ablation(model, corpus)
+ablation = cw_lens.sink_ablation(model, corpus, progress=False)
 print(f"PPL {ablation.clean_ppl:.2f} -> {ablation.patched_ppl:.2f}")
 ablation.summary().round(3)"""),
 ("code", """fig = ablation.plot()"""),
 ("md", "## Sink geometry behind it"),
-("code", """stats = cw_lens.sink_statistics(model, corpus)
+("code", """stats = cw_lens.sink_statistics(model, corpus, progress=False)
 stats.heads().query("sink_head")[["layer", "head", "sink_rate", "norm_ratio", "cos_sink_mixture", "s_star_median"]].head(10).round(3)"""),
 ("code", """fig = stats.plot_curve()"""),
 ])

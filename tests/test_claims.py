@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from cw_lens.analyses.faithfulness import FaithfulnessResult
 from cw_lens.analyses.pruning import ORDERS, PruningResult
 from cw_lens.analyses.selection import head_f_ratio, selection_claims
-from cw_lens.analyses.sinks import SinkAblation, sink_claims
+from cw_lens.analyses.sinks import SinkAblationResult, sink_claims
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult
 from cw_lens.core.claims import VERDICTS, Check, Claim, claims_dict, combine, with_intervals
 from cw_lens.core.errors import InputError
@@ -436,7 +436,7 @@ def ablation(low=(0.2, 0.5), other=(0.5, 0.6), clean=3.0, patched=3.5):
         }
         for h in range(8)
     ]
-    return SinkAblation(clean, patched, pd.DataFrame(rows), 0.0, "scale", "direct", [0])
+    return SinkAblationResult(clean, patched, pd.DataFrame(rows), 0.0, "scale", "direct", [0])
 
 
 def test_sink_ablation_cone_on_both_sides():

@@ -18,7 +18,7 @@ from reference import (
 )
 
 from cw_lens.core import geometry as geo
-from cw_lens.models.layer_contributions import LayerContributions, Workspace
+from cw_lens.models.layer_contributions import LayerContributionsResult, Workspace
 
 FIELDS = ("weights", "cosine", "relative_norm")
 
@@ -61,7 +61,9 @@ def gather_blocks(acts, heads, chunk, field, kind):
     shared = {}
     rows = []
     for start in range(0, n_pos, chunk):
-        lc = LayerContributions(acts, heads, slice(start, min(n_pos, start + chunk)), shared, ws)
+        lc = LayerContributionsResult(
+            acts, heads, slice(start, min(n_pos, start + chunk)), shared, ws
+        )
         block = getattr(lc, field)(kind) if kind else getattr(lc, field)()
         full = torch.zeros((*block.shape[:3], n_pos))
         full[..., : block.shape[-1]] = block
@@ -169,7 +171,7 @@ def test_zero_output_row_is_nan_and_counted():
     values = torch.tensor([[[[1.0, 2.0]], [[-1.0, -2.0]]]])
     W_O = torch.randn(1, 2, 3, generator=torch.Generator().manual_seed(0))
     acts = make_activations(pattern, values, W_O)
-    lc = LayerContributions(acts)
+    lc = LayerContributionsResult(acts)
     for kind in ("intra", "inter"):
         w = lc.weights(kind)
         assert lc.n_zero_rows(kind) == 1
@@ -183,7 +185,7 @@ def test_weights_can_be_negative_and_exceed_one():
     pattern = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])
     values = torch.tensor([[[[3.0, 0.0]], [[-1.0, 0.0]]]])
     W_O = torch.eye(2)[None]
-    lc = LayerContributions(make_activations(pattern, values, W_O))
+    lc = LayerContributionsResult(make_activations(pattern, values, W_O))
     w = lc.weights("intra")[0, 0, 1]
     assert w[0] == pytest.approx(1.5) and w[1] == pytest.approx(-0.5)
     assert w.sum() == pytest.approx(1.0)
@@ -194,7 +196,7 @@ def test_weights_can_be_negative_and_exceed_one():
 def test_zero_key_vector_has_zero_cosine():
     pattern = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])
     values = torch.tensor([[[[0.0, 0.0]], [[1.0, 0.0]]]])
-    lc = LayerContributions(make_activations(pattern, values, torch.eye(2)[None]))
+    lc = LayerContributionsResult(make_activations(pattern, values, torch.eye(2)[None]))
     cos = lc.cosine("intra")
     assert cos[0, 0, 1, 0] == 0.0 and cos[0, 0, 1, 1] == pytest.approx(1.0)
     assert lc.n_zero_rows("intra") == 1  # query 0 reads only the zero vector

@@ -48,16 +48,42 @@ FLAT_0_2 = [
 KEPT = {"data", "models", "version"}
 
 
+# result classes renamed in 0.3 so that every result class name ends in `Result`
+RENAMED_0_3 = {
+    name: name + "Result"
+    for name in ("IOIRouteStatistics", "LayerContributions", "LayerShares", "ModelVerification",
+                 "ResidualShares", "RolloutDeletion", "RouteGraph", "RunComparison",
+                 "SinkAblation", "SinkPatchComparison", "SinkStatistics")
+}  # fmt: skip
+
+
 def test_public_names_are_those_of_0_2():
     added = {"Result", "ClaimsTable"}  # the result protocol (0.3)
-    assert sorted(set(cw_lens.__all__) - added) == sorted(PUBLIC_0_2)
-    for name in PUBLIC_0_2:
+    now = sorted({RENAMED_0_3.get(name, name) for name in PUBLIC_0_2} | added)
+    assert sorted(cw_lens.__all__) == now
+    for name in sorted(set(PUBLIC_0_2) - set(RENAMED_0_3)):
         if name == "sink_patcher" and importlib.util.find_spec("anywidget") is None:
             continue  # the optional widget extra
         with warnings.catch_warnings():
             warnings.simplefilter("error", DeprecationWarning)
             assert getattr(cw_lens, name) is not None
             exec(f"from cw_lens import {name}", {})
+
+
+@pytest.mark.parametrize("old", sorted(RENAMED_0_3))
+def test_renamed_result_classes_keep_their_old_name_with_a_warning(old):
+    new = getattr(cw_lens, RENAMED_0_3[old])
+    with pytest.warns(DeprecationWarning, match=f"cw_lens.{old} is now cw_lens.{new.__name__}"):
+        assert getattr(cw_lens, old) is new
+    with pytest.warns(DeprecationWarning, match=new.__name__):
+        namespace: dict = {}
+        exec(f"from cw_lens import {old}", namespace)
+    assert namespace[old] is new
+    assert old not in dir(cw_lens)
+    # the module that defines the class still has the old name (pickles name it there)
+    module = importlib.import_module(new.__module__)
+    with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is now {new.__name__}"):
+        assert getattr(module, old) is new
 
 
 def test_every_old_module_has_a_new_home():

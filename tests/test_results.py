@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pickle
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +25,11 @@ RUNS = Path(__file__).parent / "fixtures" / "compare"
 IOI_COLUMNS = ["reaches_io", "reaches_io_embedding", "reaches_s1", "reaches_s2",
                "io_into_target", "s_into_target", "n_edges", "n_mlp_edges"]  # fmt: skip
 RESULT_NAMES = [
-    "ContributionResult", "LayerContributions", "SinkStatistics", "SinkAblation",
-    "SelectionGeometryResult", "HeadTaxonomyResult", "PruningResult", "FaithfulnessResult",
-    "ResidualShares", "LayerShares", "RolloutResult", "RouteGraph", "RolloutDeletion",
-    "IOIRouteStatistics", "SinkPatchComparison", "RunComparison", "ModelVerification",
+    "ContributionResult", "LayerContributionsResult", "SinkStatisticsResult",
+    "SinkAblationResult", "SelectionGeometryResult", "HeadTaxonomyResult", "PruningResult",
+    "FaithfulnessResult", "ResidualSharesResult", "LayerSharesResult", "RolloutResult",
+    "RouteGraphResult", "RolloutDeletionResult", "IOIRouteStatisticsResult",
+    "SinkPatchComparisonResult", "RunComparisonResult", "ModelVerificationResult",
 ]  # fmt: skip
 
 
@@ -40,8 +43,8 @@ def results(model):
     """One instance of every result an entry point returns (tiny settings)."""
     out = {
         "ContributionResult": cw_lens.contribution_weights(model, TEXTS, layers=[1]),
-        "SinkStatistics": cw_lens.sink_statistics(model, TEXTS, min_query=2),
-        "SinkAblation": cw_lens.sink_ablation(model, TEXTS, layers=[1]),
+        "SinkStatisticsResult": cw_lens.sink_statistics(model, TEXTS, min_query=2),
+        "SinkAblationResult": cw_lens.sink_ablation(model, TEXTS, layers=[1]),
         "SelectionGeometryResult": cw_lens.selection_geometry(
             model, TEXTS, n_random=2, progress=False
         ),
@@ -53,14 +56,14 @@ def results(model):
             model, TEXTS, metrics=("attention", "value_norm", "value_norm_output",
             "contribution"), fractions=(0.1,), progress=False,
         ),
-        "ResidualShares": cw_lens.residual_shares(model, TEXTS, layers=[0, 1]),
+        "ResidualSharesResult": cw_lens.residual_shares(model, TEXTS, layers=[0, 1]),
         "RolloutResult": cw_lens.contribution_rollout(model, TEXTS),
-        "RouteGraph": cw_lens.routes(model, TEXTS[0]),
-        "RolloutDeletion": cw_lens.rollout_deletion(model, TEXTS, ks=(1,), n_random=1),
-        "SinkPatchComparison": cw_lens.compare_sink_patch(model, TEXTS[0], view_layers=[1]),
-        "RunComparison": cw_lens.compare_runs([RUNS / "run_a", RUNS / "run_b"]),
-        "ModelVerification": cw_lens.verify_model(model),
-        "IOIRouteStatistics": cw_lens.IOIRouteStatistics(
+        "RouteGraphResult": cw_lens.routes(model, TEXTS[0]),
+        "RolloutDeletionResult": cw_lens.rollout_deletion(model, TEXTS, ks=(1,), n_random=1),
+        "SinkPatchComparisonResult": cw_lens.compare_sink_patch(model, TEXTS[0], view_layers=[1]),
+        "RunComparisonResult": cw_lens.compare_runs([RUNS / "run_a", RUNS / "run_b"]),
+        "ModelVerificationResult": cw_lens.verify_model(model),
+        "IOIRouteStatisticsResult": cw_lens.IOIRouteStatisticsResult(
             items=pd.DataFrame({c: [1.0] for c in IOI_COLUMNS}), heads=pd.DataFrame(),
             threshold=0.02,
         ),
@@ -68,7 +71,7 @@ def results(model):
     streamed = {}
     cw_lens.stream_contributions(model, TEXTS, lambda lc: streamed.setdefault("c", lc))
     cw_lens.stream_shares(model, TEXTS, lambda ls: streamed.setdefault("s", ls))
-    out["LayerContributions"], out["LayerShares"] = streamed["c"], streamed["s"]
+    out["LayerContributionsResult"], out["LayerSharesResult"] = streamed["c"], streamed["s"]
     return out
 
 
@@ -94,7 +97,7 @@ def test_repr_names_model_and_layers_and_shapes(results):
 
 def test_jupyter_pretty_printer_uses_the_short_repr(results):
     IPython = pytest.importorskip("IPython.lib.pretty")
-    result = results["ResidualShares"]
+    result = results["ResidualSharesResult"]
     assert IPython.pretty(result) == repr(result)
 
 
@@ -102,14 +105,14 @@ def test_old_summaries_stay_reachable(results):
     assert isinstance(results["SelectionGeometryResult"].summary_dict(), dict)
     tax = results["HeadTaxonomyResult"]
     assert tax.summary()["retriever_share"].iloc[0] == tax.summary_dict()["retriever_share"]
-    assert isinstance(results["IOIRouteStatistics"].summary_dict(), dict)
-    verification = results["ModelVerification"]
+    assert isinstance(results["IOIRouteStatisticsResult"].summary_dict(), dict)
+    verification = results["ModelVerificationResult"]
     assert verification.summary_text() == str(verification)
     assert bool(verification.summary()["ok"].iloc[0]) is verification.ok
 
 
-CLAIMS = ["SinkStatistics", "SinkAblation", "SelectionGeometryResult", "HeadTaxonomyResult",
-          "PruningResult", "FaithfulnessResult"]  # fmt: skip
+CLAIMS = ["SinkStatisticsResult", "SinkAblationResult", "SelectionGeometryResult",
+          "HeadTaxonomyResult", "PruningResult", "FaithfulnessResult"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", CLAIMS)
@@ -138,7 +141,7 @@ def test_layer_selects_by_layer_number(model):
 
 
 def test_layer_on_shares_and_selection(results):
-    shares = results["ResidualShares"]
+    shares = results["ResidualSharesResult"]
     torch.testing.assert_close(
         shares.layer(1).residual[:, 0], shares.residual[:, 1], equal_nan=True
     )
@@ -146,6 +149,26 @@ def test_layer_on_shares_and_selection(results):
     assert geo.layer(0).sums[0].equal(geo.sums[0])
     with pytest.raises(InputError, match="has no layer axis"):
         results["RolloutResult"].layer(0)
+
+
+def test_layer_on_the_sink_tables(model, results):
+    """``layer(n)`` of the sink results: the per-head rows of layer NUMBER n."""
+    stats = results["SinkStatisticsResult"]
+    n_heads = model.cfg.n_heads
+    assert stats.layers == [0, 1]
+    expected = stats.heads().iloc[n_heads:].reset_index(drop=True)  # layer-major: layer 1
+    pd.testing.assert_frame_equal(stats.layer(1), expected)
+    # the same rows when layer 1 is the only one analysed (position 0 of that result)
+    only = cw_lens.sink_statistics(model, TEXTS, layers=[1], min_query=2, progress=False)
+    pd.testing.assert_frame_equal(only.layer(1), expected)
+    with pytest.raises(InputError, match=r"Layer 0 is not in this SinkStatisticsResult.*\[1\]"):
+        only.layer(0)
+    ablation = results["SinkAblationResult"]  # layer 1 patched
+    rows = ablation.layer(1)
+    assert list(rows["head"]) == list(range(n_heads)) and set(rows["layer"]) == {1}
+    pd.testing.assert_frame_equal(rows, ablation.per_head.reset_index(drop=True))
+    with pytest.raises(InputError, match=r"Layer 0 is not in this SinkAblationResult.*\[1\]"):
+        ablation.layer(0)
 
 
 def test_attention_rollout_returns_a_rollout_result(model, results):
@@ -165,12 +188,76 @@ def test_attention_rollout_returns_a_rollout_result(model, results):
         assert torch.allclose(alone, alone.matrix, equal_nan=True)
 
 
-NO_TABLE = {"LayerContributions", "LayerShares"}  # one streamed block: read its tensors
+NO_TABLE = {"LayerContributionsResult", "LayerSharesResult"}  # one streamed block: read its tensors
 
 
 @pytest.mark.parametrize("name", sorted(set(RESULT_NAMES) - NO_TABLE))
 def test_every_result_has_a_table(results, name):
     assert isinstance(results[name].to_dataframe(), pd.DataFrame)
+
+
+def _subclasses(cls: type) -> set[type]:
+    return {c for sub in cls.__subclasses__() for c in {sub} | _subclasses(sub)}
+
+
+def test_every_result_class_is_public_covered_here_and_named_result(results):
+    """A result class of cw_lens is exported, has an instance in ``results``, and its name ends
+    in ``Result`` (``SinkStatisticsResult``, not ``SinkStatistics``)."""
+    exported = {
+        name for name in cw_lens.__all__
+        if isinstance(obj := getattr(cw_lens, name), type) and issubclass(obj, Result)
+    } - {"Result"}  # fmt: skip
+    assert exported == set(RESULT_NAMES) == set(results)
+    defined = {c for c in _subclasses(Result) if c.__module__.startswith("cw_lens.")}
+    assert {c.__name__ for c in defined} == set(RESULT_NAMES)
+    badly_named = sorted(c.__qualname__ for c in defined if not c.__name__.endswith("Result"))
+    assert not badly_named, f"result classes whose name does not end in 'Result': {badly_named}"
+
+
+# the names these classes had in 0.3.0, as pickles written by 0.3.0 name them
+OLD_NAMES = {
+    name.removesuffix("Result"): name
+    for name in RESULT_NAMES
+    if name not in {"ContributionResult", "SelectionGeometryResult", "HeadTaxonomyResult",
+                    "PruningResult", "FaithfulnessResult", "RolloutResult"}
+}  # fmt: skip
+
+
+def _pickled_under(obj, name: str) -> bytes:
+    """``pickle.dumps(obj)`` as cw_lens 0.3.0 wrote it: naming the class ``name`` in its module."""
+    cls = type(obj)
+    new = cls.__qualname__
+    cls.__qualname__ = cls.__name__ = name
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    finally:
+        cls.__qualname__ = cls.__name__ = new
+    return data
+
+
+@pytest.mark.parametrize("old", sorted(OLD_NAMES))
+def test_a_pickle_naming_the_old_class_loads_into_the_new_one(results, old):
+    new = OLD_NAMES[old]
+    obj = results[new]
+    data = _pickled_under(obj, old)
+    module = type(obj).__module__.encode()
+    assert module in data and old.encode() in data and new.encode() not in data
+    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
+        loaded = pickle.loads(data)
+    assert type(loaded) is type(obj) and type(loaded).__name__ == new
+    assert repr(loaded) == repr(obj)
+    pd.testing.assert_frame_equal(loaded.summary(), obj.summary())
+    assert vars(loaded).keys() == vars(obj).keys()
+    for name, before in vars(obj).items():
+        after = getattr(loaded, name)
+        if isinstance(before, torch.Tensor):
+            torch.testing.assert_close(after, before, equal_nan=True, rtol=0, atol=0)
+        elif isinstance(before, pd.DataFrame):
+            pd.testing.assert_frame_equal(after, before)
+    assert new.encode() in pickle.dumps(loaded)  # pickled again: under the new name
+    with warnings.catch_warnings():  # a test run's filters (pyproject) do not turn it into an error
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert type(pickle.loads(data)) is type(obj)
 
 
 def test_protocol_is_public():

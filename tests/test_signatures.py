@@ -116,7 +116,7 @@ def test_keyword_only_accepts_old_positional_calls():
         (cw_lens.prune_heads, "n_draws", "n_random"),
         (cw_lens.faithfulness, "random_draws", "n_random"),
         (cw_lens.load_corpus, "tokenizer", "model"),
-        (cw_lens.RouteGraph.top, "kind", "edge"),
+        (cw_lens.RouteGraphResult.top, "kind", "edge"),
     ],
 )
 def test_old_spellings_are_registered(function, old, new):

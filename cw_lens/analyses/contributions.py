@@ -27,7 +27,7 @@ Three entry points:
   key]`` for a few texts;
 - :func:`contribution_weights_from_cache` — from an ``ActivationCache`` you already have;
 - :func:`stream_contributions` — the streaming form every corpus analysis uses: a callback gets
-  one :class:`LayerContributions` (one layer, one block of query rows) at a time, inside the
+  one :class:`LayerContributionsResult` (one layer, one block of query rows) at a time, inside the
   forward pass, so memory stays flat in depth and corpus size.
 
 Example::
@@ -61,7 +61,7 @@ from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import hook_name, model_access, resolve_heads, resolve_layers
 from cw_lens.models.capture import LayerActivations, check_consistent
-from cw_lens.models.layer_contributions import Kind, LayerContributions, check_kind
+from cw_lens.models.layer_contributions import Kind, LayerContributionsResult, check_kind
 from cw_lens.models.verify import require_verified
 
 
@@ -304,7 +304,7 @@ class _ResultFiller:
         self.out_norm = torch.full(shape[:4], math.nan, device=device)
         self.head_norm = torch.full(shape[:4], math.nan, device=device)
 
-    def __call__(self, lc: LayerContributions) -> None:
+    def __call__(self, lc: LayerContributionsResult) -> None:
         li = self.layer_pos[lc.layer]
         q, k = lc.queries, lc.keys
         docs = lc.batch.documents
@@ -341,7 +341,7 @@ class _Both:
     ) -> None:
         self.filler, self.on_block, self.restrict, self.layers = filler, on_block, restrict, layers
 
-    def __call__(self, lc: LayerContributions) -> None:
+    def __call__(self, lc: LayerContributionsResult) -> None:
         if lc.layer in self.filler.layer_pos:
             self.filler(lc)
         if not self.restrict or lc.layer in self.layers:
@@ -360,7 +360,7 @@ def contribution_weights(
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    on_block: Callable[[LayerContributions], None] | None = None,
+    on_block: Callable[[LayerContributionsResult], None] | None = None,
     block_layers: int | Sequence[int] | None = None,
 ) -> ContributionResult:
     """Contribution weights of every (layer, head, query, key) for a few texts.
@@ -379,7 +379,7 @@ def contribution_weights(
         batch_size: Texts per forward pass.
         on_logits: If given, the pass runs to the end and this gets ``(batch, logits)`` of
             the same pass (one forward pass for weights and predictions).
-        on_block: If given, also called with every streamed :class:`LayerContributions`
+        on_block: If given, also called with every streamed :class:`LayerContributionsResult`
             (inside the pass; see :func:`stream_contributions` for the lifetime rules).
         block_layers: The layers whose blocks go to ``on_block`` (default: ``layers``); those
             not in ``layers`` are streamed for ``on_block`` only, not stored in the result.
@@ -389,7 +389,7 @@ def contribution_weights(
         for corpora use :func:`stream_contributions` or the corpus analyses.
 
     Long: argument checks and the per-layer loop that fills the result; the math is in
-    LayerContributions.
+    LayerContributionsResult.
     """
     check_kind(kind)
     require_verified(model)
@@ -470,7 +470,7 @@ def contribution_weights_from_cache(
     (layer,) = resolve_layers(model, layer)
     head_list = resolve_heads(model, heads)
     acts = activations_from_cache(cache, model, layer, tokens=tokens, attention_mask=attention_mask)
-    lc = LayerContributions(acts, None if len(head_list) == model.cfg.n_heads else head_list)
+    lc = LayerContributionsResult(acts, None if len(head_list) == model.cfg.n_heads else head_list)
     n_nan = lc.n_zero_rows(kind)
     if n_nan:
         warnings.warn(

@@ -24,7 +24,7 @@ and grouped-query attention is contracted against the un-repeated values
 (:func:`grouped_scores`, :func:`apply_gram`, :func:`project_into_heads`). The weights and their
 three factors are assembled from these pieces, with the ``1/||o_i||`` scales folded into the
 query side and the big products written into reused buffers, by
-:class:`cw_lens.models.layer_contributions.LayerContributions`. All functions take and return
+:class:`cw_lens.models.layer_contributions.LayerContributionsResult`. All functions take and return
 float32
 tensors with a leading batch axis; they are tested against a dense reference that materialises
 every ``alpha pv_j`` vector.

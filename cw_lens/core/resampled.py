@@ -353,12 +353,11 @@ def ablation_numbers(
     planned: Tensor,
     low_norm_quantile: float,
 ) -> dict[str, Tensor]:
-    """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before,
-    count_before, cone_after, count_after, rel_norm``) of the patched heads and NLL sums
-    (clean nll, count, patched nll, count), as :meth:`cw_lens.analyses.sinks.SinkAblation.claims`:
-    the
-    low-norm heads (relative output norm at or below its ``low_norm_quantile``, re-picked per
-    resample) against the others."""
+    """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before, count_before,
+    cone_after, count_after, rel_norm``) of the patched heads and NLL sums (clean nll, count,
+    patched nll, count), as :meth:`cw_lens.analyses.sinks.SinkAblationResult.claims`: the low-norm
+    heads (relative output norm at or below its ``low_norm_quantile``, re-picked per resample)
+    against the others."""
     cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]
     rel = rel / n_b.clamp_min(1)
     before, after = cone_b / n_b.clamp_min(1), cone_a / n_a.clamp_min(1)

@@ -1,8 +1,8 @@
 """The result protocol: what every object an analysis returns answers to.
 
-Every public result class (:class:`~cw_lens.ContributionResult`, :class:`~cw_lens.SinkStatistics`,
-:class:`~cw_lens.RolloutResult`, ...) derives from :class:`Result`, so the same few calls work on
-all of them::
+Every public result class (:class:`~cw_lens.ContributionResult`,
+:class:`~cw_lens.SinkStatisticsResult`, :class:`~cw_lens.RolloutResult`, ...; each name ends in
+``Result``) derives from :class:`Result`, so the same few calls work on all of them::
 
     cw = cw_lens.contribution_weights(model, text, layers=[10, 20])
     cw                   # ContributionResult(model_name='...', layers=[10, 20], ...) one line
@@ -70,7 +70,9 @@ class Result:
     - ``result.layer(n)``: for results over a subset of layers (``layers=[10, 20]``), the same
       result restricted to layer NUMBER ``n`` (``layers == [n]``, the layer axis kept with size
       1); ``result.layer_index(n)`` is that layer's position on the layer axis. A layer that is
-      not in the result raises :class:`~cw_lens.InputError` naming the layers it has.
+      not in the result raises :class:`~cw_lens.InputError` naming the layers it has. Results
+      whose numbers are one table row per (layer, head) (the sink statistics and the sink
+      ablation) return that table's rows of layer ``n`` instead.
 
     Subclasses that support :meth:`layer` hold the layer numbers in ``layers`` and list their
     layer-axis fields in ``_layer_axes`` (``((field name, axis), ...)``; ``()`` when ``layers``
@@ -129,6 +131,12 @@ class Result:
         i = self.layer_index(layer)
         fields = {name: _take(getattr(self, name), axis, i) for name, axis in self._layer_axes}
         return dataclasses.replace(self, layers=[layer], **fields)  # type: ignore[type-var]
+
+    def _layer_rows(self, table: pd.DataFrame, layer: int) -> pd.DataFrame:
+        """The rows of ``table`` (its ``layer`` column holds layer numbers) of layer NUMBER
+        ``layer``, numbered from 0; a layer not in ``layers`` raises :class:`InputError`."""
+        self.layer_index(layer)
+        return table[table["layer"] == layer].reset_index(drop=True)
 
 
 def _take(value: Any, axis: int, index: int) -> Any:

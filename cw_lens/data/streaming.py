@@ -1,11 +1,10 @@
 """Streaming a corpus through the model, one layer and one block of query rows at a time.
 
-:func:`stream_contributions` runs the forward passes (document batches) and hands each
-requested layer's :class:`~cw_lens.models.layer_contributions.LayerContributions` — one block of
-query
+:func:`stream_contributions` runs the forward passes (document batches) and hands each requested
+layer's :class:`~cw_lens.models.layer_contributions.LayerContributionsResult` — one block of query
 rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so memory is flat in
-depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds
-an accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
+depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds an
+accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
 ``torchrun``, shards the document batches over ranks and merges the accumulators exactly.
 
 Example::
@@ -39,7 +38,7 @@ from cw_lens.models.capture import (
     resolve_layers,
     run_layers,
 )
-from cw_lens.models.layer_contributions import KINDS, LayerContributions, Workspace
+from cw_lens.models.layer_contributions import KINDS, LayerContributionsResult, Workspace
 from cw_lens.models.verify import require_verified
 
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
@@ -182,7 +181,7 @@ def run_batches(
 def stream_contributions(
     model: Any,
     inputs: Any,
-    consumer: Callable[[LayerContributions], None],
+    consumer: Callable[[LayerContributionsResult], None],
     *,
     layers: int | Sequence[int] | None = None,
     heads: int | Sequence[int] | None = None,
@@ -199,7 +198,7 @@ def stream_contributions(
 ) -> StreamStats:
     """Stream one layer (and one block of query rows) at a time to ``consumer``.
 
-    The consumer is called inside the forward pass with a :class:`LayerContributions`; it
+    The consumer is called inside the forward pass with a :class:`LayerContributionsResult`; it
     should fold what it needs into a small accumulator and keep no references to full tensors.
 
     Args:
@@ -231,7 +230,8 @@ def stream_contributions(
     require_verified(model)
     if not callable(consumer):
         raise InputError(
-            f"consumer must be a function of one LayerContributions, got {type(consumer).__name__}."
+            "consumer must be a function of one LayerContributionsResult, got "
+            f"{type(consumer).__name__}."
         )
     check_query_chunk(query_chunk)
     layer_list = resolve_layers(model, layers)
@@ -243,7 +243,7 @@ def stream_contributions(
     label = progress if isinstance(progress, str) else "contributions"
 
     def on_rows(acts: LayerActivations, rows: slice, shared: dict[str, Any]) -> None:
-        lc = LayerContributions(acts, head_list, rows, shared, workspace)
+        lc = LayerContributionsResult(acts, head_list, rows, shared, workspace)
         for kind in count_nan:
             stats.n_nan_rows[kind] += lc.n_zero_rows(kind)
         consumer(lc)

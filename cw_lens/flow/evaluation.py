@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from cw_lens.analyses.faithfulness import rank_candidates
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
@@ -87,7 +88,7 @@ def _seed(*parts: Any) -> int:
 
 
 @dataclass(repr=False)
-class RolloutDeletion(Result):
+class RolloutDeletionResult(Result):
     """Outcome of the deletion test: one record per (item, ranking, draw, k).
 
     ``records`` columns: ``item, method, draw, k, n_candidates, clean_logprob, logprob, drop``
@@ -161,7 +162,7 @@ def rollout_deletion(
     exclude_bos: bool = False,
     seed: int = 0,
     batch_size: int | None = 16,
-) -> RolloutDeletion:
+) -> RolloutDeletionResult:
     """Delete the top-k input tokens by each rollout and measure the target's log-prob drop.
 
     Args:
@@ -175,7 +176,7 @@ def rollout_deletion(
         batch_size: Items per forward pass.
 
     Returns:
-        A :class:`RolloutDeletion`.
+        A :class:`RolloutDeletionResult`.
     """
     require_flow(model)
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 0:
@@ -214,7 +215,9 @@ def rollout_deletion(
                          float(clean[r]) - lp)
                     )  # fmt: skip
     cols = ["item", "method", "draw", "k", "n_candidates", "clean_logprob", "logprob", "drop"]
-    return RolloutDeletion(pd.DataFrame(records, columns=cols), name, ks, exclude_bos, n_random)
+    return RolloutDeletionResult(
+        pd.DataFrame(records, columns=cols), name, ks, exclude_bos, n_random
+    )
 
 
 # --------------------------------------------------------------------------- IOI routes
@@ -238,7 +241,7 @@ def word_positions(model: Any, text: str, word: str, prepend_bos: bool = True) -
 
 
 @dataclass(repr=False)
-class IOIRouteStatistics(Result):
+class IOIRouteStatisticsResult(Result):
     """Routes from the answer position of IOI items.
 
     ``items``: one row per item — ``target``, ``io`` (the indirect object's token position),
@@ -336,7 +339,7 @@ def _item_row(g: Any, doc: int, text: str, target: int, io: int, subj: list[int]
 
 def ioi_route_statistics(
     model: Any, corpus: Any, *, threshold: float = 0.02, batch_size: int | None = 16
-) -> IOIRouteStatistics:
+) -> IOIRouteStatisticsResult:
     """Route graphs of IOI items from the answer position, and where they go.
 
     Args:
@@ -393,4 +396,11 @@ def ioi_route_statistics(
     mr = pd.DataFrame(mlp_rows, columns=["item", "layer", "where"])
     mlps = mr.groupby(["layer", "where"]).size().rename("io_embedding_items").reset_index()
     items = pd.DataFrame(rows).sort_values("item").reset_index(drop=True)
-    return IOIRouteStatistics(items, heads, threshold, mlps)
+    return IOIRouteStatisticsResult(items, heads, threshold, mlps)
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(
+    __name__, RolloutDeletion=RolloutDeletionResult, IOIRouteStatistics=IOIRouteStatisticsResult
+)

@@ -47,7 +47,7 @@ from cw_lens.core.deprecation import deprecated
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
-from cw_lens.flow.shares import LayerShares, stream_shares
+from cw_lens.flow.shares import LayerSharesResult, stream_shares
 from cw_lens.models.capture import LayerActivations, run_layers
 from cw_lens.models.verify import require_flow, require_verified
 
@@ -163,7 +163,7 @@ class RolloutAccumulator:
         self._rows: Tensor | None = None
         self._seen: list[int] = []
 
-    def __call__(self, ls: LayerShares) -> None:
+    def __call__(self, ls: LayerSharesResult) -> None:
         if ls.queries.start == 0:
             n_batch, n_pos = ls.block.resid_post.shape[:2]
             self._rows = torch.zeros(n_batch, n_pos, n_pos, device=ls.block.resid_post.device)

@@ -39,11 +39,11 @@ import torch
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
-from cw_lens.core.deprecation import keyword_only, renamed_kwargs
+from cw_lens.core.deprecation import keyword_only, renamed_classes, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
-from cw_lens.flow.shares import LayerShares, stream_shares
+from cw_lens.flow.shares import LayerSharesResult, stream_shares
 from cw_lens.models.verify import require_flow
 
 EDGE_COLUMNS = (
@@ -75,7 +75,7 @@ class RouteCollector:
             for level in ("half", "full")
         }
 
-    def __call__(self, ls: LayerShares) -> None:
+    def __call__(self, ls: LayerSharesResult) -> None:
         into = ls.into_mid() if ls.sequential else ls
         self.sequential[ls.layer] = ls.sequential
         pairs = into.pairs()
@@ -109,7 +109,7 @@ class RouteCollector:
 
 
 @dataclass(repr=False)
-class RouteGraph(Result):
+class RouteGraphResult(Result):
     """The routes to one target position.
 
     Attributes:
@@ -169,13 +169,13 @@ class RouteGraph(Result):
         """Whether any node at ``position`` lies on a route."""
         return any(p == position for _, p in self.graph.nodes)
 
-    def routes_from(self, node: tuple[float, int]) -> RouteGraph:
+    def routes_from(self, node: tuple[float, int]) -> RouteGraphResult:
         """The routes that start at ``node`` (e.g. ``(0, i)``, token ``i``'s embedding): the
         subgraph of the nodes reachable from it (all lead to the target); empty when
         ``node`` is not on a route."""
         keep = nx.descendants(self.graph, node) | {node} if node in self.graph else set()
         sub = self.graph.subgraph(keep).copy()
-        return RouteGraph(sub, self.target, self.threshold, self.str_tokens, self.n_layers,
+        return RouteGraphResult(sub, self.target, self.threshold, self.str_tokens, self.n_layers,
                           self.model_name, dict(self.meta))  # fmt: skip
 
     def mlps(self) -> pd.DataFrame:
@@ -285,7 +285,7 @@ def build_route_graph(
     threshold: float,
     str_tokens: list[str],
     model_name: str = "",
-) -> RouteGraph:
+) -> RouteGraphResult:
     """Trace the routes of one batch row from the collected candidates (docs/methods.md#flow)."""
     n_layers, n_pos = len(edges), nodes["full"]["residual"].shape[-1]
     per_layer = [e[e[:, 0] == row] for e in edges]
@@ -321,7 +321,7 @@ def build_route_graph(
                     share=float(share[i]), attention=nan, relative_norm=nan, cosine=nan,
                     **common,
                 )  # fmt: skip
-    return RouteGraph(g, target, threshold, str_tokens, n_layers, model_name)
+    return RouteGraphResult(g, target, threshold, str_tokens, n_layers, model_name)
 
 
 def check_threshold(threshold: float) -> float:
@@ -343,7 +343,7 @@ def routes(
     threshold: float = 0.02,
     prepend_bos: bool = True,
     query_chunk: int | None = None,
-) -> RouteGraph:
+) -> RouteGraphResult:
     """The route graph of one text, traced back from position ``target``.
 
     Args:
@@ -355,7 +355,7 @@ def routes(
         query_chunk: Query rows per streamed block (``None``: automatic).
 
     Returns:
-        A :class:`RouteGraph`.
+        A :class:`RouteGraphResult`.
     """
     require_flow(model)
     threshold = check_threshold(threshold)
@@ -383,3 +383,8 @@ def routes(
         batch.str_tokens(model)[0],
         str(getattr(model.cfg, "model_name", "")),
     )
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, RouteGraph=RouteGraphResult)

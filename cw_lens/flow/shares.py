@@ -18,9 +18,9 @@ tensor is ever built.
 
 Entry points:
 
-- :func:`residual_shares` — a :class:`ResidualShares` ``[batch, layer, head, query, key]`` for a
-  few texts (``.to_dataframe()``, ``.top()``, ``.plot()``, ``.token_matrix(layer)``);
-- :func:`stream_shares` — the streaming form: a callback gets one :class:`LayerShares` (one
+- :func:`residual_shares` — a :class:`ResidualSharesResult` ``[batch, layer, head, query, key]``
+  for a few texts (``.to_dataframe()``, ``.top()``, ``.plot()``, ``.token_matrix(layer)``);
+- :func:`stream_shares` — the streaming form: a callback gets one :class:`LayerSharesResult` (one
   block, one block of query rows) at a time, inside the forward pass.
 
 Example::
@@ -48,6 +48,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
 from cw_lens.core.results import Result, resolve_row
@@ -61,7 +62,7 @@ from cw_lens.models.verify import require_flow
 PIECES = ("residual", "attention", "bias", "mlp")
 
 
-class LayerShares(Result):
+class LayerSharesResult(Result):
     """Residual shares of one block for one block of query rows (the streaming unit).
 
     Pair tensors are ``[batch, head, query, key]`` over the rows ``queries`` and the keys
@@ -106,12 +107,12 @@ class LayerShares(Result):
         return self.block.resid_mid is not None
 
     @cached_property
-    def _mid(self) -> LayerShares:
-        return LayerShares(
+    def _mid(self) -> LayerSharesResult:
+        return LayerSharesResult(
             self.block, self.queries, self._shared, self._ws, self._model_name, into="mid"
         )
 
-    def into_mid(self) -> LayerShares:
+    def into_mid(self) -> LayerSharesResult:
         """The shares of the same rows in ``m_l`` (sequential blocks only)."""
         return self if self.into == "mid" else self._mid
 
@@ -288,7 +289,7 @@ class LayerShares(Result):
 def stream_shares(
     model: Any,
     inputs: Any,
-    consumer: Callable[[LayerShares], None],
+    consumer: Callable[[LayerSharesResult], None],
     *,
     layers: int | Sequence[int] | None = None,
     query_chunk: int | None = None,
@@ -305,7 +306,7 @@ def stream_shares(
     Args:
         model: A ``TransformerBridge``.
         inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
-        consumer: Called with a :class:`LayerShares` per (document batch, layer, query block),
+        consumer: Called with a :class:`LayerSharesResult` per (document batch, layer, query block),
             layers in increasing order, query blocks in increasing order.
         layers: Blocks to analyse (``None`` = all).
         query_chunk: Query rows per block (``None``: from the free memory).
@@ -324,7 +325,7 @@ def stream_shares(
     require_flow(model)
     if not callable(consumer):
         raise InputError(
-            f"consumer must be a function of one LayerShares, got {type(consumer).__name__}."
+            f"consumer must be a function of one LayerSharesResult, got {type(consumer).__name__}."
         )
     check_query_chunk(query_chunk)
     layer_list = resolve_layers(model, layers)
@@ -335,7 +336,7 @@ def stream_shares(
     label = progress if isinstance(progress, str) else "shares"
 
     def on_rows(block: BlockActivations, rows: slice, shared: dict[str, Any]) -> None:
-        consumer(LayerShares(block, rows, shared, workspace, name))
+        consumer(LayerSharesResult(block, rows, shared, workspace, name))
 
     run_batches(
         model,
@@ -358,7 +359,7 @@ def stream_shares(
 
 
 @dataclass(repr=False)
-class ResidualShares(Result):
+class ResidualSharesResult(Result):
     """Residual contribution shares of a few texts.
 
     ``pairs`` ``[batch, layer, head, query, key]`` (0 for ``j > i``), and per position
@@ -465,7 +466,7 @@ class _SharesFiller:
             p: torch.full((n_docs, len(layers), n_pos), math.nan, device=device) for p in PIECES
         }
 
-    def __call__(self, ls: LayerShares) -> None:
+    def __call__(self, ls: LayerSharesResult) -> None:
         li = self.layer_pos[ls.layer]
         docs = torch.tensor(ls.batch.documents, device=self.pairs.device)
         q, k = ls.queries, ls.keys
@@ -483,7 +484,7 @@ def residual_shares(
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
-) -> ResidualShares:
+) -> ResidualSharesResult:
     """Residual contribution shares of every (layer, head, query, key) for a few texts.
 
     Args:
@@ -496,7 +497,7 @@ def residual_shares(
         batch_size: Texts per forward pass.
 
     Returns:
-        A :class:`ResidualShares` (``batch x layers x heads x pos^2`` floats; for corpora use
+        A :class:`ResidualSharesResult` (``batch x layers x heads x pos^2`` floats; for corpora use
         :func:`stream_shares`).
 
     Raises:
@@ -527,7 +528,7 @@ def residual_shares(
             RuntimeWarning,
             stacklevel=2,
         )
-    return ResidualShares(
+    return ResidualSharesResult(
         pairs=filler.pairs,
         **filler.pieces,
         tokens=batch.tokens,
@@ -536,3 +537,10 @@ def residual_shares(
         layers=layer_list,
         model_name=str(getattr(model.cfg, "model_name", "")),
     )
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(
+    __name__, LayerShares=LayerSharesResult, ResidualShares=ResidualSharesResult
+)

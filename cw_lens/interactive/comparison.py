@@ -43,6 +43,7 @@ from torch import Tensor
 
 from cw_lens.analyses.contributions import ContributionResult, contribution_weights
 from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
@@ -50,7 +51,7 @@ from cw_lens.data.scoring import token_nll
 from cw_lens.models.access import resolve_heads, resolve_layers
 from cw_lens.models.edits import HookSet
 from cw_lens.models.interventions import patch_sink
-from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ class _ConeMeans:
         self.sinks = sinks
         self.sums = torch.zeros(3, len(layers), n_heads, dtype=torch.float64)
 
-    def __call__(self, lc: LayerContributions) -> None:
+    def __call__(self, lc: LayerContributionsResult) -> None:
         if lc.layer not in self.index:
             return
         acts = lc.acts
@@ -256,7 +257,7 @@ def run_text(
 
 
 @dataclass(repr=False)
-class SinkPatchComparison(Result):
+class SinkPatchComparisonResult(Result):
     """Result of :func:`compare_sink_patch`: the clean and the patched :class:`SinkRun`."""
 
     controls: PatchControls
@@ -340,7 +341,7 @@ def compare_sink_patch(
     kind: str = "intra",
     top_k: int = 5,
     clean: SinkRun | None = None,
-) -> SinkPatchComparison:
+) -> SinkPatchComparisonResult:
     """Run ``text`` clean and with the sink patched; everything the views show, both ways.
 
     Args:
@@ -390,10 +391,15 @@ def compare_sink_patch(
         model, batch, layers=view, patch=controls, cone_layers=controls.layer_list, **kw
     )
     ids = torch.cat([clean.top_ids.flatten(), patched.top_ids.flatten()])
-    return SinkPatchComparison(
+    return SinkPatchComparisonResult(
         controls,
         clean,
         patched,
         batch.str_tokens(model)[0],
         token_strings(model, ids),
     )
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, SinkPatchComparison=SinkPatchComparisonResult)

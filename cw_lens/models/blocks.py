@@ -19,7 +19,7 @@ architecture, the layer, the identity and the size of the error:
    actual input (post-norm: Gemma 2/3, OLMo 2/3).
 
 (The third identity, ``sum_{h,j} share(h, j) == <o, u>`` — the attention pattern and values
-are what ``z`` is made of — is checked by :class:`cw_lens.flow.shares.LayerShares`.)
+are what ``z`` is made of — is checked by :class:`cw_lens.flow.shares.LayerSharesResult`.)
 
 After the pass, every requested block must have been handed over: a hook point that the
 model lists but never runs (OpenAI-GPT's ``hook_resid_post``) raises

@@ -1,7 +1,7 @@
 r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, methods §
 Contribution weights (docs/methods.md#contribution-weights)).
 
-:class:`LayerContributions` turns one layer's captured activations
+:class:`LayerContributionsResult` turns one layer's captured activations
 (:class:`~cw_lens.models.capture.LayerActivations`) into the fields of methods § Contribution
 weights (docs/methods.md#contribution-weights) for a block of query rows, lazily and in head space
 (with the Gram matrices of :mod:`cw_lens.core.geometry`; the
@@ -35,6 +35,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core import geometry as geo
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.models.batch import TokenBatch
@@ -74,7 +75,7 @@ class Workspace:
         return buf[:numel].view(tuple(shape))
 
 
-class LayerContributions(Result):
+class LayerContributionsResult(Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
     Tensors are ``[batch, head, query, key]`` over the selected heads, the query rows
@@ -373,3 +374,8 @@ class LayerContributions(Result):
         if name == "contribution":
             return self.weights(kind)
         raise InputError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, LayerContributions=LayerContributionsResult)

@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
 from cw_lens.core.results import Result
@@ -63,7 +64,7 @@ INTERVENTIONS = ("patch_sink", "mask_attention", "remove_heads")
 
 
 @dataclass(repr=False)
-class ModelVerification(Result):
+class ModelVerificationResult(Result):
     """What :func:`verify_model` found.
 
     Attributes:
@@ -335,7 +336,7 @@ def _weight_warnings(access: ModelAccess) -> list[str]:
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def verify_model(model: Any, *, force: bool = False) -> ModelVerification:
+def verify_model(model: Any, *, force: bool = False) -> ModelVerificationResult:
     """Check that cw_lens's numbers are exact on ``model`` (see the module docstring).
 
     The result is cached per model object; ``force=True`` re-runs the checks (after you change
@@ -385,7 +386,7 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerification:
     else:
         interventions = _check_interventions(access, tokens, clean, tol)
         flow = _check_flow(access, tokens)
-    result = ModelVerification(
+    result = ModelVerificationResult(
         architecture=access.architecture,
         api=access.api,
         dtype=str(dtype).replace("torch.", ""),
@@ -407,14 +408,14 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerification:
     return result
 
 
-def require_verified(model: Any) -> ModelVerification:
+def require_verified(model: Any) -> ModelVerificationResult:
     """:func:`verify_model` (cached), raising :class:`UnsupportedModelError` on a failed check."""
     result = verify_model(model)
     result.raise_if_failed()
     return result
 
 
-def require_flow(model: Any) -> ModelVerification:
+def require_flow(model: Any) -> ModelVerificationResult:
     """:func:`require_verified`, and refuse a model whose flow-analysis hooks failed the probe."""
     result = require_verified(model)
     if result.flow.startswith("refused"):
@@ -424,3 +425,8 @@ def require_flow(model: Any) -> ModelVerification:
             "analyses are unaffected."
         )
     return result
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, ModelVerification=ModelVerificationResult)

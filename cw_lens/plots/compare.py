@@ -21,7 +21,7 @@ VERDICT_COLOURS = {
 def plot_run_comparison(
     rows: Any, labels: list[str], *, ncols: int = 3, panel_size: tuple = (4.0, 0.45)
 ) -> Any:
-    """Forest plot of :meth:`RunComparison.to_dataframe` rows: one panel per headline number
+    """Forest plot of :meth:`RunComparisonResult.to_dataframe` rows: one panel per headline number
     (claim and number in the title, the check beside it), one row per run (top to bottom in
     ``labels`` order; point = value, bar = interval where the run has one), the threshold as a
     dashed line (the two bounds of an ``in`` check as a shaded band), colour = the check's

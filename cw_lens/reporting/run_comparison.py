@@ -12,14 +12,14 @@ where ``[low, high]`` is the run's 95% bootstrap interval over documents (schema
 the verdict is ``yes`` / ``no`` / ``inconclusive`` / ``not measured`` (docs/methods.md#claims).
 
 Whether two runs differ is *tested*, never read off the verdict strings (two verdicts can differ
-with no real difference — 0.06 [0.04, 0.09] against 0.10 — and agree across a real one — 4.84
-[4.10, 5.62] against 3.50 [3.2, 3.8]). Every number of every run is compared with the first
-run's (:meth:`RunComparison.differences`) from the bootstrap replicates each schema-3 run keeps
-in ``replicates.npz`` (:mod:`cw_lens.core.replicates`): a paired bootstrap of the difference when
-both runs resampled the same documents (same token-id hashes, bootstrap seed and resamples),
-independent resamples otherwise; ``"differ"`` when the 95% interval of the difference excludes
-0, ``"same within uncertainty"`` when it includes 0, ``"not comparable"`` when a number is
-missing or not measured or a run kept no replicates (schemas 1 and 2).
+with no real difference — 0.06 [0.04, 0.09] against 0.10 — and agree across a real one — 4.84 [4.10,
+5.62] against 3.50 [3.2, 3.8]). Every number of every run is compared with the first run's
+(:meth:`RunComparisonResult.differences`) from the bootstrap replicates each schema-3 run keeps in
+``replicates.npz`` (:mod:`cw_lens.core.replicates`): a paired bootstrap of the difference when both
+runs resampled the same documents (same token-id hashes, bootstrap seed and resamples), independent
+resamples otherwise; ``"differ"`` when the 95% interval of the difference excludes 0, ``"same within
+uncertainty"`` when it includes 0, ``"not comparable"`` when a number is missing or not measured or
+a run kept no replicates (schemas 1 and 2).
 
 Reads summary schema 3 (four verdicts, a ``replicates`` record), schema 2 (three verdicts,
 intervals) and schema 1 (no ``"schema"`` key: ``holds`` a bool, mapped to ``"yes"`` / ``"no"``,
@@ -53,7 +53,7 @@ from typing import Any
 import pandas as pd
 
 from cw_lens.core.claims import VERDICTS, threshold_text
-from cw_lens.core.deprecation import keyword_only
+from cw_lens.core.deprecation import keyword_only, renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, RunReplicates, difference_test, unpack
 from cw_lens.core.results import Result
@@ -95,7 +95,7 @@ class Run:
 
 
 @dataclass(repr=False)
-class RunComparison(Result):
+class RunComparisonResult(Result):
     """Checks of several runs, one row per run x claim x headline number.
 
     Attributes:
@@ -181,7 +181,7 @@ class RunComparison(Result):
 @keyword_only("labels")
 def compare_runs(
     runs: Sequence[str | Path | Mapping[str, Any]], *, labels: Sequence[str] | None = None
-) -> RunComparison:
+) -> RunComparisonResult:
     """Read several runs' ``summary.json`` and line up their claims.
 
     Args:
@@ -190,7 +190,7 @@ def compare_runs(
         labels: One unique label per run (default: the run folder's name; ``run N`` for a dict).
 
     Returns:
-        A :class:`RunComparison`.
+        A :class:`RunComparisonResult`.
 
     Raises:
         InputError: No runs, labels that do not match, or a run that is not a readable summary
@@ -217,7 +217,7 @@ def compare_runs(
         _attach_replicates(run, summary, path)
         header.append(run)
         rows += run_rows
-    return RunComparison(header, pd.DataFrame(rows, columns=COLUMNS))
+    return RunComparisonResult(header, pd.DataFrame(rows, columns=COLUMNS))
 
 
 # --------------------------------------------------------------------------- reading
@@ -402,7 +402,7 @@ DIFFERENCE_COLUMNS = [
 
 
 def run_differences(runs: list[Run], rows: pd.DataFrame) -> pd.DataFrame:
-    """:meth:`RunComparison.differences`: each run's numbers against the first run's."""
+    """:meth:`RunComparisonResult.differences`: each run's numbers against the first run's."""
     reference, out = runs[0], []
     checks = rows[rows["number"] != ""]
     mine = checks[checks["run"] == reference.label]
@@ -488,3 +488,8 @@ def differences_markdown(table: pd.DataFrame, reference: str) -> list[str]:
             f"| `{row['claim']}` ↳ {row['number']} | {row['run']} | {diff} | {kind} | {result} |"
         )
     return lines
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, RunComparison=RunComparisonResult)

@@ -245,7 +245,7 @@ def run_payload(run: Any, layers: list[int], strings: dict[int, str]) -> dict:
 
 
 def patched_payload(cmp: Any, layers: list[int]) -> dict:
-    """The patched run of a :class:`~cw_lens.SinkPatchComparison`, with its changes from the
+    """The patched run of a :class:`~cw_lens.SinkPatchComparisonResult`, with its changes from the
     clean run and ``None`` maps for the layers the patch cannot reach (before its first)."""
     out = run_payload(cmp.patched, layers, cmp.token_strings)
     c = cmp.controls

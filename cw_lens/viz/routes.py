@@ -1,6 +1,6 @@
 r"""Interactive route-graph panel: one self-contained HTML page (no network, no dependencies).
 
-The page draws the routes of :meth:`cw_lens.RouteGraph.panel_data` on a grid — positions left
+The page draws the routes of :meth:`cw_lens.RouteGraphResult.panel_data` on a grid — positions left
 to right (token strings below), layers bottom to top, the half nodes ``m_l`` (the MLP's input
 on sequential blocks, hollow) half-way — with attention edges coloured and widened by their
 share, MLP edges blue and residual edges grey. **Hover an edge**: its layer and head (or
@@ -16,7 +16,7 @@ template and script (how ``docs/flow/make_flow_figures.py --panel`` keeps the do
 panel in step with ``routes.js`` without recomputing its routes).
 
 This is a minimal stand-alone panel; the data come from a JSON-able dict
-(``RouteGraph.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
+(``RouteGraphResult.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
 same panel.
 
 Example::
@@ -43,7 +43,7 @@ _DATA = re.compile(r'<script type="application/json" id="route-data">(.*?)</scri
 
 
 def routes_html(data: dict[str, Any], title: str | None = None) -> str:
-    """The panel page for ``RouteGraph.panel_data()`` (token labels made visible)."""
+    """The panel page for ``RouteGraphResult.panel_data()`` (token labels made visible)."""
     data = {**data, "labels": [token_label(t) for t in data["tokens"]]}
     title = title or f"Routes to position {data['target']}"
     files = resources.files("cw_lens.viz")
@@ -62,7 +62,7 @@ def rerender_routes_page(page: str) -> str:
     title, data = _TITLE.search(page), _DATA.search(page)
     if title is None or data is None or 'content="cw_lens.viz.routes"' not in page:
         raise InputError(
-            "Not a route panel page written by cw_lens (RouteGraph.to_html / routes_html): "
-            "it has no embedded route data; write the page with RouteGraph.to_html instead."
+            "Not a route panel page written by cw_lens (RouteGraphResult.to_html / routes_html): "
+            "it has no embedded route data; write the page with RouteGraphResult.to_html instead."
         )
     return routes_html(json.loads(data.group(1)), html.unescape(title.group(1)))

@@ -15,7 +15,7 @@ from torch import Tensor
 from cw_lens.core.errors import InputError
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.models.interventions import mask_attention
-from cw_lens.models.layer_contributions import METRICS, LayerContributions
+from cw_lens.models.layer_contributions import METRICS, LayerContributionsResult
 
 ALL_METRICS = (*METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")
@@ -129,7 +129,7 @@ class Ranks:
         self.n_valid_tokens = self.valid_keys.sum(-1)  # [batch, query]
         self.n_valid_pairs = self.n_valid_tokens * n_heads
 
-    def _scores(self, lc: LayerContributions, metric: str) -> Tensor:
+    def _scores(self, lc: LayerContributionsResult, metric: str) -> Tensor:
         if metric.startswith("random"):
             b, h, q, k = lc.shape
             n_pos = self.batch.tokens.shape[1]
@@ -140,7 +140,7 @@ class Ranks:
             return out
         return lc.metric(metric, kind="inter").float().cpu()
 
-    def update(self, lc: LayerContributions) -> None:
+    def update(self, lc: LayerContributionsResult) -> None:
         n_pos = self.batch.tokens.shape[1]
         q = lc.queries
         valid = self.valid_keys[:, q]  # [batch, query, key(all)]

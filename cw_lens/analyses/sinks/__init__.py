@@ -38,7 +38,7 @@ Example::
 
 from cw_lens.analyses.sinks.ablation import (
     ABLATION_SUMS,
-    SinkAblation,
+    SinkAblationResult,
     cone_axis,
     norm_and_cone,
     sink_ablation,
@@ -67,10 +67,11 @@ from cw_lens.analyses.sinks.detection import (
     queries_after_sink,
 )
 from cw_lens.analyses.sinks.statistics import (
-    SinkStatistics,
+    SinkStatisticsResult,
     sink_rates,
     sink_statistics,
 )
+from cw_lens.core.deprecation import renamed_classes
 
 __all__ = [
     "ABLATION_SUMS",
@@ -85,10 +86,10 @@ __all__ = [
     "RECORDED_SUMS",
     "SHARE_BINNING",
     "SINK_RATE_THRESHOLD",
-    "SinkAblation",
+    "SinkAblationResult",
     "SinkPositions",
     "SinkSpec",
-    "SinkStatistics",
+    "SinkStatisticsResult",
     "cone_axis",
     "detect_sinks",
     "head_spearman",
@@ -99,3 +100,9 @@ __all__ = [
     "sink_rates",
     "sink_statistics",
 ]
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(
+    __name__, SinkAblation=SinkAblationResult, SinkStatistics=SinkStatisticsResult
+)

@@ -20,6 +20,7 @@ from cw_lens.core import geometry as geo
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import (
     ablation_numbers,
@@ -31,7 +32,7 @@ from cw_lens.data.scoring import corpus_nll
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.capture import LayerActivations
 from cw_lens.models.interventions import patch_sink, per_layer_heads, sink_scale
-from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.layer_contributions import LayerContributionsResult
 
 # the ablation's per-document record (per patched layer and head)
 ABLATION_SUMS = ("cone_before", "count_before", "cone_after", "count_after", "rel_norm")
@@ -95,7 +96,7 @@ class _AblationAccumulator:
         if self.per_doc is not None:
             self.per_doc.merge(other.per_doc)
 
-    def update(self, lc: LayerContributions) -> None:
+    def update(self, lc: LayerContributionsResult) -> None:
         if lc.layer not in self.plan:
             return
         acts, docs = lc.acts, lc.batch.documents
@@ -153,7 +154,7 @@ class _AblationAccumulator:
 
 
 @dataclass(repr=False)
-class SinkAblation(Result):
+class SinkAblationResult(Result):
     """Result of :func:`sink_ablation`.
 
     Attributes:
@@ -192,6 +193,12 @@ class SinkAblation(Result):
     @property
     def delta_ppl(self) -> float:
         return self.patched_ppl - self.clean_ppl
+
+    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
+        """The per-head rows (:attr:`per_head`) of patched layer NUMBER ``layer``; a layer that
+        was not patched raises :class:`~cw_lens.InputError` naming the patched ones. The NLL
+        and PPL are of all patched layers together: they have no per-layer value."""
+        return self._layer_rows(self.per_head, layer)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.per_head
@@ -277,7 +284,7 @@ def sink_ablation(
     prepend_bos: bool = True,
     progress: bool | str = True,
     per_document: bool = False,
-) -> SinkAblation:
+) -> SinkAblationResult:
     """Remove (or rescale) the sink's projected value and measure what changes
     (docs/methods.md#sinks).
 
@@ -298,7 +305,7 @@ def sink_ablation(
         low_norm_quantile: Share of heads called "low-norm" (methods page: a quarter).
         per_document: Also keep each document's per-head sums and NLL sums (``20 *
             n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
-            bootstrap intervals (:meth:`SinkAblation.claims`).
+            bootstrap intervals (:meth:`SinkAblationResult.claims`).
 
     Long: two streamed passes and two NLL passes, then the per-head table from their sums; each step
     reads the state of the one before.
@@ -376,7 +383,7 @@ def sink_ablation(
             planned[i, plan[layer]] = True
         nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)
         per_doc = (record.table(), nll, planned)
-    return SinkAblation(
+    return SinkAblationResult(
         clean.mean_nll,
         patched.mean_nll,
         df,
@@ -387,3 +394,8 @@ def sink_ablation(
         per_doc,
         low_norm_quantile,
     )
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, SinkAblation=SinkAblationResult)

@@ -16,7 +16,7 @@ from torch import Tensor
 from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
 from cw_lens.core import geometry as geo
 from cw_lens.core.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
-from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.layer_contributions import LayerContributionsResult
 
 RATE_BINS = 20
 
@@ -129,7 +129,7 @@ class SinkAccumulator:
         onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
         self.share_hist.add_rows(docs, "drift_share", onehot.sum(2), at=self.pos[layer])
 
-    def update(self, lc: LayerContributions) -> None:
+    def update(self, lc: LayerContributionsResult) -> None:
         acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
         device = acts.pattern.device
         sink_full = self.sinks.mask(lc.batch, device)  # [batch, pos]
@@ -201,7 +201,7 @@ class SinkAccumulator:
         self._factors(lc, sink_mask, tail_keys, valid_q, docs, layer)
 
     def _value_geometry(
-        self, lc: LayerContributions, sink_full: Tensor, docs: list[int], layer: int
+        self, lc: LayerContributionsResult, sink_full: Tensor, docs: list[int], layer: int
     ) -> None:
         acts = lc.acts
         gram = acts.weights.gram
@@ -229,7 +229,7 @@ class SinkAccumulator:
 
     def _factors(
         self,
-        lc: LayerContributions,
+        lc: LayerContributionsResult,
         sink_mask: Tensor,
         tail_keys: Tensor,
         valid_q: Tensor,
@@ -259,7 +259,7 @@ class SinkAccumulator:
 
     def _sample(
         self,
-        lc: LayerContributions,
+        lc: LayerContributionsResult,
         entries: Tensor,
         fields: dict[str, Tensor],
         docs: list[int],

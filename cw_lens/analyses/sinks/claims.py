@@ -34,11 +34,12 @@ def sink_claims(
     column reads them.
 
     Args:
-        heads: Per-head table (:meth:`SinkStatistics.heads`): ``sink_head``, ``sink_attention``,
-            ``sink_contribution``, ``norm_ratio``, ``cos_sink_mixture``, ``s_star_interior``,
-            ``s_star_count``, ``drift_cos_median``, ``drift_cancelled_median``, ...
-        drivers: Per-head Spearman table (:meth:`SinkStatistics.drivers`): ``layer``, ``head``,
-            ``group``, ``rho_attention``, ``rho_relative_norm``, ``rho_cosine``.
+        heads: Per-head table (:meth:`SinkStatisticsResult.heads`): ``sink_head``,
+            ``sink_attention``, ``sink_contribution``, ``norm_ratio``, ``cos_sink_mixture``,
+            ``s_star_interior``, ``s_star_count``, ``drift_cos_median``, ``drift_cancelled_median``,
+            ...
+        drivers: Per-head Spearman table (:meth:`SinkStatisticsResult.drivers`): ``layer``,
+            ``head``, ``group``, ``rho_attention``, ``rho_relative_norm``, ``rho_cosine``.
         min_s_star_queries: ``convex_sink_curve`` judges sink heads with at least this many
             counted queries (methods page: 16).
 

@@ -14,7 +14,7 @@ from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.capture import resolve_layers
-from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.layer_contributions import LayerContributionsResult
 
 SINK_RATE_THRESHOLD = 0.3
 MIN_QUERY = 16
@@ -74,7 +74,9 @@ def resolve_sinks(model: Any, corpus: Any, sink_positions: Any, **kw: Any) -> Si
     return SinkSpec(sink_positions)
 
 
-def queries_after_sink(lc: LayerContributions, sink_full: Bool[Tensor, "batch pos"]) -> Tensor:
+def queries_after_sink(
+    lc: LayerContributionsResult, sink_full: Bool[Tensor, "batch pos"]
+) -> Tensor:
     """Queries of this block that count: real, not a sink, after the row's first sink."""
     qpos = lc.query_positions
     none = lc.keys.stop + 10**6
@@ -97,7 +99,7 @@ class _MaxAttention:
         self.positions: dict[int, tuple[int, ...]] = {}
         self._best: Tensor | None = None  # [batch, key] of the batch in flight
 
-    def update(self, lc: LayerContributions) -> None:
+    def update(self, lc: LayerContributionsResult) -> None:
         if lc.queries.start != 0:
             return
         acts = lc.acts

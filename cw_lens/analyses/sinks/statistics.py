@@ -1,4 +1,4 @@
-"""The sink statistics of a corpus (:func:`sink_statistics`, :class:`SinkStatistics`) and the
+"""The sink statistics of a corpus (:func:`sink_statistics`, :class:`SinkStatisticsResult`) and the
 sink rates alone (:func:`sink_rates`).
 """
 
@@ -35,6 +35,7 @@ from cw_lens.analyses.sinks.detection import (
 from cw_lens.core import geometry as geo
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import claims_dict, with_intervals
+from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import (
     driver_numbers,
@@ -47,11 +48,11 @@ from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_contributions, stream_corpus
 from cw_lens.models.capture import resolve_layers
-from cw_lens.models.layer_contributions import LayerContributions
+from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
 @dataclass(repr=False)
-class SinkStatistics(Result):
+class SinkStatisticsResult(Result):
     """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
 
     Use :meth:`heads` for the per-head table, :meth:`curve` for the empirical sink-rate curves,
@@ -126,6 +127,14 @@ class SinkStatistics(Result):
             (df["s_star_count"] > 0) & (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
         )
         return df
+
+    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
+        """The per-head table (:meth:`heads`) of layer NUMBER ``layer``: one row per head.
+
+        With ``layers=[10, 20]``, ``stats.layer(20)`` is layer 20's rows (not the 21st
+        layer's, nor the second position's); a layer that was not analysed raises
+        :class:`~cw_lens.InputError` naming the analysed ones."""
+        return self._layer_rows(self.heads(), layer)
 
     def to_dataframe(self) -> pd.DataFrame:
         return self.heads()
@@ -339,7 +348,7 @@ def sink_statistics(
     prepend_bos: bool = True,
     progress: bool | str = True,
     per_document: bool = False,
-) -> SinkStatistics:
+) -> SinkStatisticsResult:
     """Sink geometry over a corpus in one streamed pass (docs/methods.md#sinks).
 
     Args:
@@ -352,7 +361,7 @@ def sink_statistics(
         min_query: Queries ``i >= min_query`` define sink rates and curves (methods page: 16).
         drift_k: Top-attended tail tokens kept out of the drift (methods page: 4).
         samples_per_head: Factor samples per (document, layer, head) and group (sink /
-            tail entries) for the per-head rank correlations (:meth:`SinkStatistics.drivers`).
+            tail entries) for the per-head rank correlations (:meth:`SinkStatisticsResult.drivers`).
         max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
             seeded bottom-k reservoir: the same sample whatever the sharding; memory fixed at
             about 80 bytes per sample, 44 MB for SmolLM2's 270 heads at the default); small
@@ -363,7 +372,7 @@ def sink_statistics(
         per_document: Also keep each document's sums per head (``RECORDED_SUMS`` and a coarse
             cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
             document, 43.2 KB for SmolLM2-135M's 270 heads) so that
-            :meth:`SinkStatistics.claims` can give bootstrap intervals.
+            :meth:`SinkStatisticsResult.claims` can give bootstrap intervals.
 
     Long: argument checks, sink detection and one streamed pass; the math is in the accumulator.
     """
@@ -397,7 +406,7 @@ def sink_statistics(
         prepend_bos=prepend_bos,
         progress=progress and "sink statistics",
     )
-    result = SinkStatistics(
+    result = SinkStatisticsResult(
         layer_list,
         model.cfg.n_heads,
         sinks.describe(),
@@ -435,7 +444,7 @@ def sink_rates(
     n_pos = batch.tokens.shape[1]
     out = torch.full((batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan)
 
-    def fill(lc: LayerContributions) -> None:
+    def fill(lc: LayerContributionsResult) -> None:
         mask = sinks.mask(lc.batch, lc.attention.device)
         s = geo.sink_rate(lc.attention, mask[:, : lc.keys.stop])
         ok = lc.query_mask & ~mask[:, lc.queries]
@@ -453,3 +462,8 @@ def sink_rates(
         progress=False,
     )
     return out
+
+
+# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
+# DeprecationWarning, until 0.4.
+__getattr__ = renamed_classes(__name__, SinkStatistics=SinkStatisticsResult)
