@@ -191,9 +191,28 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def write_package_table(rows: list[dict[str, object]], meta: dict[str, object]) -> None:
+    """The shipped interval method's coverage per (number, n), for the reports
+    (:mod:`cw_lens.reporting.interval_coverage`)."""
+    from cw_lens.core.bootstrap import Bootstrap
+
+    shipped = Bootstrap().method
+    keep = ("analysis", "number", "n", "coverage", "se", "missing", "draws")
+    table = [{k: r[k] for k in keep} for r in rows if r["method"] == shipped]
+    path = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
+    body = {"method": shipped, "source": meta["source"], "resamples": meta["resamples"]}
+    path.write_text(json.dumps({**body, "rows": table}, indent=1) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", type=int, default=128)
+    parser.add_argument(
+        "--write-package-table",
+        action="store_true",
+        help="also write the shipped method's rows of every study so far to "
+        "cw_lens/reporting/interval_coverage.json (what the reports read)",
+    )
     parser.add_argument(
         "--run",
         type=Path,
@@ -222,6 +241,8 @@ def main() -> None:
     meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
     out.write_text(json.dumps({"meta": meta, "rows": kept + rows}, indent=1))
     print(table(kept + rows))
+    if args.write_package_table:
+        write_package_table(kept + rows, meta)
     print(json.dumps(meta))
 
 

@@ -260,8 +260,32 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     assert JobConfig.preset("quick") == JobConfig()
     assert JobConfig.preset("paper", n_docs=64, corpus=None).n_docs == 64  # None: the preset's
     assert JobConfig.preset("paper", corpus=None).corpus == "pydoc+stdlib"
-    quick = "\n".join(size_limits(JobConfig()))
-    assert "`pruning_signal`: 3 random orders" in quick and "8 documents" in quick
-    assert "pruning_signal" not in "\n".join(size_limits(paper))
+    from cw_lens.reporting.interval_coverage import STUDIED_MODEL, TARGET, coverage_at
+
+    lowers, pruning = "geomean_head_ratio_n2", "random_minus_taxonomy_delta_ppl_at_0.9"
+    summary = {
+        "model": STUDIED_MODEL,
+        "corpus": "pydoc",
+        "n_documents": 8,
+        "claims": {
+            "sink_lowers_fn": {"checks": [{"number": lowers, "interval": [1.0, 1.2]}]},
+            "pruning_signal": {"checks": [{"number": pruning, "interval": [1.0, 2.0]}]},
+            "retriever_share": {"checks": [{"number": "retriever_share", "interval": None}]},
+        },
+    }
+    docs = {"sink_lowers_fn": 8, "pruning_signal": 8, "retriever_share": 8}
+    quick = "\n".join(size_limits(JobConfig(), summary, docs))
+    assert "`pruning_signal`: 3 random orders" in quick
+    # the measured coverage decides (cw_lens/reporting/interval_coverage.json)
+    assert (f"{lowers} covers" in quick) == (coverage_at(lowers, 8) < TARGET)
+    assert coverage_at(pruning, 8) is None
+    assert f"`pruning_signal` at 8 documents ({pruning})" in quick
+    assert "retriever_share" not in quick  # no interval: the verdict says inconclusive already
+    assert coverage_at(lowers, 7) is None and f"{lowers})" in "\n".join(
+        size_limits(JobConfig(), summary, {"sink_lowers_fn": 7})
+    )
+    assert "3 random orders" not in "\n".join(size_limits(paper, summary, docs))
+    elsewhere = "\n".join(size_limits(paper, {**summary, "model": "gpt2"}, docs))
+    assert "not measured, so the verdicts are indicative" in elsewhere
     with pytest.raises(InputError, match="Unknown preset"):
         JobConfig.preset("huge")

@@ -22,7 +22,7 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,9 +149,6 @@ class JobConfig:
 # 256 windows of 256 tokens of pydoc+stdlib; the causal ones on the first 32 of them:
 # faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of them at
 # 50% and 25% too) and no global variant; the IOI task on 24 items.
-# the smallest document count from which docs/coverage.md measured a coverage >= 0.93 for
-# every interval-bearing claim number (None: not shown yet for all of them)
-COVERED_FROM: int | None = None
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
@@ -390,6 +387,17 @@ def collect_claims(job: Job) -> ClaimsDict:
     return ordered
 
 
+def claim_documents(job: Job, claims: Iterable[str]) -> dict[str, int]:
+    """How many documents each claim's numbers come from: faithfulness its first
+    ``faithfulness_docs``, pruning its first ``pruning_docs``, every other claim the corpus."""
+    n_docs = len(job.corpus)
+    first = {
+        "faithfulness_order": job.config.faithfulness_docs,
+        "pruning_signal": job.config.pruning_docs,
+    }
+    return {cid: min(first.get(cid) or n_docs, n_docs) for cid in claims}
+
+
 def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
     """``replicates.npz`` of the run (:mod:`cw_lens.core.replicates`): the claims' replicates, the
     documents' token-id hashes and how many documents each claim resampled (faithfulness: its
@@ -397,9 +405,7 @@ def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
     from cw_lens.core.replicates import pack
     from cw_lens.reporting.provenance import document_hashes
 
-    n_docs = len(job.corpus)
-    faithful = min(job.config.faithfulness_docs or n_docs, n_docs)
-    per_claim = {cid: faithful if cid == "faithfulness_order" else n_docs for cid in claims}
+    per_claim = claim_documents(job, claims)
     documents = document_hashes(job.corpus, job.model.tokenizer)
     return pack(claims.replicates, documents, per_claim, job_bootstrap(job.config).to_dict())
 

@@ -30,6 +30,7 @@ def _fmt(value: Any, depth: int = 0) -> str:
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
     """REPORT.md: the claims table, the provenance block and every figure with a one-line
     reading."""
+    from cw_lens.reporting.job import claim_documents
     from cw_lens.reporting.provenance import provenance_markdown
 
     lines = [
@@ -51,7 +52,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         claims_markdown(summary),
         "",
-        *size_limits(job.config),
+        *size_limits(job.config, summary, claim_documents(job, summary["claims"])),
         "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
     ]
@@ -88,20 +89,14 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
     return "\n".join(lines)
 
 
-def size_limits(config: JobConfig) -> list[str]:
-    """REPORT.md lines on the verdicts a run of this size cannot settle (none: no lines)."""
+def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
+    """REPORT.md lines on the verdicts a run of this size cannot settle (none: no lines):
+    intervals not shown to cover at the claims' document counts (``documents``;
+    :mod:`~cw_lens.reporting.interval_coverage`), pruning with too few random orders."""
     from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
-    from cw_lens.reporting.job import COVERED_FROM
+    from cw_lens.reporting.interval_coverage import coverage_limits
 
-    limits = []
-    if COVERED_FROM is None or config.n_docs < COVERED_FROM:
-        limits.append(
-            f"- Every interval: at {config.n_docs} documents the coverage study "
-            "(docs/coverage.md) has not shown a coverage of at least 0.93 for every claim "
-            "number; where it falls short the intervals are too narrow, so the verdicts are "
-            "indicative."
-            + (" The `paper` preset runs 256 documents." if config.n_docs < 256 else "")
-        )
+    limits = coverage_limits(summary, documents)
     if config.pruning_draws < MIN_RANDOM_DRAWS:
         limits.append(
             f"- `pruning_signal`: {config.pruning_draws} random orders, fewer than the "

@@ -1,0 +1,91 @@
+"""How often the claims' 95% intervals cover, as measured on the embedded model, and what a
+run's report says about it.
+
+The coverage study (``benchmarks/coverage.py``, the table in docs/coverage.md) draws ``n``
+documents from a pool of 256 windows of the embedded model a few hundred times and counts how
+often each claim number's shipped interval (the expanded percentile bootstrap) contains the
+pool's value. Its results for the shipped method are committed next to this module
+(``interval_coverage.json``, written by ``benchmarks/coverage.py --write-package-table``), so a
+report can say, for each number, whether its interval was shown to cover at the run's
+document count:
+
+- measured coverage ``>= 0.93`` at the largest studied count ``<= n``: nothing to say;
+- measured below 0.93: the interval is too narrow at this size and the verdict is indicative;
+- no measurement at or below ``n`` (the causal claims, whose pool would cost hours, or a run
+  smaller than the smallest studied count): coverage not shown.
+
+The measurement is about the embedded model and ``pydoc+stdlib``; for another model or corpus
+the report says that the coverage was not measured for it.
+
+Example:
+
+    >>> from cw_lens.reporting.interval_coverage import coverage_at
+    >>> coverage_at("delta_ppl", 32) >= 0.9
+    True
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TARGET = 0.93
+TABLE = Path(__file__).with_name("interval_coverage.json")
+STUDIED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded model's name in summaries
+STUDIED_CORPORA = ("pydoc", "pydoc+stdlib")
+
+
+@cache
+def measured() -> dict[str, dict[int, float]]:
+    """``{number: {document count: coverage}}`` of the shipped interval method."""
+    rows = json.loads(TABLE.read_text())["rows"]
+    out: dict[str, dict[int, float]] = {}
+    for row in rows:
+        out.setdefault(row["number"], {})[int(row["n"])] = float(row["coverage"])
+    return out
+
+
+def coverage_at(number: str, n_documents: int) -> float | None:
+    """The measured coverage of ``number``'s interval at the largest studied document count
+    ``<= n_documents`` (more documents only bring the bootstrap closer to its asymptotics),
+    or None when none was studied."""
+    counts = {k: v for k, v in measured().get(number, {}).items() if k <= n_documents}
+    return counts[max(counts)] if counts else None
+
+
+def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
+    """REPORT.md lines on the claim numbers whose interval was not shown to cover at the run's
+    size (``documents``: each claim's document count); none when all were."""
+    if summary.get("model") != STUDIED_MODEL or summary.get("corpus") not in STUDIED_CORPORA:
+        return [
+            "- Every interval: the coverage study (docs/coverage.md) measured the embedded "
+            "model on pydoc+stdlib only; for this model or corpus the intervals' coverage is "
+            "not measured, so the verdicts are indicative."
+        ]
+    short: list[str] = []
+    unmeasured: dict[str, list[str]] = {}
+    for cid, claim in summary["claims"].items():
+        n = documents.get(cid, summary["n_documents"])
+        for check in claim.get("checks", []):
+            if check.get("interval") is None:
+                continue
+            cover = coverage_at(check["number"], n)
+            if cover is None:
+                unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(check["number"])
+            elif cover < TARGET:
+                short.append(f"`{cid}`: {check['number']} covers {cover:.2f} at {n} documents")
+    lines = []
+    if short:
+        lines.append(
+            f"- Intervals shown to cover less than {TARGET} at this size (docs/coverage.md), so "
+            "too narrow and their verdicts indicative: " + "; ".join(short) + "."
+        )
+    if unmeasured:
+        lines.append(
+            "- Intervals whose coverage was not measured at this size (docs/coverage.md): "
+            + "; ".join(f"{k} ({', '.join(v)})" for k, v in unmeasured.items())
+            + "."
+        )
+    return lines
