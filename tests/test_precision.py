@@ -113,6 +113,8 @@ def test_an_ignored_pattern_edit_is_refused_in_every_precision(dtype):
     from architectures import BY_NAME, build
 
     model = build(replace(BY_NAME["GPT-J"], dtype=dtype), seed=3).bridge
+    if model is None:  # this TransformerLens has no bridge for GPT-J (3.9's compat venv)
+        pytest.skip("no TransformerBridge for GPT-J in this TransformerLens")
     tokens = random_tokens(model, 2, 16, seed=3)
     cw_lens.contribution_weights(model, tokens, kind="inter")  # the clean model passes
     with model.hooks(fwd_hooks=[("blocks.1.attn.hook_pattern", _halve_sink)]):
