@@ -42,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 RESULTS = Path(__file__).parent / "results"
-METHODS = ("percentile", "bca", "expanded")
+METHODS = ("percentile", "bca", "expanded", "basic", "bias_corrected")
 ANALYSES = ("taxonomy", "sinks", "ablation", "selection")
 
 

@@ -266,6 +266,7 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     summary = {
         "model": STUDIED_MODEL,
         "corpus": "pydoc",
+        "max_tokens": 128,
         "n_documents": 8,
         "claims": {
             "sink_lowers_fn": {"checks": [{"number": lowers, "interval": [1.0, 1.2]}]},
@@ -285,6 +286,10 @@ def test_presets_and_what_a_quick_run_cannot_settle():
         size_limits(JobConfig(), summary, {"sink_lowers_fn": 7})
     )
     assert "3 random orders" not in "\n".join(size_limits(paper, summary, docs))
+    # the quick preset's windows (128 tokens of pydoc) are not the study's pool: said so
+    assert "a related pool" in quick
+    studied = {**summary, "corpus": "pydoc+stdlib", "max_tokens": 256}
+    assert "a related pool" not in "\n".join(size_limits(paper, studied, docs))
     elsewhere = "\n".join(size_limits(paper, {**summary, "model": "gpt2"}, docs))
     assert "not measured, so the verdicts are indicative" in elsewhere
     with pytest.raises(InputError, match="Unknown preset"):

@@ -14,8 +14,10 @@ document count:
 - no measurement at or below ``n`` (the causal claims, whose pool would cost hours, or a run
   smaller than the smallest studied count): coverage not shown.
 
-The measurement is about the embedded model and ``pydoc+stdlib``; for another model or corpus
-the report says that the coverage was not measured for it.
+The measurement is about the embedded model and 256-token windows of ``pydoc+stdlib``; a run
+on ``pydoc`` or on other window lengths (the quick preset: 128 tokens of ``pydoc``) is told that
+the figures come from that related pool; for another model or corpus the report says that the
+coverage was not measured for it.
 
 Example:
 
@@ -35,6 +37,7 @@ TARGET = 0.93
 TABLE = Path(__file__).with_name("interval_coverage.json")
 STUDIED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded model's name in summaries
 STUDIED_CORPORA = ("pydoc", "pydoc+stdlib")
+STUDIED_POOL = ("pydoc+stdlib", 256)  # the study's pool: windows of this corpus and length
 
 
 @cache
@@ -77,6 +80,13 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
             elif cover < TARGET:
                 short.append(f"`{cid}`: {check['number']} covers {cover:.2f} at {n} documents")
     lines = []
+    if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
+        lines.append(
+            f"- The coverage figures below were measured on windows of {STUDIED_POOL[1]} tokens "
+            f"of {STUDIED_POOL[0]} (docs/coverage.md); this run reads windows of "
+            f"{summary.get('max_tokens')} tokens of {summary.get('corpus')}, a related pool: "
+            "they describe its intervals approximately."
+        )
     if short:
         lines.append(
             f"- Intervals shown to cover less than {TARGET} at this size (docs/coverage.md), so "
