@@ -24,7 +24,11 @@ standard error. Results go to ``benchmarks/results/coverage.json``.
 
 ``--run RUN`` takes the pool from a finished main-job run instead of step 1: the per-document
 records its non-causal steps stored (``cw-lens figures --preset paper --out RUN``: 256 windows
-of 256 tokens of pydoc+stdlib, the same corpus as step 1 with more windows).
+of 256 tokens of pydoc+stdlib, the same corpus as step 1 with more windows). Only from a run:
+the causal analyses (``faithfulness``, ``pruning``), whose pool is the run's first 32 windows
+(``--sizes 8 16 32``); pruning's random orders are part of the population too, so each draw
+also takes as many orders as the run has from its orders, with replacement. Their rankings
+(the taxonomy's, cross-fitted) stay the run's: the study measures the intervals given them.
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ import torch
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = ("percentile", "bca", "expanded", "basic", "bias_corrected")
-ANALYSES = ("taxonomy", "sinks", "ablation", "selection")
+ANALYSES = ("taxonomy", "sinks", "ablation", "selection", "faithfulness", "pruning")
+CAUSAL = ("faithfulness", "pruning")  # only from a run (--run): their pool costs hours
 
 
 def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
@@ -89,6 +94,8 @@ JOB_STEPS = {
     "ablation": ("ablation", "ablation"),
     "selection": ("selection", "result"),
     "taxonomy": ("taxonomy", "result"),
+    "faithfulness": ("faithfulness", "result"),
+    "pruning": ("pruning", "result"),
 }
 
 
@@ -122,7 +129,11 @@ def n_records(result: object) -> int:
     record = getattr(result, "per_document", None)
     if record is None:  # sink statistics keep theirs in the accumulator
         return int(result.acc.per_doc.table().shape[0])
-    return int(record[0].shape[0] if isinstance(record, tuple) else record.shape[0])
+    if isinstance(record, dict):  # pruning: one (NLL sum, count) table per condition
+        record = next(iter(record.values()))
+    elif isinstance(record, tuple):  # the first table of the record (faithfulness: names first)
+        record = next(r for r in record if isinstance(r, torch.Tensor))
+    return int(record.shape[0])
 
 
 def study(
@@ -143,7 +154,11 @@ def study(
             for d in range(draws):
                 gen = torch.Generator().manual_seed(10_000 * n + d)
                 docs = torch.randint(n_pool, (n,), generator=gen).tolist()
-                boot = Bootstrap(resamples=resamples, seed=d, documents=docs)
+                # a random control (pruning's draws) is part of the population too: as many
+                # draws as the pool has, drawn from them with replacement
+                k = getattr(result, "n_random_draws", 0) or 0
+                picked = torch.randint(k, (k,), generator=gen).tolist() if k else None
+                boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
                 for k, reps in replicate_numbers(result, boot).items():
                     for m in METHODS:
                         low, high = interval(reps, resamples, boot.level, m).tolist()
@@ -230,6 +245,11 @@ def main() -> None:
         results = run_results(args.run, tuple(args.analyses))
         args.pool = n_records(next(iter(results.values())))
     else:
+        if set(args.analyses) & set(CAUSAL):
+            raise SystemExit(
+                f"{sorted(set(args.analyses) & set(CAUSAL))}: the causal analyses' pool comes "
+                "only from a finished run (--run RUN); computing it here would take hours."
+            )
         results = pool_results(args.pool, tuple(args.analyses))
     rows = study(results, args.sizes, args.draws, args.resamples)
     out = RESULTS / "coverage.json"

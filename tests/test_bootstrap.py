@@ -134,6 +134,27 @@ def test_bca_and_expanded_intervals_match_their_definitions():
         Bootstrap(method="studentized")
 
 
+def test_draw_weights_resample_the_random_draws_with_the_documents():
+    """Every draw once outside the resamples; each resample row counts n_draws draws; with
+    ``draws`` (the coverage study's drawn controls), only those, with their repeats."""
+    w = Bootstrap(50, seed=3).draw_weights(n_documents=4, n_draws=5)
+    assert w.shape == (50 + 1 + 4, 5)
+    assert torch.equal(w[50:], torch.ones(5, 5, dtype=torch.float64))
+    assert torch.equal(w[:50].sum(1), torch.full((50,), 5.0, dtype=torch.float64))
+    assert len({tuple(r) for r in w[:50].tolist()}) > 1  # the rows differ
+    picked = Bootstrap(50, seed=3, draws=[0, 0, 3]).draw_weights(n_documents=4, n_draws=5)
+    assert picked[50:].tolist() == [[2.0, 0.0, 0.0, 1.0, 0.0]] * 5
+    assert torch.equal(picked[:50].sum(1), torch.full((50,), 3.0, dtype=torch.float64))
+    assert picked[:50, [1, 2, 4]].abs().sum() == 0
+    with pytest.raises(InputError, match="draws index"):
+        Bootstrap(50, draws=[5]).draw_weights(n_documents=4, n_draws=5)
+    boot, x, y = Bootstrap(50, seed=3), torch.rand(4, 2), torch.rand(4, 3, 2)
+    each = boot.resample_each({"x": x, ("y", 1): y})
+    assert torch.equal(each["x"], boot.resample(x)) and torch.equal(each["y", 1], boot.resample(y))
+    with pytest.raises(InputError, match="same documents"):
+        boot.resample_each({"x": x, "z": torch.rand(5, 2)})
+
+
 def test_basic_and_bias_corrected_intervals_match_their_definitions():
     """basic: ``2 t - q`` at the expanded tail, reflected; bias_corrected: the expanded interval
     minus twice ``mean(t*) - t``. Replicates centred above the point move both intervals down."""

@@ -223,6 +223,14 @@ def test_random_draws_are_independent_and_their_spread_is_reported(llama):
         measured["aopc_interval_comprehensiveness_pairs"]
     )
     assert "random_aopc_over_draws" not in one_draw_claims(llama)
+    # replicates(): the claim's numbers in every bootstrap row, the intervals the claim reports
+    boot = Bootstrap(resamples=50, seed=0)
+    checks = three.claims(boot)["faithfulness_order"]["checks"]
+    reps = three.replicates(boot)
+    assert {c["number"] for c in checks} == set(reps)
+    for check in checks:
+        assert check["interval"] == pytest.approx(list(boot.pair(reps[check["number"]])))
+        assert check["value"] == pytest.approx(float(reps[check["number"]][50]))
     with pytest.raises(cw_lens.InputError, match="needs the 'random' metric"):
         faithfulness(llama, TEXTS, metrics=("attention",), n_random=2, progress=False)
     for bad in (0, True, 1.5):

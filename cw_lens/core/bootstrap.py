@@ -86,14 +86,16 @@ METHOD_TEXT = {
 class Bootstrap:
     """Settings of a seeded document-level bootstrap: ``resamples``, ``level``, ``seed``, the
     interval ``method`` (:data:`METHODS`) and, optionally, ``documents``: the rows of the
-    records to use (with repeats; the coverage study draws sub-corpora of a pool this way).
-    ``None`` = every document once."""
+    records to use (with repeats; the coverage study draws sub-corpora of a pool this way),
+    and ``draws``: likewise the random-control draws to use (:meth:`draw_weights`). ``None`` =
+    every document (draw) once."""
 
     resamples: int = 2000
     level: float = 0.95
     seed: int = 0
     method: str = "expanded"
     documents: Sequence[int] | None = None
+    draws: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if self.resamples < 1:
@@ -104,6 +106,8 @@ class Bootstrap:
             raise InputError(f"Unknown interval method {self.method!r}; use one of {METHODS}.")
         if self.documents is not None and len(self.documents) < 2:
             raise InputError("documents: the bootstrap needs at least two documents.")
+        if self.draws is not None and len(self.draws) < 1:
+            raise InputError("draws: give at least one random-control draw (or None: all).")
 
     def _drawn(self, n_documents: int) -> Tensor:
         """The record rows the corpus is made of (``documents``, or all of them)."""
@@ -145,13 +149,21 @@ class Bootstrap:
         """How often each of ``n_draws`` random-control draws counts in each row of
         :meth:`weights`: resampled with replacement in the ``resamples`` rows (jointly with the
         documents; from the generator seeded ``seed + 2**32``), every draw once in the corpus
-        and leave-one-out rows."""
+        and leave-one-out rows (the ``draws`` given, with their repeats, where set)."""
         if n_draws < 1:
             raise InputError("draw_weights needs at least one draw.")
+        drawn = torch.arange(n_draws)
+        if self.draws is not None:
+            drawn = torch.as_tensor(list(self.draws), dtype=torch.long)
+            if drawn.min() < 0 or drawn.max() >= n_draws:
+                raise InputError(f"draws index 0..{n_draws - 1}; got {drawn.tolist()}.")
         n_rows = self.resamples + 1 + len(self._drawn(n_documents))
         gen = torch.Generator().manual_seed(int(self.seed) + 2**32)
-        idx = torch.randint(n_draws, (self.resamples, n_draws), generator=gen)
-        w = torch.ones(n_rows, n_draws, dtype=torch.float64)
+        idx = drawn[torch.randint(len(drawn), (self.resamples, len(drawn)), generator=gen)]
+        once = torch.zeros(n_draws, dtype=torch.float64).index_add_(
+            0, drawn, torch.ones(len(drawn), dtype=torch.float64)
+        )
+        w = once.repeat(n_rows, 1)
         w[: self.resamples] = 0
         w[: self.resamples].scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
         return w
@@ -162,6 +174,23 @@ class Bootstrap:
         table = torch.as_tensor(table).double()
         w = self.weights(table.shape[0])
         return (w @ table.reshape(table.shape[0], -1)).reshape(len(w), *table.shape[1:])
+
+    def resample_each(self, tables: dict[Any, Tensor]) -> dict[Any, Tensor]:
+        """:meth:`resample` of every table of ``tables`` (the same documents), drawing the
+        weights once."""
+        if not tables:
+            return {}
+        w = self.weights(next(iter(tables.values())).shape[0])
+        out = {}
+        for key, table in tables.items():
+            t = torch.as_tensor(table).double()
+            if t.shape[0] != w.shape[1]:
+                raise InputError(
+                    f"resample_each: table {key!r} has {t.shape[0]} documents, the first "
+                    f"{w.shape[1]}; every table must hold the same documents."
+                )
+            out[key] = (w @ t.reshape(t.shape[0], -1)).reshape(len(w), *t.shape[1:])
+        return out
 
     def interval(self, replicates: Float[Tensor, "row ..."]) -> Float[Tensor, "2 ..."]:
         """The ``method``'s interval ``[low, high]`` of a number from its values in every row

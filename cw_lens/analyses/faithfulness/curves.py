@@ -128,14 +128,22 @@ class FaithfulnessResult(Result):
             }
         if bootstrap is None:
             return claims_dict([claim])
-        names, table, configs = require_record(self.per_document, "faithfulness")
-        aopc = aopc_numbers(bootstrap.resample(table), names, configs, self.task)
+        aopc = self._aopc_replicates(bootstrap)
         for (g, mode, metric), reps in aopc.items():
             key = f"aopc_interval_{mode}_{g}"
             claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps))
         numbers = faithfulness_numbers(aopc, METRICS)
         claim = with_intervals([claim], {k: bootstrap.pair(v) for k, v in numbers.items()})[0]
         return claims_dict([claim])
+
+    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
+        """``faithfulness_order``'s numbers in every row of ``bootstrap.weights`` (documents
+        resampled; needs ``per_document=True``)."""
+        return faithfulness_numbers(self._aopc_replicates(bootstrap), METRICS)
+
+    def _aopc_replicates(self, bootstrap: Bootstrap) -> dict[tuple[str, str, str], Tensor]:
+        names, table, configs = require_record(self.per_document, "faithfulness")
+        return aopc_numbers(bootstrap.resample(table), names, configs, self.task)
 
     def plot(self, **kw: Any) -> Any:
         from cw_lens.plots.faithfulness import plot_faithfulness_curves

@@ -174,7 +174,7 @@ class PruningResult(Result):
         record = require_record(self.per_document, "prune_heads")
         n_docs = record["clean"].shape[0]
         draws = bootstrap.draw_weights(n_docs, self.n_random_draws) if self.n_random_draws else None
-        resampled = {k: bootstrap.resample(v) for k, v in record.items()}
+        resampled = bootstrap.resample_each(record)
         return pruning_numbers(resampled, MODERATE, draws)
 
     def plot(self, **kwargs: Any) -> Any:
