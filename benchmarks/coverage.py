@@ -210,12 +210,18 @@ def write_package_table(rows: list[dict[str, object]], meta: dict[str, object]) 
     """The shipped interval method's coverage per (number, n), for the reports
     (:mod:`cw_lens.reporting.interval_coverage`)."""
     from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.core.resampled import is_biased_plugin
 
-    shipped = Bootstrap().method
-    keep = ("analysis", "number", "n", "coverage", "se", "missing", "draws")
-    table = [{k: r[k] for k in keep} for r in rows if r["method"] == shipped]
+    boot = Bootstrap()
+
+    def shipped(number: str) -> str:
+        return boot.biased_method if is_biased_plugin(number) else boot.method
+
+    keep = ("analysis", "number", "n", "coverage", "se", "missing", "draws", "method")
+    table = [{k: r[k] for k in keep} for r in rows if r["method"] == shipped(r["number"])]
     path = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
-    body = {"method": shipped, "source": meta["source"], "resamples": meta["resamples"]}
+    methods = {"method": boot.method, "biased_method": boot.biased_method}
+    body = {**methods, "source": meta["source"], "resamples": meta["resamples"]}
     path.write_text(json.dumps({**body, "rows": table}, indent=1) + "\n")
 
 

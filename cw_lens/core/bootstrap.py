@@ -94,6 +94,7 @@ class Bootstrap:
     level: float = 0.95
     seed: int = 0
     method: str = "expanded"
+    biased_method: str = "bias_corrected"  # for numbers whose plug-in is biased (pair(biased=))
     documents: Sequence[int] | None = None
     draws: Sequence[int] | None = None
 
@@ -102,8 +103,9 @@ class Bootstrap:
             raise InputError(f"resamples must be at least 1, got {self.resamples}.")
         if not 0 < self.level < 1:
             raise InputError(f"level must be in (0, 1), got {self.level}.")
-        if self.method not in METHODS:
-            raise InputError(f"Unknown interval method {self.method!r}; use one of {METHODS}.")
+        for method in (self.method, self.biased_method):
+            if method not in METHODS:
+                raise InputError(f"Unknown interval method {method!r}; use one of {METHODS}.")
         if self.documents is not None and len(self.documents) < 2:
             raise InputError("documents: the bootstrap needs at least two documents.")
         if self.draws is not None and len(self.draws) < 1:
@@ -192,17 +194,21 @@ class Bootstrap:
             out[key] = (w @ t.reshape(t.shape[0], -1)).reshape(len(w), *t.shape[1:])
         return out
 
-    def interval(self, replicates: Float[Tensor, "row ..."]) -> Float[Tensor, "2 ..."]:
+    def interval(
+        self, replicates: Float[Tensor, "row ..."], biased: bool = False
+    ) -> Float[Tensor, "2 ..."]:
         """The ``method``'s interval ``[low, high]`` of a number from its values in every row
         of :meth:`weights` (NaN replicates left out; NaN where more of them are NaN than the
-        tail it reads)."""
-        return interval(replicates, self.resamples, self.level, self.method)
+        tail it reads); ``biased``: ``biased_method``'s, for a number whose plug-in is biased
+        on few documents (:func:`cw_lens.core.resampled.is_biased_plugin`)."""
+        method = self.biased_method if biased else self.method
+        return interval(replicates, self.resamples, self.level, method)
 
-    def pair(self, replicates: Tensor) -> Interval:
+    def pair(self, replicates: Tensor, biased: bool = False) -> Interval:
         """:meth:`interval` of one number from its values in every row of :meth:`weights`, as
         two floats (an :class:`Interval`, which keeps the ``[resamples]`` bootstrap replicates,
         not the corpus and leave-one-out rows)."""
-        low, high = self.interval(replicates).tolist()
+        low, high = self.interval(replicates, biased).tolist()
         kept = torch.as_tensor(replicates).detach()[: self.resamples]
         return Interval(low, high, kept)
 
@@ -213,7 +219,11 @@ class Bootstrap:
             "level": self.level,
             "seed": self.seed,
             "unit": "document",
-            "method": f"{METHOD_TEXT[self.method]}; documents resampled with replacement",
+            "method": (
+                f"{METHOD_TEXT[self.method]}, {METHOD_TEXT[self.biased_method]} for the "
+                "numbers whose plug-in is biased on few documents (sink_lowers_fn's geometric "
+                "means); documents resampled with replacement"
+            ),
         }
 
 

@@ -286,6 +286,14 @@ def selection_numbers(
     return out
 
 
+def is_biased_plugin(number: str) -> bool:
+    """Whether a claim number's plug-in estimate is biased on few documents, so that its
+    interval is :attr:`cw_lens.core.bootstrap.Bootstrap.biased_method`'s: the geometric means
+    of per-head ratios of sums (``sink_lowers_fn``), which sit above the truth by about as much
+    again as their bootstrap replicates sit above them (docs/coverage.md)."""
+    return number.startswith("geomean_head_ratio_n")
+
+
 F_EPS = 0.01  # added to both F's of a head in sink_lowers_fn's ratio (F_N is in [0, 1])
 
 

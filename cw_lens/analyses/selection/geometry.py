@@ -37,7 +37,12 @@ from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
-from cw_lens.core.resampled import F_EPS, geometric_mean_ratio, selection_numbers
+from cw_lens.core.resampled import (
+    F_EPS,
+    geometric_mean_ratio,
+    is_biased_plugin,
+    selection_numbers,
+)
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import prepare_inputs
@@ -420,7 +425,8 @@ class SelectionGeometryResult(Result):
         claims = selection_claims(self.to_dataframe())
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
-            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+            intervals = {k: bootstrap.pair(v, is_biased_plugin(k)) for k, v in reps.items()}
+            claims = with_intervals(claims, intervals)
         return claims_dict(claims)
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
