@@ -296,3 +296,49 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     assert "not measured, so the verdicts are indicative" in elsewhere
     with pytest.raises(InputError, match="Unknown preset"):
         JobConfig.preset("huge")
+
+
+def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
+    """A decisive check whose interval was measured to cover less than 0.93 at the run's size
+    becomes inconclusive (the claim recombined); one that covers, or a run the study does not
+    speak for, keeps its verdict."""
+    from cw_lens.reporting.interval_coverage import (
+        STUDIED_MODEL,
+        TARGET,
+        coverage_at,
+        settle_by_coverage,
+    )
+    from cw_lens.reporting.markdown import claims_markdown
+
+    share, ppl = "retriever_share", "delta_ppl"
+    assert coverage_at(share, 8) < TARGET <= coverage_at(share, 256)
+
+    def summary(model: str = STUDIED_MODEL) -> dict:
+        check = {"number": share, "value": 0.07, "interval": [0.06, 0.08], "holds": "yes"}
+        missing = {"number": ppl, "value": 5.0, "interval": None, "holds": "yes"}
+        for c in (check, missing):
+            c.update(op=">", threshold=0.05)
+        return {
+            "model": model,
+            "corpus": "pydoc",
+            "n_documents": 8,
+            "claims": {
+                "retriever_share": {"holds": "yes", "paper": "P2", "checks": [check]},
+                "other": {"holds": "yes", "paper": "P1", "checks": [missing]},  # no interval
+            },
+        }
+
+    quick = summary()
+    assert settle_by_coverage(quick, {}) == ["retriever_share"]
+    [check] = quick["claims"]["retriever_share"]["checks"]
+    assert quick["claims"]["retriever_share"]["holds"] == check["holds"] == "inconclusive"
+    assert check["coverage"] == pytest.approx(coverage_at(share, 8), abs=1e-3)
+    assert "was yes, but its interval covers" in check["undecided_because"]
+    assert quick["claims"]["other"]["holds"] == "yes"
+    assert "was yes" in claims_markdown(quick)
+    paper = summary()
+    assert settle_by_coverage(paper, {"retriever_share": 256}) == []
+    assert paper["claims"]["retriever_share"]["holds"] == "yes"
+    elsewhere = summary("gpt2")
+    assert settle_by_coverage(elsewhere, {}) == []
+    assert elsewhere["claims"]["retriever_share"]["holds"] == "yes"

@@ -10,7 +10,9 @@ report can say, for each number, whether its interval was shown to cover at the 
 document count:
 
 - measured coverage ``>= 0.93`` at the largest studied count ``<= n``: nothing to say;
-- measured below 0.93: the interval is too narrow at this size and the verdict is indicative;
+- measured below 0.93: the interval is too narrow at this size, so it cannot decide: the
+  check's ``yes`` or ``no`` becomes ``inconclusive`` (:func:`settle_by_coverage`, applied to
+  every run of the studied model and corpora) and the report says why;
 - no measurement at or below ``n`` (the causal claims, whose pool would cost hours, or a run
   smaller than the smallest studied count): coverage not shown.
 
@@ -58,10 +60,49 @@ def coverage_at(number: str, n_documents: int) -> float | None:
     return counts[max(counts)] if counts else None
 
 
+def studied(summary: dict[str, Any]) -> bool:
+    """Whether the coverage study speaks for this run: the embedded model on pydoc text."""
+    return summary.get("model") == STUDIED_MODEL and summary.get("corpus") in STUDIED_CORPORA
+
+
+def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
+    """Make every decisive check (``yes`` / ``no``) whose interval was measured to cover less
+    than :data:`TARGET` at the claim's document count (``documents``) ``inconclusive`` — an
+    interval that misses the truth that often cannot settle a criterion — recording
+    ``coverage`` and ``undecided_because`` in the check, and recombine the claims' verdicts
+    (:func:`cw_lens.core.claims.combine`). Changes ``summary["claims"]`` in place; returns
+    the changed claims. Runs the study does not speak for are left as they are (their report
+    says that the coverage was not measured)."""
+    from cw_lens.core.claims import combine
+
+    if not studied(summary):
+        return []
+    changed = []
+    for cid, claim in summary["claims"].items():
+        n = documents.get(cid, summary["n_documents"])
+        checks = claim.get("checks", [])
+        for check in checks:
+            if check.get("interval") is None or check.get("holds") not in ("yes", "no"):
+                continue
+            cover = coverage_at(check["number"], n)
+            if cover is not None and cover < TARGET:
+                check["undecided_because"] = (
+                    f"was {check['holds']}, but its interval covers {cover:.2f} at {n} "
+                    f"documents (< {TARGET}; docs/coverage.md)"
+                )
+                check["coverage"] = round(cover, 3)
+                check["holds"] = "inconclusive"
+        verdict = combine(c["holds"] for c in checks) if checks else claim["holds"]
+        if verdict != claim["holds"]:
+            claim["holds"] = verdict
+            changed.append(cid)
+    return changed
+
+
 def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
     """REPORT.md lines on the claim numbers whose interval was not shown to cover at the run's
     size (``documents``: each claim's document count); none when all were."""
-    if summary.get("model") != STUDIED_MODEL or summary.get("corpus") not in STUDIED_CORPORA:
+    if not studied(summary):
         return [
             "- Every interval: the coverage study (docs/coverage.md) measured the embedded "
             "model on pydoc+stdlib only; for this model or corpus the intervals' coverage is "
@@ -90,7 +131,9 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
     if short:
         lines.append(
             f"- Intervals shown to cover less than {TARGET} at this size (docs/coverage.md), so "
-            "too narrow and their verdicts indicative: " + "; ".join(short) + "."
+            "too narrow to decide: their checks are inconclusive whatever the numbers: "
+            + "; ".join(short)
+            + "."
         )
     if unmeasured:
         lines.append(

@@ -414,6 +414,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
     """``summary.json``'s content and ``replicates.npz``'s bytes (the summary records their
     SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
+    from cw_lens.reporting.interval_coverage import settle_by_coverage
     from cw_lens.reporting.provenance import corpus_provenance, versions, weights_provenance
 
     cfg = job.config
@@ -445,6 +446,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
         },
         "claims": dict(claims),
     }
+    settle_by_coverage(summary, claim_documents(job, summary["claims"]))
     if not job.complete:  # a full run's summary is unchanged by the option
         summary["steps_not_run"] = [s for s in STEP_NAMES if s not in job.steps]
     return _round(summary), replicates

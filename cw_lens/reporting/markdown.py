@@ -47,8 +47,9 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (or a number has no interval), `not measured` "
-        "when the run could not compute a number (docs/methods.md#claims).",
+        "the interval straddles the threshold (or a number has no interval, or its interval "
+        "was measured to cover less than 0.93 at this run's size: docs/coverage.md), "
+        "`not measured` when the run could not compute a number (docs/methods.md#claims).",
         "",
         claims_markdown(summary),
         "",
@@ -147,7 +148,9 @@ def claims_markdown(summary: dict[str, Any]) -> str:
     for cid, claim in summary["claims"].items():
         checks = "<br>".join(
             f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))} "
-            f"({_check_text(c)}: {c['holds']})"
+            f"({_check_text(c)}: {c['holds']}"
+            + (f"; {c['undecided_because']}" if c.get("undecided_because") else "")
+            + ")"
             for c in claim.get("checks", [])
         )
         mark = VERDICT_MARK.get(claim["holds"], str(claim["holds"]))
