@@ -54,9 +54,10 @@ test: lint docs browser-deps
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
 
-# the committed gallery (figures/: the images the README and the docs show), regenerated
+# the committed gallery (figures/: the paper preset's run, which the README and the docs show),
+# regenerated (about an hour on two cores; a rerun with the same version reuses its steps)
 gallery: $(STAMP)
-	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --out figures $(FIGURE_ARGS)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --preset paper --out figures $(FIGURE_ARGS)
 
 # curated wrong formulas, each applied to a copy and run against the fast tests that cover it
 # (tests/mutants.py); every one must be killed. Not part of `make test`: about 20 minutes.
