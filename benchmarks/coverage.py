@@ -156,8 +156,10 @@ def study(
                 docs = torch.randint(n_pool, (n,), generator=gen).tolist()
                 # a random control (pruning's draws) is part of the population too: as many
                 # draws as the pool has, drawn from them with replacement
-                k = getattr(result, "n_random_draws", 0) or 0
-                picked = torch.randint(k, (k,), generator=gen).tolist() if k else None
+                n_draws = getattr(result, "n_random_draws", 0) or 0
+                picked = (
+                    torch.randint(n_draws, (n_draws,), generator=gen).tolist() if n_draws else None
+                )
                 boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
                 for k, reps in replicate_numbers(result, boot).items():
                     for m in METHODS:

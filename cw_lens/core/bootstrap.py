@@ -174,8 +174,7 @@ class Bootstrap:
         """The sums over documents of ``table`` in every row of :meth:`weights`: ``W @ table``
         (float64)."""
         table = torch.as_tensor(table).double()
-        w = self.weights(table.shape[0])
-        return (w @ table.reshape(table.shape[0], -1)).reshape(len(w), *table.shape[1:])
+        return _weighted_sums(self.weights(table.shape[0]), table)
 
     def resample_each(self, tables: dict[Any, Tensor]) -> dict[Any, Tensor]:
         """:meth:`resample` of every table of ``tables`` (the same documents), drawing the
@@ -191,7 +190,7 @@ class Bootstrap:
                     f"resample_each: table {key!r} has {t.shape[0]} documents, the first "
                     f"{w.shape[1]}; every table must hold the same documents."
                 )
-            out[key] = (w @ t.reshape(t.shape[0], -1)).reshape(len(w), *t.shape[1:])
+            out[key] = _weighted_sums(w, t)
         return out
 
     def interval(
@@ -225,6 +224,13 @@ class Bootstrap:
                 "means); documents resampled with replacement"
             ),
         }
+
+
+def _weighted_sums(
+    w: Float[Tensor, "row document"], table: Float[Tensor, "document ..."]
+) -> Float[Tensor, "row ..."]:
+    """``w @ table`` over the first axis of ``table`` (float64 both)."""
+    return (w @ table.reshape(table.shape[0], -1)).reshape(len(w), *table.shape[1:])
 
 
 class Interval(tuple):
@@ -308,10 +314,7 @@ def interval(
         return torch.full((2, *point.shape), math.nan, dtype=torch.float64)
     if method == "bca":
         low, high = bca_levels(boot, point, jack, level)
-    elif method in ("basic", "bias_corrected"):
-        low = torch.full(point.shape, expanded_tail(level, len(jack)), dtype=torch.float64)
-        high = 1 - low
-    else:
+    else:  # expanded, basic and bias_corrected read the expanded tail
         tail = (1 - level) / 2 if method == "percentile" else expanded_tail(level, len(jack))
         low = torch.full(point.shape, tail, dtype=torch.float64)
         high = 1 - low

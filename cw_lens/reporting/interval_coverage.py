@@ -3,8 +3,9 @@ run's report says about it.
 
 The coverage study (``benchmarks/coverage.py``, the table in docs/coverage.md) draws ``n``
 documents from a pool of 256 windows of the embedded model a few hundred times and counts how
-often each claim number's shipped interval (the expanded percentile bootstrap) contains the
-pool's value. Its results for the shipped method are committed next to this module
+often each claim number's shipped interval (the expanded percentile bootstrap; bias-corrected
+for the numbers :func:`cw_lens.core.resampled.is_biased_plugin` names) contains the pool's
+value. Its results for the shipped methods are committed next to this module
 (``interval_coverage.json``, written by ``benchmarks/coverage.py --write-package-table``), so a
 report can say, for each number, whether its interval was shown to cover at the run's
 document count:
@@ -13,8 +14,8 @@ document count:
 - measured below 0.93: the interval is too narrow at this size, so it cannot decide: the
   check's ``yes`` or ``no`` becomes ``inconclusive`` (:func:`settle_by_coverage`, applied to
   every run of the studied model and corpora) and the report says why;
-- no measurement at or below ``n`` (the causal claims, whose pool would cost hours, or a run
-  smaller than the smallest studied count): coverage not shown.
+- no measurement at or below ``n`` (a run smaller than the smallest studied count, 8
+  documents): coverage not shown.
 
 The measurement is about the embedded model and 256-token windows of ``pydoc+stdlib``; a run
 on ``pydoc`` or on other window lengths (the quick preset: 128 tokens of ``pydoc``) is told that
@@ -31,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,18 @@ def studied(summary: dict[str, Any]) -> bool:
     return summary.get("model") == STUDIED_MODEL and summary.get("corpus") in STUDIED_CORPORA
 
 
+def _interval_checks(
+    summary: dict[str, Any], documents: dict[str, int]
+) -> Iterator[tuple[str, dict[str, Any], int, float | None]]:
+    """``(claim id, check, document count, measured coverage or None)`` for every check with
+    an interval (``documents``: each claim's document count, else the run's)."""
+    for cid, claim in summary["claims"].items():
+        n = documents.get(cid, summary["n_documents"])
+        for check in claim.get("checks", []):
+            if check.get("interval") is not None:
+                yield cid, check, n, coverage_at(check["number"], n)
+
+
 def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
     """Make every decisive check (``yes`` / ``no``) whose interval was measured to cover less
     than :data:`TARGET` at the claim's document count (``documents``) ``inconclusive`` — an
@@ -77,21 +91,17 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
 
     if not studied(summary):
         return []
+    for _, check, n, cover in _interval_checks(summary, documents):
+        if check.get("holds") in ("yes", "no") and cover is not None and cover < TARGET:
+            check["undecided_because"] = (
+                f"was {check['holds']}, but its interval covers {cover:.2f} at {n} "
+                f"documents (< {TARGET}; docs/coverage.md)"
+            )
+            check["coverage"] = round(cover, 3)
+            check["holds"] = "inconclusive"
     changed = []
     for cid, claim in summary["claims"].items():
-        n = documents.get(cid, summary["n_documents"])
         checks = claim.get("checks", [])
-        for check in checks:
-            if check.get("interval") is None or check.get("holds") not in ("yes", "no"):
-                continue
-            cover = coverage_at(check["number"], n)
-            if cover is not None and cover < TARGET:
-                check["undecided_because"] = (
-                    f"was {check['holds']}, but its interval covers {cover:.2f} at {n} "
-                    f"documents (< {TARGET}; docs/coverage.md)"
-                )
-                check["coverage"] = round(cover, 3)
-                check["holds"] = "inconclusive"
         verdict = combine(c["holds"] for c in checks) if checks else claim["holds"]
         if verdict != claim["holds"]:
             claim["holds"] = verdict
@@ -110,16 +120,11 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
         ]
     short: list[str] = []
     unmeasured: dict[str, list[str]] = {}
-    for cid, claim in summary["claims"].items():
-        n = documents.get(cid, summary["n_documents"])
-        for check in claim.get("checks", []):
-            if check.get("interval") is None:
-                continue
-            cover = coverage_at(check["number"], n)
-            if cover is None:
-                unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(check["number"])
-            elif cover < TARGET:
-                short.append(f"`{cid}`: {check['number']} covers {cover:.2f} at {n} documents")
+    for cid, check, n, cover in _interval_checks(summary, documents):
+        if cover is None:
+            unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(check["number"])
+        elif cover < TARGET:
+            short.append(f"`{cid}`: {check['number']} covers {cover:.2f} at {n} documents")
     lines = []
     if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(
