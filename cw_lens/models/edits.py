@@ -226,7 +226,8 @@ class PairMask(_PatternEdit):
         return mask
 
     def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
-        return pattern.masked_fill(self.removed(pattern), 0.0)
+        # one pass writing a new tensor (an out-of-place masked_fill copies, then fills)
+        return torch.where(self.removed(pattern), 0.0, pattern)
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
         dtype = _compute_dtype(pattern)
@@ -297,7 +298,7 @@ def _keep(store: dict[str, Tensor], name: str) -> Callable:
 
 def _mask_pattern(edit: PairMask) -> Callable:
     def fn(pattern: Tensor, hook: Any) -> Tensor:
-        return pattern.masked_fill(edit.removed(pattern), 0.0)
+        return torch.where(edit.removed(pattern), 0.0, pattern)
 
     return fn
 

@@ -5,7 +5,7 @@ token scores summed over heads, seeded random draws; and the ranks of one clean 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -57,11 +57,13 @@ def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> 
 
     ``ranks`` ``[..., candidates]``; ``n_valid`` ``[...]`` candidates per row.
     """
-    n = n_removed(n_valid, fraction)[..., None]
+    # compared in the ranks' own dtype (int16 ranks are not widened: a full copy per layer)
+    n = n_removed(n_valid, fraction)[..., None].to(ranks.dtype)
     if mode == "comprehensiveness":
         return ranks < n
     if mode == "sufficiency":
-        return (ranks >= n_valid[..., None] - n) & (ranks < n_valid[..., None])
+        total = n_valid[..., None].to(ranks.dtype)
+        return (ranks >= total - n) & (ranks < total)
     raise InputError(f"mode must be one of {MODES}, got {mode!r}.")
 
 
@@ -94,7 +96,12 @@ def _random_scores(
 
 
 class Ranks:
-    """Per layer and metric, the ranks of one document batch (filled block by block)."""
+    """Per layer and metric, the ranks of one document batch (filled block by block).
+
+    Pair ranks are stored heads first, ``[batch, head, query, key]`` (the pattern's layout), so
+    a removal mask is built in the layout the intervention applies it in, without a permuted
+    copy; token ranks are ``[batch, query, key]``.
+    """
 
     def __init__(
         self,
@@ -117,7 +124,7 @@ class Ranks:
             for layer in layers:
                 if "pairs" in self.granularities:
                     self.pairs[metric, layer] = torch.empty(
-                        n_batch, n_pos, n_heads * n_pos, dtype=dtype
+                        n_batch, n_heads, n_pos, n_pos, dtype=dtype
                     )
                 if "tokens" in self.granularities:
                     self.tokens[metric, layer] = torch.empty(n_batch, n_pos, n_pos, dtype=dtype)
@@ -151,7 +158,8 @@ class Ranks:
                 flat = scores.permute(0, 2, 1, 3).reshape(lc.shape[0], lc.shape[2], -1)
                 pair_valid = valid[:, :, None, :].expand(-1, -1, self.n_heads, -1)
                 ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
-                self.pairs[metric, lc.layer][:, q] = ranks.to(self.pairs[metric, lc.layer].dtype)
+                heads_first = ranks.view(*ranks.shape[:2], self.n_heads, n_pos).permute(0, 2, 1, 3)
+                self.pairs[metric, lc.layer][:, :, q] = heads_first  # cast to the stored dtype
             if "tokens" in self.granularities:
                 ranks = rank_candidates(token_scores(scores), valid, signed=self.signed)
                 self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
@@ -165,19 +173,19 @@ class Ranks:
         fraction: float,
         layers: list[int],
     ) -> list:
-        """The pair-masking intervention of one configuration, all layers at once."""
-        masks = {}
-        n_heads = self.n_heads
-        for layer in layers:
-            if granularity == "pairs":
-                ranks, n_valid = self.pairs[metric, layer], self.n_valid_pairs
-            else:
-                ranks, n_valid = self.tokens[metric, layer], self.n_valid_tokens
-            remove = removal_mask(ranks.long(), n_valid, fraction, mode)
-            if granularity == "pairs":
-                b, q, _ = remove.shape
-                remove = remove.reshape(b, q, n_heads, -1).permute(0, 2, 1, 3)
-            else:
-                remove = remove[:, None]
-            masks[layer] = remove
+        """The pair-masking intervention of one configuration, all layers at once. Each
+        layer's mask is built when its pattern is, so a pass holds one layer's mask at a time."""
+        if granularity == "pairs":
+            ranks, n_valid = self.pairs, self.n_valid_pairs[:, None]  # [batch, 1, query]
+        else:
+            ranks, n_valid = self.tokens, self.n_valid_tokens
+
+        def mask_of(layer: int) -> Callable[[Tensor], Tensor]:
+            def build(_pattern: Tensor) -> Tensor:
+                remove = removal_mask(ranks[metric, layer], n_valid, fraction, mode)
+                return remove if granularity == "pairs" else remove[:, None]
+
+            return build
+
+        masks = {layer: mask_of(layer) for layer in layers}
         return [mask_attention(model, masks)]

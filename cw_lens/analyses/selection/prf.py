@@ -52,6 +52,26 @@ def selection_distance(
     return 1.0 - dot / norms.clamp_min(COSINE_EPS)
 
 
+# Bytes of ``y`` that :func:`_distances_in_blocks` reads per block of leading rows: ``y - s`` of
+# a block stays in cache (the same numbers as one full-size subtraction, several times faster).
+DISTANCE_BLOCK_BYTES = 2**21
+
+
+def _distances_in_blocks(y: Tensor, s: Tensor, distance: Distance) -> Tensor:
+    """:func:`selection_distance` computed over blocks of the first axis (row-wise, so exactly
+    the same values)."""
+    if y.dim() < 3:
+        return selection_distance(y, s, distance)
+    step = max(1, DISTANCE_BLOCK_BYTES // max(1, y[0].numel() * y.element_size()))
+    if step >= y.shape[0]:
+        return selection_distance(y, s, distance)
+    blocks = [
+        selection_distance(y[i : i + step], s[i : i + step], distance)
+        for i in range(0, y.shape[0], step)
+    ]
+    return torch.cat(blocks)
+
+
 def top_order(
     attention: Float[Tensor, "*rows key"], candidates: Bool[Tensor, "*rows key"]
 ) -> Int[Tensor, "*rows key"]:
@@ -116,7 +136,7 @@ def prf_of_ranking(
     n_candidates = candidates.sum(-1)
     out = []
     for n in n_grid:
-        d = selection_distance(y, aggregates[..., min(n, order.shape[-1]) - 1, :], distance)
+        d = _distances_in_blocks(y, aggregates[..., min(n, order.shape[-1]) - 1, :], distance)
         selected = rank < n
         outside = candidates & ~selected
         rho_max = d.masked_fill(~selected, -math.inf).amax(-1, keepdim=True)
