@@ -144,3 +144,24 @@ def test_only_correct_keeps_items_the_model_gets_right(smollm):
         kept = cw_lens.load_corpus(task, n_docs=6, model=smollm, only_correct=True)
         assert len(kept) == 6 and kept.is_task
         assert answer_scores(smollm, list(kept)).correct.all()
+
+
+def test_token_nll_matches_log_softmax_over_several_row_blocks():
+    """token_nll reduces the logits NLL_ROWS positions at a time with logsumexp; it must equal
+    -log_softmax at the next token (float64 reference), with NaN exactly where a position or
+    its successor is padding."""
+    import torch
+
+    from cw_lens.data import scoring
+
+    gen = torch.Generator().manual_seed(0)
+    n_pos = 2 * scoring.NLL_ROWS + 7  # three row blocks, the last one partial
+    logits = 4 * torch.randn(3, n_pos, 50, generator=gen)
+    tokens = torch.randint(50, (3, n_pos), generator=gen)
+    mask = torch.ones(3, n_pos, dtype=torch.bool)
+    mask[1, 40:] = False  # right padding
+    got = scoring.token_nll(logits, tokens, mask)
+    ref = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
+    valid = mask[:, 1:] & mask[:, :-1]
+    assert torch.equal(got.isnan(), ~valid)
+    torch.testing.assert_close(got[valid].double(), ref[valid], rtol=1e-6, atol=1e-5)

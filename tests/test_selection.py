@@ -162,6 +162,21 @@ def test_prf_invariants_and_batched_equals_single(case):
         assert (prf == (1.0, 1.0, 1.0)) == (rho_min > rho_max)
 
 
+@pytest.mark.parametrize("distance", sel.DISTANCES)
+def test_prf_in_row_blocks_equals_one_block_bit_for_bit(monkeypatch, distance):
+    """prf_of_ranking computes its distances over blocks of rows (cache-sized); forcing blocks
+    of a few rows must give exactly the numbers of one full-size block."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(7, 3, 40, 16, generator=gen)
+    attention = torch.softmax(3 * torch.randn(7, 3, 40, generator=gen), -1)
+    full = sel.geometric_prf_batched(values, attention, [1, 2, 4, 8], distance=distance)
+    row_bytes = 3 * 40 * 16 * 4
+    monkeypatch.setattr(sel.prf, "DISTANCE_BLOCK_BYTES", 2 * row_bytes)  # blocks of 2 rows
+    blocked = sel.geometric_prf_batched(values, attention, [1, 2, 4, 8], distance=distance)
+    for a, b in zip(full, blocked, strict=True):
+        assert torch.equal(a, b)
+
+
 @settings(max_examples=30, deadline=None)
 @given(query_cases(), st.integers(0, 2**31 - 1))
 def test_random_rankings_are_nested_and_match_the_single_form(case, seed):
