@@ -137,8 +137,13 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
         raise AssertionError("a finished step was recomputed")
 
     monkeypatch.setattr(report, "STEPS", tuple((name, fail) for name, _ in STEPS))
+    timing_line = next(
+        line for line in (out / "REPORT.md").read_text().splitlines() if "Step timings" in line
+    )
     resumed = run_figures(JobConfig(**TINY), out, progress=False)
     assert resumed["claims"] == summary["claims"]
+    # a resumed run reports how long its loaded steps took when they were computed
+    assert timing_line in (out / "REPORT.md").read_text().splitlines()
     with pytest.raises(AssertionError, match="recomputed"):
         run_figures(JobConfig(**TINY), out, progress=False, force=True)
 

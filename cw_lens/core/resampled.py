@@ -182,11 +182,12 @@ def driver_numbers(
     n_rep = weights.shape[0]
     rho = {f: torch.full((n_rep, len(samples)), math.nan, dtype=torch.float64) for f in factors}
     member = torch.zeros(n_rep, len(samples), dtype=torch.bool)
+    used = weights.any(0)  # documents some row draws (once, not an [R, n] gather per head)
     for i, (layer, head, table, docs) in enumerate(samples):
         member[:, i] = sink[:, layer, head]
         if not member[:, i].any():
             continue  # a sink head in no replicate: its rho is never read
-        drawn = weights[:, docs].any(0)  # entries of documents no row draws count nowhere
+        drawn = used[docs]  # entries of documents no row draws count nowhere
         table, docs = table[drawn], docs[drawn]
         present, local = torch.unique(docs, return_inverse=True)
         rhos = doc_weighted_spearman(table[:, :-1].T, table[:, -1], local, weights[:, present])

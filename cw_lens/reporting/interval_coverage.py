@@ -62,6 +62,15 @@ def coverage_at(number: str, n_documents: int) -> float | None:
     return counts[max(counts)] if counts else None
 
 
+def where_measured(number: str, n_documents: int) -> str:
+    """``"at N documents"`` for the count :func:`coverage_at` reads (with the run's count when
+    that is larger)."""
+    counts = [k for k in measured().get(number, {}) if k <= n_documents]
+    if not counts or max(counts) == n_documents:
+        return f"at {n_documents} documents"
+    return f"at {max(counts)} documents (the largest count studied up to this run's {n_documents})"
+
+
 def studied(summary: dict[str, Any]) -> bool:
     """Whether the coverage study speaks for this run: the embedded model on pydoc text."""
     return summary.get("model") == STUDIED_MODEL and summary.get("corpus") in STUDIED_CORPORA
@@ -94,8 +103,8 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") in ("yes", "no") and cover is not None and cover < TARGET:
             check["undecided_because"] = (
-                f"was {check['holds']}, but its interval covers {cover:.2f} at {n} "
-                f"documents (< {TARGET}; docs/coverage.md)"
+                f"was {check['holds']}, but its interval covers {cover:.2f} "
+                f"{where_measured(check['number'], n)} (< {TARGET}; docs/coverage.md)"
             )
             check["coverage"] = round(cover, 3)
             check["holds"] = "inconclusive"
@@ -124,7 +133,8 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
         if cover is None:
             unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(check["number"])
         elif cover < TARGET:
-            short.append(f"`{cid}`: {check['number']} covers {cover:.2f} at {n} documents")
+            where = where_measured(check["number"], n)
+            short.append(f"`{cid}`: {check['number']} covers {cover:.2f} {where}")
     lines = []
     if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(

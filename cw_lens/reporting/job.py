@@ -200,6 +200,9 @@ class Job:
                     "the output folder? Rerun with --force to recompute."
                 )
             self.results[name] = stored
+            computed_in = self._stored_timings().get(name)
+            if computed_in is not None:  # the time it took when it was computed
+                self.timings[name] = computed_in
             self._log(f"[{name}] loaded from {path}")
             return stored
         if not self.force and path.exists():
@@ -210,10 +213,19 @@ class Job:
         self.timings[name] = time.perf_counter() - start
         if is_main_process():
             atomic_write_bytes(path, pickle.dumps(value))
+            timings = {**self._stored_timings(), name: self.timings[name]}
+            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
         barrier()
         self.results[name] = value
         self._log(f"[{name}] done in {self.timings[name]:.1f} s")
         return value
+
+    def _stored_timings(self) -> dict[str, float]:
+        """Seconds each stored step took when it was computed (``{}`` if none are recorded)."""
+        try:
+            return json.loads((self.state_dir / TIMINGS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
 
     def _log(self, message: str) -> None:
         if self.progress and is_main_process():
@@ -221,6 +233,9 @@ class Job:
 
 
 _MISSING = object()
+# Per state folder: the seconds each step took when it was computed, so that a run that loads
+# its steps reports how long they took to compute.
+TIMINGS_FILE = "timings.json"
 
 
 def _load_pickle(path: Path) -> Any:

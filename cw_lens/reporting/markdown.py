@@ -84,7 +84,8 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         lines += [
             "## Run",
             "",
-            "Step timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
+            "Step timings (s, when each step was computed): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
             "",
         ]
     return "\n".join(lines)
