@@ -225,9 +225,13 @@ class PairMask(_PatternEdit):
             )
         return mask
 
-    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
-        # one pass writing a new tensor (an out-of-place masked_fill copies, then fills)
+    def masked(self, pattern: Tensor) -> Tensor:
+        """``pattern`` with the removed pairs set to 0: one pass writing a new tensor (an
+        out-of-place ``masked_fill`` copies, then fills)."""
         return torch.where(self.removed(pattern), 0.0, pattern)
+
+    def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
+        return self.masked(pattern)
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
         dtype = _compute_dtype(pattern)
@@ -298,7 +302,7 @@ def _keep(store: dict[str, Tensor], name: str) -> Callable:
 
 def _mask_pattern(edit: PairMask) -> Callable:
     def fn(pattern: Tensor, hook: Any) -> Tensor:
-        return torch.where(edit.removed(pattern), 0.0, pattern)
+        return edit.masked(pattern)
 
     return fn
 

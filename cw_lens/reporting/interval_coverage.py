@@ -54,21 +54,27 @@ def measured() -> dict[str, dict[int, float]]:
     return out
 
 
+def _studied_count(number: str, n_documents: int) -> int | None:
+    """The largest studied document count ``<= n_documents`` for ``number`` (None if none)."""
+    counts = [k for k in measured().get(number, {}) if k <= n_documents]
+    return max(counts) if counts else None
+
+
 def coverage_at(number: str, n_documents: int) -> float | None:
     """The measured coverage of ``number``'s interval at the largest studied document count
     ``<= n_documents`` (more documents only bring the bootstrap closer to its asymptotics),
     or None when none was studied."""
-    counts = {k: v for k, v in measured().get(number, {}).items() if k <= n_documents}
-    return counts[max(counts)] if counts else None
+    count = _studied_count(number, n_documents)
+    return None if count is None else measured()[number][count]
 
 
 def where_measured(number: str, n_documents: int) -> str:
     """``"at N documents"`` for the count :func:`coverage_at` reads (with the run's count when
     that is larger)."""
-    counts = [k for k in measured().get(number, {}) if k <= n_documents]
-    if not counts or max(counts) == n_documents:
+    count = _studied_count(number, n_documents)
+    if count is None or count == n_documents:
         return f"at {n_documents} documents"
-    return f"at {max(counts)} documents (the largest count studied up to this run's {n_documents})"
+    return f"at {count} documents (the largest count studied up to this run's {n_documents})"
 
 
 def studied(summary: dict[str, Any]) -> bool:
