@@ -116,9 +116,12 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     return out
 
 
-def replicate_numbers(result: object, bootstrap: object) -> dict[str, torch.Tensor]:
-    """The claim numbers of one analysis in every row of ``bootstrap.weights``."""
-    reps = result.replicates(bootstrap)
+def replicate_numbers(
+    result: object, bootstrap: object, drivers: bool = True
+) -> dict[str, torch.Tensor]:
+    """The claim numbers of one analysis in every row of ``bootstrap.weights`` (the sink
+    statistics without their driver numbers when ``drivers`` is False)."""
+    reps = result.replicates(bootstrap) if drivers else result.replicates(bootstrap, drivers=False)
     if isinstance(reps, tuple):  # sink statistics: (numbers, per-head fields)
         reps = reps[0]
     return {k: v for k, v in reps.items() if v.dim() == 1}
@@ -137,7 +140,12 @@ def n_records(result: object) -> int:
 
 
 def study(
-    results: dict[str, object], sizes: list[int], draws: int, resamples: int
+    results: dict[str, object],
+    sizes: list[int],
+    draws: int,
+    resamples: int,
+    drivers: bool = True,
+    numbers: list[str] | None = None,
 ) -> list[dict[str, object]]:
     from cw_lens.core.bootstrap import Bootstrap, interval
 
@@ -146,7 +154,8 @@ def study(
         n_pool = n_records(result)
         truth = {
             k: float(v[1])  # the corpus row of a one-resample bootstrap
-            for k, v in replicate_numbers(result, Bootstrap(resamples=1)).items()
+            for k, v in replicate_numbers(result, Bootstrap(resamples=1), drivers).items()
+            if numbers is None or k in numbers
         }
         for n in sizes:
             start, cpu = time.perf_counter(), time.process_time()
@@ -161,7 +170,9 @@ def study(
                     torch.randint(n_draws, (n_draws,), generator=gen).tolist() if n_draws else None
                 )
                 boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
-                for k, reps in replicate_numbers(result, boot).items():
+                for k, reps in replicate_numbers(result, boot, drivers).items():
+                    if k not in truth:
+                        continue
                     for m in METHODS:
                         low, high = interval(reps, resamples, boot.level, m).tolist()
                         if math.isnan(low) or math.isnan(high):
@@ -246,6 +257,17 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=300)
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=ANALYSES)
+    parser.add_argument(
+        "--without-drivers",
+        action="store_true",
+        help="leave out the sink statistics' driver numbers (median_abs_rho_*): about 95%% of "
+        "a sink draw's cost at 256 documents; their rows from earlier studies are kept",
+    )
+    parser.add_argument(
+        "--numbers",
+        nargs="+",
+        help="study only these claim numbers (the others' rows from earlier studies are kept)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("CW_COVERAGE_THREADS", "2")))
     start, cpu = time.perf_counter(), time.process_time()
@@ -259,11 +281,13 @@ def main() -> None:
                 "only from a finished run (--run RUN); computing it here would take hours."
             )
         results = pool_results(args.pool, tuple(args.analyses))
-    rows = study(results, args.sizes, args.draws, args.resamples)
+    rows = study(
+        results, args.sizes, args.draws, args.resamples, not args.without_drivers, args.numbers
+    )
     out = RESULTS / "coverage.json"
     previous = json.loads(out.read_text()) if out.exists() else {"rows": []}
-    done = {(r["analysis"], r["n"]) for r in rows}
-    kept = [r for r in previous["rows"] if (r["analysis"], r["n"]) not in done]
+    done = {(r["analysis"], r["number"], r["n"]) for r in rows}  # rows replaced per number
+    kept = [r for r in previous["rows"] if (r["analysis"], r["number"], r["n"]) not in done]
     meta = {"pool": args.pool, "draws": args.draws, "resamples": args.resamples}
     meta["source"] = str(args.run) if args.run is not None else f"coverage_pool_{args.pool}"
     meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)

@@ -143,8 +143,10 @@ from cw_lens.reporting.markdown import claims_table
 
 QUICK = os.environ.get("CW_LENS_QUICK") == "1"
 out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "figures-notebook"))
-# the test suite's size: 2 short documents, no task, faithfulness on one document
-config = (JobConfig(n_docs=2, max_tokens=32, task=None, faithfulness_docs=1) if QUICK
+# the test suite's size: 2 short documents, no task, faithfulness on one document at pairs
+# granularity and no global pruning variant (as the paper preset), lone-head costs on one
+config = (JobConfig(n_docs=2, max_tokens=32, task=None, faithfulness_docs=1, lone_docs=1,
+                    faithfulness_granularity=("pairs",), global_ranking=False) if QUICK
           else JobConfig())
 summary = run_figures(config, out, progress=False)"""),
 ("md", "## The claims, as measured"),

@@ -317,6 +317,39 @@ def test_weighted_spearman_is_pandas_on_the_repeated_rows(rows, counts):
         assert got == pytest.approx(want, abs=1e-6)
 
 
+def test_doc_weighted_spearman_float32_ranks_equal_float64_bit_for_bit(monkeypatch):
+    """Whole-number weights: the ranks' product in float32 (exact for half-integers) gives the
+    float64 product's rho bit for bit; fractional weights never take the float32 path."""
+    import cw_lens.core.resampled as resampled
+
+    gen = torch.Generator().manual_seed(0)
+    n, n_docs = 400, 12
+    xs = torch.randint(0, 7, (3, n), generator=gen).double()  # ties, as in the sink samples
+    y = torch.randn(n, generator=gen, dtype=torch.float64)
+    doc = torch.randint(0, n_docs, (n,), generator=gen)
+    counts = torch.multinomial(torch.ones(50, n_docs), n_docs, replacement=True, generator=gen)
+    weights = torch.stack([torch.bincount(c, minlength=n_docs) for c in counts]).double()
+    fast = resampled.doc_weighted_spearman(xs, y, doc, weights)
+    monkeypatch.setattr(resampled, "RANKS_EXACT_IN_FLOAT32", 0)  # force the float64 product
+    slow = resampled.doc_weighted_spearman(xs, y, doc, weights)
+    assert torch.equal(fast, slow) and not fast.isnan().any()
+    monkeypatch.undo()
+
+    seen = []
+    real_matmul = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        seen.append(a.dtype)
+        return real_matmul(a, b)
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    resampled.doc_weighted_spearman(xs, y, doc, weights + 0.5)
+    assert torch.float32 not in seen
+    seen.clear()
+    resampled.doc_weighted_spearman(xs, y, doc, weights)
+    assert torch.float32 in seen
+
+
 def _same_interval(a, b) -> bool:
     pairs = zip(a, b, strict=True)
     return all(x == y or (x is not None and y is not None and x != x and y != y) for x, y in pairs)
@@ -397,6 +430,17 @@ def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
     claim = _sink_claims(stats, Bootstrap(200))["sink_cancels_drift"]
     value, (low, high) = claim["checks"][1]["value"], claim["checks"][1]["interval"]
     assert np.sign(low) == np.sign(high) == np.sign(value)
+
+
+def test_sink_replicates_without_drivers_leave_out_only_the_driver_numbers(llama):
+    stats = cw_lens.sink_statistics(llama, _texts(6, 20, 30), min_query=4, per_document=True)
+    boot = Bootstrap(50, seed=3)
+    full, _ = stats.replicates(boot)
+    lean, _ = stats.replicates(boot, drivers=False)
+    drivers = {k for k in full if k.startswith("median_abs_rho_")}
+    assert len(drivers) == 2 and set(lean) == set(full) - drivers
+    for k, v in lean.items():
+        assert torch.equal(v.nan_to_num(-9.0), full[k].nan_to_num(-9.0)), k
 
 
 def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):

@@ -312,6 +312,7 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
         TARGET,
         coverage_at,
         settle_by_coverage,
+        where_measured,
     )
     from cw_lens.reporting.markdown import claims_markdown
 
@@ -339,6 +340,11 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     assert quick["claims"]["retriever_share"]["holds"] == check["holds"] == "inconclusive"
     assert check["coverage"] == pytest.approx(coverage_at(share, 8), abs=1e-3)
     assert "was yes, but its interval covers" in check["undecided_because"]
+    assert check["undecided_because"].endswith("at 8 documents (docs/coverage.md)")
+    # a count between two studied ones reads the smaller, and says so
+    assert where_measured(share, 100) == (
+        "at 48 documents, the largest count studied up to this run's 100"
+    )
     assert quick["claims"]["other"]["holds"] == "yes"
     assert "was yes" in claims_markdown(quick)
     paper = summary()

@@ -105,6 +105,9 @@ def sink_numbers_per_layer(
     return _sink_reduce(fields, min_s_star_queries)
 
 
+RANKS_EXACT_IN_FLOAT32 = 2**23  # half-integers below it are exact in float32 (24-bit significand)
+
+
 def rank_basis(x: Float[Tensor, " n"], doc: Tensor, n_docs: int) -> Float[Tensor, "n document"]:
     """``A`` such that, with row ``j`` repeated ``w[d_j]`` times (``w`` per document), the
     average rank (1-based, ties share their mean rank, as pandas) of row ``j`` is
@@ -131,18 +134,29 @@ def doc_weighted_spearman(
     """Spearman's rho of each row of ``xs`` with ``y`` in each replicate, row ``j`` repeated
     ``weights[r, doc[j]]`` times — pandas' ``corr(method="spearman", min_periods=3)`` on the
     repeated rows (NaN below 3 rows or for a constant column). Ranks are ``weights @ basis``
-    (:func:`rank_basis`), so a replicate costs a few ``[n, documents]`` products."""
+    (:func:`rank_basis`), one ``[R, documents] x [documents, n]`` product per column; the sums
+    over the repeated rows weight each row by its document's count.
+
+    With whole-number weights and fewer than 2**23 repeated rows every rank is a half-integer
+    that float32 holds exactly, and so is every partial sum of the product (its terms are not
+    negative): the product is then taken in float32, twice as fast and equal bit for bit."""
     w = weights.double()
-    onehot = torch.zeros(len(y), w.shape[1], dtype=torch.float64)
-    onehot[torch.arange(len(y)), doc] = 1.0
-    total = w @ onehot.sum(0)  # [R] rows of the repeated sample
+    counts = torch.bincount(doc, minlength=w.shape[1]).double()
+    total = w @ counts  # [R] rows of the repeated sample
     middle = ((total + 1) / 2)[:, None]  # the mean of 1..total, whatever the ties
+    exact32 = (
+        bool((w == w.round()).all())
+        and (float(total.max()) if len(total) else 0.0) < RANKS_EXACT_IN_FLOAT32
+    )
+    w_ranks = w.float() if exact32 else w
+    row_weights = w[:, doc]  # [R, n]: each row's count in each replicate
 
     def centred_ranks(v: Tensor) -> Tensor:
-        return w @ rank_basis(v, doc, w.shape[1]).T + 0.5 - middle
+        basis = rank_basis(v, doc, w.shape[1]).to(w_ranks.dtype)
+        return (w_ranks @ basis.T).double() + 0.5 - middle
 
     def weighted_sum(values: Tensor) -> Tensor:  # sum over the repeated rows
-        return ((values @ onehot) * w).sum(1)
+        return (values * row_weights).sum(1)
 
     dy = centred_ranks(y)
     vy = weighted_sum(dy * dy)

@@ -69,12 +69,12 @@ def coverage_at(number: str, n_documents: int) -> float | None:
 
 
 def where_measured(number: str, n_documents: int) -> str:
-    """``"at N documents"`` for the count :func:`coverage_at` reads (with the run's count when
-    that is larger)."""
+    """``"at N documents"`` for the count :func:`coverage_at` reads (followed by the run's count
+    when that is larger)."""
     count = _studied_count(number, n_documents)
     if count is None or count == n_documents:
         return f"at {n_documents} documents"
-    return f"at {count} documents (the largest count studied up to this run's {n_documents})"
+    return f"at {count} documents, the largest count studied up to this run's {n_documents}"
 
 
 def studied(summary: dict[str, Any]) -> bool:
@@ -109,8 +109,8 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") in ("yes", "no") and cover is not None and cover < TARGET:
             check["undecided_because"] = (
-                f"was {check['holds']}, but its interval covers {cover:.2f} "
-                f"{where_measured(check['number'], n)} (< {TARGET}; docs/coverage.md)"
+                f"was {check['holds']}, but its interval covers {cover:.2f} (below {TARGET}) "
+                f"{where_measured(check['number'], n)} (docs/coverage.md)"
             )
             check["coverage"] = round(cover, 3)
             check["holds"] = "inconclusive"

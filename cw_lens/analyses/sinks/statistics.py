@@ -259,10 +259,13 @@ class SinkStatisticsResult(Result):
             claims = with_intervals(claims, *self.intervals(bootstrap))
         return claims_dict(claims)
 
-    def replicates(self, bootstrap: Bootstrap) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def replicates(
+        self, bootstrap: Bootstrap, *, drivers: bool = True
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """The sink claims' numbers in every row of ``bootstrap.weights`` (resamples, corpus,
         leave-one-out corpora), ``{number: [rows]}``, and the per-head fields they come from
-        (:mod:`cw_lens.core.resampled` says what each is of)."""
+        (:mod:`cw_lens.core.resampled` says what each is of). ``drivers=False`` leaves out
+        ``sink_contribution_drivers``' numbers, most of the cost at hundreds of documents."""
         per_doc = require_record(self.acc.per_doc, "sink_statistics")
         record = per_doc.table()
         reps = bootstrap.resample(record)  # [rows, statistic, layer, head]
@@ -273,7 +276,7 @@ class SinkStatisticsResult(Result):
             self.threshold,
         )
         numbers = sink_numbers(fields, MIN_S_STAR_QUERIES)
-        samples = self._driver_samples()
+        samples = self._driver_samples() if drivers else None
         if samples is not None:  # None: samples stored without their documents (before 0.2.1)
             weights = bootstrap.weights(record.shape[0])
             numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
