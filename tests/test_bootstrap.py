@@ -319,7 +319,8 @@ def test_weighted_spearman_is_pandas_on_the_repeated_rows(rows, counts):
 
 def test_doc_weighted_spearman_float32_ranks_equal_float64_bit_for_bit(monkeypatch):
     """Whole-number weights: the ranks' product in float32 (exact for half-integers) gives the
-    float64 product's rho bit for bit; fractional weights never take the float32 path."""
+    float64 product's rho bit for bit; fractional or negative weights never take the float32
+    path."""
     import cw_lens.core.resampled as resampled
 
     gen = torch.Generator().manual_seed(0)
@@ -344,6 +345,7 @@ def test_doc_weighted_spearman_float32_ranks_equal_float64_bit_for_bit(monkeypat
 
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
     resampled.doc_weighted_spearman(xs, y, doc, weights + 0.5)
+    resampled.doc_weighted_spearman(xs, y, doc, weights - 2)  # negative: partial sums unbounded
     assert torch.float32 not in seen
     seen.clear()
     resampled.doc_weighted_spearman(xs, y, doc, weights)

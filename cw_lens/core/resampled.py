@@ -137,15 +137,16 @@ def doc_weighted_spearman(
     (:func:`rank_basis`), one ``[R, documents] x [documents, n]`` product per column; the sums
     over the repeated rows weight each row by its document's count.
 
-    With whole-number weights and fewer than 2**23 repeated rows every rank is a half-integer
-    that float32 holds exactly, and so is every partial sum of the product (its terms are not
-    negative): the product is then taken in float32, twice as fast and equal bit for bit."""
+    With whole-number, non-negative weights and fewer than 2**23 repeated rows every rank is a
+    half-integer that float32 holds exactly, and so is every partial sum of the product (its
+    terms are not negative): the product is then taken in float32, twice as fast and equal bit
+    for bit."""
     w = weights.double()
     counts = torch.bincount(doc, minlength=w.shape[1]).double()
     total = w @ counts  # [R] rows of the repeated sample
     middle = ((total + 1) / 2)[:, None]  # the mean of 1..total, whatever the ties
     exact32 = (
-        bool((w == w.round()).all())
+        bool(((w == w.round()) & (w >= 0)).all())
         and (float(total.max()) if len(total) else 0.0) < RANKS_EXACT_IN_FLOAT32
     )
     w_ranks = w.float() if exact32 else w
