@@ -12,7 +12,10 @@ Measured (embedded SmolLM2-135M, CPU, float32):
    (weights, cosine, relative norm for both kinds), streamed, divided by a plain forward pass
    (logits) of the same bridge on the same batch (4 x 512 tokens); ``stream_nocheck``: the same
    with the per-layer checks skipped (finite activations, ``z == pattern @ v``; a
-   benchmark-only switch), so the ratio is reported with and without the checks.
+   benchmark-only switch), so the ratio is reported with and without the checks;
+   ``capture_only``: the same pass handing every layer to a consumer that computes nothing
+   (hooks, checks, layer output); ``products_only``: the two grouped ``<pv_j, o_i>`` products
+   per block that every field is built from, and nothing else (the floor of ``stream``).
 
    Where the time of ``stream`` goes (py-spy, one pass; docs/performance.md has the table and
    how it was taken): the forward pass up to the last layer; the checks (one product
@@ -101,6 +104,13 @@ def stream(model, tokens, layers=None, consumer=all_fields) -> None:
     import cw_lens
 
     cw_lens.stream_contributions(model, tokens, consumer, layers=layers, batch_size=None)
+
+
+def products_only(lc) -> None:
+    """The two grouped ``<pv_j, o_i>`` products (and their query sides) that every field of
+    both kinds is built from, with no field written: the floor of ``stream``."""
+    for kind in ("intra", "inter"):
+        lc.scaled_dots(kind)
 
 
 def stream_nocheck(model, tokens) -> None:
@@ -239,6 +249,7 @@ def main() -> None:
         {
             "forward": lambda: forward(model, tokens),
             "capture_only": lambda: stream(model, tokens, consumer=lambda lc: None),
+            "products_only": lambda: stream(model, tokens, consumer=products_only),
             "stream": lambda: stream(model, tokens),
             "stream_nocheck": lambda: stream_nocheck(model, tokens),
         },
@@ -248,6 +259,8 @@ def main() -> None:
         **t,
         "ratio": t["stream"] / t["forward"],
         "ratio_nocheck": t["stream_nocheck"] / t["forward"],
+        "ratio_capture_only": t["capture_only"] / t["forward"],
+        "ratio_products_only": t["products_only"] / t["forward"],
         "checks_seconds": t["stream"] - t["stream_nocheck"],
         "ratio_to_capture_only": t["stream"] / t["capture_only"],
     }
@@ -256,7 +269,9 @@ def main() -> None:
         f"{t['forward']:.2f} s, streamed analysis {t['stream']:.2f} s -> ratio "
         f"{t['stream'] / t['forward']:.2f} with every check, "
         f"{t['stream_nocheck'] / t['forward']:.2f} without the per-layer checks "
-        f"({t['stream_nocheck']:.2f} s); capture alone {t['capture_only']:.2f} s, analysis / "
+        f"({t['stream_nocheck']:.2f} s); capture alone {t['capture_only']:.2f} s "
+        f"({t['capture_only'] / t['forward']:.2f}), the grouped products alone "
+        f"{t['products_only']:.2f} s ({t['products_only'] / t['forward']:.2f}), analysis / "
         f"capture {t['stream'] / t['capture_only']:.2f}"
     )
 
