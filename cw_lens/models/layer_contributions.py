@@ -182,51 +182,32 @@ class LayerContributionsResult(Result):
         kn = self.projected_value_norm
         return torch.where(kn > 0, kn.reciprocal(), torch.zeros((), device=kn.device))
 
-    @property
-    def _key_scale_rows(self) -> Float[Tensor, "batch head pos"]:
-        """``max_{j<=i} ||pv_j^h||`` for every row and head of the layer (the scale of
-        ``o_i^h``, for zero-norm detection)."""
-        return self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
-
     @cached_property
     def _key_scale(self) -> Float[Tensor, "batch head query"]:
-        """:attr:`_key_scale_rows` for this block's rows, all heads."""
-        return self._key_scale_rows[..., self.queries]
+        """``max_{j<=i} ||pv_j^h||`` over all heads (for zero-norm detection)."""
+        full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
+        return full[..., self.queries]
 
-    # The query-side pieces below are computed once per layer for every row (one product per
-    # layer instead of one per block of query rows: fewer, larger calls, the same operations
-    # per row) and sliced per block.
-    @property
-    def _z_gram_rows(self) -> Float[Tensor, "batch head pos d_head"]:
-        """``z_i^h G^h`` for every row of the layer, heads first."""
-        return self._layer_memo(
-            "z_gram", lambda: torch.matmul(self.acts.z.transpose(1, 2), self.acts.weights.gram)
-        )
+    @cached_property
+    def _z(self) -> Tensor:
+        return self.acts.z[:, self.queries]
 
     @cached_property
     def _z_gram(self) -> Float[Tensor, "batch head query d_head"]:
-        """``z_i^h G^h`` for this block's rows (the layout of the grouped products): the intra
-        query side."""
-        return self._z_gram_rows[:, :, self.queries]
+        """``z_i^h G^h`` for this block's rows, heads first (the layout of the grouped
+        products): the intra query side and ``||o_i^h||^2``."""
+        return torch.matmul(self._z.transpose(1, 2), self.acts.weights.gram)
 
     @cached_property
     def head_output_norm(self) -> Float[Tensor, "batch head query"]:
         """``||o_i^h||``."""
-
-        def every_row() -> Tensor:
-            sq = (self._z_gram_rows * self.acts.z.transpose(1, 2)).sum(-1)
-            return sq.clamp_min(0).sqrt()
-
-        return self._sel(self._layer_memo("head_norm", every_row)[..., self.queries])
-
-    @property
-    def _layer_norm_rows(self) -> Float[Tensor, "batch pos"]:
-        return self._layer_memo("layer_norm", lambda: self.acts.layer_output.norm(dim=-1))
+        sq = (self._z_gram * self._z.transpose(1, 2)).sum(-1)
+        return self._sel(sq.clamp_min(0).sqrt())
 
     @cached_property
     def layer_output_norm(self) -> Float[Tensor, "batch query"]:
         """``||o_i||`` (``b_O`` excluded)."""
-        return self._layer_norm_rows[:, self.queries]
+        return self.acts.layer_output[:, self.queries].norm(dim=-1)
 
     def output_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query"]:
         """The norm a weight is relative to: ``||o_i^h||`` (intra) or ``||o_i||`` (inter)."""
@@ -289,20 +270,6 @@ class LayerContributionsResult(Result):
         kv = torch.tensor([h // group for h in self.heads], device=values.device)
         return torch.matmul(query_side, values.index_select(1, kv).transpose(-1, -2))
 
-    @property
-    def _inter_side_rows(self) -> Float[Tensor, "batch head pos d_head"]:
-        """``W_O^h o_i / ||o_i||`` for every row of the layer (NaN at padded and zero-norm rows),
-        heads first: the inter query side, one ``d_model x d_model`` product per layer."""
-
-        def every_row() -> Tensor:
-            norm = self._layer_norm_rows
-            bad = geo.zero_output_rows(norm, self._key_scale_rows.sum(1)) | ~self.acts.mask
-            out = self.acts.layer_output * norm.reciprocal().masked_fill(bad, math.nan)[..., None]
-            heads = geo.project_into_heads(out, self.acts.weights.W_O)
-            return heads.transpose(1, 2).contiguous()
-
-        return self._layer_memo("inter_side", every_row)
-
     def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
         """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
 
@@ -313,11 +280,13 @@ class LayerContributionsResult(Result):
         check_kind(kind)
 
         def compute() -> Tensor:
+            w = self.acts.weights
             inv = self._inv_output_norm(kind)  # [batch, head(sel), query]
             if kind == "intra":
                 side = self._sel(self._z_gram) * inv[..., None]
             else:
-                side = self._sel(self._inter_side_rows[:, :, self.queries].contiguous())
+                out = self.acts.layer_output[:, self.queries] * inv[:, 0, :, None]
+                side = self._sel(geo.project_into_heads(out, w.W_O).transpose(1, 2).contiguous())
             buf = self._ws.get(f"dots_{kind}", self.shape, side.device)
             return self._grouped(side, buf).tril_(diagonal=self.queries.start)
 
