@@ -11,7 +11,8 @@ around each piece:
 - ``layer output``: ``o_i = sum_h z_i^h W_O^h`` (computed from ``hook_z``);
 - ``fields``: the consumer, split by PyTorch's profiler (one more pass) into the matrix
   products (``mm``/``bmm``: query sides, ``<pv_j, o_i>``, ``||pv_j||``), the element-wise
-  passes that write the fields (``mul``, ``mul_``, ``tril_``) and the rest.
+  passes that write the fields (``mul``, ``mul_``, ``tril_``) and the other operators, as
+  shares of the operator time (the Python between operators is not in the split).
 
 Medians over the repeats are written to ``benchmarks/results/profile_stream.json`` and printed;
 docs/performance.md has the table. Timers wrap functions by monkeypatching, so the numbers are
