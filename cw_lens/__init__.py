@@ -2,23 +2,38 @@
 
 Public API (re-exports only; each function's module docstring states its formula and paper):
 
-- models: :func:`load_model`
-- the result protocol every result follows: :class:`Result`; claims tables: :class:`ClaimsTable`
-- data: :func:`load_corpus`, :class:`Corpus`, :class:`Document`
-- contributions (P1): :func:`contribution_weights`, :func:`contribution_weights_from_cache`,
-  :func:`stream_contributions`, :class:`ContributionResult`, :class:`LayerContributionsResult`
-- sinks (P1): :func:`sink_statistics`, :func:`sink_ablation`, :func:`sink_rates`,
-  :func:`detect_sinks`
-- faithfulness (P1): :func:`faithfulness`, :class:`FaithfulnessResult`
-- selection (P2): :func:`geometric_prf`, :func:`selection_geometry`; taxonomy:
-  :func:`head_taxonomy`; pruning: :func:`prune_heads`, :func:`lone_head_costs`
-- interventions: :func:`patch_sink`, :func:`remove_heads`, :func:`mask_attention`
-- live sink patching: :func:`compare_sink_patch` (clean vs patched, one text),
-  :func:`sink_patcher` (the Jupyter widget; ``pip install 'cw_lens[widget]'``)
-- several runs of the main job side by side: :func:`compare_runs`, :class:`RunComparisonResult`
-- contribution flow (docs/methods.md#flow): :func:`residual_shares`, :func:`stream_shares`,
-  :func:`contribution_rollout`, :func:`attention_rollout`, :func:`routes`,
-  :func:`rollout_deletion`, :func:`ioi_route_statistics`
+- models: [`load_model`][cw_lens.load_model]
+- the result protocol every result follows: [`Result`][cw_lens.Result]; claims tables:
+  [`ClaimsTable`][cw_lens.ClaimsTable]; results saved by `result.save(path)` load with
+  [`load_result`][cw_lens.load_result]
+- data: [`load_corpus`][cw_lens.load_corpus], [`Corpus`][cw_lens.Corpus],
+  [`Document`][cw_lens.Document]
+- contributions (P1): [`contribution_weights`][cw_lens.contribution_weights],
+  [`contribution_weights_from_cache`][cw_lens.contribution_weights_from_cache],
+  [`stream_contributions`][cw_lens.stream_contributions],
+  [`ContributionResult`][cw_lens.ContributionResult],
+  [`LayerContributionsResult`][cw_lens.LayerContributionsResult]
+- sinks (P1): [`sink_statistics`][cw_lens.sink_statistics],
+  [`sink_ablation`][cw_lens.sink_ablation], [`sink_rates`][cw_lens.sink_rates],
+  [`detect_sinks`][cw_lens.detect_sinks]
+- faithfulness (P1): [`faithfulness`][cw_lens.faithfulness],
+  [`FaithfulnessResult`][cw_lens.FaithfulnessResult]
+- selection (P2): [`geometric_prf`][cw_lens.geometric_prf],
+  [`selection_geometry`][cw_lens.selection_geometry]; taxonomy:
+  [`head_taxonomy`][cw_lens.head_taxonomy]; pruning: [`prune_heads`][cw_lens.prune_heads],
+  [`lone_head_costs`][cw_lens.lone_head_costs]
+- interventions: [`patch_sink`][cw_lens.patch_sink], [`remove_heads`][cw_lens.remove_heads],
+  [`mask_attention`][cw_lens.mask_attention]
+- live sink patching: [`compare_sink_patch`][cw_lens.compare_sink_patch] (clean vs patched, one
+  text), [`sink_patcher`][cw_lens.sink_patcher] (the Jupyter widget; `pip install
+  'cw_lens[widget]'`)
+- several runs of the main job side by side: [`compare_runs`][cw_lens.compare_runs],
+  [`RunComparisonResult`][cw_lens.RunComparisonResult]
+- contribution flow (docs/methods.md#flow): [`residual_shares`][cw_lens.residual_shares],
+  [`stream_shares`][cw_lens.stream_shares], [`contribution_rollout`][cw_lens.contribution_rollout],
+  [`attention_rollout`][cw_lens.attention_rollout], [`routes`][cw_lens.routes],
+  [`rollout_deletion`][cw_lens.rollout_deletion],
+  [`ioi_route_statistics`][cw_lens.ioi_route_statistics]
 """
 
 from __future__ import annotations
@@ -60,10 +75,12 @@ if TYPE_CHECKING:
         CwLensError,
         EmbeddedModelMissing,
         InputError,
+        MemoryBudgetError,
         ModelLoadError,
         UnsupportedModelError,
     )
     from cw_lens.core.results import ClaimsTable, Result
+    from cw_lens.core.saving import load_result
     from cw_lens.data.corpora import load_corpus
     from cw_lens.data.documents import Corpus, Document
     from cw_lens.data.streaming import stream_contributions
@@ -88,7 +105,7 @@ if TYPE_CHECKING:
     )
     from cw_lens.interactive.widget import SinkPatcher as SinkPatcher  # not in __all__
     from cw_lens.interactive.widget import sink_patcher
-    from cw_lens.models.access import cache_names
+    from cw_lens.models.access import Model, cache_names
     from cw_lens.models.interventions import HookSet, mask_attention, patch_sink, remove_heads
     from cw_lens.models.layer_contributions import LayerContributionsResult
     from cw_lens.models.load import load_model
@@ -111,6 +128,8 @@ __all__ = [
     "InputError",
     "LayerContributionsResult",
     "LayerSharesResult",
+    "MemoryBudgetError",
+    "Model",
     "ModelLoadError",
     "ModelVerificationResult",
     "PatchControls",
@@ -142,6 +161,7 @@ __all__ = [
     "ioi_route_statistics",
     "load_corpus",
     "load_model",
+    "load_result",
     "lone_head_costs",
     "mask_attention",
     "patch_sink",
@@ -162,7 +182,7 @@ __all__ = [
 
 
 def _exports() -> dict[str, str]:
-    """``{public name: module}`` from the ``if TYPE_CHECKING:`` imports of this file."""
+    """`{public name: module}` from the `if TYPE_CHECKING:` imports of this file."""
     import ast
     from pathlib import Path
 
@@ -182,11 +202,11 @@ _EXPORTS: dict[str, str] | None = None
 
 
 def __getattr__(name: str):
-    """A public name (``cw_lens.load_model``), imported from its module on first use; the widget
-    (``cw_lens.sink_patcher``) needs the optional ``anywidget`` (``pip install
-    'cw_lens[widget]'``); ``cw_lens.sinks`` and the other module paths of 0.2 are deprecated
-    aliases of their new homes, and ``cw_lens.SinkStatistics`` and the other result classes
-    renamed to end in ``Result`` deprecated names of the new classes (:mod:`cw_lens._moved`)."""
+    """A public name (`cw_lens.load_model`), imported from its module on first use; the widget
+    (`cw_lens.sink_patcher`) needs the optional `anywidget` (`pip install
+    'cw_lens[widget]'`); `cw_lens.sinks` and the other module paths of 0.2 are deprecated
+    aliases of their new homes, and `cw_lens.SinkStatistics` and the other result classes
+    renamed to end in `Result` deprecated names of the new classes (`cw_lens._moved`)."""
     global _EXPORTS
     if _EXPORTS is None:
         _EXPORTS = _exports()

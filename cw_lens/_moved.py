@@ -1,9 +1,9 @@
-"""The flat module paths of cw_lens 0.2 (``cw_lens.sinks``, ``cw_lens.report``, ...), kept for
+"""The flat module paths of cw_lens 0.2 (`cw_lens.sinks`, `cw_lens.report`, ...), kept for
 one minor version: each is a module whose attributes come from the new module, with a
-``DeprecationWarning`` naming the new path. Likewise the result classes renamed to end in
-``Result`` (:data:`RENAMED`): ``cw_lens.SinkStatistics`` is ``cw_lens.SinkStatisticsResult``, with
-a warning. ``cw_lens/__init__.py`` registers them when it is
-imported, so ``from cw_lens.sinks import sink_statistics`` and ``python -m cw_lens.cli`` keep
+`DeprecationWarning` naming the new path. Likewise the result classes renamed to end in
+`Result` (`RENAMED`): `cw_lens.SinkStatistics` is `cw_lens.SinkStatisticsResult`, with
+a warning. `cw_lens/__init__.py` registers them when it is
+imported, so `from cw_lens.sinks import sink_statistics` and `python -m cw_lens.cli` keep
 working; nothing is a file at the old path (git follows the moved files).
 """
 
@@ -91,7 +91,7 @@ def _warn(old: str, new: str, stacklevel: int) -> None:
 
 
 def homes(old: str) -> tuple[str, ...]:
-    """The new module(s) of an old module name (``"sinks"``), the main one first."""
+    """The new module(s) of an old module name (`"sinks"`), the main one first."""
     new = MOVED[old]
     return (new,) if isinstance(new, str) else new
 
@@ -120,7 +120,7 @@ class MovedModule(types.ModuleType):
 
 
 class _MovedLoader(importlib.abc.Loader):
-    """Lets ``python -m cw_lens.<old>`` (runpy, torchrun) run the new module as ``__main__``."""
+    """Lets `python -m cw_lens.<old>` (runpy, torchrun) run the new module as `__main__`."""
 
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
@@ -145,11 +145,11 @@ class _MovedLoader(importlib.abc.Loader):
 
 
 def install(package: types.ModuleType) -> None:
-    """Register every old path under ``package`` (``cw_lens``) in ``sys.modules``.
+    """Register every old path under `package` (`cw_lens`) in `sys.modules`.
 
     Registered up front rather than found on import: importing a submodule sets it as an
-    attribute of the package, which would hide the functions ``cw_lens.routes`` and
-    ``cw_lens.faithfulness`` behind the old modules of the same name.
+    attribute of the package, which would hide the functions `cw_lens.routes` and
+    `cw_lens.faithfulness` behind the old modules of the same name.
     """
     for old in MOVED:
         name = f"{package.__name__}.{old}"
@@ -158,7 +158,7 @@ def install(package: types.ModuleType) -> None:
 
 
 def moved_attribute(package: types.ModuleType, name: str) -> types.ModuleType | None:
-    """``cw_lens.sinks`` (the attribute) as the old module, or ``None`` for other names."""
+    """`cw_lens.sinks` (the attribute) as the old module, or `None` for other names."""
     if name in MOVED:
         return sys.modules[f"{package.__name__}.{name}"]
     return None

@@ -479,6 +479,28 @@ MUTANTS = [
         "            return v >= self.threshold",
         CLAIMS,
     ),
+    m(
+        "verdict: an `in` check judged on the hull of point and interval",
+        "cw_lens/core/claims.py",
+        "        return self._verdict(point, low, high)",
+        "        return self._interval_verdict(min(low, v), max(high, v))",
+        CLAIMS,
+    ),
+    # ---------------------------------------------------------------- coverage and compare
+    m(
+        "coverage: runs below the smallest certified count keep their verdict",
+        "cw_lens/reporting/interval_coverage.py",
+        "    return smallest is None or n_documents < smallest",
+        "    return False",
+        "tests/test_claims.py::test_a_run_below_the_smallest_certified_count_is_inconclusive",
+    ),
+    m(
+        "compare: p-values not adjusted (Holm's factors dropped)",
+        "cw_lens/core/replicates.py",
+        "    steps = (m - np.arange(m)) * p[order]",
+        "    steps = p[order]",
+        "tests/test_compare.py",
+    ),
 ]
 
 

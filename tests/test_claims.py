@@ -175,8 +175,9 @@ def _satisfies(check, v):
 @given(checks())
 def test_verdict_properties(check):
     """yes: point and every interval value satisfy; no: point and every interval value fail;
-    inconclusive otherwise; NaN: not measured. Checked against the ends and a grid of the hull
-    of point and interval (the comparisons are monotone, so the ends and the grid decide)."""
+    inconclusive otherwise; NaN: not measured. Checked against the point, the interval's ends
+    and a grid of the interval (the comparisons are monotone, so the ends and the grid
+    decide); the values between a point and an interval it lies outside do not count."""
     verdict = check.holds
     assert verdict in VERDICTS
     if math.isnan(check.value):
@@ -189,19 +190,51 @@ def test_verdict_properties(check):
     if math.isnan(low):
         assert verdict == "inconclusive"  # a bootstrap without an interval is never decisive
         return
-    lo, hi = min(low, check.value), max(high, check.value)
-    grid = [*np.clip(np.linspace(lo, hi, 41), lo, hi), lo, hi, check.value, low, high]
+    grid = [*np.clip(np.linspace(low, high, 41), low, high), check.value, low, high]
     sat = [_satisfies(check, v) for v in grid]
     if verdict == "yes":
         assert all(sat)
     elif verdict == "no":
         assert not any(sat)
     else:
-        # inconclusive: some value of [lo, hi] satisfies and some fails (continuum: the grid
-        # may miss a one-point band, so check the threshold ends themselves too)
-        ends = [t for t in np.atleast_1d(check.threshold) if lo <= t <= hi]
+        # inconclusive: the point or some value of [low, high] satisfies and some fails
+        # (continuum: the grid may miss a one-point band, so check the threshold ends too)
+        ends = [t for t in np.atleast_1d(check.threshold) if low <= t <= high]
         sat += [_satisfies(check, t) for t in ends]
         assert any(sat) and not all(sat)
+
+
+@pytest.mark.parametrize(
+    ("value", "interval", "holds"),
+    [
+        (0.05, (0.18, 0.20), "no"),  # point below the band, interval wholly above: both fail
+        (0.20, (0.01, 0.05), "no"),  # point above, interval wholly below
+        (0.05, (0.01, 0.05), "no"),  # both below
+        (0.10, (0.18, 0.20), "inconclusive"),  # the point in the band, the interval above
+        (0.05, (0.10, 0.12), "inconclusive"),  # the interval in the band, the point below
+        (0.10, (0.05, 0.12), "inconclusive"),  # the interval straddles the band's edge
+        (0.10, (0.07, 0.12), "yes"),
+    ],
+)
+def test_in_check_judges_the_point_and_the_interval_each(value, interval, holds):
+    """SPEC §6: no = the point and the whole interval fail the check. For an `in` band the
+    failing values lie on two sides, so a point below the band and an interval wholly above
+    it both fail: "no" (their hull, which reaches across the band, would say inconclusive)."""
+    assert Check("retriever_share", value, "in", (0.058, 0.172), interval=interval).holds == holds
+
+
+@settings(max_examples=300, deadline=None)
+@given(checks())
+def test_one_sided_checks_judge_the_hull_of_point_and_interval(check):
+    """For `<` and `>` (one failing side) judging the point and the interval each is judging
+    their hull, the rule before `in` checks were judged on both sides."""
+    if check.op == "in" or check.interval is None or math.isnan(check.value):
+        return
+    low, high = check.interval
+    if math.isnan(low):
+        return
+    hull = check._interval_verdict(min(low, check.value), max(high, check.value))
+    assert check.holds == hull
 
 
 @settings(max_examples=200, deadline=None)
@@ -719,3 +752,101 @@ def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
     )
     with pytest.raises(InputError, match="value_norm_output"):
         no_vno.claims()
+
+
+# =========================================================================== coverage rules
+def test_a_run_below_the_smallest_certified_count_is_inconclusive():
+    """SPEC §6: a check run at fewer documents than the smallest count at which its interval's
+    coverage was certified (>= 0.93) is inconclusive, and says why; at or above that count
+    (and for a number the study never measured) the verdict stands."""
+    from cw_lens.reporting.interval_coverage import (
+        STUDIED_MODEL,
+        TARGET,
+        below_certified,
+        certified_from,
+        coverage_at,
+        settle_by_coverage,
+    )
+    from cw_lens.reporting.job import JobConfig
+    from cw_lens.reporting.markdown import size_limits
+
+    share = "retriever_share"
+    # the committed table: measured at 8, 32, 48 (< 0.93) and 256 (>= 0.93)
+    assert certified_from(share) == 256 and coverage_at(share, 2) is None
+    assert below_certified(share, 2) and below_certified(share, 255)
+    assert not below_certified(share, 256) and not below_certified("not_a_number", 2)
+    assert certified_from("delta_ppl") == 32 and below_certified("delta_ppl", 20)
+
+    def run(n: int, value: float = 0.07, interval=(0.06, 0.08), number: str = share) -> dict:
+        check = {"number": number, "value": value, "interval": list(interval), "holds": "yes"}
+        check.update(op="in", threshold=[0.058, 0.172])
+        return {
+            "model": STUDIED_MODEL,
+            "corpus": "pydoc+stdlib",
+            "max_tokens": 256,
+            "n_documents": n,
+            "claims": {"retriever_share": {"holds": "yes", "paper": "P2", "checks": [check]}},
+        }
+
+    two = run(2)  # `cw-lens figures --steps taxonomy --n-docs 2`: no studied count <= 2
+    assert settle_by_coverage(two, {}) == ["retriever_share"]
+    [check] = two["claims"]["retriever_share"]["checks"]
+    assert two["claims"]["retriever_share"]["holds"] == check["holds"] == "inconclusive"
+    assert check["undecided_because"] == (
+        f"was yes, but its interval's coverage was certified (>= {TARGET}) only from 256 "
+        "documents; this run has 2 (docs/coverage.md)"
+    )
+    lines = "\n".join(size_limits(JobConfig(), two, {"retriever_share": 2}))
+    assert "certified only at more documents than this run has" in lines
+    assert "`retriever_share` at 2 documents (retriever_share: certified" in lines
+    # a "no" is undecided the same way; "inconclusive" and "not measured" are left alone
+    no = run(2, value=0.3, interval=(0.25, 0.35))
+    no["claims"]["retriever_share"]["checks"][0]["holds"] = "no"
+    no["claims"]["retriever_share"]["holds"] = "no"
+    assert settle_by_coverage(no, {}) == ["retriever_share"]
+    assert no["claims"]["retriever_share"]["checks"][0]["undecided_because"].startswith("was no")
+    at_paper_size = run(256)
+    assert settle_by_coverage(at_paper_size, {}) == []
+    assert at_paper_size["claims"]["retriever_share"]["holds"] == "yes"
+    unstudied = run(2, number="a_number_never_studied")
+    assert settle_by_coverage(unstudied, {}) == []
+
+
+def test_the_committed_gallery_verdicts_follow_from_its_numbers_under_the_current_rules():
+    """Each check of the committed paper-preset gallery (figures/summary.json), re-judged from
+    its value and interval (`Check.holds`) and settled by coverage at its claim's document
+    count (`settle_by_coverage`, with the counts replicates.npz records), gives the verdict
+    committed: the rules of SPEC §6 (`in` checks judged on both sides of the band, runs below
+    the smallest certified count inconclusive) change none of the gallery's verdicts."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from cw_lens.core.claims import Check, combine
+    from cw_lens.core.replicates import unpack
+    from cw_lens.reporting.interval_coverage import settle_by_coverage
+
+    folder = Path(__file__).parents[1] / "figures"
+    committed = json.loads((folder / "summary.json").read_text())
+    block = committed["replicates"]
+    documents = unpack(folder / block["file"], block["sha256"]).documents_per_claim
+    again = copy.deepcopy(committed)
+    for claim in again["claims"].values():
+        for check in claim["checks"]:
+            threshold = check["threshold"]
+            interval = check["interval"]
+            check["holds"] = Check(
+                check["number"],
+                math.nan if check["value"] is None else check["value"],
+                check["op"],
+                tuple(threshold) if check["op"] == "in" else threshold,
+                interval=None if interval is None else tuple(interval),
+            ).holds
+            check.pop("undecided_because", None)
+            check.pop("coverage", None)
+        claim["holds"] = combine(c["holds"] for c in claim["checks"])
+    settle_by_coverage(again, documents)
+    for cid, claim in committed["claims"].items():
+        assert again["claims"][cid]["holds"] == claim["holds"], cid
+        for mine, theirs in zip(again["claims"][cid]["checks"], claim["checks"], strict=True):
+            assert mine["holds"] == theirs["holds"], (cid, mine["number"])

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import matplotlib.colors as mcolors
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cw_lens.core.claims import Check, Claim, claims_dict
@@ -42,16 +44,19 @@ EXPECTED_MARKDOWN = """\
 | ↳ n_heads | > 100 | 270 [270, 270] yes | 270 yes |
 | `pruning_signal` | claim | — | **no** |
 
-Differences from `a` (run - a; 95% bootstrap interval of the difference, paired when both runs \
-resampled the same documents):
+Differences from `a` (run - a; unadjusted 95% bootstrap interval of the difference, paired when \
+both runs resampled the same documents; `differ` when the p-value adjusted by Holm's method over \
+the 0 comparable numbers is below 0.05, which holds the chance of any false `differ` to 0.05; \
+† bias-corrected replicates):
 
-| claim / number | run | difference [interval] | resamples | result |
-|---|---|---|---|---|
-| `sink_value_norm_ratio` ↳ median_ratio_sink_heads | b | -1.34 | — | not comparable ({NO}) |
-| `sink_attention_vs_contribution` ↳ contribution_over_attention | b | +0.0582 | — | \
+| claim / number | run | difference [interval] | resamples | p | p (Holm) | result |
+|---|---|---|---|---|---|---|
+| `sink_value_norm_ratio` ↳ median_ratio_sink_heads | b | -1.34 | — | — | — | \
 not comparable ({NO}) |
-| `retriever_share` ↳ retriever_share | b | +0.04 | — | not comparable ({NO}) |
-| `retriever_share` ↳ n_heads | b | +0 | — | not comparable ({NO}) |
+| `sink_attention_vs_contribution` ↳ contribution_over_attention | b | +0.0582 | — | — | — | \
+not comparable ({NO}) |
+| `retriever_share` ↳ retriever_share | b | +0.04 | — | — | — | not comparable ({NO}) |
+| `retriever_share` ↳ n_heads | b | +0 | — | — | — | not comparable ({NO}) |
 """.replace("{NO}", "a: a summary of schema 1 or 2 keeps no bootstrap replicates")
 
 
@@ -378,3 +383,181 @@ def test_compare_reads_two_runs_of_the_main_job(tmp_path):
     no_interval = unmeasured["reason"].str.contains("no replicates")
     assert (unmeasured["value"].isna() | no_interval).all(), unmeasured
     assert itself.disagreements().empty
+
+
+# --------------------------------------------------------------------------- errors controlled
+
+
+def test_holm_adjusts_known_p_values():
+    """Holm's step-down: sorted p times (m, m - 1, ...), made non-decreasing, capped at 1; NaN
+    (a number not compared) is left out of the family."""
+    from cw_lens.core.replicates import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    with_nan = holm([0.01, math.nan, 0.04])
+    assert with_nan[[0, 2]].tolist() == pytest.approx([0.02, 0.04]) and math.isnan(with_nan[1])
+    assert holm([0.5, 0.6]).tolist() == [1.0, 1.0]
+    assert holm([0.02]).tolist() == [0.02] and holm([]).tolist() == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.floats(0, 1), min_size=1, max_size=12),
+    st.sampled_from([0.01, 0.05, 0.1]),
+)
+def test_holm_rejects_what_the_step_down_procedure_rejects(p, alpha):
+    """Adjusted p <= alpha exactly for the hypotheses Holm's sequential procedure rejects:
+    the i-th smallest p (from 0) against alpha / (m - i), stopping at the first that fails."""
+    from cw_lens.core.replicates import holm
+
+    m, rejected = len(p), set()
+    for i, j in enumerate(sorted(range(m), key=lambda k: (p[k], k))):
+        if (m - i) * p[j] > alpha:
+            break
+        rejected.add(j)
+    adjusted = holm(p)
+    assert {j for j in range(m) if adjusted[j] <= alpha} == rejected
+    assert all(a >= x - 1e-15 for a, x in zip(adjusted, p, strict=True))
+
+
+@pytest.mark.parametrize("n_documents", [None, 8, 32, 256])
+def test_the_p_value_is_the_level_at_which_the_difference_interval_reaches_zero(n_documents):
+    """p is the level whose interval has 0 as its end: for the expanded interval, the tail
+    `expanded_tail(1 - p, D)` equals the share of replicates across 0; for the percentile
+    interval p = 2 x that share. And p < 0.05 agrees with the one test's interval."""
+    import numpy as np
+
+    from cw_lens.core.bootstrap import expanded_tail
+    from cw_lens.core.replicates import DIFFER, difference_p_value, difference_test
+
+    rng = np.random.default_rng(0)
+    diff = rng.normal(1.0, 0.5, 2000)
+    share = (float((diff <= 0).sum()) + 1) / (len(diff) + 1)  # never 0: (k + 1) / (R + 1)
+    p = difference_p_value(diff, 1.0, n_documents)
+    if n_documents is None:
+        assert p == pytest.approx(2 * share)
+    else:
+        assert expanded_tail(1 - p, n_documents) == pytest.approx(share, rel=1e-6)
+    assert difference_p_value(-diff, -1.0, n_documents) == pytest.approx(p)  # symmetric
+    assert difference_p_value(diff, 0.0, n_documents) == 1.0
+    assert difference_p_value(diff + 10, 11.0, n_documents) > 0  # no replicate across 0
+    agree = 0
+    for seed in range(100):
+        a = np.random.default_rng(seed).normal(0.0, 1.0, 2000)
+        b = a + np.random.default_rng(1000 + seed).normal(seed / 40, 1.0, 2000)
+        test = difference_test(0.0, a, seed / 40, b, paired=True, n_documents=n_documents)
+        agree += (test.p_value < 0.05) == (test.result == DIFFER)
+    assert agree >= 98  # up to the quantiles' interpolation at the boundary
+
+
+def test_results_are_decided_by_the_holm_adjusted_p_values():
+    """Three comparable numbers with raw p 0.001, 0.03, 0.5 (the first two's intervals exclude
+    0) and one not comparable: Holm gives 0.003, 0.06, 0.5, so only the first differs, and the
+    second says that its interval excluded 0 but the adjustment did not pass it."""
+    import pandas as pd
+
+    from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, SAME
+    from cw_lens.reporting.run_comparison import holm_results
+
+    table = pd.DataFrame(
+        {
+            "p_value": [0.001, 0.03, 0.5, math.nan],
+            "result": [DIFFER, DIFFER, SAME, NOT_COMPARABLE],
+            "reason": ["", "", "", "not measured in b"],
+        }
+    )
+    out = holm_results(table)
+    assert out["p_holm"].tolist()[:3] == pytest.approx([0.003, 0.06, 0.5])
+    assert math.isnan(out["p_holm"].iloc[3])
+    assert out["result"].tolist() == [DIFFER, SAME, SAME, NOT_COMPARABLE]
+    assert out["reason"].iloc[0] == "adjusted p = 0.003 < 0.05 (Holm over 3 numbers)"
+    assert out["reason"].iloc[1] == (
+        "the interval excludes 0 (p = 0.03), but the adjusted p = 0.06 >= 0.05 "
+        "(Holm over 3 numbers)"
+    )
+    assert out["reason"].iloc[3] == "not measured in b"
+
+
+def _run_with(folder: Path, numbers: dict, documents: list[str]) -> Path:
+    """A schema-3 run of one claim `c` whose checks have the given `(value, replicates)`."""
+    import hashlib
+
+    import numpy as np
+
+    from cw_lens.core.replicates import FILE, pack
+
+    checks = []
+    for number, (value, reps) in numbers.items():
+        low, high = (float(q) for q in np.quantile(reps, [0.025, 0.975]))
+        interval = (min(low, value), max(high, value))
+        checks.append(Check(number, value, ">", 0.0, interval=interval, replicates=reps))
+    claims = claims_dict([Claim("c", "paper", "crit", checks)])
+    boot = {"resamples": 2000, "seed": 0}
+    npz = pack(claims.replicates, documents, {"c": len(documents)}, boot)
+    summary = {
+        "schema": 3,
+        "model": "m",
+        "claims": dict(claims),
+        "replicates": {"file": FILE, "sha256": hashlib.sha256(npz).hexdigest()},
+    }
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / FILE).write_bytes(npz)
+    return folder
+
+
+def test_compare_adjusts_every_number_of_every_run_together(tmp_path):
+    """The family is every comparable number of every run against the first: `p_holm` is
+    Holm's adjustment of all their p-values, and `differ` exactly where it is below 0.05."""
+    import numpy as np
+
+    from cw_lens.core.replicates import DIFFER, holm
+
+    def reps(centre: float, seed: int) -> np.ndarray:
+        return np.random.default_rng(seed).normal(centre, 0.1, 2000).astype(np.float32)
+
+    docs = [f"{i:016d}" for i in range(32)]
+    a = _run_with(tmp_path / "a", {"x": (1.0, reps(1.0, 0)), "y": (1.0, reps(1.0, 1))}, docs)
+    b = _run_with(tmp_path / "b", {"x": (1.5, reps(1.5, 2)), "y": (1.0, reps(1.0, 3))}, docs)
+    c = _run_with(tmp_path / "c", {"x": (1.25, reps(1.25, 4)), "y": (1.2, reps(1.2, 5))}, docs)
+    table = compare_runs([a, b, c]).differences()
+    assert len(table) == 4 and table["p_value"].notna().all()
+    assert table["p_holm"].tolist() == pytest.approx(holm(table["p_value"]).tolist())
+    assert ((table["result"] == DIFFER) == (table["p_holm"] < 0.05)).all()
+    assert table.set_index(["run", "number"]).loc[("b", "x"), "result"] == DIFFER
+    assert table.set_index(["run", "number"]).loc[("b", "y"), "result"] != DIFFER
+
+
+def test_biased_numbers_are_bias_corrected_or_not_compared_across_document_counts(tmp_path):
+    """A number the code knows to be biased (a geometric mean) or whose bootstrap bias
+    exceeds 0.25 standard errors: not compared between runs of 8 and 16 documents (the reason
+    says why); between runs of 8 and 8, compared from bias-corrected replicates and points."""
+    import numpy as np
+
+    from cw_lens.core.replicates import NOT_COMPARABLE, bias_to_se
+
+    rng = np.random.default_rng(0)
+    unbiased = rng.normal(1.0, 0.1, 2000).astype(np.float32)
+    shifted = unbiased + np.float32(0.05)  # mean(t*) - t = 0.05: half a standard error
+    geomean = "geomean_head_ratio_n2"
+    numbers_a = {geomean: (1.0, unbiased), "x": (1.0, shifted), "z": (1.0, unbiased)}
+    numbers_b = {geomean: (1.0, unbiased), "x": (1.2, shifted + 0.2), "z": (1.0, unbiased)}
+    eight = [f"a{i:015d}" for i in range(8)]
+    a = _run_with(tmp_path / "a", numbers_a, eight)
+    b16 = _run_with(tmp_path / "b16", numbers_b, [f"b{i:015d}" for i in range(16)])
+    table = compare_runs([a, b16]).differences().set_index("number")
+    for number in (geomean, "x"):
+        assert table.loc[number, "result"] == NOT_COMPARABLE
+        assert "across different document counts (8 vs 16)" in table.loc[number, "reason"]
+    assert "geometric mean" in table.loc[geomean, "reason"]
+    ratio = bias_to_se(1.0, shifted)
+    assert 0.4 < ratio < 0.6 and bias_to_se(1.0, unbiased) < 0.25
+    assert f"|bias| / SE exceeds 0.25 (a {ratio:.2f}, b16 " in table.loc["x", "reason"]
+    assert table.loc["z", "result"] != NOT_COMPARABLE and not table.loc["z", "bias_corrected"]
+    b8 = _run_with(tmp_path / "b8", numbers_b, [f"b{i:015d}" for i in range(8)])
+    table = compare_runs([a, b8]).differences().set_index("number")
+    assert table.loc["x", "bias_corrected"] and table.loc[geomean, "bias_corrected"]
+    bias_a = float(np.mean(shifted.astype(np.float64))) - 1.0
+    bias_b = float(np.mean((shifted + 0.2).astype(np.float64))) - 1.2
+    assert table.loc["x", "difference"] == pytest.approx((1.2 - bias_b) - (1.0 - bias_a))
+    assert "† bias-corrected" in compare_runs([a, b8]).to_markdown()

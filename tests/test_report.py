@@ -285,12 +285,13 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     # the measured coverage decides (cw_lens/reporting/interval_coverage.json)
     assert (f"{lowers} covers" in quick) == (coverage_at(lowers, 8) < TARGET)
     assert (f"{pruning} covers" in quick) == (coverage_at(pruning, 8) < TARGET)
-    assert coverage_at(pruning, 7) is None and f"`pruning_signal` at 7 documents ({pruning})" in (
+    # below the smallest certified count (8 here): inconclusive, and the report says from when
+    assert coverage_at(pruning, 7) is None and f"`pruning_signal` at 7 documents ({pruning}: " in (
         "\n".join(size_limits(JobConfig(), summary, {"pruning_signal": 7}))
     )
     assert "retriever_share" not in quick  # no interval: the verdict says inconclusive already
-    assert coverage_at(lowers, 7) is None and f"{lowers})" in "\n".join(
-        size_limits(JobConfig(), summary, {"sink_lowers_fn": 7})
+    assert coverage_at(lowers, 7) is None and f"{lowers}: certified (>= {TARGET}) only from 8" in (
+        "\n".join(size_limits(JobConfig(), summary, {"sink_lowers_fn": 7}))
     )
     assert "3 random orders" not in "\n".join(size_limits(paper, summary, docs))
     # the quick preset's windows (128 tokens of pydoc) are not the study's pool: said so
@@ -353,3 +354,25 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     elsewhere = summary("gpt2")
     assert settle_by_coverage(elsewhere, {}) == []
     assert elsewhere["claims"]["retriever_share"]["holds"] == "yes"
+
+
+def test_the_committed_gallery_report_lists_its_numbers_as_the_renderer_writes_them():
+    """figures/REPORT.md's line per claim (criterion, verdict, the other measured numbers) is
+    what `criteria_lines` writes from the committed figures/summary.json: whole `name = value`
+    items, never one cut off mid-name (the 0.3.3 gallery ended faithfulness's with "; a."),
+    and the names of those left out."""
+    from cw_lens.reporting.markdown import MEASURED_CHARS, criteria_lines
+
+    folder = Path(__file__).parents[1] / "figures"
+    summary = json.loads((folder / "summary.json").read_text())
+    report = (folder / "REPORT.md").read_text().splitlines()
+    lines = criteria_lines(summary)
+    assert len(lines) == len(summary["claims"])
+    for line in lines:
+        assert line in report
+        assert not line.endswith("; a.")
+    long = {"x": {"measured": {f"n{i}": "v" * 50 for i in range(20)}, "holds": "yes"}}
+    (line,) = criteria_lines({"claims": long})
+    shown = line.split("Also measured: ")[1].split("; more in summary.json: ")[0]
+    assert len(shown) <= MEASURED_CHARS and shown.endswith("v" * 50)
+    assert line.endswith(", n19.")

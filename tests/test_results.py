@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import pickle
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -15,6 +19,7 @@ import cw_lens
 from cw_lens.core.claims import VERDICTS
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import ClaimsTable, Result
+from cw_lens.core.saving import object_state
 from cw_lens.models.testing import tiny_llama
 
 TEXTS = [
@@ -50,7 +55,7 @@ def results(model):
         ),
         "HeadTaxonomyResult": cw_lens.head_taxonomy(model, TEXTS, progress=False),
         "PruningResult": cw_lens.prune_heads(
-            model, TEXTS, retention=(1.0, 0.5), n_random=1, lone=False, progress=False
+            model, TEXTS, retention=(1.0, 0.5), n_random=1, progress=False
         ),
         "FaithfulnessResult": cw_lens.faithfulness(
             model, TEXTS, metrics=("attention", "value_norm", "value_norm_output",
@@ -64,7 +69,8 @@ def results(model):
         "RunComparisonResult": cw_lens.compare_runs([RUNS / "run_a", RUNS / "run_b"]),
         "ModelVerificationResult": cw_lens.verify_model(model),
         "IOIRouteStatisticsResult": cw_lens.IOIRouteStatisticsResult(
-            items=pd.DataFrame({c: [1.0] for c in IOI_COLUMNS}), heads=pd.DataFrame(),
+            items=pd.DataFrame({c: [1.0] for c in IOI_COLUMNS}),
+            heads=pd.DataFrame({"layer": [1, 0], "head": [0, 2], "io_items": [3, 5]}),
             threshold=0.02,
         ),
     }  # fmt: skip
@@ -152,23 +158,44 @@ def test_layer_on_shares_and_selection(results):
 
 
 def test_layer_on_the_sink_tables(model, results):
-    """``layer(n)`` of the sink results: the per-head rows of layer NUMBER n."""
+    """`layer(n)` of the sink results: the result of layer NUMBER n, whose table is the
+    per-head rows of layer n."""
     stats = results["SinkStatisticsResult"]
     n_heads = model.cfg.n_heads
     assert stats.layers == [0, 1]
     expected = stats.heads().iloc[n_heads:].reset_index(drop=True)  # layer-major: layer 1
-    pd.testing.assert_frame_equal(stats.layer(1), expected)
+    one = stats.layer(1)
+    assert isinstance(one, cw_lens.SinkStatisticsResult) and one.layers == [1]
+    pd.testing.assert_frame_equal(one.to_dataframe(), expected)
+    top = expected.nlargest(2, "sink_rate").reset_index(drop=True)
+    pd.testing.assert_frame_equal(one.top(k=2), top)
+    assert stats.layers == [0, 1] and len(stats.heads()) == 2 * n_heads  # unchanged
     # the same rows when layer 1 is the only one analysed (position 0 of that result)
     only = cw_lens.sink_statistics(model, TEXTS, layers=[1], min_query=2, progress=False)
-    pd.testing.assert_frame_equal(only.layer(1), expected)
+    pd.testing.assert_frame_equal(only.layer(1).to_dataframe(), expected)
+    pd.testing.assert_frame_equal(one.drivers(), only.drivers())
+    pd.testing.assert_frame_equal(one.curve(), only.curve())
     with pytest.raises(InputError, match=r"Layer 0 is not in this SinkStatisticsResult.*\[1\]"):
         only.layer(0)
     ablation = results["SinkAblationResult"]  # layer 1 patched
     rows = ablation.layer(1)
-    assert list(rows["head"]) == list(range(n_heads)) and set(rows["layer"]) == {1}
-    pd.testing.assert_frame_equal(rows, ablation.per_head.reset_index(drop=True))
+    assert isinstance(rows, cw_lens.SinkAblationResult) and rows.layers == [1]
+    assert list(rows.to_dataframe()["head"]) == list(range(n_heads))
+    assert set(rows.to_dataframe()["layer"]) == {1}
+    pd.testing.assert_frame_equal(rows.to_dataframe(), ablation.per_head.reset_index(drop=True))
+    assert rows.delta_nll == ablation.delta_nll  # of all patched layers together
     with pytest.raises(InputError, match=r"Layer 0 is not in this SinkAblationResult.*\[1\]"):
         ablation.layer(0)
+
+
+def test_sink_ablation_top_ranks_heads(results):
+    ablation = results["SinkAblationResult"]
+    top = ablation.top(k=2)
+    rise = (ablation.per_head["cone_after"] - ablation.per_head["cone_before"]).nlargest(2)
+    assert len(top) == 2 and list(top["cone_rise"]) == list(rise)
+    assert ablation.top(by="norm_after")["norm_after"].is_monotonic_decreasing
+    with pytest.raises(InputError, match="by must be one of"):
+        ablation.top(by="head")
 
 
 def test_attention_rollout_returns_a_rollout_result(model, results):
@@ -262,3 +289,116 @@ def test_a_pickle_naming_the_old_class_loads_into_the_new_one(results, old):
 
 def test_protocol_is_public():
     assert cw_lens.Result is Result and cw_lens.ClaimsTable is ClaimsTable
+
+
+# --------------------------------------------------------------------------- saving and loading
+def _assert_same(a, b, path: str) -> None:
+    """`a == b` exactly, recursively: tensors and arrays bit for bit (NaN equal to NaN, same
+    dtype), DataFrames with their dtypes and index, cw_lens objects field by field."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True, msg=path)
+    elif isinstance(a, np.ndarray):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), path
+        if a.dtype.kind in "biuf":
+            np.testing.assert_array_equal(a, b, err_msg=path)
+        else:
+            _assert_same(a.ravel().tolist(), b.ravel().tolist(), path)
+    elif isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b, check_exact=True, obj=path)
+    elif isinstance(a, float):
+        assert (math.isnan(a) and math.isnan(b)) or a == b, path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, dict):
+        assert list(a) == list(b), path
+        for key in a:
+            _assert_same(a[key], b[key], f"{path}[{key!r}]")
+    elif type(a).__module__.startswith("networkx"):
+        _assert_same(list(a.nodes(data=True)), list(b.nodes(data=True)), f"{path}.nodes")
+        edges = [list(g.edges(keys=True, data=True)) for g in (a, b)]
+        _assert_same(*edges, f"{path}.edges")
+    elif type(a).__module__.startswith("cw_lens"):
+        _assert_same(object_state(a), object_state(b), path)
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.mark.parametrize("name", RESULT_NAMES)
+def test_a_saved_result_loads_equal(results, name, tmp_path):
+    """Every result class round-trips through `save` / `load_result`: every field equal, and
+    its helpers give the same tables."""
+    result = results[name]
+    path = tmp_path / f"{name}.safetensors"
+    result.save(path)
+    loaded = cw_lens.load_result(path)
+    assert type(loaded) is type(result)
+    fields = dataclasses.fields(result) if dataclasses.is_dataclass(result) else ()
+    # the dataclass fields, then everything else the object holds
+    for field in (f.name for f in fields):
+        _assert_same(getattr(result, field), getattr(loaded, field), f"{name}.{field}")
+    _assert_same(object_state(result), object_state(loaded), name)
+    assert repr(loaded) == repr(result)
+    _assert_same(result.summary(), loaded.summary(), f"{name}.summary()")
+    if name not in NO_TABLE:
+        _assert_same(result.to_dataframe(), loaded.to_dataframe(), f"{name}.to_dataframe()")
+    if hasattr(result, "top"):
+        _assert_same(result.top(k=3), loaded.top(k=3), f"{name}.top()")
+    if name in CLAIMS:
+        _assert_same(result.claims().to_dict(), loaded.claims().to_dict(), f"{name}.claims()")
+
+
+def test_a_result_file_is_safetensors_with_json_metadata(results, tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "cw.safetensors"
+    results["ContributionResult"].save(path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        keys = set(f.keys())
+    assert meta["format"] == "cw_lens.result" and meta["format_version"] == "1"
+    assert meta["class"] == "cw_lens.analyses.contributions:ContributionResult"
+    assert {"attention", "cosine", "tokens", "mask"} <= keys
+    assert "weights" not in keys  # derived on access, not stored
+    content = json.loads(meta["content"])
+    assert content["$type"] == "object" and content["state"]["layers"] == [1]
+    assert b"\x80\x04" not in path.read_bytes()[:8]  # no pickle header
+
+
+def test_loading_refuses_other_files_and_versions(results, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path / "rollout.safetensors"
+    results["RolloutResult"].save(path)
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    newer = tmp_path / "newer.safetensors"
+    save_file(tensors, str(newer), metadata={**meta, "format_version": "99"})
+    with pytest.raises(InputError, match=r"format version 99 .*reads versions up to 1: upgrade"):
+        cw_lens.load_result(newer)
+    bare = tmp_path / "weights.safetensors"
+    save_file(tensors, str(bare))
+    with pytest.raises(InputError, match="a safetensors file but not a cw_lens result"):
+        cw_lens.load_result(bare)
+    text = tmp_path / "notes.txt"
+    text.write_text("not a result at all", encoding="utf-8")
+    with pytest.raises(InputError, match="is not a cw_lens result file"):
+        cw_lens.load_result(text)
+    pickled = tmp_path / "result.pkl"
+    pickled.write_bytes(pickle.dumps(results["RolloutResult"]))
+    with pytest.raises(InputError, match="is not a cw_lens result file"):
+        cw_lens.load_result(pickled)
+    with pytest.raises(FileNotFoundError):
+        cw_lens.load_result(tmp_path / "missing.safetensors")
+
+
+def test_a_field_that_cannot_be_saved_is_named(results, tmp_path):
+    odd = dataclasses.replace(results["IOIRouteStatisticsResult"], threshold=lambda: 0.02)
+    with pytest.raises(InputError, match=r"IOIRouteStatistics\w+ cannot be saved: field threshold"):
+        odd.save(tmp_path / "odd.safetensors")

@@ -1,42 +1,39 @@
 r"""Contribution weights (P1): how much each token really moves a head's or a layer's output.
 
-For query ``i``, key ``j`` and head ``h`` of one layer (docs/methods.md#contribution-weights;
+For query `i`, key `j` and head `h` of one layer (docs/methods.md#contribution-weights;
 Cunningham & Muca Cirone,
-"Contribution Weights: A Geometrical Analysis of Self-Attention Transformers", ICML 2026)::
+"Contribution Weights: A Geometrical Analysis of Self-Attention Transformers", ICML 2026):
 
     intra  c[i,j]^h = < alpha[i,j]^h pv_j^h , o_i^h > / ||o_i^h||^2
                     = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i^h|| ) * cos(pv_j^h, o_i^h)
     inter  C[i,j]^h = < alpha[i,j]^h pv_j^h , o_i > / ||o_i||^2
 
-with ``pv_j^h = v_j W_O^h`` the projected value, ``o_i^h`` the head output and ``o_i = sum_h o_i^h``
-the layer output (``b_O`` excluded). ``sum_j c[i,j]^h = 1`` and ``sum_h sum_j C[i,j]^h = 1``;
+with `pv_j^h = v_j W_O^h` the projected value, `o_i^h` the head output and `o_i = sum_h o_i^h`
+the layer output (`b_O` excluded). `sum_j c[i,j]^h = 1` and `sum_h sum_j C[i,j]^h = 1`;
 weights can be negative (destructive interference) and exceed 1. Baselines
-(docs/methods.md#contribution-weights): ``attention`` = alpha, ``value_norm`` = alpha ||pv_j||
-(Kobayashi et al. 2020), ``value_norm_output`` = alpha ||pv_j|| / ||o_i^h||.
+(docs/methods.md#contribution-weights): `attention` = alpha, `value_norm` = alpha ||pv_j||
+(Kobayashi et al. 2020), `value_norm_output` = alpha ||pv_j|| / ||o_i^h||.
 
-Conventions: keys after the query (``j > i``) are 0 in every field; query rows at padding are
-NaN (at ``j <= i``); a query whose output norm is numerically zero (below ``1e-6`` of the largest
+Conventions: keys after the query (`j > i`) are 0 in every field; query rows at padding are
+NaN (at `j <= i`); a query whose output norm is numerically zero (below `1e-6` of the largest
 projected-value norm among its keys) has undefined weights — NaN — and is counted in
-``n_nan_rows`` with one warning per call. A key whose
+`n_nan_rows` with one warning per call. A key whose
 projected value is zero has cosine 0. Weights are those the model runs (raw bridge); a bridge in
 compatibility mode (folded/centred weights) gives results for those weights.
 
 Three entry points:
 
-- :func:`contribution_weights` — a :class:`ContributionResult` ``[batch, layer, head, query,
-  key]`` for a few texts;
-- :func:`contribution_weights_from_cache` — from an ``ActivationCache`` you already have;
-- :func:`stream_contributions` — the streaming form every corpus analysis uses: a callback gets
-  one :class:`LayerContributionsResult` (one layer, one block of query rows) at a time, inside the
-  forward pass, so memory stays flat in depth and corpus size.
+- [`contribution_weights`][cw_lens.contribution_weights] — a
+  [`ContributionResult`][cw_lens.ContributionResult] `[batch, layer, head, query, key]` for a few
+  texts;
+- [`contribution_weights_from_cache`][cw_lens.contribution_weights_from_cache] — from an
+  `ActivationCache` you already have;
+- [`stream_contributions`][cw_lens.stream_contributions] — the streaming form every corpus analysis
+  uses: a callback gets one [`LayerContributionsResult`][cw_lens.LayerContributionsResult] (one
+  layer, one block of query rows) at a time, inside the forward pass, so memory stays flat in
+  depth and corpus size.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    cw = cw_lens.contribution_weights(model, "The capital of France is Paris.", layers=[5])
-    cw.top(k=5)                      # the (layer, head, key) pairs that move the last token most
-    cw.plot(layer=5, head=0)         # attention next to contribution (P1, Fig. 1)
+Each entry point's docstring has a runnable example.
 """
 
 from __future__ import annotations
@@ -56,10 +53,11 @@ from torch import Tensor
 
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.memory import check_memory, pair_field_bytes
 from cw_lens.core.results import Result, check_batch_row, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
-from cw_lens.models.access import hook_name, model_access, resolve_heads, resolve_layers
+from cw_lens.models.access import Model, hook_name, model_access, resolve_heads, resolve_layers
 from cw_lens.models.capture import LayerActivations, check_consistent
 from cw_lens.models.layer_contributions import Kind, LayerContributionsResult, check_kind
 from cw_lens.models.verify import require_verified
@@ -67,15 +65,15 @@ from cw_lens.models.verify import require_verified
 
 @dataclass(repr=False)
 class ContributionResult(Result):
-    """Contribution weights and their decomposition, ``[batch, layer, head, query, key]``.
+    """Contribution weights and their decomposition, `[batch, layer, head, query, key]`.
 
-    Stored: ``attention``, ``cosine``, ``projected_value_norm`` ``[batch, layer, head, key]``,
-    ``output_norm`` and ``head_output_norm`` ``[batch, layer, head, query]``. Derived on first
-    access (and cached): ``weights = attention * relative_norm * cosine``, ``relative_norm``,
-    ``value_norm``, ``value_norm_output``. Positions index ``tokens``; ``mask`` is False at
-    padding (whose rows are NaN). ``layers``/``heads`` name the layer and head axes;
-    ``cw.layer(20)`` is this result for layer NUMBER 20 only (the result protocol,
-    :class:`~cw_lens.core.results.Result`).
+    Stored: `attention`, `cosine`, `projected_value_norm` `[batch, layer, head, key]`,
+    `output_norm` and `head_output_norm` `[batch, layer, head, query]`. Derived on first
+    access (and cached): `weights = attention * relative_norm * cosine`, `relative_norm`,
+    `value_norm`, `value_norm_output`. Positions index `tokens`; `mask` is False at
+    padding (whose rows are NaN). `layers`/`heads` name the layer and head axes;
+    `cw.layer(20)` is this result for layer NUMBER 20 only (the result protocol,
+    [`Result`][cw_lens.Result]).
     """
 
     _layer_axes = tuple(
@@ -107,8 +105,8 @@ class ContributionResult(Result):
 
     # ----------------------------------------------------------------- derived fields
     def _per_pair(self, key_norm: Tensor, query_norm: Tensor) -> Tensor:
-        """``key_norm[j] / query_norm[i]`` with the result conventions: 0 for ``j > i``; NaN at
-        ``j <= i`` for padded query rows and rows whose norm is NaN (zero-norm rows)."""
+        """`key_norm[j] / query_norm[i]` with the result conventions: 0 for `j > i`; NaN at
+        `j <= i` for padded query rows and rows whose norm is NaN (zero-norm rows)."""
         n = self.tokens.shape[1]
         causal = torch.ones(n, n, dtype=torch.bool, device=key_norm.device).tril()
         padded = ~self.mask[:, None, None, :].to(key_norm.device)
@@ -118,22 +116,22 @@ class ContributionResult(Result):
 
     @cached_property
     def relative_norm(self) -> Float[Tensor, "batch layer head query key"]:
-        """``||pv_j|| / ||o_i||`` (the norm ``kind`` refers to)."""
+        """`||pv_j|| / ||o_i||` (the norm `kind` refers to)."""
         return self._per_pair(self.projected_value_norm, self.output_norm)
 
     @cached_property
     def weights(self) -> Float[Tensor, "batch layer head query key"]:
-        """Contribution weights: ``attention * relative_norm * cosine``."""
+        """Contribution weights: `attention * relative_norm * cosine`."""
         return self.attention * self.relative_norm * self.cosine
 
     @cached_property
     def value_norm(self) -> Float[Tensor, "batch layer head query key"]:
-        """Baseline ``alpha ||pv_j||``."""
+        """Baseline `alpha ||pv_j||`."""
         return self.attention * self.projected_value_norm.nan_to_num(0.0)[..., None, :]
 
     @cached_property
     def value_norm_output(self) -> Float[Tensor, "batch layer head query key"]:
-        """Baseline ``alpha ||pv_j|| / ||o_i^h||`` (NaN rows where ``||o_i^h||`` is zero)."""
+        """Baseline `alpha ||pv_j|| / ||o_i^h||` (NaN rows where `||o_i^h||` is zero)."""
         return self.attention * self._per_pair(self.projected_value_norm, self.head_output_norm)
 
     # ----------------------------------------------------------------- helpers
@@ -153,6 +151,23 @@ class ContributionResult(Result):
         return check_batch_row(self.mask, batch)
 
     def last_position(self, batch: int = 0) -> int:
+        """The position of the last real (not padding) token of row `batch`.
+
+        Args:
+            batch: The row of the batch.
+
+        Returns:
+            The position, counted from 0 (BOS included when it was prepended).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            cw.last_position()  # the query that top() reads by default
+            ```
+        """
         return int(self.mask[batch].sum()) - 1
 
     def to_dataframe(
@@ -163,10 +178,29 @@ class ContributionResult(Result):
         head: int | None = None,
         query: int | None = None,
     ) -> pd.DataFrame:
-        """Long format: one row per (batch, layer, head, query, key) with ``key <= query``.
+        """Long format: one row per (batch, layer, head, query, key) with `key <= query`.
 
-        Columns: batch, layer, head, query, key, query_token, key_token, and every field.
         Filter with the keyword arguments to keep the frame small.
+
+        Args:
+            batch: Keep this row of the batch only (`None` = all).
+            layer: Keep this layer NUMBER only (`None` = all).
+            head: Keep this head only (`None` = all).
+            query: Keep this query position only (`None` = all).
+
+        Returns:
+            A DataFrame with the columns `batch, layer, head, query, key, query_token,
+            key_token` and every field (`attention, relative_norm, cosine, weights, value_norm,
+            value_norm_output`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            cw.to_dataframe(layer=0, head=0).head()
+            ```
         """
         b_idx = range(self.tokens.shape[0]) if batch is None else [self._batch_index(batch)]
         l_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
@@ -197,9 +231,9 @@ class ContributionResult(Result):
 
     def top(
         self,
+        k: int = 10,
         *,
         query: int | None = None,
-        k: int = 10,
         batch: int = 0,
         layer: int | None = None,
         head: int | None = None,
@@ -207,14 +241,33 @@ class ContributionResult(Result):
         absolute: bool = False,
         sum_heads: bool = False,
     ) -> pd.DataFrame:
-        """The ``k`` largest entries for one query (default: the last real token; negative
-        counts from the end of the row's real tokens).
+        """The `k` largest entries for one query.
 
         Args:
-            by: Field to rank by (any of ``FIELDS``).
+            k: How many entries.
+            query: The query position (default: the last real token; negative counts from the end
+                of the row's real tokens).
+            batch: The row of the batch.
+            layer: Keep this layer NUMBER only (`None` = all).
+            head: Keep this head only (`None` = all).
+            by: Field to rank by (any of `FIELDS`).
             absolute: Rank by magnitude (negative weights count too).
-            sum_heads: Sum over heads first — one score per (layer, key); with ``kind="inter"``
+            sum_heads: Sum over heads first — one score per (layer, key); with `kind="inter"`
                 this is the token's share of the layer output.
+
+        Returns:
+            A DataFrame with `layer, head, key, <by>, key_token, query`, largest first (no `head`
+            column with `sum_heads`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            cw.top(k=5)  # the (layer, head, key) triples that move the last token most
+            cw.top(k=3, by="attention", layer=1)
+            ```
         """
         if by not in self.FIELDS:
             raise InputError(f"by must be one of {self.FIELDS}, got {by!r}.")
@@ -254,7 +307,26 @@ class ContributionResult(Result):
         return df.reset_index(drop=True)
 
     def plot(self, layer: int | None = None, head: int = 0, *, batch: int = 0, **kwargs: Any):
-        """Attention next to contribution weights for one head (P1, Fig. 1); a Figure."""
+        """Attention next to contribution weights for one head (P1, Fig. 1).
+
+        Args:
+            layer: The layer NUMBER (default: the first layer of the result).
+            head: The head.
+            batch: The row of the batch.
+            **kwargs: Passed to `cw_lens.plots.plot_attention_vs_contribution` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            fig = cw.plot(layer=1, head=0)
+            ```
+        """
         from cw_lens.plots import plot_attention_vs_contribution
 
         layer = self.layers[0] if layer is None else layer
@@ -264,13 +336,50 @@ class ContributionResult(Result):
         return plot_attention_vs_contribution(self, layer=layer, head=head, batch=batch, **kwargs)
 
     def show(self, **kwargs: Any) -> Any:
-        """The interactive token view in Jupyter (tokens coloured by contribution)."""
+        """The interactive token view in Jupyter (tokens coloured by contribution).
+
+        Args:
+            **kwargs: `height` (pixels) and the options of
+                [`to_html`][cw_lens.ContributionResult.to_html] (`batch`, `layer`, `head`, `query`,
+                `title`, ...).
+
+        Returns:
+            An IPython display object (the page in an iframe); Jupyter shows it when it is the
+            cell's value.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            view = cw.show()  # the last expression of a notebook cell displays it
+            ```
+        """
         from cw_lens.viz import show_contributions
 
         return show_contributions(self, **kwargs)
 
     def to_html(self, path: Any = None, **kwargs: Any) -> str:
-        """A self-contained HTML view of this result; written to ``path`` when given."""
+        """A self-contained HTML view of this result (it opens from disk, no server).
+
+        Args:
+            path: Write the page to this file when given.
+            **kwargs: `batch`, `layer`, `head`, `query`, `title`, `layers`, `heads` and `max_mb`
+                (the size limit of the page) of `cw_lens.viz.contributions_html`.
+
+        Returns:
+            The page, as a string.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            html = cw.to_html("contributions.html")
+            ```
+        """
         from cw_lens.viz import contributions_html
 
         html = contributions_html(self, **kwargs)
@@ -334,7 +443,7 @@ class _ResultFiller:
 
 
 class _Both:
-    """The result filler (its layers) and a user's ``on_block`` (its own layers, or all)."""
+    """The result filler (its layers) and a user's `on_block` (its own layers, or all)."""
 
     def __init__(
         self, filler: _ResultFiller, on_block: Callable, restrict: bool, layers: list[int]
@@ -348,8 +457,61 @@ class _Both:
             self.on_block(lc)
 
 
+# the result's [batch, layer, head, query, key] fields: attention and cosine stored, then
+# relative_norm, weights, value_norm and value_norm_output derived on access; three norms per row
+RESULT_PAIR_FIELDS, RESULT_ROW_FIELDS = 6, 3
+
+
+def check_result_memory(
+    model: Model,
+    batch: TokenBatch,
+    n_layers: int,
+    n_heads: int,
+    budget: float | str | None,
+    *,
+    copies: int = 1,
+) -> None:
+    """Raise [`MemoryBudgetError`][cw_lens.MemoryBudgetError] before any pass when `copies`
+    [`ContributionResult`][cw_lens.ContributionResult]s of this size exceed the budget.
+
+    Args:
+        model: The model (its device decides which memory is available).
+        batch: The tokens the result will cover.
+        n_layers: Layers kept in the result.
+        n_heads: Heads kept per layer.
+        budget: Bytes, a string such as `"8GB"` or `"50%"`, or None for the default (see
+            [`memory_budget`][cw_lens.core.memory.memory_budget]).
+        copies: How many results of this size the caller holds at once.
+    """
+    n_batch, n_pos = batch.tokens.shape
+    size = pair_field_bytes(
+        n_batch,
+        n_layers,
+        n_heads,
+        n_pos,
+        pair_fields=RESULT_PAIR_FIELDS,
+        row_fields=RESULT_ROW_FIELDS,
+    )
+    runs = f" x {copies} runs" if copies > 1 else ""
+    check_memory(
+        copies * size,
+        device=model.cfg.device or "cpu",
+        budget=budget,
+        what=f"contribution weights of {n_batch} texts x {n_layers} layers x {n_heads} heads x "
+        f"{n_pos}² positions{runs} (with the fields derived on access)",
+        ways_out=[
+            "fewer layers= or heads= (the size is linear in each)",
+            "fewer or shorter texts (it grows with texts x positions²)",
+            "stream_contributions(model, inputs, consumer), which hands each layer's block to "
+            "your function and keeps nothing",
+            "the corpus analyses (sink_statistics, selection_geometry, head_taxonomy, "
+            "faithfulness), whose memory is flat in the number of documents",
+        ],
+    )  # fmt: skip
+
+
 def contribution_weights(
-    model: Any,
+    model: Model,
     inputs: Any,
     *,
     layers: int | Sequence[int] | None = None,
@@ -362,40 +524,59 @@ def contribution_weights(
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
     on_block: Callable[[LayerContributionsResult], None] | None = None,
     block_layers: int | Sequence[int] | None = None,
+    memory_budget: float | str | None = None,
 ) -> ContributionResult:
     """Contribution weights of every (layer, head, query, key) for a few texts.
 
     Args:
-        model: A ``TransformerBridge`` (``cw_lens.load_model()``).
+        model: A TransformerLens model ([`cw_lens.load_model`][cw_lens.load_model]).
         inputs: A string, a list of strings (right-padded batch; padding is excluded and marked
-            NaN), or token ids ``[batch, pos]`` (with ``attention_mask`` when padded).
-        layers: Layers (``None`` = all; negative indices allowed).
-        heads: Query heads (``None`` = all).
-        kind: ``"intra"`` projects on the head output ``o_i^h``; ``"inter"`` on the layer
-            output ``o_i``.
-        query_chunk: Query rows per block (``None`` = automatic from a memory budget).
+            NaN), or token ids `[batch, pos]` (with `attention_mask` when padded).
+        layers: Layers (`None` = all; negative indices allowed).
+        heads: Query heads (`None` = all; negative indices count from the end, as for
+            `layers`: `-1` is the last head).
+        kind: `"intra"` projects on the head output `o_i^h`; `"inter"` on the layer
+            output `o_i`.
+        query_chunk: Query rows per block (`None` = automatic from a memory budget).
         prepend_bos: Prepend BOS to text (position 0 is then BOS, the usual sink).
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
-        on_logits: If given, the pass runs to the end and this gets ``(batch, logits)`` of
+        on_logits: If given, the pass runs to the end and this gets `(batch, logits)` of
             the same pass (one forward pass for weights and predictions).
-        on_block: If given, also called with every streamed :class:`LayerContributionsResult`
-            (inside the pass; see :func:`stream_contributions` for the lifetime rules).
-        block_layers: The layers whose blocks go to ``on_block`` (default: ``layers``); those
-            not in ``layers`` are streamed for ``on_block`` only, not stored in the result.
+        on_block: If given, also called with every streamed
+            [`LayerContributionsResult`][cw_lens.LayerContributionsResult] (inside the pass; see
+            [`stream_contributions`][cw_lens.stream_contributions] for the lifetime rules).
+        block_layers: The layers whose blocks go to `on_block` (default: `layers`); those
+            not in `layers` are streamed for `on_block` only, not stored in the result.
+        memory_budget: Bytes the result may take, fields derived on access included (`8e9`,
+            `"8GB"`, `"none"`; default `$CW_LENS_MEMORY_BUDGET`, else half the memory available
+            on the model's device: `cw_lens.core.memory`). Over it,
+            [`MemoryBudgetError`][cw_lens.MemoryBudgetError] is raised before any forward pass.
 
     Returns:
-        A :class:`ContributionResult`. It holds ``2 x batch x layers x heads x pos^2`` floats;
-        for corpora use :func:`stream_contributions` or the corpus analyses.
+        A [`ContributionResult`][cw_lens.ContributionResult]. It holds `2 x batch x layers x heads
+        x pos^2` floats; for corpora use [`stream_contributions`][cw_lens.stream_contributions] or
+        the corpus analyses.
 
-    Long: argument checks and the per-layer loop that fills the result; the math is in
-    LayerContributionsResult.
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")  # or cw_lens.load_model(): SmolLM2-135M
+        cw = cw_lens.contribution_weights(model, "The cat sat on the mat.", kind="inter")
+        cw.weights.shape                 # [batch, layer, head, query, key]
+        cw.top(k=5, sum_heads=True)      # the tokens with the largest share of each layer's output
+        fig = cw.plot(layer=1, head=0)   # attention next to contribution (P1, Fig. 1)
+        ```
     """
+    # Long: argument checks and the per-layer loop that fills the result; the math is in
+    # LayerContributionsResult.
     check_kind(kind)
-    require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     head_list = resolve_heads(model, heads)
+    check_result_memory(model, batch, len(layer_list), len(head_list), memory_budget)
+    require_verified(model)
     extra = (
         [] if block_layers is None or not len(block_layers) else resolve_layers(model, block_layers)
     )
@@ -441,7 +622,7 @@ def contribution_weights(
 @keyword_only("layer")
 def contribution_weights_from_cache(
     cache: Any,
-    model: Any,
+    model: Model,
     *,
     layer: int,
     kind: Kind = "intra",
@@ -449,21 +630,36 @@ def contribution_weights_from_cache(
     tokens: Tensor | None = None,
     attention_mask: Tensor | None = None,
 ) -> ContributionResult:
-    """Contribution weights of one layer from an ``ActivationCache`` you already have.
+    """Contribution weights of one layer from an `ActivationCache` you already have.
 
-    The cache needs ``blocks.{layer}.attn.hook_pattern``, ``hook_v`` and ``hook_z`` (a plain
-    ``model.run_with_cache(tokens)`` has them; to keep it small use
-    ``names_filter=cw_lens.cache_names(layer)``). The layer output is ``sum_h z^h W_O^h``; the
-    cache is checked (``z == pattern @ v``) before any number is computed.
+    The cache needs `blocks.{layer}.attn.hook_pattern`, `hook_v` and `hook_z` (a plain
+    `model.run_with_cache(tokens)` has them; to keep it small use
+    `names_filter=cw_lens.cache_names(layer)`). The layer output is `sum_h z^h W_O^h`; the
+    cache is checked (`z == pattern @ v`) before any number is computed.
 
     Args:
-        cache: An ``ActivationCache`` (or a dict) with the classic hook names.
-        model: The bridge the cache came from (for ``W_O`` and ``b_O``).
+        cache: An `ActivationCache` (or a dict) with the classic hook names.
+        model: The model the cache came from (for `W_O` and `b_O`).
         layer: The layer to analyse.
-        kind: ``"intra"`` or ``"inter"``.
-        heads: Query heads (``None`` = all).
+        kind: `"intra"` or `"inter"`.
+        heads: Query heads (`None` = all; negative indices count from the end, as for
+            `layers`: `-1` is the last head).
         tokens: The token ids the cache was computed on (for token strings); optional.
         attention_mask: 1 at real tokens when the cached batch was padded (right padding).
+
+    Returns:
+        A [`ContributionResult`][cw_lens.ContributionResult] of the one layer.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        tokens = model.to_tokens("The cat sat on the mat.")
+        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names(1))
+        cw = cw_lens.contribution_weights_from_cache(cache, model, layer=1, tokens=tokens)
+        cw.top(k=3)
+        ```
     """
     check_kind(kind)
     require_verified(model)
@@ -510,11 +706,9 @@ def activations_from_cache(
     tokens: Tensor | None = None,
     attention_mask: Tensor | None = None,
 ) -> LayerActivations:
-    """Build checked :class:`LayerActivations` for one layer from a cache.
-
-    Long: one look-up and one shape check per cached tensor, in the order LayerActivations holds
-    them.
-    """
+    """Build checked `LayerActivations` for one layer from a cache."""
+    # Long: one look-up and one shape check per cached tensor, in the order LayerActivations holds
+    # them.
     names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z")}
     got = {}
     for kind, name in names.items():
@@ -568,9 +762,9 @@ def activations_from_cache(
         mask = torch.as_tensor(attention_mask, device=device).bool().reshape(n_batch, n_pos)
     check_consistent(access, layer, pattern, values, z, mask)
     if tokens is None:
-        token_ids = torch.zeros(n_batch, n_pos, dtype=torch.long)
+        token_ids = torch.zeros(n_batch, n_pos, dtype=torch.long, device="cpu")
     else:
-        token_ids = torch.as_tensor(tokens).reshape(n_batch, n_pos).cpu()
+        token_ids = torch.as_tensor(tokens, device="cpu").reshape(n_batch, n_pos).cpu()
     bos_id = getattr(model.tokenizer, "bos_token_id", None) if model.tokenizer else None
     batch = TokenBatch(
         token_ids,

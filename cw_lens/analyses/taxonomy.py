@@ -4,26 +4,19 @@ Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Mu
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
 those of methods § Token selection (docs/methods.md#selection).
 
-**Head taxonomy** (parameter-free "source winner"). For every counted query ``i`` the winner is
-``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (value norm before ``W_O``, of the kv head the query
-head reads; ties to the smaller index); its category is ``current`` (``j* = i``), ``sink`` (``j*``
-a sink position) or ``other``. Counted queries: real (non-padding) positions that are not sink
-positions (a query at the sink would be both ``current`` and ``sink``). A head is a
-**Retriever** / **Mixer** / **Reset** when ``current`` / ``sink`` / ``other`` is its most frequent
+**Head taxonomy** (parameter-free "source winner"). For every counted query `i` the winner is
+`j* = argmax_{j <= i} alpha[i,j] ||v_j||` (value norm before `W_O`, of the kv head the query
+head reads; ties to the smaller index); its category is `current` (`j* = i`), `sink` (`j*`
+a sink position) or `other`. Counted queries: real (non-padding) positions that are not sink
+positions (a query at the sink would be both `current` and `sink`). A head is a
+**Retriever** / **Mixer** / **Reset** when `current` / `sink` / `other` is its most frequent
 category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform attention the winner
 is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
 values sit at the current token or the sink.
 
-Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
+Streaming, exact merging and weights as in `cw_lens.analyses.selection`.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
-    tax = cw_lens.head_taxonomy(model, corpus)
-    tax.regime_shares()           # Retriever / Mixer / Reset shares of heads
-    tax.shares_by_layer()         # the regimes over depth
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
+from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
 
@@ -61,7 +55,7 @@ def source_winners(
     value_norms: Float[Tensor, "*rows key"],
     query_positions: Int[Tensor, " query"],
 ) -> Int[Tensor, "*rows query"]:
-    """``j* = argmax_{j <= i} alpha[i,j] ||v_j||`` (ties: the smaller index)."""
+    """`j* = argmax_{j <= i} alpha[i,j] ||v_j||` (ties: the smaller index)."""
     score = attention * value_norms[..., None, :]
     keys = torch.arange(attention.shape[-1], device=attention.device)
     later = keys[None, :] > query_positions[:, None]
@@ -73,7 +67,7 @@ def winner_categories(
     query_positions: Int[Tensor, " query"],
     sink_positions: Sequence[int],
 ) -> Int[Tensor, "*rows query"]:
-    """0 = ``current`` (``j* = i``), 1 = ``sink`` (``j*`` a sink position), 2 = ``other``."""
+    """0 = `current` (`j* = i`), 1 = `sink` (`j*` a sink position), 2 = `other`."""
     sinks = torch.tensor(list(sink_positions), device=winners.device)
     current = winners == query_positions
     sink = torch.isin(winners, sinks) & ~current
@@ -81,7 +75,7 @@ def winner_categories(
 
 
 def attention_entropy(attention: Float[Tensor, "*rows key"]) -> Float[Tensor, "*rows"]:
-    """``-sum_j alpha log alpha`` in nats (``0 log 0 = 0``)."""
+    """`-sum_j alpha log alpha` in nats (`0 log 0 = 0`)."""
     return -torch.special.xlogy(attention, attention).sum(-1)
 
 
@@ -140,12 +134,12 @@ class _TaxonomyAccumulator:
 
 @dataclass(repr=False)
 class HeadTaxonomyResult(Result):
-    """P2's source-winner taxonomy: one row per (layer, head) in ``table``.
+    """P2's source-winner taxonomy: one row per (layer, head) in `table`.
 
-    Columns: ``layer``, ``head``, ``n_queries`` (counted queries), ``share_current``,
-    ``share_sink``, ``share_other`` (shares of those queries whose winner is the current token,
-    a sink, another token), ``regime`` (Retriever / Mixer / Reset), ``mean_output_norm``
-    (mean ``||o_i^h||``) and ``mean_entropy`` (mean attention entropy, nats), over the counted
+    Columns: `layer`, `head`, `n_queries` (counted queries), `share_current`,
+    `share_sink`, `share_other` (shares of those queries whose winner is the current token,
+    a sink, another token), `regime` (Retriever / Mixer / Reset), `mean_output_norm`
+    (mean `||o_i^h||`) and `mean_entropy` (mean attention entropy, nats), over the counted
     queries.
     """
 
@@ -160,15 +154,58 @@ class HeadTaxonomyResult(Result):
         return sorted(self.table["layer"].unique().tolist())
 
     def to_dataframe(self) -> pd.DataFrame:
+        """One row per (layer, head): winner shares, regime, mean output norm and entropy.
+
+        Returns:
+            A copy of `table` (the columns are listed in the class docstring).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.to_dataframe().head()
+            ```
+        """
         return self.table.copy()
 
     def regime_shares(self) -> pd.Series:
-        """Share of heads in each regime (claim ``retriever_share``: Retrievers 5.8–17.2%)."""
+        """Share of heads in each regime (claim `retriever_share`: Retrievers 5.8–17.2%).
+
+        Returns:
+            A Series indexed by regime (`Retriever`, `Mixer`, `Reset`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.regime_shares()
+            ```
+        """
         shares = self.table["regime"].value_counts(normalize=True)
         return shares.reindex(REGIMES, fill_value=0.0).rename("share")
 
     def shares_by_layer(self) -> pd.DataFrame:
-        """Per layer: the share of heads in each regime and the mean category shares."""
+        """Per layer: the share of heads in each regime and the mean category shares.
+
+        Returns:
+            A DataFrame indexed by layer.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.shares_by_layer()
+            ```
+        """
         counts = pd.crosstab(self.table["layer"], self.table["regime"], normalize="index")
         counts = counts.reindex(columns=list(REGIMES), fill_value=0.0)
         categories = [f"share_{c}" for c in CATEGORIES]
@@ -177,19 +214,69 @@ class HeadTaxonomyResult(Result):
         return out
 
     def heads(self, regime: str) -> list[tuple[int, int]]:
-        """The (layer, head) pairs of one regime."""
+        """The (layer, head) pairs of one regime.
+
+        Args:
+            regime: `"Retriever"`, `"Mixer"` or `"Reset"`.
+
+        Returns:
+            A list of `(layer, head)` pairs.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.heads("Mixer")
+            ```
+        """
         if regime not in REGIMES:
             raise InputError(f"regime must be one of {REGIMES}, got {regime!r}.")
         rows = self.table[self.table["regime"] == regime]
         return list(zip(rows["layer"].tolist(), rows["head"].tolist(), strict=True))
 
     def top(self, k: int = 10, *, by: str = "share_current") -> pd.DataFrame:
-        """The ``k`` heads with the largest ``by`` (e.g. the clearest Retrievers)."""
+        """The `k` heads with the largest `by` (e.g. the clearest Retrievers).
+
+        Args:
+            k: How many heads.
+            by: A column of the table.
+
+        Returns:
+            `k` rows of the table, largest first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.top(5, by="share_sink")
+            ```
+        """
         if by not in self.table.columns:
             raise InputError(f"by must be a column of the table, got {by!r}.")
         return self.table.sort_values(by, ascending=False, kind="stable").head(k)
 
     def summary_dict(self) -> dict[str, Any]:
+        """Headline numbers of the claim `retriever_share`: head count and regime shares.
+
+        Returns:
+            A JSON-ready dict (`summary()`: this dict as a one-row DataFrame).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            tax.summary_dict()
+            ```
+        """
         shares = self.regime_shares()
         return {
             "n_heads": len(self.table),
@@ -200,10 +287,29 @@ class HeadTaxonomyResult(Result):
         }
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's taxonomy claim (docs/methods.md#claims ``retriever_share``), measured; with
-        ``bootstrap`` its interval over documents (each resample reclassifies every head from its
-        resampled winner counts) and the per-layer Retriever shares (needs
-        ``per_document=True``)."""
+        """P2's taxonomy claim (docs/methods.md#claims `retriever_share`), measured.
+
+        Args:
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, the interval over documents
+                and the per-layer intervals (needs `per_document=True`).
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
+            `measured` numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            tax.claims()["retriever_share"]["holds"]
+            tax.claims(Bootstrap(resamples=100))
+            ```
+        """
         claims = [self._claim()]
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
@@ -212,7 +318,7 @@ class HeadTaxonomyResult(Result):
             rows = per_layer_rows(
                 layers,
                 "retriever_share",
-                torch.tensor(point.loc[layers].to_numpy()),
+                torch.tensor(point.loc[layers].to_numpy(), device="cpu"),
                 bootstrap.interval(reps["retriever_share_per_layer"]),
             )
             intervals = {"retriever_share": bootstrap.pair(reps["retriever_share"])}
@@ -220,8 +326,29 @@ class HeadTaxonomyResult(Result):
         return claims_dict(claims)
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """``retriever_share`` ``[rows]`` and per layer ``[rows, layer]`` in every row of
-        ``bootstrap.weights`` (each row reclassifies every head from its winner counts)."""
+        """`retriever_share` in every row of `bootstrap.weights`.
+
+        Each row reclassifies every head from its winner counts.
+
+        Args:
+            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+
+        Returns:
+            `{number: tensor}`: the share `[rows]` and per layer `[rows, layer]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            replicates = tax.replicates(Bootstrap(resamples=100))
+            ```
+        """
         record = require_record(self.per_document, "head_taxonomy")
         return taxonomy_numbers(bootstrap.resample(record))
 
@@ -241,14 +368,31 @@ class HeadTaxonomyResult(Result):
         return claim
 
     def plot(self, **kwargs: Any) -> Any:
-        """Regimes over depth: stacked shares of heads per layer (claim ``retriever_share``)."""
+        """Regimes over depth: stacked shares of heads per layer (claim `retriever_share`).
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.selection.plot_retriever_share` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            fig = tax.plot()
+            ```
+        """
         from cw_lens.plots.selection import plot_retriever_share
 
         return plot_retriever_share(self, **kwargs)
 
 
 def head_taxonomy(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     sink_positions: Sequence[int] = (0,),
@@ -258,36 +402,43 @@ def head_taxonomy(
     progress: bool = True,
     per_document: bool = False,
 ) -> HeadTaxonomyResult:
-    """P2's parameter-free head taxonomy (source winner ``argmax_j alpha[i,j] ||v_j||``).
+    """P2's parameter-free head taxonomy (source winner `argmax_j alpha[i,j] ||v_j||`).
 
     Every real query that is not a sink position is counted; each head's regime is its most
     frequent winner category (ties: Retriever, then Mixer, then Reset).
 
     Args:
-        model: A ``TransformerBridge``.
-        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings.
-        sink_positions: Positions whose winning makes a query ``sink`` (and that are not
-            counted as queries).
-        layers: Layers to classify (``None`` = all).
+        model: A `TransformerBridge`.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        sink_positions: Positions whose winning makes a query `sink` (and that are not
+            counted as queries); each must be a token of every document (as in
+            [`sink_statistics`][cw_lens.sink_statistics]).
+        layers: Layers to classify (`None` = all).
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS (position 0 is then the usual sink).
         progress: Show a progress bar over document batches.
-        per_document: Also keep each document's winner counts per head (``12 * n_layers *
-            n_heads + 1`` bytes per document, 3.2 KB for SmolLM2-135M) for bootstrap
-            intervals (:meth:`HeadTaxonomyResult.claims`).
+        per_document: Also keep each document's winner counts per head (`12 * n_layers *
+            n_heads + 1` bytes per document, 3.2 KB for SmolLM2-135M) for bootstrap
+            intervals
+            ([`HeadTaxonomyResult.claims`][cw_lens.HeadTaxonomyResult.claims]).
 
     Returns:
-        A :class:`HeadTaxonomyResult`.
+        A [`HeadTaxonomyResult`][cw_lens.HeadTaxonomyResult].
 
-    Example::
+    Examples:
+        ```python
+        import cw_lens
 
-        tax = cw_lens.head_taxonomy(model, corpus)
-        tax.regime_shares()          # Retriever / Mixer / Reset
-        tax.plot()
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+        tax.regime_shares()   # share of Retriever / Mixer / Reset heads
+        tax.heads("Retriever")
+        ```
     """
     require_verified(model)
-    sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
+    sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
     layer_list = resolve_layers(model, layers)
     sums, record, n_documents = stream_layer_sums(
         model,
@@ -311,7 +462,7 @@ def head_taxonomy(
 
 
 def _taxonomy_table(sums: Float[Tensor, "layer head 6"], layers: list[int]) -> pd.DataFrame:
-    """The per-(layer, head) table from the summed ``_TAXONOMY_FIELDS``."""
+    """The per-(layer, head) table from the summed `_TAXONOMY_FIELDS`."""
     field = {name: sums[..., k] for k, name in enumerate(_TAXONOMY_FIELDS)}
     n_queries = field["n_queries"]
     if bool((n_queries == 0).any()):

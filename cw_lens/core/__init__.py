@@ -2,5 +2,5 @@
 
 Exact sums and mergeable accumulators, the contribution geometry, bootstrap intervals and the
 resampled statistics, claims and verdicts, the error types. Layer 1 of 5 (the bottom; see
-``docs/architecture.md``): imports nothing else from cw_lens.
+`docs/architecture.md`): imports nothing else from cw_lens.
 """

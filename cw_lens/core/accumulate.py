@@ -4,23 +4,23 @@ Corpus analyses are map (per document batch, inside the forward pass) and reduce
 accumulators). The building blocks make the reduce exact, whatever the order and sharding, and
 hold a fixed amount of memory whatever the number of documents:
 
-- :class:`ExactSums` keeps named sums of float64 values *exactly* (integer fixed point,
-  :mod:`cw_lens.core.exact`): any order of addition and any merge order give the same bits, so a
-  corpus split over ``torchrun`` ranks gives bit-identical totals to a single process. Its size
+- `ExactSums` keeps named sums of float64 values *exactly* (integer fixed point,
+  `cw_lens.core.exact`): any order of addition and any merge order give the same bits, so a
+  corpus split over `torchrun` ranks gives bit-identical totals to a single process. Its size
   is fixed by the names and shapes summed (568 bytes per summed number), not by the corpus.
-- :class:`SampleReservoir` keeps at most ``capacity`` sample rows per group: those with the
+- `SampleReservoir` keeps at most `capacity` sample rows per group: those with the
   smallest keys, a seeded hash of each row and its document, so the sample is the same however
   the documents are sharded (a mergeable bottom-k sample).
-- :class:`Histogram` keeps integer counts over fixed bins (quantiles, shares); integer sums are
+- `Histogram` keeps integer counts over fixed bins (quantiles, shares); integer sums are
   exact in any order.
-- :class:`PerDocument` (opt-in, for resampling over documents such as a bootstrap) keeps a few
-  float32 numbers per document: ``4 * len(names) + 1`` bytes per document, the only
-  per-document state; :class:`BootstrapSums` is the fixed-size alternative (seeded Poisson
+- `PerDocument` (opt-in, for resampling over documents such as a bootstrap) keeps a few
+  float32 numbers per document: `4 * len(names) + 1` bytes per document, the only
+  per-document state; `BootstrapSums` is the fixed-size alternative (seeded Poisson
   bootstrap replicates of exact sums).
 
-All have ``merge(other)``; :func:`cw_lens.data.distributed.merge_across_ranks` gathers and merges
+All have `merge(other)`; `cw_lens.data.distributed.merge_across_ranks` gathers and merges
 any
-object with a ``merge`` method. :func:`state_bytes` measures what an accumulator holds.
+object with a `merge` method. `state_bytes` measures what an accumulator holds.
 """
 
 from __future__ import annotations
@@ -40,19 +40,19 @@ from cw_lens.core.errors import InputError
 
 
 def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
-    """A tensor as is; Python numbers as float64 (``torch.as_tensor(0.1)`` would be float32)."""
+    """A tensor as is; Python numbers as float64 (`torch.as_tensor(0.1)` would be float32)."""
     if isinstance(values, Tensor):
         return values
-    return torch.as_tensor(values, dtype=torch.float64)
+    return torch.as_tensor(values, dtype=torch.float64, device="cpu")
 
 
 class ExactSums:
     """Named float64 sums, exact and independent of the order of addition and merging.
 
-    ``add_rows(docs, name, values)`` adds every row of ``values`` (one per document; the
-    document indices are not kept) to the sum ``name``; :meth:`total` is the correctly rounded
-    float64 of the exact sum of everything added under ``name``. Additions are copied into a
-    buffer allocated once (``buffer`` numbers) and folded into the integer limbs when it is
+    `add_rows(docs, name, values)` adds every row of `values` (one per document; the
+    document indices are not kept) to the sum `name`; `total` is the correctly rounded
+    float64 of the exact sum of everything added under `name`. Additions are copied into a
+    buffer allocated once (`buffer` numbers) and folded into the integer limbs when it is
     full: the state — limbs fixed by the names and shapes, plus the buffer — never grows with
     the corpus, and no allocation outlives the call that made it (so the heap does not
     fragment around long-lived small objects).
@@ -91,7 +91,7 @@ class ExactSums:
         self.add_rows([doc], name, _float64(value)[None])
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
-        """Add ``values[r]`` (the numbers of document ``docs[r]``) to ``name`` for every row."""
+        """Add `values[r]` (the numbers of document `docs[r]`) to `name` for every row."""
         values = _float64(values).detach()
         if values.ndim == 0 or values.shape[0] != len(docs):
             raise InputError(
@@ -102,18 +102,20 @@ class ExactSums:
         self._totals.pop(name, None)
         n = len(docs) * numel
         if n > self.buffer:  # too large to buffer: fold it in directly
-            index = torch.arange(offset, offset + numel).repeat(len(docs))
+            index = torch.arange(offset, offset + numel, device="cpu").repeat(len(docs))
             self._fold(values.to("cpu", torch.float64).reshape(-1), index)
             return
         if self._values is None:
             with torch.inference_mode(False):
-                self._values = torch.empty(self.buffer, dtype=torch.float64)
-                self._index = torch.empty(self.buffer, dtype=torch.int64)
+                self._values = torch.empty(self.buffer, dtype=torch.float64, device="cpu")
+                self._index = torch.empty(self.buffer, dtype=torch.int64, device="cpu")
         if self._n_buffered + n > self.buffer:
             self._flush()
         rows = slice(self._n_buffered, self._n_buffered + n)
         self._values[rows].view(len(docs), numel).copy_(values.reshape(len(docs), numel))
-        self._index[rows].view(len(docs), numel).copy_(torch.arange(offset, offset + numel))
+        self._index[rows].view(len(docs), numel).copy_(
+            torch.arange(offset, offset + numel, device="cpu")
+        )
         self._n_buffered += n
 
     def _fold(self, values: Tensor, index: Tensor) -> None:
@@ -142,7 +144,7 @@ class ExactSums:
         self._totals.clear()
 
     def total(self, name: str) -> Tensor:
-        """The correctly rounded float64 of the exact sum of every value added to ``name``."""
+        """The correctly rounded float64 of the exact sum of every value added to `name`."""
         if name not in self._slots:
             raise KeyError(f"nothing was added to {name!r}")
         if name not in self._totals:
@@ -182,13 +184,13 @@ def _start_key(seed: int, doc: int, group: str) -> int:
 
 
 def row_keys(seed: int, doc: int, group: str, rows: np.ndarray) -> np.ndarray:
-    """A uint64 hash per row of float32 ``rows`` ``[n, c]``, seeded by ``(seed, doc, group)``:
+    """A uint64 hash per row of float32 `rows` `[n, c]`, seeded by `(seed, doc, group)`:
     a function of the row and its document only."""
     return _hash_rows(np.full(rows.shape[0], _start_key(seed, doc, group), np.uint64), rows)
 
 
 def _hash_rows(h: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Fold each row's float32 bits, column by column, into its start key ``h``."""
+    """Fold each row's float32 bits, column by column, into its start key `h`."""
     bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32).astype(np.uint64)
     for c in range(rows.shape[1]):
         h = _mix(h ^ (bits[:, c] | np.uint64(c << 32)))
@@ -196,17 +198,17 @@ def _hash_rows(h: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 class SampleReservoir:
-    """At most ``capacity`` sample rows (``[n, n_columns]`` float32) per named group.
+    """At most `capacity` sample rows (`[n, n_columns]` float32) per named group.
 
     For statistics that need raw samples (rank correlations). Each row gets a key, a seeded hash
-    of the row and its document (:func:`row_keys`); the reservoir keeps the ``capacity`` rows
+    of the row and its document (`row_keys`); the reservoir keeps the `capacity` rows
     with the smallest keys (ties: by the row's values). The kept rows are therefore a function
     of the set of rows offered, not of their order or of how documents were split over ranks:
     a uniform random sample of all rows offered, the same in a sharded and a single run.
-    Each kept row remembers its document (:meth:`documents`; not part of its key), for
-    resampling documents (:mod:`cw_lens.core.bootstrap`).
-    Memory: a buffer of ``2 * capacity`` rows, keys and documents per group,
-    ``capacity * (8 * n_columns + 32)`` bytes, allocated once.
+    Each kept row remembers its document (`documents`; not part of its key), for
+    resampling documents (`cw_lens.core.bootstrap`).
+    Memory: a buffer of `2 * capacity` rows, keys and documents per group,
+    `capacity * (8 * n_columns + 32)` bytes, allocated once.
     """
 
     def __init__(self, columns: Sequence[str], capacity: int = 100_000, seed: int = 0) -> None:
@@ -233,8 +235,8 @@ class SampleReservoir:
         row_doc: Tensor,
         row_group: Tensor,
     ) -> None:
-        """Rows of several documents and groups at once: row ``i`` belongs to document
-        ``docs[row_doc[i]]`` and group ``groups[row_group[i]]``. The same as :meth:`add` for
+        """Rows of several documents and groups at once: row `i` belongs to document
+        `docs[row_doc[i]]` and group `groups[row_group[i]]`. The same as `add` for
         each (document, group) that has rows, with the keys hashed in one pass."""
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise InputError(f"rows must be [n, {len(self.columns)}], got {tuple(rows.shape)}.")
@@ -269,7 +271,7 @@ class SampleReservoir:
             self._n[group] = n + m
 
     def _shrink(self, group: str) -> int:
-        """Keep the ``capacity`` smallest (key, row) in place; returns the rows held."""
+        """Keep the `capacity` smallest (key, row) in place; returns the rows held."""
         n, k = self._n[group], self.capacity
         if n > k:
             rows, keys, docs = self._rows[group][:n], self._keys[group][:n], self._docs[group][:n]
@@ -284,7 +286,7 @@ class SampleReservoir:
         return self._n[group]
 
     def _held(self, group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kept rows, keys and documents of ``group``, ordered by key then values."""
+        """The kept rows, keys and documents of `group`, ordered by key then values."""
         if group not in self._rows:
             empty = np.zeros((0, len(self.columns)), np.float32)
             return empty, np.zeros(0, np.uint64), np.zeros(0, np.int64)
@@ -302,16 +304,41 @@ class SampleReservoir:
         for group in other._rows:
             self._offer(group, *other._held(group))
 
+    def subset(self, groups: Sequence[str]) -> SampleReservoir:
+        """A new reservoir holding the kept rows of `groups` only (same columns, size and
+        seed), e.g. the groups of one layer.
+
+        Args:
+            groups: Group names; those never offered rows are left out.
+
+        Returns:
+            The new reservoir; this one is unchanged.
+
+        Examples:
+            >>> import torch
+            >>> from cw_lens.core.accumulate import SampleReservoir
+            >>> reservoir = SampleReservoir(["x"], capacity=4)
+            >>> reservoir.add(0, "a", torch.ones(2, 1))
+            >>> reservoir.add(0, "b", torch.ones(3, 1))
+            >>> reservoir.subset(["b"]).groups()
+            ['b']
+        """
+        out = SampleReservoir(self.columns, self.capacity, self.seed)
+        for group in groups:
+            if group in self._rows:
+                out._offer(group, *self._held(group))
+        return out
+
     def groups(self) -> list[str]:
         """The groups offered rows so far, sorted."""
         return sorted(self._rows)
 
     def table(self, group: str) -> Tensor:
-        """The kept rows of ``group`` in key order, ``[n, n_columns]``."""
+        """The kept rows of `group` in key order, `[n, n_columns]`."""
         return torch.from_numpy(self._held(group)[0].copy())
 
     def documents(self, group: str) -> Tensor:
-        """The document of each kept row of ``group``, in :meth:`table`'s order (int64; -1
+        """The document of each kept row of `group`, in `table`'s order (int64; -1
         for rows stored by a version that did not record it)."""
         return torch.from_numpy(self._held(group)[2].copy())
 
@@ -338,13 +365,13 @@ class SampleReservoir:
 
 
 class Histogram:
-    """Counts of values over ``n_bins`` bins on ``(lo, hi)`` per group, plus two edge bins:
-    values ``<= lo`` and values ``>= hi`` (so clamped values are counted exactly).
+    """Counts of values over `n_bins` bins on `(lo, hi)` per group, plus two edge bins:
+    values `<= lo` and values `>= hi` (so clamped values are counted exactly).
 
-    ``scale="linear"``: equal bins. ``scale="asinh"``: bins equal in ``asinh(v / unit)``, i.e.
-    about ``unit``-wide near 0 and of equal *relative* width for ``|v| >> unit`` — for values
+    `scale="linear"`: equal bins. `scale="asinh"`: bins equal in `asinh(v / unit)`, i.e.
+    about `unit`-wide near 0 and of equal *relative* width for `|v| >> unit` — for values
     without a natural range (a quantile of a ratio that can be far from 0) over a very wide
-    ``(lo, hi)`` without clipping them. ``counts`` is ``[*shape, n_bins + 2]`` int64; NaN values
+    `(lo, hi)` without clipping them. `counts` is `[*shape, n_bins + 2]` int64; NaN values
     are ignored.
     """
 
@@ -364,7 +391,7 @@ class Histogram:
             raise InputError("Histogram scale must be 'linear' or 'asinh' (with a unit > 0).")
         self.lo, self.hi, self.n_bins = float(lo), float(hi), int(n_bins)
         self.scale, self.unit = scale, float(unit)
-        self.counts = torch.zeros((*shape, n_bins + 2), dtype=torch.int64)
+        self.counts = torch.zeros((*shape, n_bins + 2), dtype=torch.int64, device="cpu")
 
     def _forward(self, v: Tensor) -> Tensor:
         """Value -> the axis on which the bins are equal."""
@@ -374,7 +401,9 @@ class Histogram:
         return torch.sinh(t) * self.unit if self.scale == "asinh" else t
 
     def _axis(self) -> tuple[float, float]:
-        lo, hi = self._forward(torch.tensor([self.lo, self.hi], dtype=torch.float64)).tolist()
+        lo, hi = self._forward(
+            torch.tensor([self.lo, self.hi], dtype=torch.float64, device="cpu")
+        ).tolist()
         return lo, hi
 
     @property
@@ -384,7 +413,9 @@ class Histogram:
     @property
     def edges(self) -> Tensor:
         lo, hi = self._axis()
-        return self._inverse(torch.linspace(lo, hi, self.n_bins + 1, dtype=torch.float64))
+        return self._inverse(
+            torch.linspace(lo, hi, self.n_bins + 1, dtype=torch.float64, device="cpu")
+        )
 
     def bin_index(self, values: Tensor) -> Tensor:
         v = values.double()
@@ -394,17 +425,17 @@ class Histogram:
         return torch.where(v <= self.lo, 0, torch.where(v >= self.hi, self.n_bins + 1, inner))
 
     def add(self, values: Tensor, index: int | tuple | None = None) -> None:
-        """Count ``values`` ``[*groups, n]`` into ``counts[index]`` (all groups when None).
+        """Count `values` `[*groups, n]` into `counts[index]` (all groups when None).
 
-        ``values`` has the group axes of ``counts[index]`` followed by one axis of samples.
+        `values` has the group axes of `counts[index]` followed by one axis of samples.
         """
         target = self.counts if index is None else self.counts[index]
         shape = target.shape[:-1]
         values = values.detach().to("cpu").reshape(*shape, -1)
         ok = ~values.isnan()
         bins = self.bin_index(values.nan_to_num(self.lo))
-        n_groups = int(torch.tensor(shape).prod()) if len(shape) else 1
-        offsets = torch.arange(n_groups).reshape(*shape, 1) * (self.n_bins + 2)
+        n_groups = int(torch.tensor(shape, device="cpu").prod()) if len(shape) else 1
+        offsets = torch.arange(n_groups, device="cpu").reshape(*shape, 1) * (self.n_bins + 2)
         flat = (bins + offsets)[ok]
         target += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(target.shape)
 
@@ -425,9 +456,9 @@ class Histogram:
 
     def quantile(self, q: float) -> Float[Tensor, "..."]:
         """Quantile with linear interpolation inside a bin (on the binning axis); edge bins map
-        to ``lo``/``hi``.
+        to `lo`/`hi`.
 
-        NaN for empty groups. Resolution is one bin (relative, for ``scale="asinh"``).
+        NaN for empty groups. Resolution is one bin (relative, for `scale="asinh"`).
         """
         counts = self.counts.double()
         total = counts.sum(-1, keepdim=True)
@@ -442,12 +473,18 @@ class Histogram:
         lo, hi = self._axis()
         width = (hi - lo) / self.n_bins
         value = self._inverse(lo + (idx - 1).double() * width + frac * width)
-        value = torch.where(idx == 0, torch.tensor(self.lo, dtype=torch.float64), value)
         value = torch.where(
-            idx == self.n_bins + 1, torch.tensor(self.hi, dtype=torch.float64), value
+            idx == 0, torch.tensor(self.lo, dtype=torch.float64, device=value.device), value
+        )
+        value = torch.where(
+            idx == self.n_bins + 1,
+            torch.tensor(self.hi, dtype=torch.float64, device=value.device),
+            value,
         )
         return torch.where(
-            total[..., 0] > 0, value, torch.tensor(float("nan"), dtype=torch.float64)
+            total[..., 0] > 0,
+            value,
+            torch.tensor(float("nan"), dtype=torch.float64, device=value.device),
         )
 
 
@@ -463,11 +500,11 @@ def merge_all(items: Iterable) -> object:
 class PerDocument:
     """A few float32 numbers per document under named statistics (opt-in, for resampling).
 
-    For a bootstrap over documents (:mod:`cw_lens.core.bootstrap`), which needs each document's own
-    numbers. Sized for a corpus of ``n_documents`` up front: each statistic is a ``shape``
-    float32 array per document (``()``: one number; ``(layer, head)``: one per head), plus one
-    byte per document marking it seen — ``4 * len(names) * prod(shape) + 1`` bytes per document
-    (:attr:`bytes_per_document`), the only state that grows with the corpus. Additions to one
+    For a bootstrap over documents (`cw_lens.core.bootstrap`), which needs each document's own
+    numbers. Sized for a corpus of `n_documents` up front: each statistic is a `shape`
+    float32 array per document (`()`: one number; `(layer, head)`: one per head), plus one
+    byte per document marking it seen — `4 * len(names) * prod(shape) + 1` bytes per document
+    (`bytes_per_document`), the only state that grows with the corpus. Additions to one
     document happen on the rank that holds its batch, in the same order as in a single process,
     so merged tables are bit-identical.
     """
@@ -477,9 +514,9 @@ class PerDocument:
         self.shape = tuple(int(s) for s in shape)
         self._column = {n: i for i, n in enumerate(self.names)}
         self.values = torch.zeros(
-            int(n_documents), len(self.names), *self.shape, dtype=torch.float32
+            int(n_documents), len(self.names), *self.shape, dtype=torch.float32, device="cpu"
         )
-        self.seen = torch.zeros(int(n_documents), dtype=torch.bool)
+        self.seen = torch.zeros(int(n_documents), dtype=torch.bool, device="cpu")
 
     @property
     def bytes_per_document(self) -> int:
@@ -488,11 +525,11 @@ class PerDocument:
     def add_rows(
         self, docs: Sequence[int], name: str, values: Tensor, at: int | tuple | None = None
     ) -> None:
-        """Add ``values[r]`` to document ``docs[r]``'s statistic ``name`` (to its part ``at``,
-        an index into ``shape``, when given: e.g. one layer of a ``(layer, head)`` statistic)."""
+        """Add `values[r]` to document `docs[r]`'s statistic `name` (to its part `at`,
+        an index into `shape`, when given: e.g. one layer of a `(layer, head)` statistic)."""
         if name not in self._column:
             raise InputError(f"Unknown statistic {name!r}; this record keeps {self.names}.")
-        index = torch.as_tensor(list(docs), dtype=torch.long)
+        index = torch.as_tensor(list(docs), dtype=torch.long, device="cpu")
         if len(index) and int(index.max()) >= self.values.shape[0]:
             raise InputError(
                 f"Document {int(index.max())} is beyond the {self.values.shape[0]} documents "
@@ -501,7 +538,7 @@ class PerDocument:
         target = self.values[:, self._column[name]]
         if at is not None:
             target = target[(slice(None), *(at if isinstance(at, tuple) else (at,)))]
-        values = torch.as_tensor(values).detach().to("cpu", torch.float32)
+        values = torch.as_tensor(values, device="cpu").detach().to("cpu", torch.float32)
         target[index] += values.reshape(len(index), *target.shape[1:])
         self.seen[index] = True
 
@@ -517,21 +554,21 @@ class PerDocument:
         self.seen |= other.seen
 
     def table(self, name: str | None = None) -> Float[Tensor, "document ..."]:
-        """The numbers of the documents seen, in document order: ``[document, statistic,
-        *shape]``, or ``[document, *shape]`` for one statistic ``name``."""
+        """The numbers of the documents seen, in document order: `[document, statistic,
+        *shape]`, or `[document, *shape]` for one statistic `name`."""
         values = self.values[self.seen]
         return values if name is None else values[:, self._column[name]]
 
 
 class BootstrapSums:
     """Seeded Poisson-bootstrap replicates of exact sums: a fixed-size alternative to
-    :class:`PerDocument`.
+    `PerDocument`.
 
-    Each document gets ``n_replicates`` Poisson(1) weights drawn from a generator seeded by
-    ``(seed, document)`` — the same on any rank and for every statistic — and replicate ``r`` of
-    a sum is ``sum_d w[d, r] x_d``, kept in an :class:`ExactSums` (so sharded runs are
-    bit-identical). Size: ``n_replicates`` times 568 bytes per summed number, whatever the
-    corpus size; ``total(name)`` is ``[n_replicates, *shape]``.
+    Each document gets `n_replicates` Poisson(1) weights drawn from a generator seeded by
+    `(seed, document)` — the same on any rank and for every statistic — and replicate `r` of
+    a sum is `sum_d w[d, r] x_d`, kept in an `ExactSums` (so sharded runs are
+    bit-identical). Size: `n_replicates` times 568 bytes per summed number, whatever the
+    corpus size; `total(name)` is `[n_replicates, *shape]`.
     """
 
     def __init__(self, n_replicates: int = 1000, seed: int = 0) -> None:
@@ -541,10 +578,12 @@ class BootstrapSums:
         self.sums = ExactSums()
 
     def weights(self, doc: int) -> Float[Tensor, " replicate"]:
-        """The Poisson(1) weights of document ``doc``, one per replicate."""
+        """The Poisson(1) weights of document `doc`, one per replicate."""
         digest = hashlib.sha1(f"poisson/{self.seed}/{doc}".encode()).digest()
         gen = torch.Generator().manual_seed(int.from_bytes(digest[:7], "little"))
-        return torch.poisson(torch.ones(self.n_replicates, dtype=torch.float64), generator=gen)
+        return torch.poisson(
+            torch.ones(self.n_replicates, dtype=torch.float64, device="cpu"), generator=gen
+        )
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
         values = _float64(values).detach().to("cpu", torch.float64)
@@ -567,7 +606,7 @@ class BootstrapSums:
 
 def state_bytes(obj: object) -> int:
     """Bytes an accumulator holds: tensors and arrays by their storage, other objects by
-    ``sys.getsizeof``, followed through attributes and containers (each object counted once).
+    `sys.getsizeof`, followed through attributes and containers (each object counted once).
 
     Used by the tests to check that accumulator state does not grow with the corpus."""
     seen: set[int] = set()

@@ -1,54 +1,54 @@
 r"""Document-level bootstrap intervals for the claims' headline numbers (docs/methods.md#claims).
 
 A claim's number is a function of sums over documents (sink-head attention, per-head counts,
-NLL sums, ...). Resampling documents with replacement ``R`` times gives ``R`` replicates of each
-sum at once as a matrix product::
+NLL sums, ...). Resampling documents with replacement `R` times gives `R` replicates of each
+sum at once as a matrix product:
 
     W[r, d] = how often document d is drawn in resample r     (multinomial(D, 1/D) counts)
     sums_r  = W @ X                                           X[d, ...]: document d's numbers
 
-and the number is recomputed for all rows with tensor operations. ``W`` has ``R + 1 + D`` rows:
-the ``R`` resamples, then the corpus itself (every document once: the point value), then the
-``D`` leave-one-out corpora (the jackknife, which BCa reads). :meth:`Bootstrap.interval` takes
+and the number is recomputed for all rows with tensor operations. `W` has `R + 1 + D` rows:
+the `R` resamples, then the corpus itself (every document once: the point value), then the
+`D` leave-one-out corpora (the jackknife, which BCa reads). `Bootstrap.interval` takes
 the numbers of all rows.
 
-Interval methods (``method``), for a level ``1 - a`` (``a = 0.05``) and the ``R`` replicates
-``t*`` of a number ``t`` measured on ``D`` documents:
+Interval methods (`method`), for a level `1 - a` (`a = 0.05`) and the `R` replicates
+`t*` of a number `t` measured on `D` documents:
 
-- ``"expanded"`` (the default; Hesterberg's expanded percentile interval): the percentile
-  interval at the widened tail ``a' / 2 = Phi(sqrt(D / (D - 1)) * t_{a/2, D-1})``
-  (``Phi`` the normal CDF, ``t_{q, k}`` Student's t quantile): the ``a'/2`` and ``1 - a'/2``
-  quantiles of ``t*``. It corrects the percentile interval's narrowness at small ``D`` (the
-  bootstrap's spread is that of a ``D``-document sample's plug-in, too small by about
-  ``sqrt((D - 1) / D)``, and the normal quantile too small against the t quantile). At 8
+- `"expanded"` (the default; Hesterberg's expanded percentile interval): the percentile
+  interval at the widened tail `a' / 2 = Phi(sqrt(D / (D - 1)) * t_{a/2, D-1})`
+  (`Phi` the normal CDF, `t_{q, k}` Student's t quantile): the `a'/2` and `1 - a'/2`
+  quantiles of `t*`. It corrects the percentile interval's narrowness at small `D` (the
+  bootstrap's spread is that of a `D`-document sample's plug-in, too small by about
+  `sqrt((D - 1) / D)`, and the normal quantile too small against the t quantile). At 8
   documents the 95% interval reads the 0.57% and 99.43% quantiles.
-- ``"percentile"``: the ``a/2`` and ``1 - a/2`` quantiles of ``t*``.
-- ``"bca"`` (Efron's bias-corrected and accelerated interval, as ``scipy.stats.bootstrap``):
-  ``z0 = Phi^-1(#{t* < t} / R)``; the acceleration ``acc = sum (m - t_(i))^3 /
-  (6 (sum (m - t_(i))^2)^(3/2))`` from the leave-one-out values ``t_(i)`` (``m`` their mean);
-  the quantiles ``Phi(z0 + (z0 + z_q) / (1 - acc (z0 + z_q)))`` for ``z_q = Phi^-1(a/2)``
-  and ``Phi^-1(1 - a/2)``.
-- ``"basic"`` (the reverse percentile interval, Davison & Hinkley's "basic" interval) at the
-  expanded tail: ``[2 t - q_{1 - a'/2}, 2 t - q_{a'/2}]`` (``q`` the quantiles of ``t*``). It
-  reads ``t* - t`` as the distribution of ``t - truth``, so a bias of the plug-in (``t*`` above
-  ``t`` on average) moves the interval the other way.
-- ``"bias_corrected"``: the expanded percentile interval shifted by twice the bootstrap's bias
-  estimate ``b = mean(t*) - t``: ``[q_{a'/2} - 2 b, q_{1 - a'/2} - 2 b]``. When ``t`` sits
-  ``b`` above the truth and ``t*`` another ``b`` above ``t`` (a ratio of sums or a geometric
-  mean over heads on few documents), the percentile interval is centred ``2 b`` too high and
-  widening does not help; this centres it on ``t - b``, keeping its shape.
+- `"percentile"`: the `a/2` and `1 - a/2` quantiles of `t*`.
+- `"bca"` (Efron's bias-corrected and accelerated interval, as `scipy.stats.bootstrap`):
+  `z0 = Phi^-1(#{t* < t} / R)`; the acceleration `acc = sum (m - t_(i))^3 /
+  (6 (sum (m - t_(i))^2)^(3/2))` from the leave-one-out values `t_(i)` (`m` their mean);
+  the quantiles `Phi(z0 + (z0 + z_q) / (1 - acc (z0 + z_q)))` for `z_q = Phi^-1(a/2)`
+  and `Phi^-1(1 - a/2)`.
+- `"basic"` (the reverse percentile interval, Davison & Hinkley's "basic" interval) at the
+  expanded tail: `[2 t - q_{1 - a'/2}, 2 t - q_{a'/2}]` (`q` the quantiles of `t*`). It
+  reads `t* - t` as the distribution of `t - truth`, so a bias of the plug-in (`t*` above
+  `t` on average) moves the interval the other way.
+- `"bias_corrected"`: the expanded percentile interval shifted by twice the bootstrap's bias
+  estimate `b = mean(t*) - t`: `[q_{a'/2} - 2 b, q_{1 - a'/2} - 2 b]`. When `t` sits
+  `b` above the truth and `t*` another `b` above `t` (a ratio of sums or a geometric
+  mean over heads on few documents), the percentile interval is centred `2 b` too high and
+  widening does not help; this centres it on `t - b`, keeping its shape.
 
-``benchmarks/coverage.py`` measures each method's coverage on the embedded model
-(``docs/coverage.md``); the default is the one that covers. Quantiles interpolate linearly (as
-``numpy.quantile``). Replicates where the number is undefined (e.g. a resample without any sink
+`benchmarks/coverage.py` measures each method's coverage on the embedded model
+(`docs/coverage.md`); the default is the one that covers. Quantiles interpolate linearly (as
+`numpy.quantile`). Replicates where the number is undefined (e.g. a resample without any sink
 head) are left out; when more of them are undefined than the tail the interval reads, the
-interval is ``(nan, nan)``.
+interval is `(nan, nan)`.
 
-Seeded: the resamples are drawn from ``torch.Generator().manual_seed(seed)``, so two runs with
+Seeded: the resamples are drawn from `torch.Generator().manual_seed(seed)`, so two runs with
 the same seed give identical intervals. No model here, no extra forward pass: the per-document
-numbers come from the analyses' :class:`cw_lens.core.accumulate.PerDocument` records.
+numbers come from the analyses' `cw_lens.core.accumulate.PerDocument` records.
 
-Example::
+Example:
 
     import torch
     from cw_lens.core.bootstrap import Bootstrap
@@ -70,6 +70,7 @@ from jaxtyping import Bool, Float
 from scipy import stats
 from torch import Tensor
 
+from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
 
 METHODS = ("expanded", "percentile", "bca", "basic", "bias_corrected")
@@ -84,10 +85,10 @@ METHOD_TEXT = {
 
 @dataclass(frozen=True)
 class Bootstrap:
-    """Settings of a seeded document-level bootstrap: ``resamples``, ``level``, ``seed``, the
-    interval ``method`` (:data:`METHODS`) and, optionally, ``documents``: the rows of the
+    """Settings of a seeded document-level bootstrap: `resamples`, `level`, `seed`, the
+    interval `method` (`METHODS`) and, optionally, `documents`: the rows of the
     records to use (with repeats; the coverage study draws sub-corpora of a pool this way),
-    and ``draws``: likewise the random-control draws to use (:meth:`draw_weights`). ``None`` =
+    and `draws`: likewise the random-control draws to use (`draw_weights`). `None` =
     every document (draw) once."""
 
     resamples: int = 2000
@@ -112,12 +113,12 @@ class Bootstrap:
             raise InputError("draws: give at least one random-control draw (or None: all).")
 
     def _drawn(self, n_documents: int) -> Tensor:
-        """The record rows the corpus is made of (``documents``, or all of them)."""
+        """The record rows the corpus is made of (`documents`, or all of them)."""
         if n_documents < 1:
             raise InputError("The bootstrap needs at least one document.")
         if self.documents is None:
-            return torch.arange(n_documents)
-        drawn = torch.as_tensor(list(self.documents), dtype=torch.long)
+            return torch.arange(n_documents, device="cpu")
+        drawn = torch.as_tensor(list(self.documents), dtype=torch.long, device="cpu")
         if drawn.min() < 0 or drawn.max() >= n_documents:
             raise InputError(
                 f"documents index rows 0..{n_documents - 1} of the record; got "
@@ -126,44 +127,48 @@ class Bootstrap:
         return drawn
 
     def indices(self, n_documents: int) -> Tensor:
-        """``[resamples, D]``: the record rows drawn by each resample (with replacement, ``D``
+        """`[resamples, D]`: the record rows drawn by each resample (with replacement, `D`
         the corpus's documents), from the seeded generator."""
         drawn = self._drawn(n_documents)
         gen = torch.Generator().manual_seed(int(self.seed))
-        return drawn[torch.randint(len(drawn), (self.resamples, len(drawn)), generator=gen)]
+        return drawn[
+            torch.randint(len(drawn), (self.resamples, len(drawn)), generator=gen, device="cpu")
+        ]
 
     def weights(self, n_documents: int) -> Float[Tensor, "row document"]:
-        """How often each document counts in each row (float64): ``resamples`` resamples (rows
-        sum to ``D``), the corpus (every drawn document once), then the ``D`` leave-one-out
+        """How often each document counts in each row (float64): `resamples` resamples (rows
+        sum to `D`), the corpus (every drawn document once), then the `D` leave-one-out
         corpora."""
         drawn = self._drawn(n_documents)
         idx = self.indices(n_documents)
-        w = torch.zeros(self.resamples, n_documents, dtype=torch.float64)
+        w = torch.zeros(self.resamples, n_documents, dtype=torch.float64, device="cpu")
         w.scatter_add_(1, idx, torch.ones_like(idx, dtype=torch.float64))
-        corpus = torch.zeros(n_documents, dtype=torch.float64).index_add_(
-            0, drawn, torch.ones(len(drawn), dtype=torch.float64)
+        corpus = torch.zeros(n_documents, dtype=torch.float64, device="cpu").index_add_(
+            0, drawn, torch.ones(len(drawn), dtype=torch.float64, device="cpu")
         )
         jack = corpus.repeat(len(drawn), 1)
-        jack[torch.arange(len(drawn)), drawn] -= 1
+        jack[torch.arange(len(drawn), device=drawn.device), drawn] -= 1
         return torch.cat([w, corpus[None], jack])
 
     def draw_weights(self, n_documents: int, n_draws: int) -> Float[Tensor, "row draw"]:
-        """How often each of ``n_draws`` random-control draws counts in each row of
-        :meth:`weights`: resampled with replacement in the ``resamples`` rows (jointly with the
-        documents; from the generator seeded ``seed + 2**32``), every draw once in the corpus
-        and leave-one-out rows (the ``draws`` given, with their repeats, where set)."""
+        """How often each of `n_draws` random-control draws counts in each row of
+        `weights`: resampled with replacement in the `resamples` rows (jointly with the
+        documents; from the generator seeded `seed + 2**32`), every draw once in the corpus
+        and leave-one-out rows (the `draws` given, with their repeats, where set)."""
         if n_draws < 1:
             raise InputError("draw_weights needs at least one draw.")
-        drawn = torch.arange(n_draws)
+        drawn = torch.arange(n_draws, device="cpu")
         if self.draws is not None:
-            drawn = torch.as_tensor(list(self.draws), dtype=torch.long)
+            drawn = torch.as_tensor(list(self.draws), dtype=torch.long, device="cpu")
             if drawn.min() < 0 or drawn.max() >= n_draws:
                 raise InputError(f"draws index 0..{n_draws - 1}; got {drawn.tolist()}.")
         n_rows = self.resamples + 1 + len(self._drawn(n_documents))
         gen = torch.Generator().manual_seed(int(self.seed) + 2**32)
-        idx = drawn[torch.randint(len(drawn), (self.resamples, len(drawn)), generator=gen)]
-        once = torch.zeros(n_draws, dtype=torch.float64).index_add_(
-            0, drawn, torch.ones(len(drawn), dtype=torch.float64)
+        idx = drawn[
+            torch.randint(len(drawn), (self.resamples, len(drawn)), generator=gen, device="cpu")
+        ]
+        once = torch.zeros(n_draws, dtype=torch.float64, device="cpu").index_add_(
+            0, drawn, torch.ones(len(drawn), dtype=torch.float64, device="cpu")
         )
         w = once.repeat(n_rows, 1)
         w[: self.resamples] = 0
@@ -171,20 +176,20 @@ class Bootstrap:
         return w
 
     def resample(self, table: Float[Tensor, "document ..."]) -> Float[Tensor, "row ..."]:
-        """The sums over documents of ``table`` in every row of :meth:`weights`: ``W @ table``
+        """The sums over documents of `table` in every row of `weights`: `W @ table`
         (float64)."""
-        table = torch.as_tensor(table).double()
+        table = to_tensor(table).double()
         return _weighted_sums(self.weights(table.shape[0]), table)
 
     def resample_each(self, tables: dict[Any, Tensor]) -> dict[Any, Tensor]:
-        """:meth:`resample` of every table of ``tables`` (the same documents), drawing the
+        """`resample` of every table of `tables` (the same documents), drawing the
         weights once."""
         if not tables:
             return {}
         w = self.weights(next(iter(tables.values())).shape[0])
         out = {}
         for key, table in tables.items():
-            t = torch.as_tensor(table).double()
+            t = to_tensor(table).double()
             if t.shape[0] != w.shape[1]:
                 raise InputError(
                     f"resample_each: table {key!r} has {t.shape[0]} documents, the first "
@@ -196,23 +201,23 @@ class Bootstrap:
     def interval(
         self, replicates: Float[Tensor, "row ..."], biased: bool = False
     ) -> Float[Tensor, "2 ..."]:
-        """The ``method``'s interval ``[low, high]`` of a number from its values in every row
-        of :meth:`weights` (NaN replicates left out; NaN where more of them are NaN than the
-        tail it reads); ``biased``: ``biased_method``'s, for a number whose plug-in is biased
-        on few documents (:func:`cw_lens.core.resampled.is_biased_plugin`)."""
+        """The `method`'s interval `[low, high]` of a number from its values in every row
+        of `weights` (NaN replicates left out; NaN where more of them are NaN than the
+        tail it reads); `biased`: `biased_method`'s, for a number whose plug-in is biased
+        on few documents (`cw_lens.core.resampled.is_biased_plugin`)."""
         method = self.biased_method if biased else self.method
         return interval(replicates, self.resamples, self.level, method)
 
     def pair(self, replicates: Tensor, biased: bool = False) -> Interval:
-        """:meth:`interval` of one number from its values in every row of :meth:`weights`, as
-        two floats (an :class:`Interval`, which keeps the ``[resamples]`` bootstrap replicates,
+        """`interval` of one number from its values in every row of `weights`, as
+        two floats (an `Interval`, which keeps the `[resamples]` bootstrap replicates,
         not the corpus and leave-one-out rows)."""
         low, high = self.interval(replicates, biased).tolist()
-        kept = torch.as_tensor(replicates).detach()[: self.resamples]
+        kept = to_tensor(replicates).detach()[: self.resamples]
         return Interval(low, high, kept)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``bootstrap`` block of ``summary.json``."""
+        """The `bootstrap` block of `summary.json`."""
         return {
             "resamples": self.resamples,
             "level": self.level,
@@ -229,14 +234,14 @@ class Bootstrap:
 def _weighted_sums(
     w: Float[Tensor, "row document"], table: Float[Tensor, "document ..."]
 ) -> Float[Tensor, "row ..."]:
-    """``w @ table`` over the first axis of ``table`` (float64 both)."""
+    """`w @ table` over the first axis of `table` (float64 both)."""
     return (w @ table.reshape(table.shape[0], -1)).reshape(len(w), *table.shape[1:])
 
 
 class Interval(tuple):
-    """``(low, high)`` as :meth:`Bootstrap.pair` returns it — a plain pair to every reader —
-    carrying ``replicates``, the number's bootstrap replicates it was read from, so that a run
-    can keep them for tests of differences between runs (:mod:`cw_lens.replicates`)."""
+    """`(low, high)` as `Bootstrap.pair` returns it — a plain pair to every reader —
+    carrying `replicates`, the number's bootstrap replicates it was read from, so that a run
+    can keep them for tests of differences between runs (`cw_lens.replicates`)."""
 
     replicates: Tensor | None
 
@@ -247,8 +252,8 @@ class Interval(tuple):
 
 
 def expanded_tail(level: float, n_documents: int) -> float:
-    """The expanded percentile interval's tail share ``Phi(sqrt(D / (D - 1)) t_{a/2, D-1})``
-    (``a = 1 - level``, ``D`` documents; ``scipy.stats`` distributions); NaN below 2."""
+    """The expanded percentile interval's tail share `Phi(sqrt(D / (D - 1)) t_{a/2, D-1})`
+    (`a = 1 - level`, `D` documents; `scipy.stats` distributions); NaN below 2."""
     if n_documents < 2:
         return math.nan
     widen = math.sqrt(n_documents / (n_documents - 1))
@@ -282,13 +287,14 @@ def bca_levels(
 
 
 def quantiles(x: Float[Tensor, "R ..."], low: Tensor, high: Tensor) -> Float[Tensor, "2 ..."]:
-    """The ``low`` and ``high`` quantiles (per number; linear interpolation, as
-    ``numpy.quantile``) of ``x`` over its first axis, NaN left out."""
+    """The `low` and `high` quantiles (per number; linear interpolation, as
+    `numpy.quantile`) of `x` over its first axis, NaN left out."""
     ordered = x.sort(0).values  # NaN last
     n = (~x.isnan()).sum(0)
     out = []
     for q in (low, high):
-        pos = torch.as_tensor(q, dtype=torch.float64).expand(n.shape) * (n - 1).clamp_min(0)
+        at = torch.as_tensor(q, dtype=torch.float64, device=n.device)
+        pos = at.expand(n.shape) * (n - 1).clamp_min(0)
         lo = pos.floor().long().clamp(0, max(len(x) - 1, 0))
         hi = pos.ceil().long().clamp(0, max(len(x) - 1, 0))
         a, b = ordered.gather(0, lo[None])[0], ordered.gather(0, hi[None])[0]
@@ -299,10 +305,10 @@ def quantiles(x: Float[Tensor, "R ..."], low: Tensor, high: Tensor) -> Float[Ten
 def interval(
     replicates: Float[Tensor, "row ..."], resamples: int, level: float, method: str
 ) -> Float[Tensor, "2 ..."]:
-    """The 95% (``level``) interval of a number by ``method`` from its values in the rows of
-    :meth:`Bootstrap.weights` (``resamples`` resamples, the corpus, the leave-one-out
+    """The 95% (`level`) interval of a number by `method` from its values in the rows of
+    `Bootstrap.weights` (`resamples` resamples, the corpus, the leave-one-out
     corpora)."""
-    x = torch.as_tensor(replicates).double()
+    x = to_tensor(replicates).double()
     if x.shape[0] < resamples + 2:
         raise InputError(
             f"interval() needs a number's values in every row of Bootstrap.weights(): "
@@ -311,12 +317,12 @@ def interval(
         )
     boot, point, jack = x[:resamples], x[resamples], x[resamples + 1 :]
     if len(jack) < 2:  # one document: resampling it says nothing about its spread
-        return torch.full((2, *point.shape), math.nan, dtype=torch.float64)
+        return torch.full((2, *point.shape), math.nan, dtype=torch.float64, device=x.device)
     if method == "bca":
         low, high = bca_levels(boot, point, jack, level)
     else:  # expanded, basic and bias_corrected read the expanded tail
         tail = (1 - level) / 2 if method == "percentile" else expanded_tail(level, len(jack))
-        low = torch.full(point.shape, tail, dtype=torch.float64)
+        low = torch.full(point.shape, tail, dtype=torch.float64, device=point.device)
         high = 1 - low
     out = quantiles(boot, low, high)
     if method == "basic":
@@ -327,11 +333,11 @@ def interval(
     undefined = boot.isnan().double().mean(0)
     bad = (undefined > torch.minimum(low, 1 - high) + 1e-12) | low.isnan() | high.isnan()
     bad = bad | ((low <= 0) | (high >= 1)) & (method == "bca")  # BCa: point outside t*
-    return torch.where(bad, torch.tensor(math.nan, dtype=torch.float64), out)
+    return torch.where(bad, torch.tensor(math.nan, dtype=torch.float64, device=out.device), out)
 
 
 def require_record(record: Any, call: str) -> Any:
-    """``record`` (an analysis's per-document record), or a clear error naming the call that
+    """`record` (an analysis's per-document record), or a clear error naming the call that
     keeps one."""
     if record is None:
         raise InputError(
@@ -343,7 +349,7 @@ def require_record(record: Any, call: str) -> Any:
 def masked_median(
     values: Float[Tensor, "... n"], mask: Bool[Tensor, "... n"]
 ) -> Float[Tensor, "..."]:
-    """Median of ``values`` where ``mask`` (and the value is not NaN) along the last axis, the
+    """Median of `values` where `mask` (and the value is not NaN) along the last axis, the
     mean of the two middle values for an even count (as pandas); NaN where none is counted."""
     keep = mask & ~values.isnan()
     x = torch.where(keep, values.double(), math.inf).sort(-1).values
@@ -351,19 +357,25 @@ def masked_median(
     lo = x.gather(-1, ((n - 1) // 2).clamp_min(0))
     hi = x.gather(-1, (n // 2).clamp_max(values.shape[-1] - 1))
     med = ((lo + hi) / 2)[..., 0]
-    return torch.where(n[..., 0] > 0, med, torch.tensor(math.nan, dtype=torch.float64))
+    return torch.where(
+        n[..., 0] > 0, med, torch.tensor(math.nan, dtype=torch.float64, device=med.device)
+    )
 
 
 def masked_mean(
     values: Float[Tensor, "... n"], mask: Bool[Tensor, "... n"]
 ) -> Float[Tensor, "..."]:
-    """Mean of ``values`` where ``mask`` along the last axis (NaN where none is counted)."""
+    """Mean of `values` where `mask` along the last axis (NaN where none is counted)."""
     v = values.double()
     n = mask.sum(-1)
     total = torch.where(mask, v, 0.0).sum(-1)
-    return torch.where(n > 0, total / n.clamp_min(1), torch.tensor(math.nan, dtype=torch.float64))
+    return torch.where(
+        n > 0,
+        total / n.clamp_min(1),
+        torch.tensor(math.nan, dtype=torch.float64, device=total.device),
+    )
 
 
 def ratio(num: Tensor, den: Tensor) -> Tensor:
-    """``num / den``, NaN where ``den`` is 0."""
+    """`num / den`, NaN where `den` is 0."""
     return torch.where(den != 0, num / torch.where(den != 0, den, 1.0), math.nan)

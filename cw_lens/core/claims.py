@@ -3,37 +3,38 @@ threshold".
 
 A claim of the papers is judged by the criterion methods § Claims (docs/methods.md#claims) fixes for
 it. Every criterion here is a
-conjunction of comparisons of one measured *headline number* with a fixed threshold::
+conjunction of comparisons of one measured *headline number* with a fixed threshold:
 
     Check("median_ratio_sink_heads", 4.8, "in", (3.0, 10.0))    # 3 <= 4.8 <= 10
     Check("contribution_over_attention", 0.64, "<", 0.5)       # fails
 
-Each number may carry an ``interval`` (a 95% bootstrap interval over documents,
-:mod:`cw_lens.core.bootstrap`), and each check has a four-valued verdict ``holds``
+Each number may carry an `interval` (a 95% bootstrap interval over documents,
+`cw_lens.core.bootstrap`), and each check has a four-valued verdict `holds`
 (docs/methods.md#claims):
 
-- ``"not measured"``: the number is NaN (the run could not compute it: no sink heads, too few
-  queries, ...). Never ``"no"``: an unmeasured number refutes nothing;
-- ``"yes"``: the point value *and* the whole interval satisfy the comparison;
-- ``"no"``: the point value and the whole interval fail it;
-- ``"inconclusive"``: anything else — the interval straddles the threshold, the point value and
-  the interval disagree, or a bootstrap was run but gave this number no interval (``(nan,
-  nan)``): a check that should have an interval never falls back to a decisive point verdict.
+- `"not measured"`: the number is NaN (the run could not compute it: no sink heads, too few
+  queries, ...). Never `"no"`: an unmeasured number refutes nothing;
+- `"yes"`: the point value *and* the whole interval satisfy the comparison;
+- `"no"`: the point value and the whole interval fail it (for `"in"`: each lies outside the
+  band, on either side of it);
+- `"inconclusive"`: anything else — the interval straddles the threshold, the point value and
+  the interval disagree, or a bootstrap was run but gave this number no interval (`(nan,
+  nan)`): a check that should have an interval never falls back to a decisive point verdict.
 
-Without a bootstrap (``interval=None``: none was asked for) the verdict is the point comparison,
-``"yes"``/``"no"``. A claim (a conjunction of checks) combines its checks' verdicts with
-:func:`combine`: ``"no"`` if any check is no (one decisively failed conjunct refutes the
-conjunction whatever the others say), else ``"not measured"`` if any is not measured (more
-documents of the same kind cannot settle it), else ``"inconclusive"`` if any is inconclusive, else
-``"yes"``; a claim without checks is ``"not measured"``. Orderings are written as differences
-against 0 (``AOPC(b) - AOPC(a) > 0``) so that every criterion reads numbers one by one and an
+Without a bootstrap (`interval=None`: none was asked for) the verdict is the point comparison,
+`"yes"`/`"no"`. A claim (a conjunction of checks) combines its checks' verdicts with
+`combine`: `"no"` if any check is no (one decisively failed conjunct refutes the
+conjunction whatever the others say), else `"not measured"` if any is not measured (more
+documents of the same kind cannot settle it), else `"inconclusive"` if any is inconclusive, else
+`"yes"`; a claim without checks is `"not measured"`. Orderings are written as differences
+against 0 (`AOPC(b) - AOPC(a) > 0`) so that every criterion reads numbers one by one and an
 interval around each number decides it the same way.
 
 Each analysis builds its claims from its result tables with a pure function (e.g.
-:func:`cw_lens.analyses.sinks.sink_claims`), so a claim can be recomputed from any table of the
+`cw_lens.analyses.sinks.sink_claims`), so a claim can be recomputed from any table of the
 same shape.
 
-Example::
+Example:
 
     from cw_lens.core.claims import Check, Claim
     claim = Claim(
@@ -68,9 +69,9 @@ NOT_MEASURED = "not measured"
 
 
 def combine(verdicts: Iterable[str]) -> Verdict:
-    """A conjunction's verdict: ``"no"`` if any is no; else ``"not measured"`` if any is not
-    measured (or there is none); else ``"inconclusive"`` if any is inconclusive; else
-    ``"yes"``."""
+    """A conjunction's verdict: `"no"` if any is no; else `"not measured"` if any is not
+    measured (or there is none); else `"inconclusive"` if any is inconclusive; else
+    `"yes"`."""
     verdicts = list(verdicts)
     unknown = [v for v in verdicts if v not in VERDICTS]
     if unknown:
@@ -83,14 +84,14 @@ def combine(verdicts: Iterable[str]) -> Verdict:
 
 @dataclass(frozen=True)
 class Check:
-    """One comparison of a criterion: ``value op threshold``.
+    """One comparison of a criterion: `value op threshold`.
 
     Attributes:
-        number: Name of the headline number (also a key of the claim's ``measured``).
+        number: Name of the headline number (also a key of the claim's `measured`).
         value: The measured number (NaN when it could not be measured).
-        op: ``"<"`` or ``">"`` (strict), or ``"in"`` (the closed interval ``threshold``).
-        threshold: A float, or ``(low, high)`` for ``"in"``.
-        interval: ``(low, high)`` around ``value`` (a bootstrap interval), ``(nan, nan)`` when
+        op: `"<"` or `">"` (strict), or `"in"` (the closed interval `threshold`).
+        threshold: A float, or `(low, high)` for `"in"`.
+        interval: `(low, high)` around `value` (a bootstrap interval), `(nan, nan)` when
             a bootstrap was run but could not give one (the check is then inconclusive), or
             None when no bootstrap was asked for (the point verdict).
     """
@@ -125,7 +126,7 @@ class Check:
         return low <= v <= high
 
     def _interval_verdict(self, low: float, high: float) -> Verdict:
-        """yes: every value of ``[low, high]`` satisfies the comparison; no: none does."""
+        """yes: every value of `[low, high]` satisfies the comparison; no: none does."""
         if self.op == "<":
             yes, no = high < self.threshold, low >= self.threshold
         elif self.op == ">":
@@ -135,9 +136,17 @@ class Check:
             yes, no = a <= low and high <= b, high < a or low > b
         return "yes" if yes else "no" if no else "inconclusive"
 
+    def _verdict(self, point: Verdict, low: float, high: float) -> Verdict:
+        """The point value's verdict and the interval's together: yes when both satisfy the
+        comparison, no when both fail it (the point on either side of an `in` band: a
+        point below the band and an interval wholly above it both fail), else
+        inconclusive."""
+        interval = self._interval_verdict(low, high)
+        return point if interval == point else "inconclusive"
+
     @property
     def holds(self) -> Verdict:
-        """``"yes"``, ``"no"``, ``"inconclusive"`` or ``"not measured"`` (see the module
+        """`"yes"`, `"no"`, `"inconclusive"` or `"not measured"` (see the module
         docstring)."""
         v = self.value
         if math.isnan(v):
@@ -148,8 +157,11 @@ class Check:
         low, high = self.interval
         if math.isnan(low) or math.isnan(high):
             return "inconclusive"
-        # the hull of the interval and the point value (a percentile interval may miss it)
-        return self._interval_verdict(min(low, v), max(high, v))
+        # the point and the interval each (a percentile interval may miss the point): for
+        # `<` and `>` the same as judging their hull; for `in` a point and an interval on
+        # opposite sides of the band both fail it, which their hull (reaching across the
+        # band) would call inconclusive
+        return self._verdict(point, low, high)
 
     def describe(self) -> str:
         if self.op == "in":
@@ -172,9 +184,9 @@ class Check:
 @dataclass
 class Claim:
     """A reference claim (docs/methods.md#claims): what the paper says, the criterion, its checks
-    and the other measured numbers reported beside them. ``holds``: :func:`combine` of the checks'
-    verdicts. ``per_layer`` (claims about layers): tidy rows ``{"layer", "number", "value", "low",
-    "high"}``, the claim's number computed within each layer, with its interval."""
+    and the other measured numbers reported beside them. `holds`: `combine` of the checks'
+    verdicts. `per_layer` (claims about layers): tidy rows `{"layer", "number", "value", "low",
+    "high"}`, the claim's number computed within each layer, with its interval."""
 
     id: str
     paper: str
@@ -188,9 +200,9 @@ class Claim:
         return combine(c.holds for c in self.checks)
 
     def to_dict(self) -> dict[str, Any]:
-        """``paper``, ``measured`` (the checks' numbers first), ``holds``, ``criterion``,
-        ``checks`` (each check's number, value, op, threshold, interval and verdict) and, for
-        claims about layers, ``per_layer``."""
+        """`paper`, `measured` (the checks' numbers first), `holds`, `criterion`,
+        `checks` (each check's number, value, op, threshold, interval and verdict) and, for
+        claims about layers, `per_layer`."""
         out = {
             "paper": self.paper,
             "measured": {**{c.number: c.value for c in self.checks}, **self.measured},
@@ -204,15 +216,15 @@ class Claim:
 
 
 class ClaimsDict(ClaimsTable):
-    """A printable :class:`ClaimsTable` ``{claim id: claim dict}`` (plain JSON-ready dicts)
-    with ``replicates``: ``{(claim id, number): float32 [R]}``, the bootstrap replicates of the
+    """A printable [`ClaimsTable`][cw_lens.ClaimsTable] `{claim id: claim dict}` (plain JSON-ready
+    dicts) with `replicates`: `{(claim id, number): float32 [R]}`, the bootstrap replicates of the
     checks that have them."""
 
     replicates: dict[tuple[str, str], np.ndarray]
 
 
 def claims_dict(claims: Iterable[Claim]) -> ClaimsDict:
-    """``{claim id: claim.to_dict()}`` in the given order; ``.replicates`` keeps the checks'
+    """`{claim id: claim.to_dict()}` in the given order; `.replicates` keeps the checks'
     bootstrap replicates (float32) for tests of differences between runs."""
     claims = list(claims)
     out = ClaimsDict((c.id, c.to_dict()) for c in claims)
@@ -226,7 +238,7 @@ def claims_dict(claims: Iterable[Claim]) -> ClaimsDict:
 
 
 def threshold_text(op: str, threshold: float | Sequence[float]) -> str:
-    """A check's criterion without its number: ``"< 0.5"``, ``"in [3, 10]"``."""
+    """A check's criterion without its number: `"< 0.5"`, `"in [3, 10]"`."""
     if op == "in":
         low, high = threshold
         return f"in [{low:g}, {high:g}]"
@@ -238,9 +250,9 @@ def with_intervals(
     intervals: Mapping[str, tuple[float, float]],
     per_layer: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> list[Claim]:
-    """The claims with ``intervals[number]`` set on each of their checks and ``per_layer[claim
-    id]`` attached. ``intervals`` comes from a bootstrap, so a check whose number it lacks gets
-    ``(nan, nan)``: a check that should have an interval and has none is inconclusive, never
+    """The claims with `intervals[number]` set on each of their checks and `per_layer[claim
+    id]` attached. `intervals` comes from a bootstrap, so a check whose number it lacks gets
+    `(nan, nan)`: a check that should have an interval and has none is inconclusive, never
     judged on its point value alone."""
     per_layer = per_layer or {}
     out = []

@@ -1,13 +1,13 @@
 """Deprecations of the public API: old spellings keep working for one minor version, with a
-``DeprecationWarning`` that names the new one.
+`DeprecationWarning` that names the new one.
 
-- :func:`renamed_kwargs` — a function's keyword argument renamed (``n_draws=`` -> ``n_random=``);
-- :func:`keyword_only` — arguments that were positional and are now keyword-only;
-- :func:`renamed_classes` — a class renamed (``SinkStatistics`` -> ``SinkStatisticsResult``): the
+- `renamed_kwargs` — a function's keyword argument renamed (`n_draws=` -> `n_random=`);
+- `keyword_only` — arguments that were positional and are now keyword-only;
+- `renamed_classes` — a class renamed (`SinkStatistics` -> `SinkStatisticsResult`): the
   old name stays an attribute of its module, so imports and pickles written under it still work;
-- :func:`deprecated` — any other old behaviour kept reachable: warn, then do it.
+- `deprecated` — any other old behaviour kept reachable: warn, then do it.
 
-Example::
+Example:
 
     @renamed_kwargs(n_draws="n_random")
     def prune_heads(model, corpus, *, n_random=3): ...
@@ -31,7 +31,7 @@ REMOVED_IN = "0.4"
 
 
 def deprecated(message: str, *, stacklevel: int = 3) -> None:
-    """Warn that an old spelling or behaviour goes away in :data:`REMOVED_IN`."""
+    """Warn that an old spelling or behaviour goes away in `REMOVED_IN`."""
     warnings.warn(
         f"{message} (deprecated; removed in cw_lens {REMOVED_IN})",
         DeprecationWarning,
@@ -40,9 +40,9 @@ def deprecated(message: str, *, stacklevel: int = 3) -> None:
 
 
 def renamed_kwargs(**old_to_new: str) -> Callable[[F], F]:
-    """Accept each old keyword name for its new one, with a ``DeprecationWarning``; passing
-    both raises :class:`~cw_lens.InputError`. The wrapped function's signature shows only the
-    new names; ``__renamed_kwargs__`` lists the old ones."""
+    """Accept each old keyword name for its new one, with a `DeprecationWarning`; passing
+    both raises [`InputError`][cw_lens.InputError]. The wrapped function's signature shows only the
+    new names; `__renamed_kwargs__` lists the old ones."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -66,9 +66,9 @@ def renamed_kwargs(**old_to_new: str) -> Callable[[F], F]:
 
 
 def keyword_only(*names: str) -> Callable[[F], F]:
-    """Accept ``names`` (now keyword-only, in this order after the positional parameters) also
-    positionally, with a ``DeprecationWarning``: ``routes(model, text, 5)`` runs as
-    ``routes(model, text, target=5)``."""
+    """Accept `names` (now keyword-only, in this order after the positional parameters) also
+    positionally, with a `DeprecationWarning`: `routes(model, text, 5)` runs as
+    `routes(model, text, target=5)`."""
 
     def decorate(fn: F) -> F:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -96,12 +96,12 @@ def keyword_only(*names: str) -> Callable[[F], F]:
 
 
 def renamed_classes(module: str, **old_to_new: type) -> Callable[[str], type]:
-    """A module-level ``__getattr__`` (PEP 562) for the module named ``module`` that returns each
-    renamed class under its old name, with a ``DeprecationWarning`` naming the new one.
+    """A module-level `__getattr__` (PEP 562) for the module named `module` that returns each
+    renamed class under its old name, with a `DeprecationWarning` naming the new one.
 
-    ``pickle`` finds a class by module and name with ``getattr``, so a pickle that names the old
+    `pickle` finds a class by module and name with `getattr`, so a pickle that names the old
     class (written before the rename) loads into the new class; the warning tells that the old
-    name goes away in :data:`REMOVED_IN`. Example::
+    name goes away in `REMOVED_IN`. Example:
 
         __getattr__ = renamed_classes(__name__, SinkStatistics=SinkStatisticsResult)
     """

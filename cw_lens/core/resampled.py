@@ -1,30 +1,30 @@
 r"""The claims' headline numbers recomputed on bootstrap replicates of per-document sums.
 
-Each function takes the replicates ``[R, ...]`` of the sums an analysis keeps (what
-:meth:`cw_lens.core.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
-every headline number of its claims for all ``R`` replicates at once, ``{number: [R]}``, by the
-same formula as the claim's point value (docs/methods.md#claims). Applied to the corpus totals (``R
-= 1``) they give the point values back, which the tests check. Pure tensor math: no model, no
+Each function takes the replicates `[R, ...]` of the sums an analysis keeps (what
+`cw_lens.core.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
+every headline number of its claims for all `R` replicates at once, `{number: [R]}`, by the
+same formula as the claim's point value (docs/methods.md#claims). Applied to the corpus totals (`R
+= 1`) they give the point values back, which the tests check. Pure tensor math: no model, no
 pandas.
 
 What each interval is of, where the exact number cannot be recomputed from per-document sums:
 
-- ``median_cancelled_share`` (``sink_cancels_drift``): the median over sink heads of each
+- `median_cancelled_share` (`sink_cancels_drift`): the median over sink heads of each
   head's median cancelled share read from per-document *coarse* histograms (24 bins equal in
-  ``asinh(v / 1e-3)`` on ``[-10, 10]``, an edge at 0, plus the two edge bins: the sign of a
+  `asinh(v / 1e-3)` on `[-10, 10]`, an edge at 0, plus the two edge bins: the sign of a
   head's median is exact, its size resolved to a factor of about 2.5) instead of the fine
   histogram of the point value.
-- ``median_abs_rho_*`` (``sink_contribution_drivers``): per head, the Spearman rho over the
+- `median_abs_rho_*` (`sink_contribution_drivers`): per head, the Spearman rho over the
   kept factor samples, each counted as often as its document is drawn — the rho of the
   resampled corpus exactly when every entry was kept (the reservoirs' capacity not reached),
   else a resample of the kept entries.
 - Everything else is exact up to the float32 rounding of the per-document sums: sink heads,
   per-head means and ratios are recomputed per resample from the resampled sums; the s* and
-  drift-cosine medians are decided by edge counts (``median s* in (0, 1)`` iff fewer than half
-  of the head's s* are ``<= 0`` and fewer than half ``>= 1``; ``median cos < 0`` iff more than
+  drift-cosine medians are decided by edge counts (`median s* in (0, 1)` iff fewer than half
+  of the head's s* are `<= 0` and fewer than half `>= 1`; `median cos < 0` iff more than
   half of the cosines are negative), which is what the point value's histogram reads.
 
-Example::
+Example:
 
     from cw_lens.core.bootstrap import Bootstrap
     from cw_lens.core.resampled import taxonomy_numbers
@@ -56,7 +56,7 @@ Tables = dict[str, Tensor]
 def sink_head_fields(
     t: Tables, share_counts: Tensor, share_binning: dict, threshold: float
 ) -> Tables:
-    """Per (replicate, layer, head) fields from resampled sums ``t[name]`` ``[R, L, H]``."""
+    """Per (replicate, layer, head) fields from resampled sums `t[name]` `[R, L, H]`."""
     rate = ratio(t["rate_sum"], t["rate_count"])
     hist = Histogram((), **share_binning)
     hist.counts = share_counts
@@ -75,7 +75,7 @@ def sink_head_fields(
 
 
 def _sink_reduce(f: Tables, min_s_star_queries: int) -> Tables:
-    """The sink claims' numbers over the last axis (heads) of the fields ``f``."""
+    """The sink claims' numbers over the last axis (heads) of the fields `f`."""
     sink = f["sink"]
     judged = sink & (f["s_star_n"] >= min_s_star_queries)
     return {
@@ -93,7 +93,7 @@ def _sink_reduce(f: Tables, min_s_star_queries: int) -> Tables:
 
 
 def sink_numbers(fields: Tables, min_s_star_queries: int) -> dict[str, Float[Tensor, " R"]]:
-    """The sink claims' numbers over all heads (``fields`` from :func:`sink_head_fields`)."""
+    """The sink claims' numbers over all heads (`fields` from `sink_head_fields`)."""
     flat = {k: v.flatten(-2) for k, v in fields.items()}
     return _sink_reduce(flat, min_s_star_queries)
 
@@ -109,15 +109,17 @@ RANKS_EXACT_IN_FLOAT32 = 2**23  # half-integers below it are exact in float32 (2
 
 
 def rank_basis(x: Float[Tensor, " n"], doc: Tensor, n_docs: int) -> Float[Tensor, "n document"]:
-    """``A`` such that, with row ``j`` repeated ``w[d_j]`` times (``w`` per document), the
-    average rank (1-based, ties share their mean rank, as pandas) of row ``j`` is
-    ``w @ A[j] + 1/2``: ``A[j, d]`` is the number of rows of document ``d`` below ``x_j``
+    """`A` such that, with row `j` repeated `w[d_j]` times (`w` per document), the
+    average rank (1-based, ties share their mean rank, as pandas) of row `j` is
+    `w @ A[j] + 1/2`: `A[j, d]` is the number of rows of document `d` below `x_j`
     plus half of those equal to it."""
     order = torch.argsort(x, stable=True)
     _, tie = torch.unique_consecutive(x[order], return_inverse=True)
-    onehot = torch.zeros(len(x), n_docs, dtype=torch.float64)
-    onehot[torch.arange(len(x)), doc[order]] = 1.0
-    per_tie = torch.zeros(int(tie.max()) + 1 if len(x) else 0, n_docs, dtype=torch.float64)
+    onehot = torch.zeros(len(x), n_docs, dtype=torch.float64, device=x.device)
+    onehot[torch.arange(len(x), device=x.device), doc[order]] = 1.0
+    per_tie = torch.zeros(
+        int(tie.max()) + 1 if len(x) else 0, n_docs, dtype=torch.float64, device=x.device
+    )
     per_tie.index_add_(0, tie, onehot)
     below = per_tie.cumsum(0) - per_tie
     basis = torch.empty_like(onehot)
@@ -131,10 +133,10 @@ def doc_weighted_spearman(
     doc: Tensor,
     weights: Float[Tensor, "R document"],
 ) -> Float[Tensor, "R factor"]:
-    """Spearman's rho of each row of ``xs`` with ``y`` in each replicate, row ``j`` repeated
-    ``weights[r, doc[j]]`` times — pandas' ``corr(method="spearman", min_periods=3)`` on the
-    repeated rows (NaN below 3 rows or for a constant column). Ranks are ``weights @ basis``
-    (:func:`rank_basis`), one ``[R, documents] x [documents, n]`` product per column; the sums
+    """Spearman's rho of each row of `xs` with `y` in each replicate, row `j` repeated
+    `weights[r, doc[j]]` times — pandas' `corr(method="spearman", min_periods=3)` on the
+    repeated rows (NaN below 3 rows or for a constant column). Ranks are `weights @ basis`
+    (`rank_basis`), one `[R, documents] x [documents, n]` product per column; the sums
     over the repeated rows weight each row by its document's count.
 
     With whole-number, non-negative weights and fewer than 2**23 repeated rows every rank is a
@@ -161,7 +163,7 @@ def doc_weighted_spearman(
 
     dy = centred_ranks(y)
     vy = weighted_sum(dy * dy)
-    out = torch.full((w.shape[0], len(xs)), math.nan, dtype=torch.float64)
+    out = torch.full((w.shape[0], len(xs)), math.nan, dtype=torch.float64, device=w.device)
     for f, x in enumerate(xs):
         dx = centred_ranks(x)
         vx = weighted_sum(dx * dx)
@@ -174,9 +176,9 @@ def doc_weighted_spearman(
 def weighted_spearman(
     x: Float[Tensor, " n"], y: Float[Tensor, " n"], w: Float[Tensor, "R n"]
 ) -> Float[Tensor, " R"]:
-    """Spearman's rho of ``x`` and ``y`` in each replicate of rows repeated ``w[r, j]`` times
-    (:func:`doc_weighted_spearman` with one document per row)."""
-    return doc_weighted_spearman(x[None], y, torch.arange(len(x)), w)[:, 0]
+    """Spearman's rho of `x` and `y` in each replicate of rows repeated `w[r, j]` times
+    (`doc_weighted_spearman` with one document per row)."""
+    return doc_weighted_spearman(x[None], y, torch.arange(len(x), device=x.device), w)[:, 0]
 
 
 def driver_numbers(
@@ -185,18 +187,21 @@ def driver_numbers(
     weights: Float[Tensor, "R document"],
     sink: Bool[Tensor, "R layer head"],
 ) -> dict[str, Float[Tensor, " R"]]:
-    """``sink_contribution_drivers``' numbers, ``median_abs_rho_<f>_minus_attention``, on
+    """`sink_contribution_drivers`' numbers, `median_abs_rho_<f>_minus_attention`, on
     replicates of the documents: per head, the Spearman rho of each factor with the
     contribution over its sampled sink entries, each entry counted as often as its document is
-    drawn (``weights``); the median over the replicate's sink heads of ``|rho|`` (NaN rho left
+    drawn (`weights`); the median over the replicate's sink heads of `|rho|` (NaN rho left
     out, as pandas' median does).
 
-    ``samples``: per head ``(layer index, head, table, documents)``, ``table`` ``[n, factors +
-    1]`` (the factors, then the contribution), ``documents`` ``[n]`` indexes ``weights``.
+    `samples`: per head `(layer index, head, table, documents)`, `table` `[n, factors +
+    1]` (the factors, then the contribution), `documents` `[n]` indexes `weights`.
     """
     n_rep = weights.shape[0]
-    rho = {f: torch.full((n_rep, len(samples)), math.nan, dtype=torch.float64) for f in factors}
-    member = torch.zeros(n_rep, len(samples), dtype=torch.bool)
+    rho = {
+        f: torch.full((n_rep, len(samples)), math.nan, dtype=torch.float64, device=weights.device)
+        for f in factors
+    }
+    member = torch.zeros(n_rep, len(samples), dtype=torch.bool, device=weights.device)
     used = weights.any(0)  # documents some row draws (once, not an [R, n] gather per head)
     for i, (layer, head, table, docs) in enumerate(samples):
         member[:, i] = sink[:, layer, head]
@@ -220,12 +225,12 @@ def driver_numbers(
 
 
 def retriever(counts: Float[Tensor, "... 3"]) -> Tensor:
-    """Is a head a Retriever: ``current`` is its most frequent category (ties to Retriever)."""
+    """Is a head a Retriever: `current` is its most frequent category (ties to Retriever)."""
     return counts.argmax(-1) == 0
 
 
 def taxonomy_numbers(counts: Float[Tensor, "R layer head 3"]) -> dict[str, Tensor]:
-    """``retriever_share`` ``[R]`` and per layer ``[R, layer]`` from (current, sink, other)
+    """`retriever_share` `[R]` and per layer `[R, layer]` from (current, sink, other)
     winner counts per head."""
     is_retriever = retriever(counts).double()
     return {
@@ -237,8 +242,8 @@ def taxonomy_numbers(counts: Float[Tensor, "R layer head 3"]) -> dict[str, Tenso
 def per_layer_rows(
     layers: list[int], number: str, value: Tensor, interval: Tensor
 ) -> list[dict[str, Any]]:
-    """Tidy rows ``{"layer", "number", "value", "low", "high"}`` from per-layer point values
-    ``[L]`` and intervals ``[2, L]``."""
+    """Tidy rows `{"layer", "number", "value", "low", "high"}` from per-layer point values
+    `[L]` and intervals `[2, L]`."""
     return [
         {
             "layer": int(layer),
@@ -269,10 +274,10 @@ def selection_numbers(
     small_n: tuple[int, ...],
     sink_n: tuple[int, ...],
 ) -> dict[str, Tensor]:
-    """``topn_beats_random`` and ``sink_lowers_fn``'s numbers from sums of (F, scored queries)
-    per (layer, rule, head, N), as :func:`cw_lens.analyses.selection.selection_claims` reads
+    """`topn_beats_random` and `sink_lowers_fn`'s numbers from sums of (F, scored queries)
+    per (layer, rule, head, N), as `cw_lens.analyses.selection.selection_claims` reads
     them: the mean over heads of each head's mean F per rule and N; the geometric mean over
-    heads of F(sink excluded) / F(sink allowed) (:func:`geometric_mean_ratio`)."""
+    heads of F(sink excluded) / F(sink allowed) (`geometric_mean_ratio`)."""
     f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
     f = f.transpose(1, 2).flatten(2, 3)  # [R, rule, heads, n]
     means = masked_mean(f.transpose(-1, -2), ~f.transpose(-1, -2).isnan())  # [R, rule, n]
@@ -304,8 +309,8 @@ def selection_numbers(
 
 def is_biased_plugin(number: str) -> bool:
     """Whether a claim number's plug-in estimate is biased on few documents, so that its
-    interval is :attr:`cw_lens.core.bootstrap.Bootstrap.biased_method`'s: the geometric means
-    of per-head ratios of sums (``sink_lowers_fn``), which sit above the truth by about as much
+    interval is `cw_lens.core.bootstrap.Bootstrap.biased_method`'s: the geometric means
+    of per-head ratios of sums (`sink_lowers_fn`), which sit above the truth by about as much
     again as their bootstrap replicates sit above them (docs/coverage.md)."""
     return number.startswith("geomean_head_ratio_n")
 
@@ -316,8 +321,8 @@ F_EPS = 0.01  # added to both F's of a head in sink_lowers_fn's ratio (F_N is in
 def geometric_mean_ratio(
     f_without: Float[Tensor, "... head"], f_with: Float[Tensor, "... head"]
 ) -> Float[Tensor, "..."]:
-    """``exp(mean_h log((F_h(sink excluded) + eps) / (F_h(sink allowed) + eps)))`` over the heads
-    where both are measured (``eps`` = :data:`F_EPS`: a head whose F is 0 — no selected key
+    """`exp(mean_h log((F_h(sink excluded) + eps) / (F_h(sink allowed) + eps)))` over the heads
+    where both are measured (`eps` = `F_EPS`: a head whose F is 0 — no selected key
     closer than the nearest unselected one in any scored query — gets a finite ratio instead
     of 0 or infinity); NaN where no head is."""
     log_ratio = torch.log((f_without.double() + F_EPS) / (f_with.double() + F_EPS))
@@ -333,11 +338,11 @@ def aopc_numbers(
     configs: list[tuple],
     task: bool,
 ) -> dict[tuple[str, str, str], Tensor]:
-    """AOPC per (granularity, mode, metric) ``[R]`` from resampled per-configuration sums
-    (``"nll|<tag>"`` or ``"logprob|<tag>"`` and ``"count|<tag>"``, tag ``"clean"`` or
-    ``"g|metric|mode|fraction"``): the mean over the fractions of the change of the mean NLL
+    """AOPC per (granularity, mode, metric) `[R]` from resampled per-configuration sums
+    (`"nll|<tag>"` or `"logprob|<tag>"` and `"count|<tag>"`, tag `"clean"` or
+    `"g|metric|mode|fraction"`): the mean over the fractions of the change of the mean NLL
     (on tasks: the drop of the mean answer log-probability), as
-    :meth:`cw_lens.analyses.faithfulness.FaithfulnessResult.aopc`."""
+    `cw_lens.analyses.faithfulness.FaithfulnessResult.aopc`."""
     column = {n: i for i, n in enumerate(names)}
     value = "logprob" if task else "nll"
 
@@ -355,8 +360,8 @@ def aopc_numbers(
 def faithfulness_numbers(
     aopc: dict[tuple[str, str, str], Tensor], metrics: tuple[str, ...]
 ) -> dict[str, Tensor]:
-    """``faithfulness_order``'s numbers from AOPC replicates, as
-    :func:`cw_lens.analyses.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
+    """`faithfulness_order`'s numbers from AOPC replicates, as
+    `cw_lens.analyses.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
     comp = {m: aopc[("pairs", "comprehensiveness", m)] for m in metrics}
     suff = {m: aopc[("pairs", "sufficiency", m)] for m in metrics}
     out = {
@@ -377,10 +382,10 @@ def ablation_numbers(
     planned: Tensor,
     low_norm_quantile: float,
 ) -> dict[str, Tensor]:
-    """``sink_ablation_cone``'s numbers from resampled per-head sums (``cone_before, count_before,
-    cone_after, count_after, rel_norm``) of the patched heads and NLL sums (clean nll, count,
-    patched nll, count), as :meth:`cw_lens.analyses.sinks.SinkAblationResult.claims`: the low-norm
-    heads (relative output norm at or below its ``low_norm_quantile``, re-picked per resample)
+    """`sink_ablation_cone`'s numbers from resampled per-head sums (`cone_before, count_before,
+    cone_after, count_after, rel_norm`) of the patched heads and NLL sums (clean nll, count,
+    patched nll, count), as `cw_lens.analyses.sinks.SinkAblationResult.claims`: the low-norm
+    heads (relative output norm at or below its `low_norm_quantile`, re-picked per resample)
     against the others."""
     cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]
     rel = rel / n_b.clamp_min(1)
@@ -404,11 +409,11 @@ def pruning_numbers(
     levels: tuple[float, ...],
     draw_weights: Float[Tensor, "R draw"] | None = None,
 ) -> dict[str, Tensor]:
-    """``pruning_signal``'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
-    from resampled (NLL sum, count) per ``(order, draw, level)`` and ``"clean"``. The mean over
-    the random draws counts draw ``k`` ``draw_weights[r, k]`` times in row ``r``
-    (:meth:`cw_lens.core.bootstrap.Bootstrap.draw_weights`: the draws resampled with the
-    documents); ``None`` = each once."""
+    """`pruning_signal`'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
+    from resampled (NLL sum, count) per `(order, draw, level)` and `"clean"`. The mean over
+    the random draws counts draw `k` `draw_weights[r, k]` times in row `r`
+    (`cw_lens.core.bootstrap.Bootstrap.draw_weights`: the draws resampled with the
+    documents); `None` = each once."""
 
     def ppl(t: Tensor) -> Tensor:
         return torch.exp(t[:, 0] / t[:, 1])

@@ -1,8 +1,9 @@
 """The result protocol: what every object an analysis returns answers to.
 
-Every public result class (:class:`~cw_lens.ContributionResult`,
-:class:`~cw_lens.SinkStatisticsResult`, :class:`~cw_lens.RolloutResult`, ...; each name ends in
-``Result``) derives from :class:`Result`, so the same few calls work on all of them::
+Every public result class ([`ContributionResult`][cw_lens.ContributionResult],
+[`SinkStatisticsResult`][cw_lens.SinkStatisticsResult], [`RolloutResult`][cw_lens.RolloutResult],
+...; each name ends in `Result`) derives from [`Result`][cw_lens.Result], so the same few calls work
+on all of them:
 
     cw = cw_lens.contribution_weights(model, text, layers=[10, 20])
     cw                   # ContributionResult(model_name='...', layers=[10, 20], ...) one line
@@ -10,14 +11,18 @@ Every public result class (:class:`~cw_lens.ContributionResult`,
     cw.to_dataframe()    # the full tidy table
     cw.plot()            # the figure (where the result has one)
     cw.layer(20)         # the same result restricted to layer 20 (by layer NUMBER)
+    cw.top(5)            # the 5 largest rows (k first; every other argument by keyword)
+    cw.save("cw.safetensors"); cw_lens.load_result("cw.safetensors")   # a file, no pickle
     stats.claims()       # a ClaimsTable: prints as a table, stats.claims()["sink_anti_alignment"]
 
-:class:`ClaimsTable` is the printable ``{claim id: claim}`` mapping every ``claims()`` returns.
+[`ClaimsTable`][cw_lens.ClaimsTable] is the printable `{claim id: claim}` mapping every `claims()`
+returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -57,25 +62,29 @@ def _short(value: Any) -> str:
 class Result:
     """Base of every public result: one protocol for all analyses.
 
-    - ``repr(result)``: one short line — the class, the model, the layers, the shape of every
+    - `repr(result)`: one short line — the class, the model, the layers, the shape of every
       tensor and the size of every table; never their contents (a notebook cell ending with a
       result prints one line). Jupyter and IPython show the same line.
-    - ``result.summary()``: a :class:`pandas.DataFrame`, for every result: the headline numbers
+    - `result.summary()`: a `pandas.DataFrame`, for every result: the headline numbers
       (one row, or one row per group such as a ranking or a layer). Results whose summary was a
-      dict or a string in 0.2 keep it as ``summary_dict()`` / ``summary_text()``.
-    - ``result.to_dataframe()``: the full tidy table behind the result.
-    - ``result.plot(...)``: the result's figure (a matplotlib ``Figure``), where it has one.
-    - ``result.claims(...)``: where the result carries claims of the papers, a
-      :class:`ClaimsTable` (a ``{claim id: claim}`` mapping that prints as a table).
-    - ``result.layer(n)``: for results over a subset of layers (``layers=[10, 20]``), the same
-      result restricted to layer NUMBER ``n`` (``layers == [n]``, the layer axis kept with size
-      1); ``result.layer_index(n)`` is that layer's position on the layer axis. A layer that is
-      not in the result raises :class:`~cw_lens.InputError` naming the layers it has. Results
-      whose numbers are one table row per (layer, head) (the sink statistics and the sink
-      ablation) return that table's rows of layer ``n`` instead.
+      dict or a string in 0.2 keep it as `summary_dict()` / `summary_text()`.
+    - `result.to_dataframe()`: the full tidy table behind the result.
+    - `result.plot(...)`: the result's figure (a matplotlib `Figure`), where it has one.
+    - `result.claims(...)`: where the result carries claims of the papers, a
+      [`ClaimsTable`][cw_lens.ClaimsTable] (a `{claim id: claim}` mapping that prints as a table).
+    - `result.layer(n)`: for results over a subset of layers (`layers=[10, 20]`), the same
+      result restricted to layer NUMBER `n` (`layers == [n]`, the layer axis kept with size
+      1); `result.layer_index(n)` is that layer's position on the layer axis. A layer that is
+      not in the result raises [`InputError`][cw_lens.InputError] naming the layers it has. It
+      is a result for every class (the sink statistics and the sink ablation included): the
+      table of one layer is `result.layer(n).to_dataframe()`.
+    - `result.top(k=10, ...)`: the `k` largest rows of what the result ranks; `k` comes first
+      (by position or keyword) and every other argument is keyword-only, in every result.
+    - `result.save(path)`: one safetensors file (no pickle) that
+      [`cw_lens.load_result`][cw_lens.load_result] reads back into an equal result.
 
-    Subclasses that support :meth:`layer` hold the layer numbers in ``layers`` and list their
-    layer-axis fields in ``_layer_axes`` (``((field name, axis), ...)``; ``()`` when ``layers``
+    Subclasses that support `layer` hold the layer numbers in `layers` and list their
+    layer-axis fields in `_layer_axes` (`((field name, axis), ...)`; `()` when `layers`
     alone selects, e.g. tables keyed by layer number).
     """
 
@@ -83,7 +92,7 @@ class Result:
 
     # ----------------------------------------------------------------- repr
     def _repr_items(self) -> list[tuple[str, Any]]:
-        """The (name, value) pairs the repr describes: the dataclass fields shown by ``repr``
+        """The (name, value) pairs the repr describes: the dataclass fields shown by `repr`
         (or the public attributes), the model name and layers first."""
         if dataclasses.is_dataclass(self):
             items = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr]
@@ -104,8 +113,22 @@ class Result:
 
     # ----------------------------------------------------------------- summary
     def summary(self) -> pd.DataFrame:
-        """The headline numbers as a DataFrame (the default: ``summary_dict()`` as one row, or
-        the repr's fields when the result has no headline numbers)."""
+        """The headline numbers as a DataFrame.
+
+        Returns:
+            `summary_dict()` as one row, or the repr's fields when the result has no headline
+            numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.summary()
+            ```
+        """
         summary_dict = getattr(self, "summary_dict", None)
         if summary_dict is not None:
             return dict_frame(summary_dict())
@@ -113,7 +136,24 @@ class Result:
 
     # ----------------------------------------------------------------- layers
     def layer_index(self, layer: int) -> int:
-        """The position of layer NUMBER ``layer`` on this result's layer axis."""
+        """The position of layer NUMBER `layer` on this result's layer axis.
+
+        Args:
+            layer: A layer number of the result (`layers`); any other raises
+                [`InputError`][cw_lens.InputError].
+
+        Returns:
+            The index into the layer axis.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.", layers=[1])
+            cw.layer_index(1)  # 0: layer 1 is the first (and only) layer of the result
+            ```
+        """
         layers = list(getattr(self, "layers", None) or [])
         if isinstance(layer, bool) or not isinstance(layer, int) or layer not in layers:
             raise InputError(
@@ -124,8 +164,24 @@ class Result:
         return layers.index(layer)
 
     def layer(self, layer: int) -> Result:
-        """The same result restricted to layer NUMBER ``layer`` (``layers == [layer]``; every
-        layer-axis field keeps its axis, with size 1)."""
+        """The same result restricted to layer NUMBER `layer`.
+
+        Args:
+            layer: A layer number of the result (`layers`).
+
+        Returns:
+            A result of the same class with `layers == [layer]`; every layer-axis field keeps its
+            axis, with size 1.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cw = cw_lens.contribution_weights(model, "The cat sat on the mat.")
+            cw.layer(1).weights.shape  # [batch, 1, head, query, key]
+            ```
+        """
         if self._layer_axes is None:
             raise InputError(f"{type(self).__name__} has no layer axis to select from.")
         i = self.layer_index(layer)
@@ -133,10 +189,42 @@ class Result:
         return dataclasses.replace(self, layers=[layer], **fields)  # type: ignore[type-var]
 
     def _layer_rows(self, table: pd.DataFrame, layer: int) -> pd.DataFrame:
-        """The rows of ``table`` (its ``layer`` column holds layer numbers) of layer NUMBER
-        ``layer``, numbered from 0; a layer not in ``layers`` raises :class:`InputError`."""
+        """The rows of `table` (its `layer` column holds layer numbers) of layer NUMBER
+        `layer`, numbered from 0; a layer not in `layers` raises
+        [`InputError`][cw_lens.InputError]."""
         self.layer_index(layer)
         return table[table["layer"] == layer].reset_index(drop=True)
+
+    # ----------------------------------------------------------------- saving
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write this result to one file, read back by `cw_lens.load_result(path)`.
+
+        The file is a safetensors file: the tensors (and numeric arrays and DataFrame
+        columns) as its tensors, everything else as JSON in its metadata, with a format
+        version (`cw_lens.core.saving` describes the format). No pickle: loading runs no code
+        from the file. The loaded result equals this one field by field.
+
+        Args:
+            path: The file to write (conventionally `*.safetensors`); an existing file is
+                replaced.
+
+        Raises:
+            InputError: when a field holds a value the format cannot store (the message
+                names the field).
+
+        Examples:
+            >>> import tempfile, pathlib
+            >>> import cw_lens
+            >>> model = cw_lens.load_model("testing:tiny-llama")
+            >>> rollout = cw_lens.contribution_rollout(model, "Save me, then load me.")
+            >>> path = pathlib.Path(tempfile.mkdtemp()) / "rollout.safetensors"
+            >>> rollout.save(path)
+            >>> cw_lens.load_result(path).top(k=2).equals(rollout.top(k=2))
+            True
+        """
+        from cw_lens.core.saving import save_result
+
+        save_result(self, path)
 
 
 def _take(value: Any, axis: int, index: int) -> Any:
@@ -148,7 +236,7 @@ def _take(value: Any, axis: int, index: int) -> Any:
 
 
 def check_batch_row(mask: Bool[Tensor, "batch pos"], batch: int) -> int:
-    """Check a batch row index of a result whose real positions are ``mask``."""
+    """Check a batch row index of a result whose real positions are `mask`."""
     n_batch = mask.shape[0]
     if isinstance(batch, bool) or not isinstance(batch, int) or not 0 <= batch < n_batch:
         raise InputError(f"batch must be a row index in 0..{n_batch - 1}, got {batch!r}.")
@@ -156,7 +244,7 @@ def check_batch_row(mask: Bool[Tensor, "batch pos"], batch: int) -> int:
 
 
 def resolve_row(mask: Bool[Tensor, "batch pos"], batch: int, query: int | None) -> tuple[int, int]:
-    """Check a batch row and a query position (``None``: the last real token; negative
+    """Check a batch row and a query position (`None`: the last real token; negative
     counts from the end of the row's real tokens)."""
     check_batch_row(mask, batch)
     n = int(mask[batch].sum())
@@ -172,20 +260,49 @@ def dict_frame(values: dict[str, Any]) -> pd.DataFrame:
 
 
 class ClaimsTable(dict):
-    """The claims of a result: ``{claim id: claim dict}`` (``paper``, ``measured``, ``holds``,
-    ``criterion``, ``checks``) that prints as a table.
+    """The claims of a result: `{claim id: claim dict}` (`paper`, `measured`, `holds`,
+    `criterion`, `checks`) that prints as a table.
 
-    It is a ``dict``, so ``claims["sink_anti_alignment"]["holds"]``, iteration, ``json.dumps``
-    and ``.update`` work as before; ``to_dataframe()`` is one row per claim, ``to_dict()`` the
+    It is a `dict`, so `claims["sink_anti_alignment"]["holds"]`, iteration, `json.dumps`
+    and `.update` work as before; `to_dataframe()` is one row per claim, `to_dict()` the
     plain nested dict, and Jupyter renders it as a Markdown table.
     """
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The plain nested dict.
+
+        Returns:
+            `{claim id: claim dict}` (copies of the claims).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            claims = cw_lens.head_taxonomy(model, corpus, progress=False).claims()
+            claims.to_dict()
+            ```
+        """
         return {cid: dict(claim) for cid, claim in self.items()}
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per claim: ``claim``, ``holds``, ``paper``, ``criterion`` and the claim's
-        checked numbers as ``number=value`` text."""
+        """One row per claim.
+
+        Returns:
+            A DataFrame with `claim`, `holds`, `paper`, `criterion` and the claim's checked
+            numbers as `number=value` text.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            claims = cw_lens.head_taxonomy(model, corpus, progress=False).claims()
+            claims.to_dataframe()
+            ```
+        """
         rows = [
             {
                 "claim": cid,

@@ -1,8 +1,8 @@
 """Data: corpora, documents, inputs (text -> checked token batches), scoring, the corpus stream.
 
-Layer 3 of 5 (see ``docs/architecture.md``): may import ``cw_lens.models`` and ``cw_lens.core``.
-The names below are the old module ``cw_lens.data`` (now :mod:`cw_lens.data.documents`), so
-``from cw_lens.data import Corpus`` keeps working.
+Layer 3 of 5 (see `docs/architecture.md`): may import `cw_lens.models` and `cw_lens.core`.
+The names below are the old module `cw_lens.data` (now `cw_lens.data.documents`), so
+`from cw_lens.data import Corpus` keeps working.
 """
 
 from typing import Any
@@ -60,7 +60,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Anything else the old module ``cw_lens.data`` held comes from its new home."""
+    """Anything else the old module `cw_lens.data` held comes from its new home."""
     try:
         return getattr(documents, name)
     except AttributeError:

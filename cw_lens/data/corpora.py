@@ -1,31 +1,30 @@
-"""Loading corpora to analyse: ``load_corpus``.
+"""Loading corpora to analyse: `load_corpus`.
 
-Sources (see :mod:`cw_lens.data.documents` for each): ``None``/``"pydoc"``, ``"stdlib"`` and
-``"pydoc+stdlib"`` (English prose that ships with every CPython, windowed), ``"ioi"`` and
-``"arithmetic"`` (generated task items with known answers), a ``.txt`` or ``.jsonl`` path, or
-``"hf:NAME[:CONFIG[:SPLIT]]"`` (needs internet).
-Task items carry ``answer``; with ``model=`` and ``only_correct=True`` only the items the model
+Sources (see `cw_lens.data.documents` for each): `None`/`"pydoc"`, `"stdlib"` and
+`"pydoc+stdlib"` (English prose that ships with every CPython, windowed), `"ioi"` and
+`"arithmetic"` (generated task items with known answers), a `.txt` or `.jsonl` path, or
+`"hf:NAME[:CONFIG[:SPLIT]]"` (needs internet).
+Task items carry `answer`; with `model=` and `only_correct=True` only the items the model
 completes correctly (greedy, teacher-forced over every answer token) are kept.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model)
-    ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.data import documents as data
 from cw_lens.data.scoring import keep_correct
+from cw_lens.models.access import Model
 from cw_lens.models.load import embedded_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def resolve_tokenizer(tokenizer: Any) -> Any:
@@ -40,31 +39,40 @@ def load_corpus(
     *,
     n_docs: int = 8,
     max_tokens: int = 128,
-    model: Any = None,
+    model: Model | PreTrainedTokenizerBase | None = None,
     seed: int = 0,
     only_correct: bool = False,
 ) -> data.Corpus:
     """Load a corpus of documents to analyse.
 
     Args:
-        name: ``None``/``"pydoc"``, ``"stdlib"``, ``"pydoc+stdlib"``, ``"ioi"``,
-            ``"arithmetic"``, a ``.txt`` or ``.jsonl`` path, or ``"hf:NAME[:CONFIG[:SPLIT]]"``
+        name: `None`/`"pydoc"`, `"stdlib"`, `"pydoc+stdlib"`, `"ioi"`,
+            `"arithmetic"`, a `.txt` or `.jsonl` path, or `"hf:NAME[:CONFIG[:SPLIT]]"`
             (see the module docstring).
         n_docs: Number of documents.
         max_tokens: Window length in text tokens for prose sources (BOS is added on top by the
             analyses). Task items are single short prompts and ignore it.
         model: The model the corpus is for (or a bare tokenizer): windows are cut in its
-            tokenizer's tokens, and with ``only_correct`` it answers the task items. ``None``
-            uses the embedded SmolLM2 tokenizer. (``tokenizer=``: its deprecated name.)
+            tokenizer's tokens, and with `only_correct` it answers the task items. `None`
+            uses the embedded SmolLM2 tokenizer. (`tokenizer=`: its deprecated name.)
         seed: Seed for window sampling and task generation.
-        only_correct: Keep only items ``model`` answers correctly (requires ``model``). The
-            generator draws more candidates until ``n_docs`` are found or 20x were tried.
+        only_correct: Keep only items `model` answers correctly (requires `model`). The
+            generator draws more candidates until `n_docs` are found or 20x were tried.
 
     Returns:
-        A :class:`Corpus`.
+        A [`Corpus`][cw_lens.Corpus].
 
-    Long: one short branch per source (built-in texts, tasks, JSONL, Hugging Face).
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        ioi = cw_lens.load_corpus("ioi", n_docs=4, model=model)   # task items with answers
+        corpus.to_dataframe()
+        ```
     """
+    # Long: one short branch per source (built-in texts, tasks, JSONL, Hugging Face).
     if n_docs < 1:
         raise InputError(f"n_docs must be at least 1, got {n_docs}.")
     if max_tokens < 1:

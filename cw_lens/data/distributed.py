@@ -1,15 +1,15 @@
-"""Sharding corpus runs over ``torchrun`` ranks and merging their accumulators exactly.
+"""Sharding corpus runs over `torchrun` ranks and merging their accumulators exactly.
 
-Under ``torchrun --nproc-per-node N`` (``RANK``/``WORLD_SIZE`` set) every corpus analysis
+Under `torchrun --nproc-per-node N` (`RANK`/`WORLD_SIZE` set) every corpus analysis
 shards its document batches round-robin over the ranks — the batch plan is computed from the
 whole corpus on every rank, so each document is processed in exactly the batch it would be in
 a single process — and gathers and merges the accumulators on every rank. Accumulators keep
 exact (integer fixed-point) sums, integer histograms and hash-keyed sample reservoirs
-(:mod:`cw_lens.core.accumulate`), all independent of the order of addition and merging and of a
+(`cw_lens.core.accumulate`), all independent of the order of addition and merging and of a
 fixed size, so the merged numbers are bit-identical to a single-process run. The backend is
 gloo on CPU, nccl on GPU.
 
-Example (2 CPU processes)::
+Example (2 CPU processes):
 
     torchrun --nproc-per-node 2 -m cw_lens.cli figures --out figures-ddp
 """
@@ -25,7 +25,7 @@ from cw_lens.core.accumulate import merge_all
 
 
 def init_from_env(device: str | None = None) -> tuple[int, int] | None:
-    """Initialise the process group when launched by torchrun; return ``(rank, world)``."""
+    """Initialise the process group when launched by torchrun; return `(rank, world)`."""
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) <= 1:
         return current_shard()
     import torch.distributed as dist
@@ -39,7 +39,7 @@ def init_from_env(device: str | None = None) -> tuple[int, int] | None:
 
 
 def current_shard() -> tuple[int, int] | None:
-    """``(rank, world_size)`` inside an initialised process group of 2+ ranks, else None."""
+    """`(rank, world_size)` inside an initialised process group of 2+ ranks, else None."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -53,7 +53,7 @@ def is_main_process() -> bool:
 
 
 def merge_across_ranks(obj: Any) -> Any:
-    """Gather ``obj`` (anything with ``merge``) from every rank and merge in rank order."""
+    """Gather `obj` (anything with `merge`) from every rank and merge in rank order."""
     shard = current_shard()
     if shard is None:
         return obj
@@ -65,7 +65,7 @@ def merge_across_ranks(obj: Any) -> Any:
 
 
 def main_process_decides(flag: bool) -> bool:
-    """Rank 0's ``flag`` on every rank (``flag`` itself outside a process group).
+    """Rank 0's `flag` on every rank (`flag` itself outside a process group).
 
     For choices every rank must make alike because collectives follow them — e.g. whether a step
     is loaded from disk or computed: a rank that checked a moment later could otherwise see a file

@@ -1,45 +1,43 @@
 """Corpus types and sources: real prose that ships with Python, generated task sets, user files.
 
-:func:`cw_lens.data.corpora.load_corpus` returns a :class:`Corpus` (a sequence of
-:class:`Document`). Every analysis that takes a corpus also accepts a plain list of strings.
+[`cw_lens.load_corpus`][cw_lens.load_corpus] returns a [`Corpus`][cw_lens.Corpus] (a sequence of
+[`Document`][cw_lens.Document]). Every analysis that takes a corpus also accepts a plain list of
+strings.
 
 Sources
 -------
-``None`` / ``"pydoc"``
+`None` / `"pydoc"`
     English prose that ships with every CPython: the language-reference topics of the standard
-    library's ``pydoc_data.topics`` (79 topics, about 113k SmolLM2 tokens on Python 3.11),
-    joined in sorted topic order and cut into non-overlapping windows of ``max_tokens`` text
-    tokens; ``n_docs`` windows are drawn with ``seed``. The text differs slightly between
+    library's `pydoc_data.topics` (79 topics, about 113k SmolLM2 tokens on Python 3.11),
+    joined in sorted topic order and cut into non-overlapping windows of `max_tokens` text
+    tokens; `n_docs` windows are drawn with `seed`. The text differs slightly between
     Python versions, so reports record the Python version.
-``"stdlib"``
+`"stdlib"`
     More English prose that ships with every CPython: the docstrings (over 200 characters) of
     the standard library's public modules, classes and functions, read from its source files
-    with :mod:`ast` (nothing is imported; test suites, IDLE, tkinter and lib2to3 left out), in
+    with `ast` (nothing is imported; test suites, IDLE, tkinter and lib2to3 left out), in
     sorted file order — on Python 3.11, 1,510 docstrings, 226k SmolLM2 tokens (882 windows of 256
-    tokens); parsing takes a few seconds, once per process. Windowed like ``"pydoc"``.
-``"pydoc+stdlib"``
-    Both, pydoc's topics first (1,324 windows of 256 tokens on Python 3.11, where ``"pydoc"``
+    tokens); parsing takes a few seconds, once per process. Windowed like `"pydoc"`.
+`"pydoc+stdlib"`
+    Both, pydoc's topics first (1,324 windows of 256 tokens on Python 3.11, where `"pydoc"`
     alone holds 441): the offline corpus for paper-scale runs.
-``"ioi"``
+`"ioi"`
     Indirect-object sentences ("When Mary and John went to the store, John gave a drink to"
     -> " Mary"), 10 templates x 40 names x places x objects, seeded.
-``"arithmetic"``
+`"arithmetic"`
     Short GSM8K-style word problems whose last clause sets up the equation ("Tom has 3
     apples and buys 5 more, so Tom has 3 + 5 =" -> " 8"): add, subtract, multiply.
-A ``.txt`` path
-    The file's text, windowed like ``"pydoc"``.
-A ``.jsonl`` path
-    One JSON object per line with a ``"text"`` field and an optional ``"answer"`` field.
-``"hf:NAME[:CONFIG[:SPLIT]]"``
-    A Hugging Face ``datasets`` corpus (needs internet; not available offline), windowed.
+A `.txt` path
+    The file's text, windowed like `"pydoc"`.
+A `.jsonl` path
+    One JSON object per line with a `"text"` field and an optional `"answer"` field.
+`"hf:NAME[:CONFIG[:SPLIT]]"`
+    A Hugging Face `datasets` corpus (needs internet; not available offline), windowed.
 
-Task items carry ``answer``; pass ``model=`` with ``only_correct=True`` to keep only the items the
+Task items carry `answer`; pass `model=` with `only_correct=True` to keep only the items the
 model completes correctly (greedy, teacher-forced over every answer token).
 
-Example::
-
-    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=96, model=model.tokenizer)
-    ioi = cw_lens.load_corpus("ioi", n_docs=32, model=model, only_correct=True)
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -67,9 +65,9 @@ class Document:
 
     Attributes:
         text: The text the model reads (a task prompt ends right before its answer).
-        tokens: Token ids of ``text`` without BOS, for the tokenizer the corpus was loaded
-            with; ``None`` when the corpus was loaded without one (analyses then tokenise).
-        answer: The expected continuation for task items (``" Mary"``, ``" 8"``), else ``None``.
+        tokens: Token ids of `text` without BOS, for the tokenizer the corpus was loaded
+            with; `None` when the corpus was loaded without one (analyses then tokenise).
+        answer: The expected continuation for task items (`" Mary"`, `" 8"`), else `None`.
         meta: Provenance (topic, template, offset, ...).
     """
 
@@ -81,7 +79,7 @@ class Document:
 
 @dataclass
 class Corpus(Sequence):
-    """A named, ordered collection of documents (what ``load_corpus`` returns)."""
+    """A named, ordered collection of documents (what `load_corpus` returns)."""
 
     name: str
     documents: list[Document]
@@ -106,6 +104,39 @@ class Corpus(Sequence):
     def __iter__(self) -> Iterator[Document]:
         return iter(self.documents)
 
+    def __repr__(self) -> str:
+        """One short line: the name, the size, the source and the seed — never the texts.
+
+        Examples:
+            >>> from cw_lens.data.documents import Corpus, Document
+            >>> Corpus("pydoc", [Document("a b", (1, 2), meta={"source": "pydoc_data.topics"})])
+            Corpus('pydoc', 1 document x 2 tokens, source='pydoc_data.topics', seed=0)
+        """
+        n = len(self.documents)
+        lengths = [len(d.tokens) for d in self.documents if d.tokens is not None]
+        if lengths and len(lengths) == n:
+            low, high = min(lengths), max(lengths)
+            size = f" x {high} tokens" if low == high else f" x {low}-{high} tokens"
+        elif self.max_tokens is not None:
+            size = f" x at most {self.max_tokens} tokens"
+        else:
+            size = ", not tokenised"
+        parts = [repr(self.name), f"{n} document{'' if n == 1 else 's'}{size}"]
+        sources = {
+            str(d.meta.get("source") or d.meta.get("task"))
+            for d in self.documents
+            if d.meta.get("source") or d.meta.get("task")
+        }
+        if len(sources) == 1:
+            parts.append(f"source={sources.pop()!r}")
+        elif sources:
+            parts.append(f"{len(sources)} sources")
+        parts.append(f"seed={self.seed}")
+        return f"Corpus({', '.join(parts)})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
     @property
     def texts(self) -> list[str]:
         return [d.text for d in self.documents]
@@ -116,6 +147,20 @@ class Corpus(Sequence):
         return bool(self.documents) and all(d.answer is not None for d in self.documents)
 
     def to_dataframe(self) -> pd.DataFrame:
+        """One row per document: its index, text, answer and source.
+
+        Returns:
+            A DataFrame, one row per document.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            corpus.to_dataframe()
+            ```
+        """
         rows = []
         for i, d in enumerate(self.documents):
             rows.append(
@@ -131,7 +176,8 @@ class Corpus(Sequence):
 
 
 def as_corpus(corpus: Any) -> Corpus:
-    """Accept a :class:`Corpus`, a string, a list of strings or of :class:`Document`."""
+    """Accept a [`Corpus`][cw_lens.Corpus], a string, a list of strings or of
+    [`Document`][cw_lens.Document]."""
     if isinstance(corpus, Corpus):
         docs = corpus
     elif isinstance(corpus, str):
@@ -197,7 +243,7 @@ def windows(
 
 
 def pydoc_text() -> str:
-    """The language-reference topics of ``pydoc_data.topics``, sorted and joined."""
+    """The language-reference topics of `pydoc_data.topics`, sorted and joined."""
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[key] for key in sorted(topics))
@@ -209,7 +255,7 @@ DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 @functools.lru_cache(maxsize=1)
 def stdlib_text(min_chars: int = 200) -> str:
-    """The docstrings longer than ``min_chars`` of the standard library's public modules and of
+    """The docstrings longer than `min_chars` of the standard library's public modules and of
     their public classes, functions and methods, parsed from the source files (never imported),
     in sorted path order: the same text for one Python installation."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -237,7 +283,7 @@ def stdlib_text(min_chars: int = 200) -> str:
 
 
 def pydoc_and_stdlib_text() -> str:
-    """:func:`pydoc_text`, then :func:`stdlib_text`."""
+    """`pydoc_text`, then `stdlib_text`."""
     return pydoc_text() + "\n\n" + stdlib_text()
 
 

@@ -1,12 +1,12 @@
 """Turning what users hand in (text, lists, token tensors, corpora) into checked token batches.
 
-Every analysis goes through :func:`prepare_inputs`, so every one gives the same clear errors for
+Every analysis goes through `prepare_inputs`, so every one gives the same clear errors for
 empty text, over-long input and padding without an attention mask, and the same layout:
 
-- strings are tokenised with the model's tokenizer, BOS prepended when ``prepend_bos=True``
+- strings are tokenised with the model's tokenizer, BOS prepended when `prepend_bos=True`
   (the TransformerLens default), and **right-padded**, so position 0 is the first token (the
   sink) in every row and padded positions sit at the end;
-- a token tensor is used as given; with an ``attention_mask`` its rows are re-aligned to the same
+- a token tensor is used as given; with an `attention_mask` its rows are re-aligned to the same
   right-padded layout (left padding is moved to the end; positions then count from each row's
   first real token, and the model sees identical position ids);
 - a token tensor whose rows begin or end with the pad token and that comes without a mask is
@@ -22,6 +22,7 @@ import torch
 
 from cw_lens.core.errors import InputError
 from cw_lens.data.documents import Corpus, Document, as_corpus, tokenizer_fingerprint
+from cw_lens.models.access import check_model
 from cw_lens.models.batch import TokenBatch
 
 
@@ -72,11 +73,11 @@ def corpus_matches(corpus: Corpus, model: Any) -> bool:
 def check_windows_match(corpus: Corpus, model: Any) -> None:
     """Refuse a corpus cut into windows of another tokenizer's tokens.
 
-    ``load_corpus`` cuts prose into windows of ``max_tokens`` tokens of the tokenizer it was
+    `load_corpus` cuts prose into windows of `max_tokens` tokens of the tokenizer it was
     given (the embedded SmolLM2's when none). Re-tokenising such a window for another model gives
     another number of tokens per document — an analysis would silently measure other windows than
     the ones asked for — so the corpus has to be loaded for the model instead. Task items and
-    whole documents (``.jsonl``) are not windows: they are re-tokenised for the model as texts.
+    whole documents (`.jsonl`) are not windows: they are re-tokenised for the model as texts.
     """
     windowed = any("offset" in d.meta for d in corpus)
     fp = getattr(corpus, "tokenizer_fingerprint", None)
@@ -93,10 +94,10 @@ def check_windows_match(corpus: Corpus, model: Any) -> None:
 
 def _pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
+    mask = torch.zeros((len(rows), width), dtype=torch.bool, device="cpu")
     for i, r in enumerate(rows):
-        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long, device="cpu")
         mask[i, : len(r)] = True
     return tokens, mask
 
@@ -145,7 +146,7 @@ def _from_tensor(
                     "list of strings and cw_lens pads them for you."
                 )
         return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    mask = torch.as_tensor(attention_mask).detach().cpu()
+    mask = torch.as_tensor(attention_mask, device="cpu").detach().cpu()
     if mask.ndim == 1:
         mask = mask[None]
     if mask.shape != tokens.shape:
@@ -174,15 +175,16 @@ def prepare_inputs(
     prepend_bos: bool = True,
     attention_mask: torch.Tensor | None = None,
 ) -> TokenBatch:
-    """Check and tokenise ``inputs`` into a right-padded :class:`TokenBatch`.
+    """Check and tokenise `inputs` into a right-padded `TokenBatch`.
 
     Args:
-        model: The ``TransformerBridge``.
-        inputs: A string, a list of strings or :class:`~cw_lens.data.documents.Document`, a
-            :class:`~cw_lens.data.documents.Corpus`, or token ids ``[batch, pos]``.
+        model: The `TransformerBridge`.
+        inputs: A string, a list of strings or [`Document`][cw_lens.Document], a
+            [`Corpus`][cw_lens.Corpus], or token ids `[batch, pos]`.
         prepend_bos: Prepend the tokenizer's BOS token to text (ignored for token tensors).
         attention_mask: For token tensors only: 1 at real tokens, 0 at padding.
     """
+    check_model(model)  # a name such as "gpt2" is not a model: say how to load it
     _, bos_token = _bos(model)
     if isinstance(inputs, torch.Tensor):
         tokens, mask = _from_tensor(model, inputs, attention_mask)
@@ -207,7 +209,7 @@ def prepare_inputs(
 
 
 def iter_batches(batch: TokenBatch, batch_size: int | None) -> Iterator[TokenBatch]:
-    """Split a prepared batch into sub-batches of at most ``batch_size`` rows, trimming padding.
+    """Split a prepared batch into sub-batches of at most `batch_size` rows, trimming padding.
 
     Rows are grouped in order of length so sub-batches waste little padding.
     """
@@ -233,10 +235,10 @@ def iter_batches(batch: TokenBatch, batch_size: int | None) -> Iterator[TokenBat
 def answer_spans(
     model: Any, documents: Sequence[Document], prepend_bos: bool = True
 ) -> tuple[TokenBatch, list[tuple[int, int]]]:
-    """Tokenise ``prompt + answer`` per task item and locate the answer tokens.
+    """Tokenise `prompt + answer` per task item and locate the answer tokens.
 
-    Returns the batch and, per row, the half-open position range ``[start, end)`` of the answer
-    tokens (the model predicts token ``t`` from position ``t - 1``).
+    Returns the batch and, per row, the half-open position range `[start, end)` of the answer
+    tokens (the model predicts token `t` from position `t - 1`).
     """
     rows, spans = [], []
     for i, d in enumerate(documents):

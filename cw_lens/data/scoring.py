@@ -1,14 +1,14 @@
 """Scoring what the model predicts: next-token NLL on text, answer log-probability on tasks.
 
 Language-model text: the mean next-token negative log-likelihood over the scored positions
-(every real position that has a real successor), and ``PPL = exp(mean NLL)``; the sums
-are kept in a :class:`~cw_lens.core.accumulate.ExactSums` so sharded runs merge exactly.
+(every real position that has a real successor), and `PPL = exp(mean NLL)`; the sums
+are kept in a `ExactSums` so sharded runs merge exactly.
 
-Task items (a prompt with a known answer): the answer ``a_1 .. a_m`` (its tokens after the
-prompt) is scored teacher-forced: its log-probability is ``sum_t log p(a_t | prompt, a_<t)``
-and the item counts as correct when every ``a_t`` is the model's greedy choice. Used to keep
+Task items (a prompt with a known answer): the answer `a_1 .. a_m` (its tokens after the
+prompt) is scored teacher-forced: its log-probability is `sum_t log p(a_t | prompt, a_<t)`
+and the item counts as correct when every `a_t` is the model's greedy choice. Used to keep
 only correctly answered items
-(``load_corpus(..., only_correct=True)``) and by the faithfulness protocol on task corpora.
+(`load_corpus(..., only_correct=True)`) and by the faithfulness protocol on task corpora.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ HookSource = Sequence | Callable[[TokenBatch], Sequence]
 
 @dataclass
 class AnswerScores:
-    """Per item: ``logprob`` of the whole answer and ``correct`` (greedy on every token)."""
+    """Per item: `logprob` of the whole answer and `correct` (greedy on every token)."""
 
     logprob: Float[Tensor, " item"]
     correct: Bool[Tensor, " item"]
@@ -50,7 +50,7 @@ def score_answers(
         step = logprobs[row, positions, targets]
         lp.append(step.sum())
         ok.append(bool((logits[row, positions].argmax(-1) == targets).all()))
-    return AnswerScores(torch.stack(lp).cpu(), torch.tensor(ok))
+    return AnswerScores(torch.stack(lp).cpu(), torch.tensor(ok, device="cpu"))
 
 
 def answer_scores(
@@ -61,10 +61,10 @@ def answer_scores(
     batch_size: int = 16,
     run: Callable[[TokenBatch], Tensor] | None = None,
 ) -> AnswerScores:
-    """Score every task item with the model (``run`` may replace the plain forward pass)."""
+    """Score every task item with the model (`run` may replace the plain forward pass)."""
     batch, spans = answer_spans(model, documents, prepend_bos)
-    logprob = torch.empty(len(documents))
-    correct = torch.zeros(len(documents), dtype=torch.bool)
+    logprob = torch.empty(len(documents), device="cpu")
+    correct = torch.zeros(len(documents), dtype=torch.bool, device="cpu")
     for sub in iter_batches(batch, batch_size):
         logits = run_logits(model, sub) if run is None else run(sub)
         scores = score_answers(logits, sub.tokens, [spans[i] for i in sub.documents])
@@ -74,17 +74,17 @@ def answer_scores(
 
 
 def keep_correct(model: Any, documents: Sequence[Document], limit: int) -> list[Document]:
-    """The first ``limit`` items the model answers correctly (in order)."""
+    """The first `limit` items the model answers correctly (in order)."""
     scores = answer_scores(model, documents)
     return [d for d, ok in zip(documents, scores.correct.tolist(), strict=False) if ok][:limit]
 
 
-# Rows of the vocabulary-sized logits reduced at a time by :func:`log_normalisers`.
+# Rows of the vocabulary-sized logits reduced at a time by `log_normalisers`.
 NLL_ROWS = 32
 
 
 def log_normalisers(logits: Float[Tensor, "batch pos vocab"]) -> Float[Tensor, "batch pos"]:
-    """``logsumexp`` over the vocabulary of every position (float32), ``NLL_ROWS`` rows at a
+    """`logsumexp` over the vocabulary of every position (float32), `NLL_ROWS` rows at a
     time."""
     out = torch.empty(logits.shape[:2], device=logits.device)
     for row in range(logits.shape[0]):
@@ -97,7 +97,7 @@ def log_normalisers(logits: Float[Tensor, "batch pos vocab"]) -> Float[Tensor, "
 def token_nll(
     logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, mask: Tensor
 ) -> Float[Tensor, "batch pos_minus_1"]:
-    """NLL of token ``t+1`` given ``..t`` at every position; NaN where either is padding."""
+    """NLL of token `t+1` given `..t` at every position; NaN where either is padding."""
     scored = logits[:, :-1]
     targets = tokens[:, 1:].to(logits.device)
     # -log softmax(x)[t] = logsumexp(x) - x[t], the logsumexp over a few rows at a time: the
@@ -110,7 +110,7 @@ def token_nll(
 
 @dataclass
 class NLLResult:
-    """Exact NLL sums and counts; ``mean_nll`` and ``ppl`` over all scored positions."""
+    """Exact NLL sums and counts; `mean_nll` and `ppl` over all scored positions."""
 
     sums: ExactSums
     per_doc: PerDocument | None = None  # opt-in: each document's "nll" sum and "count"
@@ -121,7 +121,7 @@ class NLLResult:
 
     @property
     def ppl(self) -> float:
-        return float(torch.exp(torch.tensor(self.mean_nll)))
+        return float(torch.exp(torch.tensor(self.mean_nll, device="cpu")))
 
     def merge(self, other: NLLResult) -> None:
         self.sums.merge(other.sums)
@@ -145,7 +145,7 @@ def corpus_nll(
     per_document: bool = False,
 ) -> NLLResult:
     """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun);
-    ``per_document=True`` also keeps each document's NLL sum and count (9 bytes per document)."""
+    `per_document=True` also keeps each document's NLL sum and count (9 bytes per document)."""
     prepared = prepare_inputs(model, corpus, prepend_bos=prepend_bos)
     batches = list(iter_batches(prepared, batch_size))
     shard = current_shard()

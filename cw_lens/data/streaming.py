@@ -1,20 +1,13 @@
 """Streaming a corpus through the model, one layer and one block of query rows at a time.
 
-:func:`stream_contributions` runs the forward passes (document batches) and hands each requested
-layer's :class:`~cw_lens.models.layer_contributions.LayerContributionsResult` — one block of query
-rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so memory is flat in
-depth and corpus size. :func:`stream_corpus` is the corpus driver every analysis uses: it feeds an
-accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``) and, under
-``torchrun``, shards the document batches over ranks and merges the accumulators exactly.
+[`stream_contributions`][cw_lens.stream_contributions] runs the forward passes (document batches)
+and hands each requested layer's [`LayerContributionsResult`][cw_lens.LayerContributionsResult] —
+one block of query rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so
+memory is flat in depth and corpus size. `stream_corpus` is the corpus driver every analysis uses:
+it feeds an accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`) and, under
+`torchrun`, shards the document batches over ranks and merges the accumulators exactly.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    sums = []
-    cw_lens.stream_contributions(
-        model, ["a text", "another text"], lambda lc: sums.append(lc.weights("inter").nansum())
-    )
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ from tqdm.auto import tqdm
 from cw_lens.core.errors import InputError
 from cw_lens.data.distributed import current_shard, merge_across_ranks
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
+from cw_lens.models.access import Model
 from cw_lens.models.capture import (
     LayerActivations,
     LayerWeights,
@@ -61,11 +55,11 @@ def auto_query_chunk(
 ) -> int:
     """Query rows per block: a function of the batch shape alone (no free-memory probe).
 
-    At most what lets ``temporaries`` float32 ``[batch, head, rows, keys]`` tensors fit in
-    ``budget_bytes`` (:data:`BLOCK_BUDGET_BYTES`, 1.5 GB), and at most ``n_keys / min_blocks``:
-    block ``b`` only needs the keys up to its last row, so ``min_blocks`` blocks skip about
-    ``(1 - 1/min_blocks) / 2`` of the ``query x key`` work that causality makes zero. At least
-    32 rows (and never more than ``n_keys``).
+    At most what lets `temporaries` float32 `[batch, head, rows, keys]` tensors fit in
+    `budget_bytes` (`BLOCK_BUDGET_BYTES`, 1.5 GB), and at most `n_keys / min_blocks`:
+    block `b` only needs the keys up to its last row, so `min_blocks` blocks skip about
+    `(1 - 1/min_blocks) / 2` of the `query x key` work that causality makes zero. At least
+    32 rows (and never more than `n_keys`).
     """
     per_row = n_batch * n_heads * n_keys * 4 * temporaries
     by_memory = int(budget_bytes // max(per_row, 1))
@@ -94,7 +88,7 @@ class StreamStats:
 
 
 def check_query_chunk(query_chunk: Any) -> None:
-    """``query_chunk`` must be a positive integer or ``None`` (automatic)."""
+    """`query_chunk` must be a positive integer or `None` (automatic)."""
     if query_chunk is not None and (
         isinstance(query_chunk, bool) or not isinstance(query_chunk, int) or query_chunk < 1
     ):
@@ -111,8 +105,8 @@ def document_batches(
     shard: tuple[int, int] | None = None,
     progress: bool | str = False,
 ) -> Iterator[tuple[TokenBatch, int]]:
-    """The document batches of a prepared input (this rank's share under ``shard``), each with
-    its query rows per block (``query_chunk``, or :func:`auto_query_chunk`)."""
+    """The document batches of a prepared input (this rank's share under `shard`), each with
+    its query rows per block (`query_chunk`, or `auto_query_chunk`)."""
     batches = list(iter_batches(prepared, batch_size))
     if shard is not None:
         rank, world = shard
@@ -124,7 +118,7 @@ def document_batches(
 
 
 def query_blocks(n_pos: int, chunk: int) -> Iterator[slice]:
-    """Consecutive blocks of at most ``chunk`` query rows covering ``0 .. n_pos - 1``."""
+    """Consecutive blocks of at most `chunk` query rows covering `0 .. n_pos - 1`."""
     for start in range(0, n_pos, chunk):
         yield slice(start, min(n_pos, start + chunk))
 
@@ -145,13 +139,13 @@ def run_batches(
     shard: tuple[int, int] | None = None,
     progress: bool | str = False,
 ) -> None:
-    """The document-batch loop of the streams: one forward pass a batch (``run_pass``:
-    :func:`~cw_lens.models.capture.run_layers` or :func:`~cw_lens.models.blocks.run_blocks`),
-    and for each layer's activations ``on_rows(acts, rows, shared)`` once per block of query
-    rows (``shared``: a dict per layer and batch, for what the blocks of a layer share).
+    """The document-batch loop of the streams: one forward pass a batch (`run_pass`:
+    `run_layers` or `run_blocks`),
+    and for each layer's activations `on_rows(acts, rows, shared)` once per block of query
+    rows (`shared`: a dict per layer and batch, for what the blocks of a layer share).
 
-    ``fwd_hooks`` may be a function of the batch; ``on_logits`` (if given) gets ``(batch,
-    logits)`` after each pass; ``stats`` counts every batch. Layer weights are cached across
+    `fwd_hooks` may be a function of the batch; `on_logits` (if given) gets `(batch,
+    logits)` after each pass; `stats` counts every batch. Layer weights are cached across
     the batches.
     """
     weights: dict[int, LayerWeights] = {}
@@ -179,7 +173,7 @@ def run_batches(
 
 
 def stream_contributions(
-    model: Any,
+    model: Model,
     inputs: Any,
     consumer: Callable[[LayerContributionsResult], None],
     *,
@@ -191,42 +185,55 @@ def stream_contributions(
     attention_mask: Tensor | None = None,
     fwd_hooks: Sequence[tuple[str, Callable]] | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = True,
+    progress: bool = True,
     count_nan: Sequence[str] = (),
     reuse_buffers: bool = True,
     shard: tuple[int, int] | None = None,
 ) -> StreamStats:
-    """Stream one layer (and one block of query rows) at a time to ``consumer``.
+    """Stream one layer (and one block of query rows) at a time to `consumer`.
 
-    The consumer is called inside the forward pass with a :class:`LayerContributionsResult`; it
-    should fold what it needs into a small accumulator and keep no references to full tensors.
+    The consumer is called inside the forward pass with a
+    [`LayerContributionsResult`][cw_lens.LayerContributionsResult]; it should fold what it needs
+    into a small accumulator and keep no references to full tensors.
 
     Args:
-        model: A ``TransformerBridge``.
-        inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
+        model: A `TransformerBridge`.
+        inputs: Text, a list of texts, a corpus, or token ids `[batch, pos]`.
         consumer: Called once per (document batch, layer, query block).
-        layers: Layers to analyse (``None`` = all).
-        heads: Query heads to analyse (``None`` = all).
-        query_chunk: Query rows per block; ``None`` picks one from the batch shape
-            (:func:`auto_query_chunk`, a fixed 1.5 GB budget).
-        batch_size: Documents per forward pass (``None`` = all at once).
+        layers: Layers to analyse (`None` = all).
+        heads: Query heads to analyse (`None` = all; negative indices count from the end:
+            `-1` is the last head).
+        query_chunk: Query rows per block; `None` picks one from the batch shape
+            (`auto_query_chunk`, a fixed 1.5 GB budget).
+        batch_size: Documents per forward pass (`None` = all at once).
         prepend_bos: Prepend BOS to text inputs.
         attention_mask: Mask for token-tensor inputs with padding.
         fwd_hooks: Interventions active during the passes: hook pairs, or a function of the
             document batch that returns them (for interventions that need the batch's mask).
-        on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
-        progress: Show a tqdm bar over document batches (a string sets its label).
-        count_nan: Kinds (``"intra"``/``"inter"``) whose zero-norm rows to count and warn about.
+        on_logits: If given, the passes run to the end and this gets `(batch, logits)`.
+        progress: Show a tqdm bar over document batches.
+        count_nan: Kinds (`"intra"`/`"inter"`) whose zero-norm rows to count and warn about.
         reuse_buffers: Reuse one buffer per field across blocks (fast; tensors handed to the
-            consumer are then valid only during the call). ``False`` allocates fresh tensors.
-        shard: ``(rank, world)``: process only document batches ``rank, rank + world, ...`` of
+            consumer are then valid only during the call). `False` allocates fresh tensors.
+        shard: `(rank, world)`: process only document batches `rank, rank + world, ...` of
             the batch plan (the plan itself is the same on every rank).
 
     Returns:
-        A :class:`StreamStats`.
+        A `StreamStats`: the number of blocks and documents, and the NaN rows counted.
 
-    Long: mostly the argument checks and the plan of query blocks; the pass itself is run_layers.
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+
+        def consumer(block):  # called inside the forward pass, once per block
+            print(block.layer, block.weights("inter").shape)
+
+        cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+        ```
     """
+    # Long: mostly the argument checks and the plan of query blocks; the pass itself is run_layers.
     require_verified(model)
     if not callable(consumer):
         raise InputError(
@@ -240,6 +247,7 @@ def stream_contributions(
     stats = StreamStats()
     workspace = Workspace(reuse=reuse_buffers)
     n_heads = len(head_list or range(model.cfg.n_heads))
+    # the analyses' stream_corpus passes its bar's label as `progress` (not a public option)
     label = progress if isinstance(progress, str) else "contributions"
 
     def on_rows(acts: LayerActivations, rows: slice, shared: dict[str, Any]) -> None:
@@ -287,8 +295,8 @@ def stream_corpus(
     progress: bool | str = False,
     count_nan: Sequence[str] = (),
 ) -> tuple[object, object]:
-    """Feed a corpus through :func:`stream_contributions` into an
-    accumulator (``update(lc)``, optional ``update_logits(batch, logits)``, ``merge``), sharded
+    """Feed a corpus through [`stream_contributions`][cw_lens.stream_contributions] into an
+    accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`), sharded
     over torchrun ranks when a process group is up; returns the merged accumulator and stats.
     """
     shard = current_shard()

@@ -1,33 +1,26 @@
 r"""Contribution rollout and attention rollout: each position's final stream, by input token.
 
-Per block ``l`` the token-level share matrix (docs/methods.md#flow, :mod:`cw_lens.flow.shares`)
+Per block `l` the token-level share matrix (docs/methods.md#flow, `cw_lens.flow.shares`)
 
     T_l[i, j] = sum_h share(h, j)                                        (j != i)
     T_l[i, i] = sum_h share(h, i) + share(residual) + share(MLP) + share(bias)
 
 has rows that sum to 1 (the pieces that live on the token itself stay on its diagonal). The
-**contribution rollout** ``R = T_{L-1} ... T_1 T_0`` gives ``R[i, j]``, the share of position
-``i``'s final residual stream (before the final norm) attributed to input token ``j``; rows sum
+**contribution rollout** `R = T_{L-1} ... T_1 T_0` gives `R[i, j]`, the share of position
+`i`'s final residual stream (before the final norm) attributed to input token `j`; rows sum
 to 1. The **attention rollout** baseline (Abnar & Zuidema 2020, "Quantifying Attention Flow in
-Transformers") composes ``S_l = 0.5 * mean_h alpha_l + 0.5 I``, each row re-normalised to sum
+Transformers") composes `S_l = 0.5 * mean_h alpha_l + 0.5 I`, each row re-normalised to sum
 to 1 (on models whose attention rows sum to less than 1, such as GPT-OSS with its learned sink
-logits, ``S_l`` alone would not), the same way; its rows sum to 1 too. Both treat the per-layer
+logits, `S_l` alone would not), the same way; its rows sum to 1 too. Both treat the per-layer
 matrices as linear mixing of token streams — a heuristic (shares of a non-linear network do not
-compose exactly), documented as such; :func:`cw_lens.rollout_deletion` tests which ranking is
-more faithful to the model.
+compose exactly), documented as such; [`cw_lens.rollout_deletion`][cw_lens.rollout_deletion] tests
+which ranking is more faithful to the model.
 
-Cost: the shares of every block (about the cost of ``QK^T`` per layer, see
-``benchmarks/bench_flow.py``) plus one ``pos x pos`` matrix product per layer and document
-(``O(L pos^3)``; at 512 tokens about a tenth of the forward pass).
+Cost: the shares of every block (about the cost of `QK^T` per layer, see
+`benchmarks/bench_flow.py`) plus one `pos x pos` matrix product per layer and document
+(`O(L pos^3)`; at 512 tokens about a tenth of the forward pass).
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    text = "When Mary and John went to the store, John gave a drink to"
-    ro = cw_lens.contribution_rollout(model, text)
-    ro.top(k=5)              # the input tokens the last position's stream comes from
-    ro.plot()                # contribution rollout next to attention rollout
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -48,6 +41,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
+from cw_lens.models.access import Model
 from cw_lens.models.capture import LayerActivations, run_layers
 from cw_lens.models.verify import require_flow, require_verified
 
@@ -56,12 +50,13 @@ METHODS = ("contribution", "attention")
 
 @dataclass(repr=False)
 class RolloutResult(Result):
-    """Contribution and attention rollout of a few texts, ``[batch, query, key]``.
+    """Contribution and attention rollout of a few texts, `[batch, query, key]`.
 
-    ``contribution[b, i, j]``: share of position ``i``'s final stream from input token ``j``
-    (``None`` in the result of :func:`attention_rollout`); ``attention``: the attention-rollout
-    baseline. Rows sum to 1; 0 for ``j > i``; NaN rows at padding. ``matrix``: the rollout the
-    result was computed for (``contribution``, or ``attention`` for :func:`attention_rollout`).
+    `contribution[b, i, j]`: share of position `i`'s final stream from input token `j`
+    (`None` in the result of [`attention_rollout`][cw_lens.attention_rollout]); `attention`: the
+    attention-rollout baseline. Rows sum to 1; 0 for `j > i`; NaN rows at padding. `matrix`: the
+    rollout the result was computed for (`contribution`, or `attention` for
+    [`attention_rollout`][cw_lens.attention_rollout]).
     """
 
     contribution: Float[Tensor, "batch query key"] | None
@@ -73,17 +68,17 @@ class RolloutResult(Result):
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The rollouts this result holds: ``("contribution", "attention")`` or
-        ``("attention",)``."""
+        """The rollouts this result holds: `("contribution", "attention")` or
+        `("attention",)`."""
         return METHODS if self.contribution is not None else ("attention",)
 
     @property
     def matrix(self) -> Float[Tensor, "batch query key"]:
-        """The rollout this result was computed for (``contribution``, else ``attention``)."""
+        """The rollout this result was computed for (`contribution`, else `attention`)."""
         return getattr(self, self.methods[0])
 
     # attention_rollout returned a bare tensor in 0.2: indexing, .shape and torch functions
-    # still act on ``matrix``, with a DeprecationWarning
+    # still act on `matrix`, with a DeprecationWarning
     def __getitem__(self, index: Any) -> Tensor:
         deprecated("indexing a RolloutResult like a tensor; use result.matrix[...]")
         return self.matrix[index]
@@ -103,7 +98,24 @@ class RolloutResult(Result):
         return resolve_row(self.mask, batch, query)
 
     def to_dataframe(self, *, batch: int = 0, query: int | None = None) -> pd.DataFrame:
-        """One row per (query, key ``<= query``): ``contribution`` and ``attention`` rollout."""
+        """One row per (query, key `<= query`): `contribution` and `attention` rollout.
+
+        Args:
+            batch: The row of the batch.
+            query: Keep this query only (`None` = all).
+
+        Returns:
+            A DataFrame with `query, key, key_token` and one column per method.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            rollout = cw_lens.contribution_rollout(model, "The cat sat on the mat.")
+            rollout.to_dataframe(query=-1)
+            ```
+        """
         self._row(batch, 0)
         n = int(self.mask[batch].sum())
         queries = np.arange(n) if query is None else np.array([self._row(batch, query)[1]])
@@ -123,10 +135,29 @@ class RolloutResult(Result):
         return pd.DataFrame(data)
 
     def top(
-        self, *, query: int | None = None, k: int = 10, batch: int = 0, by: str | None = None
+        self, k: int = 10, *, query: int | None = None, batch: int = 0, by: str | None = None
     ) -> pd.DataFrame:
-        """The ``k`` input tokens with the largest rollout for one query (default: the last),
-        ranked ``by`` one of :attr:`methods` (default: the first)."""
+        """The `k` input tokens with the largest rollout for one query.
+
+        Args:
+            k: How many tokens.
+            query: The query position (default: the last real token).
+            batch: The row of the batch.
+            by: One of `methods` (default: the first).
+
+        Returns:
+            A DataFrame of `k` rows, largest first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            rollout = cw_lens.contribution_rollout(model, "The cat sat on the mat.")
+            rollout.top(k=3)
+            rollout.top(k=3, by="attention")
+            ```
+        """
         by = self.methods[0] if by is None else by
         if by not in self.methods:
             raise InputError(f"by must be one of {self.methods}, got {by!r}.")
@@ -134,7 +165,25 @@ class RolloutResult(Result):
         return df.sort_values(by, ascending=False).head(k).reset_index(drop=True)
 
     def plot(self, *, batch: int = 0, query: int | None = None, **kwargs: Any):
-        """Contribution rollout next to attention rollout (matrices and one query's row)."""
+        """Contribution rollout next to attention rollout (matrices and one query's row).
+
+        Args:
+            batch: The row of the batch.
+            query: The query whose row is drawn (default: the last real token).
+            **kwargs: Passed to `cw_lens.plots.flow.plot_rollout` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            rollout = cw_lens.contribution_rollout(model, "The cat sat on the mat.")
+            fig = rollout.plot()
+            ```
+        """
         from cw_lens.plots import plot_rollout
 
         if self.contribution is None:
@@ -147,10 +196,10 @@ class RolloutResult(Result):
 
 
 class RolloutAccumulator:
-    """Consumer of :func:`~cw_lens.flow.shares.stream_shares` that composes both rollouts.
+    """Consumer of [`stream_shares`][cw_lens.stream_shares] that composes both rollouts.
 
-    Fill the blocks of every layer in order; after a document batch, :meth:`finish` returns
-    ``(contribution, attention)`` ``[batch, pos, pos]`` and resets.
+    Fill the blocks of every layer in order; after a document batch, `finish` returns
+    `(contribution, attention)` `[batch, pos, pos]` and resets.
     """
 
     def __init__(self, n_layers: int) -> None:
@@ -198,8 +247,8 @@ def rollout_batches(
     need_logits: bool = False,
     query_chunk: int | None = None,
 ):
-    """Yield ``(sub_batch, contribution, attention, logits)`` per document batch (``logits``
-    is ``None`` unless ``need_logits``)."""
+    """Yield `(sub_batch, contribution, attention, logits)` per document batch (`logits`
+    is `None` unless `need_logits`)."""
     acc = RolloutAccumulator(model.cfg.n_layers)
     got: dict[str, Tensor] = {}
     for sub in iter_batches(batch, batch_size):
@@ -222,7 +271,7 @@ def rollout_batches(
 
 
 def contribution_rollout(
-    model: Any,
+    model: Model,
     inputs: Any,
     *,
     prepend_bos: bool = True,
@@ -233,25 +282,35 @@ def contribution_rollout(
     """Contribution rollout (and the attention-rollout baseline) of a few texts.
 
     Args:
-        model: A ``TransformerBridge``.
-        inputs: A string, a list of strings, or token ids ``[batch, pos]``.
+        model: A `TransformerBridge`.
+        inputs: A string, a list of strings, or token ids `[batch, pos]`.
         prepend_bos: Prepend BOS to text.
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
-        query_chunk: Query rows per streamed block (``None``: automatic).
+        query_chunk: Query rows per streamed block (`None`: automatic).
 
     Returns:
-        A :class:`RolloutResult` with ``contribution`` and ``attention`` ``[batch, pos, pos]``.
+        A [`RolloutResult`][cw_lens.RolloutResult] with `contribution` and `attention` `[batch, pos,
+        pos]`.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        rollout = cw_lens.contribution_rollout(model, "The cat sat on the mat.")
+        rollout.top(k=3)   # the input tokens the last position draws on most
+        ```
     """
     require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
-    out = {m: torch.full((n_docs, n_pos, n_pos), math.nan) for m in METHODS}
+    out = {m: torch.full((n_docs, n_pos, n_pos), math.nan, device="cpu") for m in METHODS}
     for sub, contribution, attention, _ in rollout_batches(
         model, batch, batch_size, query_chunk=query_chunk
     ):
         width = sub.tokens.shape[1]
-        docs = torch.tensor(sub.documents)
+        docs = torch.tensor(sub.documents, device="cpu")
         out["contribution"][docs, :width, :width] = contribution.cpu()
         out["attention"][docs, :width, :width] = attention.cpu()
     for m in METHODS:
@@ -267,25 +326,46 @@ def contribution_rollout(
 
 
 def attention_rollout(
-    model: Any,
+    model: Model,
     inputs: Any,
     *,
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
 ) -> RolloutResult:
-    """Attention rollout alone (Abnar & Zuidema 2020): ``S_{L-1} ... S_0`` with ``S_l = 0.5
-    mean_h alpha_l + 0.5 I``, each row divided by its sum.
+    """Attention rollout alone (Abnar & Zuidema 2020): `S_{L-1} ... S_0` with `S_l = 0.5
+    mean_h alpha_l + 0.5 I`, each row divided by its sum.
 
-    Returns a :class:`RolloutResult` whose ``attention`` (= ``matrix``) is ``[batch, pos, pos]``
-    (rows sum to 1, also where attention rows do not; NaN rows at padding) and ``contribution``
-    is None. Reads only the attention
-    patterns, so it costs a forward pass; :func:`contribution_rollout` returns it too.
+    Returns a [`RolloutResult`][cw_lens.RolloutResult] whose `attention` (= `matrix`) is `[batch,
+    pos, pos]` (rows sum to 1, also where attention rows do not; NaN rows at padding) and
+    `contribution` is None. Reads only the attention
+    patterns, so it costs a forward pass; [`contribution_rollout`][cw_lens.contribution_rollout]
+    returns it too.
+
+    Args:
+        model: A TransformerLens model.
+        inputs: A string, a list of strings or token ids `[batch, pos]`.
+        prepend_bos: Prepend BOS to text.
+        attention_mask: For token tensors with padding.
+        batch_size: Texts per forward pass.
+
+    Returns:
+        A [`RolloutResult`][cw_lens.RolloutResult] whose `attention` (= `matrix`) is
+        `[batch, pos, pos]` and `contribution` is None.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        rollout = cw_lens.attention_rollout(model, "The cat sat on the mat.")
+        rollout.top(k=3)
+        ```
     """
     require_verified(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     n_docs, n_pos = batch.tokens.shape
-    out = torch.full((n_docs, n_pos, n_pos), math.nan)
+    out = torch.full((n_docs, n_pos, n_pos), math.nan, device="cpu")
     layers = list(range(model.cfg.n_layers))
     for sub in iter_batches(batch, batch_size):
         state: dict[str, Tensor] = {}
@@ -295,7 +375,7 @@ def attention_rollout(
 
         run_layers(model, sub, step, layers=layers)
         width = sub.tokens.shape[1]
-        out[torch.tensor(sub.documents), :width, :width] = state["r"].cpu()
+        out[torch.tensor(sub.documents, device="cpu"), :width, :width] = state["r"].cpu()
     return RolloutResult(
         contribution=None,
         attention=_mark_padding(out, batch.mask),

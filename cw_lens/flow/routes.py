@@ -1,29 +1,20 @@
 r"""Route graphs: the (head, key) paths a prediction comes from (docs/methods.md#flow).
 
 Ferrando & Voita's information-flow routes ("Information Flow Routes: Automatically Interpreting
-Language Models at Scale", EMNLP 2024), on cw_lens's residual shares (:mod:`cw_lens.flow.shares`).
-Node ``(l, i)`` is the residual stream of position ``i`` entering block ``l`` (``(L, i)`` the
-final stream). Starting at ``(L, target)``, from every node ``(l+1, i)`` reached keep
+Language Models at Scale", EMNLP 2024), on cw_lens's residual shares (`cw_lens.flow.shares`).
+Node `(l, i)` is the residual stream of position `i` entering block `l` (`(L, i)` the
+final stream). Starting at `(L, target)`, from every node `(l+1, i)` reached keep
 
-- the edge ``(l, j) -> (l+1, i)`` labelled by head ``h`` when ``share(pair h, j) > threshold``
-  (``share = <A_i(alpha[i,j]^h pv_j^h), x_{l+1,i}> / ||x_{l+1,i}||^2``),
-- the residual edge ``(l, i) -> (l+1, i)`` when the residual share exceeds it,
+- the edge `(l, j) -> (l+1, i)` labelled by head `h` when `share(pair h, j) > threshold`
+  (`share = <A_i(alpha[i,j]^h pv_j^h), x_{l+1,i}> / ||x_{l+1,i}||^2`),
+- the residual edge `(l, i) -> (l+1, i)` when the residual share exceeds it,
 
 and continue from every node reached. MLP and bias shares are node attributes. Each edge carries
-its factors, ``share = attention * relative_norm * cosine`` with ``relative_norm =
-||A_i(pv_j^h)|| / ||x_{l+1,i}||``. Unlike LLM-TT's proximity scores the shares are exact
+its factors, `share = attention * relative_norm * cosine` with `relative_norm =
+||A_i(pv_j^h)|| / ||x_{l+1,i}||`. Unlike LLM-TT's proximity scores the shares are exact
 projections that sum to 1 per node, and they are computed at forward-pass cost.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    g = cw_lens.routes(model, "When Mary and John went to the store, John gave a drink to",
-                       threshold=0.02)
-    g.graph                    # networkx MultiDiGraph: nodes (layer, position), edges keyed by head
-    g.top(k=10)                # the strongest attention edges on the routes
-    g.plot()                   # the routes over layers x positions
-    g.to_html("routes.html")   # interactive panel: hover an edge for its head, share and factors
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -44,6 +35,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
+from cw_lens.models.access import Model
 from cw_lens.models.verify import require_flow
 
 EDGE_COLUMNS = (
@@ -55,13 +47,13 @@ NODE_PIECES = ("residual", "attention", "mlp", "bias")
 
 
 class RouteCollector:
-    """Consumer of :func:`~cw_lens.flow.shares.stream_shares` that keeps what routes need.
+    """Consumer of [`stream_shares`][cw_lens.stream_shares] that keeps what routes need.
 
     Per block: the candidate pair edges (share above the threshold) with their factors — into
-    ``m_l`` on sequential blocks, into ``x_{l+1}`` on parallel ones — and the per-position
-    shares ``[batch, layer, pos]`` of the pieces entering the half node ``m_l`` (``half``:
-    residual, attention, bias; NaN on parallel blocks) and the node ``x_{l+1}`` (``full``:
-    the residual — ``m_l`` on sequential blocks, ``x_l`` on parallel ones —, attention, MLP,
+    `m_l` on sequential blocks, into `x_{l+1}` on parallel ones — and the per-position
+    shares `[batch, layer, pos]` of the pieces entering the half node `m_l` (`half`:
+    residual, attention, bias; NaN on parallel blocks) and the node `x_{l+1}` (`full`:
+    the residual — `m_l` on sequential blocks, `x_l` on parallel ones —, attention, MLP,
     bias).
     """
 
@@ -98,9 +90,12 @@ class RouteCollector:
                 self.nodes[level][p][ls.layer].append(value.cpu())
 
     def tables(self) -> tuple[list[Tensor], dict[str, dict[str, Tensor]], list[bool]]:
-        """Edges per layer ``[n, 8]``, node shares ``{level: {piece: [batch, layer, pos]}}``
+        """Edges per layer `[n, 8]`, node shares `{level: {piece: [batch, layer, pos]}}`
         and which blocks are sequential."""
-        edges = [torch.cat(e) if e else torch.zeros(0, 8, dtype=torch.float64) for e in self.edges]
+        edges = [
+            torch.cat(e) if e else torch.zeros(0, 8, dtype=torch.float64, device="cpu")
+            for e in self.edges
+        ]
         nodes = {
             level: {p: torch.stack([torch.cat(r, 1) for r in rows], 1) for p, rows in d.items()}
             for level, d in self.nodes.items()
@@ -113,19 +108,19 @@ class RouteGraphResult(Result):
     """The routes to one target position.
 
     Attributes:
-        graph: ``networkx.MultiDiGraph``. Nodes ``(layer, position)``: ``(l, i)`` the stream
-            ``x_{l,i}`` entering block ``l`` (``l = 0`` the embeddings, ``l = n_layers`` the
-            final stream) and, on sequential blocks, the half node ``(l + 0.5, i)``, ``m_{l,i}``
-            (the stream the MLP reads). Node attributes: ``token``, ``layer``, ``position``,
-            ``half`` and (all but the embeddings) the shares of the pieces entering the node,
-            ``residual``, ``attention`` (the sum of its pair shares), ``mlp`` and ``bias``, which
-            sum to 1. Edges ``source -> target`` keyed by the head, ``"residual"`` or ``"mlp"``,
-            with ``layer`` (the block), ``head`` (-1 for residual and MLP edges), ``kind``
-            (``"attention"``, ``"residual"``, ``"mlp"``), ``share``, the factors
-            ``attention``, ``relative_norm``, ``cosine`` (NaN for residual and MLP edges) and
-            ``source_layer`` / ``target_layer`` (the node layers).
-        target: The target position; ``threshold`` the share threshold; ``str_tokens`` the
-            tokens; ``n_layers`` the number of blocks.
+        graph: `networkx.MultiDiGraph`. Nodes `(layer, position)`: `(l, i)` the stream
+            `x_{l,i}` entering block `l` (`l = 0` the embeddings, `l = n_layers` the
+            final stream) and, on sequential blocks, the half node `(l + 0.5, i)`, `m_{l,i}`
+            (the stream the MLP reads). Node attributes: `token`, `layer`, `position`,
+            `half` and (all but the embeddings) the shares of the pieces entering the node,
+            `residual`, `attention` (the sum of its pair shares), `mlp` and `bias`, which
+            sum to 1. Edges `source -> target` keyed by the head, `"residual"` or `"mlp"`,
+            with `layer` (the block), `head` (-1 for residual and MLP edges), `kind`
+            (`"attention"`, `"residual"`, `"mlp"`), `share`, the factors
+            `attention`, `relative_norm`, `cosine` (NaN for residual and MLP edges) and
+            `source_layer` / `target_layer` (the node layers).
+        target: The target position; `threshold` the share threshold; `str_tokens` the
+            tokens; `n_layers` the number of blocks.
     """
 
     graph: nx.MultiDiGraph
@@ -137,7 +132,21 @@ class RouteGraphResult(Result):
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Tidy edges: one row per edge, columns ``EDGE_COLUMNS`` (source/target positions)."""
+        """Tidy edges: one row per edge.
+
+        Returns:
+            A DataFrame with the columns `EDGE_COLUMNS` (source/target positions, layers, kind,
+            share and its factors).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            graph.to_dataframe().head()
+            ```
+        """
         rows = []
         for (lj, j), (li, i), data in self.graph.edges(data=True):
             rows.append(
@@ -158,28 +167,90 @@ class RouteGraphResult(Result):
 
     @renamed_kwargs(kind="edge")
     def top(self, k: int = 10, *, edge: str | None = "attention") -> pd.DataFrame:
-        """The ``k`` edges with the largest share, of one ``edge`` type (``"attention"``,
-        ``"residual"`` or ``"mlp"``; ``None``: all)."""
+        """The `k` edges with the largest share, of one edge type.
+
+        Args:
+            k: How many edges.
+            edge: `"attention"`, `"residual"` or `"mlp"`; `None`: all.
+
+        Returns:
+            `k` rows of [`to_dataframe`][cw_lens.RouteGraphResult.to_dataframe], largest first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            graph.top(5)
+            graph.top(5, edge=None)
+            ```
+        """
         df = self.to_dataframe()
         if edge is not None:
             df = df[df["kind"] == edge]
         return df.sort_values("share", ascending=False).head(k).reset_index(drop=True)
 
     def reaches(self, position: int) -> bool:
-        """Whether any node at ``position`` lies on a route."""
+        """Whether any node at `position` lies on a route.
+
+        Args:
+            position: A token position.
+
+        Returns:
+            True when a route passes through the position.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            graph.reaches(0)
+            ```
+        """
         return any(p == position for _, p in self.graph.nodes)
 
     def routes_from(self, node: tuple[float, int]) -> RouteGraphResult:
-        """The routes that start at ``node`` (e.g. ``(0, i)``, token ``i``'s embedding): the
-        subgraph of the nodes reachable from it (all lead to the target); empty when
-        ``node`` is not on a route."""
+        """The routes that start at `node`: the subgraph of the nodes reachable from it.
+
+        Args:
+            node: `(sub-layer, position)`, e.g. `(0, i)`: token `i`'s embedding.
+
+        Returns:
+            A [`RouteGraphResult`][cw_lens.RouteGraphResult] (all its routes lead to the target);
+            empty when `node` is not on a route.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            sub = graph.routes_from((0, 1))
+            len(sub.to_dataframe())
+            ```
+        """
         keep = nx.descendants(self.graph, node) | {node} if node in self.graph else set()
         sub = self.graph.subgraph(keep).copy()
         return RouteGraphResult(sub, self.target, self.threshold, self.str_tokens, self.n_layers,
                           self.model_name, dict(self.meta))  # fmt: skip
 
     def mlps(self) -> pd.DataFrame:
-        """MLP edges on the routes: ``layer, position, token, share``."""
+        """MLP edges on the routes.
+
+        Returns:
+            A DataFrame with `layer, position, token, share`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            graph.mlps()
+            ```
+        """
         df = self.to_dataframe()
         df = df[df["kind"] == "mlp"]
         out = df[["layer", "target", "target_token", "share"]]
@@ -188,7 +259,20 @@ class RouteGraphResult(Result):
         )
 
     def heads(self) -> pd.DataFrame:
-        """Attention edges per (layer, head): count and summed share."""
+        """Attention edges per (layer, head).
+
+        Returns:
+            A DataFrame with the count and the summed share per head.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            graph.heads()
+            ```
+        """
         df = self.to_dataframe()
         df = df[df["kind"] == "attention"]
         return (
@@ -199,13 +283,42 @@ class RouteGraphResult(Result):
         )
 
     def plot(self, **kwargs: Any):
-        """The routes over layers x positions (matplotlib); a Figure."""
+        """The routes over layers x positions (matplotlib).
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.flow.plot_routes` (`figsize`, `max_labels`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            fig = graph.plot()
+            ```
+        """
         from cw_lens.plots import plot_routes
 
         return plot_routes(self, **kwargs)
 
     def panel_data(self) -> dict[str, Any]:
-        """A JSON-able description for the interactive panel (nodes, edges with factors)."""
+        """A JSON-able description for the interactive panel.
+
+        Returns:
+            A dict with the nodes and the edges (with their factors).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            sorted(graph.panel_data())
+            ```
+        """
         nodes = [
             {
                 "layer": _num(layer),
@@ -227,7 +340,23 @@ class RouteGraphResult(Result):
         }
 
     def to_html(self, path: Any = None) -> str:
-        """A self-contained interactive HTML panel; written to ``path`` when given."""
+        """A self-contained interactive HTML panel (it opens from disk, no server).
+
+        Args:
+            path: Write the page to this file when given.
+
+        Returns:
+            The page, as a string.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+            html = graph.to_html("routes.html")
+            ```
+        """
         from cw_lens.viz.routes import routes_html
 
         html = routes_html(self.panel_data())
@@ -259,7 +388,7 @@ def _route_steps(
 ) -> list[dict[str, Any]]:
     """The steps of the route graph of one batch row, from the embeddings up (methods §
     Contribution flow):
-    ``x_l -> m_l`` and ``m_l -> x_{l+1}`` per sequential block, ``x_l -> x_{l+1}`` per
+    `x_l -> m_l` and `m_l -> x_{l+1}` per sequential block, `x_l -> x_{l+1}` per
     parallel one. Each: source/target node layer, block, pair edges, same-position shares and
     the node attributes of its target level."""
     steps = []
@@ -334,32 +463,43 @@ def check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+@renamed_kwargs(text="inputs")
 @keyword_only("target", "threshold")
 def routes(
-    model: Any,
-    text: Any,
+    model: Model,
+    inputs: Any,
     *,
     target: int = -1,
     threshold: float = 0.02,
     prepend_bos: bool = True,
     query_chunk: int | None = None,
 ) -> RouteGraphResult:
-    """The route graph of one text, traced back from position ``target``.
+    """The route graph of one text, traced back from position `target`.
 
     Args:
-        model: A ``TransformerBridge``.
-        text: One string (or token ids ``[1, pos]``).
+        model: A `TransformerBridge`.
+        inputs: One string (or token ids `[1, pos]`); `text=` is its deprecated name.
         target: The position whose final stream to explain (negative counts from the end).
         threshold: Keep edges whose share exceeds this (a fraction of the receiving stream).
         prepend_bos: Prepend BOS to text.
-        query_chunk: Query rows per streamed block (``None``: automatic).
+        query_chunk: Query rows per streamed block (`None`: automatic).
 
     Returns:
-        A :class:`RouteGraphResult`.
+        A [`RouteGraphResult`][cw_lens.RouteGraphResult].
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        graph = cw_lens.routes(model, "The cat sat on the mat.", threshold=0.05)
+        graph.top(5)     # the largest attention edges on the routes
+        fig = graph.plot()
+        ```
     """
     require_flow(model)
     threshold = check_threshold(threshold)
-    batch = prepare_inputs(model, text, prepend_bos=prepend_bos)
+    batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
     if batch.tokens.shape[0] != 1:
         raise InputError(
             f"routes explains one text; got {batch.tokens.shape[0]}. Loop over the texts, or "

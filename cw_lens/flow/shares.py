@@ -1,10 +1,10 @@
 r"""Residual contribution shares (docs/methods.md#flow): what each piece adds to the residual
 stream.
 
-For block ``l`` and position ``i`` the stream after the block is a sum of pieces, ``x_{l+1,i} =
-x_{l,i} + sum_{h,j} A_i(alpha[i,j]^h pv_j^h) + (A_i(b_O) + beta) + f_i`` (``A`` the identity on
+For block `l` and position `i` the stream after the block is a sum of pieces, `x_{l+1,i} =
+x_{l,i} + sum_{h,j} A_i(alpha[i,j]^h pv_j^h) + (A_i(b_O) + beta) + f_i` (`A` the identity on
 pre-norm blocks, the post-attention norm linearised at its actual input on post-norm blocks;
-``f_i`` the MLP output, which on parallel blocks — GPT-J, GPT-NeoX — reads ``x_{l,i}``: the sum
+`f_i` the MLP output, which on parallel blocks — GPT-J, GPT-NeoX — reads `x_{l,i}`: the sum
 is the same). Each piece's **projection share**
 
     share(p) = < p , x_{l+1,i} > / ||x_{l+1,i}||^2
@@ -12,24 +12,20 @@ is the same). Each piece's **projection share**
 says how much of the stream lies along it; the shares of the residual, every (head, key) pair,
 the bias and the MLP sum to 1 exactly and can be negative or exceed 1 (the projection form of
 P1's contribution weights — Cunningham & Muca Cirone, ICML 2026 — applied to the residual
-stream). The pair shares are computed in head space (:mod:`cw_lens.core.flow_geometry`): one
-``query x key`` product per head and layer, the cost of ``QK^T``; no ``[query, key, d_model]``
+stream). The pair shares are computed in head space (`cw_lens.core.flow_geometry`): one
+`query x key` product per head and layer, the cost of `QK^T`; no `[query, key, d_model]`
 tensor is ever built.
 
 Entry points:
 
-- :func:`residual_shares` — a :class:`ResidualSharesResult` ``[batch, layer, head, query, key]``
-  for a few texts (``.to_dataframe()``, ``.top()``, ``.plot()``, ``.token_matrix(layer)``);
-- :func:`stream_shares` — the streaming form: a callback gets one :class:`LayerSharesResult` (one
-  block, one block of query rows) at a time, inside the forward pass.
+- [`residual_shares`][cw_lens.residual_shares] — a
+  [`ResidualSharesResult`][cw_lens.ResidualSharesResult] `[batch, layer, head, query, key]` for a
+  few texts (`.to_dataframe()`, `.top()`, `.plot()`, `.token_matrix(layer)`);
+- [`stream_shares`][cw_lens.stream_shares] — the streaming form: a callback gets one
+  [`LayerSharesResult`][cw_lens.LayerSharesResult] (one block, one block of query rows) at a time,
+  inside the forward pass.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    shares = cw_lens.residual_shares(model, "When Mary and John went to the store, John gave a")
-    shares.top(k=5)          # the pieces that make up the last token's stream, per layer
-    shares.plot()            # residual / attention / MLP / bias share per layer
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -51,9 +47,11 @@ from cw_lens.core import flow_geometry as fg
 from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
+from cw_lens.core.memory import check_memory, pair_field_bytes
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, run_batches
+from cw_lens.models.access import Model
 from cw_lens.models.blocks import CHECK_RTOL, BlockActivations, arch_name, run_blocks
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import Workspace
@@ -65,15 +63,15 @@ PIECES = ("residual", "attention", "bias", "mlp")
 class LayerSharesResult(Result):
     """Residual shares of one block for one block of query rows (the streaming unit).
 
-    Pair tensors are ``[batch, head, query, key]`` over the rows ``queries`` and the keys
-    ``0 .. queries.stop - 1``; per-position pieces are ``[batch, query]``. Rows at padding and
-    rows whose stream norm is zero are NaN. With a reusing workspace, :meth:`pairs` lives in a
-    buffer the next block overwrites: reduce it in the callback or ``.clone()`` it.
+    Pair tensors are `[batch, head, query, key]` over the rows `queries` and the keys
+    `0 .. queries.stop - 1`; per-position pieces are `[batch, query]`. Rows at padding and
+    rows whose stream norm is zero are NaN. With a reusing workspace, `pairs` lives in a
+    buffer the next block overwrites: reduce it in the callback or `.clone()` it.
 
-    ``into`` names the stream the shares are of: ``"post"``, ``x_{l+1}`` (residual, pairs,
-    bias and MLP sum to 1), or ``"mid"``, ``m_l = x_l + A(o + b_O) (+ beta)``, the stream the
+    `into` names the stream the shares are of: `"post"`, `x_{l+1}` (residual, pairs,
+    bias and MLP sum to 1), or `"mid"`, `m_l = x_l + A(o + b_O) (+ beta)`, the stream the
     MLP of a sequential block reads (residual, pairs and bias sum to 1; the MLP share is 0) —
-    the first sub-layer step of the route graph (:meth:`into_mid`).
+    the first sub-layer step of the route graph (`into_mid`).
     """
 
     def __init__(
@@ -85,6 +83,16 @@ class LayerSharesResult(Result):
         model_name: str = "",
         into: str = "post",
     ) -> None:
+        """A block; [`stream_shares`][cw_lens.stream_shares] builds them.
+
+        Args:
+            block: The captured residual-stream activations of the block.
+            queries: The query rows of the block.
+            shared: Per-pass values shared by the blocks of one layer.
+            workspace: The buffers the block writes its fields into.
+            model_name: The model's name, for the repr.
+            into: `"post"` (shares of `x_{l+1}`) or `"mid"` (shares of `m_l`).
+        """
         if into not in ("post", "mid") or (into == "mid" and block.resid_mid is None):
             raise InputError(
                 f"into must be 'post', or 'mid' on a sequential block; got {into!r} on a "
@@ -103,7 +111,7 @@ class LayerSharesResult(Result):
 
     @property
     def sequential(self) -> bool:
-        """Whether the block's MLP reads ``m_l`` (False on parallel blocks: it reads ``x_l``)."""
+        """Whether the block's MLP reads `m_l` (False on parallel blocks: it reads `x_l`)."""
         return self.block.resid_mid is not None
 
     @cached_property
@@ -113,7 +121,23 @@ class LayerSharesResult(Result):
         )
 
     def into_mid(self) -> LayerSharesResult:
-        """The shares of the same rows in ``m_l`` (sequential blocks only)."""
+        """The shares of the same rows in `m_l` (sequential blocks only).
+
+        Returns:
+            A [`LayerSharesResult`][cw_lens.LayerSharesResult] whose stream is `m_l`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.into_mid().pairs().shape)
+
+            cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         return self if self.into == "mid" else self._mid
 
     @property
@@ -140,7 +164,7 @@ class LayerSharesResult(Result):
 
     @cached_property
     def _read(self) -> tuple[Tensor, Tensor]:
-        """``u_i`` (NaN at padded and zero-norm rows) and ``||y_i||^2``."""
+        """`u_i` (NaN at padded and zero-norm rows) and `||y_i||^2`."""
         y = self._stream[:, self.queries]
         u, sq = fg.read_vectors(y, *self._map)
         u = u.masked_fill(~self.query_mask[..., None], math.nan)
@@ -163,27 +187,27 @@ class LayerSharesResult(Result):
     # ------------------------------------------------------------------ per-position pieces
     @cached_property
     def residual(self) -> Float[Tensor, "batch query"]:
-        """``share(x_{l,i})``: the stream entering the block."""
+        """`share(x_{l,i})`: the stream entering the block."""
         return self._plain_share(self.block.resid_pre)
 
     @cached_property
     def mlp(self) -> Float[Tensor, "batch query"]:
-        """``share(f_i)``: the MLP output (after any post-MLP norm); 0 in ``m_l``."""
+        """`share(f_i)`: the MLP output (after any post-MLP norm); 0 in `m_l`."""
         if self.into == "mid":
             return self.residual * 0.0  # 0, NaN where the row is undefined
         return self._plain_share(self.block.mlp_out)
 
     @cached_property
     def mid(self) -> Float[Tensor, "batch query"]:
-        """``share(m_{l,i})`` in ``x_{l+1,i}`` (``= 1 - share(MLP)``): the residual edge of the
-        second sub-layer step; NaN on parallel blocks (no ``m``) and in ``m`` itself."""
+        """`share(m_{l,i})` in `x_{l+1,i}` (`= 1 - share(MLP)`): the residual edge of the
+        second sub-layer step; NaN on parallel blocks (no `m`) and in `m` itself."""
         if self.into == "mid" or self.block.resid_mid is None:
             return self.residual * math.nan
         return self._plain_share(self.block.resid_mid)
 
     @cached_property
     def bias(self) -> Float[Tensor, "batch query"]:
-        """``share(A_i(b_O) + beta)``: the output bias and the post-norm's bias."""
+        """`share(A_i(b_O) + beta)`: the output bias and the post-norm's bias."""
         piece = self.block.bias_piece
         if piece is None:
             return self.residual * 0.0  # 0, NaN where the row is undefined
@@ -191,13 +215,13 @@ class LayerSharesResult(Result):
 
     @cached_property
     def attention(self) -> Float[Tensor, "batch query"]:
-        """``share(A_i(o_i))`` from ``hook_z`` (= the sum of the pair shares, checked)."""
+        """`share(A_i(o_i))` from `hook_z` (= the sum of the pair shares, checked)."""
         z = self.block.acts.z[:, self.queries]
         return (z * self._head_side).sum((-1, -2))
 
     @property
     def self_share(self) -> Float[Tensor, "batch query"]:
-        """Residual + MLP + bias: the pieces that stay on the token (the diagonal of ``T``)."""
+        """Residual + MLP + bias: the pieces that stay on the token (the diagonal of `T`)."""
         return self.residual + self.mlp + self.bias
 
     # ------------------------------------------------------------------ pairs
@@ -207,7 +231,23 @@ class LayerSharesResult(Result):
         return (p.shape[0], p.shape[1], self.queries.stop - self.queries.start, self.keys.stop)
 
     def pairs(self) -> Float[Tensor, "batch head query key"]:
-        """``share(h, j)`` of every (head, key) pair; 0 for ``j > i``."""
+        """`share(h, j)` of every (head, key) pair; 0 for `j > i`.
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.pairs().shape)
+
+            cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         if self._pairs is None:
             acts = self.block.acts
             buf = self._ws.get(f"pairs_{self.into}", self.shape, acts.pattern.device)
@@ -220,11 +260,11 @@ class LayerSharesResult(Result):
 
     @cached_property
     def pairs_over_heads(self) -> Float[Tensor, "batch query key"]:
-        """``sum_h share(h, j)`` (a fresh tensor)."""
+        """`sum_h share(h, j)` (a fresh tensor)."""
         return self.pairs().sum(1)
 
     def _check_pairs(self) -> None:
-        """Identity 3: the pair shares add up to the attention piece read from ``hook_z``."""
+        """Identity 3: the pair shares add up to the attention piece read from `hook_z`."""
         over = self.pairs_over_heads
         total = over.sum(-1)
         scale = over.abs().sum(-1) + self.attention.abs()
@@ -240,14 +280,30 @@ class LayerSharesResult(Result):
             )
 
     def token_rows(self) -> Float[Tensor, "batch query key"]:
-        """Rows of the token-level matrix ``T`` (a fresh tensor; rows sum to 1)."""
+        """Rows of the token-level matrix `T` (rows sum to 1).
+
+        Returns:
+            A fresh tensor `[batch, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.token_rows().sum(-1))
+
+            cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         rows = self.pairs_over_heads.clone()
         return fg.token_matrix(rows, self.self_share, self.queries.start)
 
     # ------------------------------------------------------------------ factors
     @cached_property
     def _key_norms(self) -> Float[Tensor, "batch head key"]:
-        """``||pv_j^h||`` through the map: ``sqrt(v G_eff v)`` (without the row scale)."""
+        """`||pv_j^h||` through the map: `sqrt(v G_eff v)` (without the row scale)."""
 
         def compute() -> Tensor:
             acts, m = self.block.acts, self.block.attn_map
@@ -264,13 +320,30 @@ class LayerSharesResult(Result):
     def factors(
         self, index: Int[Tensor, "n 4"]
     ) -> tuple[Float[Tensor, " n"], Float[Tensor, " n"], Float[Tensor, " n"]]:
-        """``(attention, relative_norm, cosine)`` of chosen pairs, so that ``share =
-        attention * relative_norm * cosine``.
+        """The factors of chosen pairs: `share = attention * relative_norm * cosine`.
 
-        ``index`` rows are ``(batch, head, query_row, key)`` into :meth:`pairs`;
-        ``relative_norm = ||A_i(pv_j^h)|| / ||y_i||`` and ``cosine = cos(A_i(pv_j^h), y_i)``
-        (0 for a zero projected value), ``y`` the stream of :attr:`into` (``x_{l+1}`` or
-        ``m_l``).
+        `relative_norm = ||A_i(pv_j^h)|| / ||y_i||` and `cosine = cos(A_i(pv_j^h), y_i)` (0 for a
+        zero projected value), `y` the stream of `into` (`x_{l+1}` or `m_l`).
+
+        Args:
+            index: Rows `(batch, head, query_row, key)` into
+                [`pairs`][cw_lens.LayerSharesResult.pairs], `[n, 4]`.
+
+        Returns:
+            Three tensors `[n]`: attention, relative norm and cosine.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            import torch
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.factors(torch.tensor([[0, 0, 1, 0]])))
+
+            cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
+            ```
         """
         b, h, q, k = index.unbind(-1)
         acts = self.block.acts
@@ -287,7 +360,7 @@ class LayerSharesResult(Result):
 
 
 def stream_shares(
-    model: Any,
+    model: Model,
     inputs: Any,
     consumer: Callable[[LayerSharesResult], None],
     *,
@@ -298,29 +371,42 @@ def stream_shares(
     attention_mask: Tensor | None = None,
     fwd_hooks: Sequence | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
-    progress: bool | str = True,
+    progress: bool = True,
     reuse_buffers: bool = True,
 ) -> StreamStats:
-    """Stream one block (and one block of query rows) at a time to ``consumer``.
+    """Stream one block (and one block of query rows) at a time to `consumer`.
 
     Args:
-        model: A ``TransformerBridge``.
-        inputs: Text, a list of texts, a corpus, or token ids ``[batch, pos]``.
-        consumer: Called with a :class:`LayerSharesResult` per (document batch, layer, query block),
-            layers in increasing order, query blocks in increasing order.
-        layers: Blocks to analyse (``None`` = all).
-        query_chunk: Query rows per block (``None``: from the free memory).
-        batch_size: Documents per forward pass (``None`` = all at once).
+        model: A `TransformerBridge`.
+        inputs: Text, a list of texts, a corpus, or token ids `[batch, pos]`.
+        consumer: Called with a [`LayerSharesResult`][cw_lens.LayerSharesResult] per (document
+            batch, layer, query block), layers in increasing order, query blocks in increasing
+            order.
+        layers: Blocks to analyse (`None` = all).
+        query_chunk: Query rows per block (`None`: from the free memory).
+        batch_size: Documents per forward pass (`None` = all at once).
         prepend_bos: Prepend BOS to text inputs.
         attention_mask: Mask for token-tensor inputs with padding.
         fwd_hooks: Interventions active during the passes (hook pairs, or a function of the
             document batch that returns them).
-        on_logits: If given, the passes run to the end and this gets ``(batch, logits)``.
+        on_logits: If given, the passes run to the end and this gets `(batch, logits)`.
         progress: Show a tqdm bar over document batches.
         reuse_buffers: Reuse one buffer for the pair shares across blocks.
 
     Returns:
-        A :class:`~cw_lens.data.streaming.StreamStats` (documents and tokens seen).
+        A `StreamStats` (documents and tokens seen).
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+
+        def consumer(block):  # called inside the forward pass, once per block
+            print(block.layer, block.pairs().shape)
+
+        cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
+        ```
     """
     require_flow(model)
     if not callable(consumer):
@@ -333,6 +419,7 @@ def stream_shares(
     stats = StreamStats()
     workspace = Workspace(reuse=reuse_buffers)
     name = arch_name(model)
+    # cw_lens's own callers may pass the bar's label as `progress` (not a public option)
     label = progress if isinstance(progress, str) else "shares"
 
     def on_rows(block: BlockActivations, rows: slice, shared: dict[str, Any]) -> None:
@@ -362,10 +449,10 @@ def stream_shares(
 class ResidualSharesResult(Result):
     """Residual contribution shares of a few texts.
 
-    ``pairs`` ``[batch, layer, head, query, key]`` (0 for ``j > i``), and per position
-    ``residual``, ``attention`` (the sum of the pairs), ``bias``, ``mlp`` ``[batch, layer,
-    query]``. ``residual + attention + bias + mlp == 1`` at every real (layer, position); rows
-    at padding are NaN. ``layers`` names the layer axis; ``shares.layer(20)`` is this result
+    `pairs` `[batch, layer, head, query, key]` (0 for `j > i`), and per position
+    `residual`, `attention` (the sum of the pairs), `bias`, `mlp` `[batch, layer,
+    query]`. `residual + attention + bias + mlp == 1` at every real (layer, position); rows
+    at padding are NaN. `layers` names the layer axis; `shares.layer(20)` is this result
     for layer NUMBER 20 only.
     """
 
@@ -383,7 +470,20 @@ class ResidualSharesResult(Result):
     model_name: str = ""
 
     def total(self) -> Float[Tensor, "batch layer query"]:
-        """The sum of all shares (1 up to float rounding)."""
+        """The sum of all shares (1 up to float rounding).
+
+        Returns:
+            A tensor `[batch, layer, query]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+            shares.total()
+            ```
+        """
         return self.residual + self.attention + self.bias + self.mlp
 
     def _layer_index(self, layer: int) -> int:
@@ -395,8 +495,23 @@ class ResidualSharesResult(Result):
         return resolve_row(self.mask, batch, query)
 
     def token_matrix(self, layer: int) -> Float[Tensor, "batch query key"]:
-        """The token-level matrix ``T_l`` of methods § Contribution flow (docs/methods.md#flow)
-        (rows sum to 1)."""
+        """The token-level matrix `T_l` of methods § Contribution flow (docs/methods.md#flow).
+
+        Args:
+            layer: The layer NUMBER.
+
+        Returns:
+            A tensor `[batch, query, key]` whose rows sum to 1.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+            shares.token_matrix(1).shape
+            ```
+        """
         li = self._layer_index(layer)
         rows = self.pairs[:, li].sum(1)
         self_share = self.residual[:, li] + self.bias[:, li] + self.mlp[:, li]
@@ -405,8 +520,26 @@ class ResidualSharesResult(Result):
     def to_dataframe(
         self, *, batch: int = 0, layer: int | None = None, query: int | None = None
     ) -> pd.DataFrame:
-        """Long format, one row per piece: ``batch, layer, query, piece, head, key, share``
-        (``head``/``key`` are -1 for the per-position pieces; pairs with ``key <= query``)."""
+        """Long format, one row per piece of the residual stream.
+
+        Args:
+            batch: The row of the batch.
+            layer: Keep this layer NUMBER only (`None` = all).
+            query: Keep this query only (`None` = all).
+
+        Returns:
+            A DataFrame with `batch, layer, query, piece, head, key, share` (`head`/`key` are -1
+            for the per-position pieces; pairs with `key <= query`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+            shares.to_dataframe(layer=1, query=-1).head()
+            ```
+        """
         n = int(self.mask[self._row(batch, 0)[0]].sum())
         queries = range(n) if query is None else [self._row(batch, query)[1]]
         layer_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
@@ -440,16 +573,53 @@ class ResidualSharesResult(Result):
         return df[[*cols, "share"]]
 
     def top(
-        self, *, query: int | None = None, k: int = 10, batch: int = 0, absolute: bool = False
+        self, k: int = 10, *, query: int | None = None, batch: int = 0, absolute: bool = False
     ) -> pd.DataFrame:
-        """The ``k`` largest (head, key) pair shares of one query (default: the last token)."""
+        """The `k` largest (head, key) pair shares of one query.
+
+        Args:
+            k: How many pairs.
+            query: The query position (default: the last real token).
+            batch: The row of the batch.
+            absolute: Rank by magnitude (negative shares count too).
+
+        Returns:
+            A DataFrame of `k` rows, largest first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+            shares.top(k=5)
+            ```
+        """
         df = self.to_dataframe(batch=batch, query=self._row(batch, query)[1])
         df = df[df["piece"] == "pair"]
         order = df["share"].abs() if absolute else df["share"]
         return df.loc[order.sort_values(ascending=False).index].head(k).reset_index(drop=True)
 
     def plot(self, *, query: int | None = None, batch: int = 0, **kwargs: Any):
-        """Residual / attention / MLP / bias share per layer for one query; a Figure."""
+        """Residual / attention / MLP / bias share per layer for one query.
+
+        Args:
+            query: The query position (default: the last real token).
+            batch: The row of the batch.
+            **kwargs: Passed to `cw_lens.plots.flow.plot_residual_shares` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+            fig = shares.plot()
+            ```
+        """
         from cw_lens.plots import plot_residual_shares
 
         _, q = self._row(batch, query)
@@ -476,7 +646,7 @@ class _SharesFiller:
 
 
 def residual_shares(
-    model: Any,
+    model: Model,
     inputs: Any,
     *,
     layers: int | Sequence[int] | None = None,
@@ -484,30 +654,60 @@ def residual_shares(
     prepend_bos: bool = True,
     attention_mask: Tensor | None = None,
     batch_size: int | None = 8,
+    memory_budget: float | str | None = None,
 ) -> ResidualSharesResult:
     """Residual contribution shares of every (layer, head, query, key) for a few texts.
 
     Args:
-        model: A ``TransformerBridge`` (``cw_lens.load_model()``).
+        model: A `TransformerBridge` (`cw_lens.load_model()`).
         inputs: A string, a list of strings (right-padded; padding rows are NaN), or token ids.
-        layers: Blocks (``None`` = all; negative indices allowed).
-        query_chunk: Query rows per streamed block (``None``: automatic).
+        layers: Blocks (`None` = all; negative indices allowed).
+        query_chunk: Query rows per streamed block (`None`: automatic).
         prepend_bos: Prepend BOS to text.
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
+        memory_budget: Bytes the result may take (`8e9`, `"8GB"`, `"none"`; default
+            `$CW_LENS_MEMORY_BUDGET`, else half the memory available on the model's device:
+            `cw_lens.core.memory`). Over it, [`MemoryBudgetError`][cw_lens.MemoryBudgetError]
+            is raised before any forward pass.
 
     Returns:
-        A :class:`ResidualSharesResult` (``batch x layers x heads x pos^2`` floats; for corpora use
-        :func:`stream_shares`).
+        A [`ResidualSharesResult`][cw_lens.ResidualSharesResult] (`batch x layers x heads x pos^2`
+        floats; for corpora use [`stream_shares`][cw_lens.stream_shares]).
 
     Raises:
         UnsupportedModelError: when a block's hooks do not add up (see
-            :mod:`cw_lens.models.blocks`).
+            `cw_lens.models.blocks`).
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        shares = cw_lens.residual_shares(model, "The cat sat on the mat.")
+        shares.top(k=5)     # the (head, key) pairs that write most of the last position
+        fig = shares.plot()
+        ```
     """
-    require_flow(model)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos, attention_mask=attention_mask)
     layer_list = resolve_layers(model, layers)
     n_docs, n_pos = batch.tokens.shape
+    n_heads = model.cfg.n_heads
+    check_memory(
+        pair_field_bytes(n_docs, len(layer_list), n_heads, n_pos, pair_fields=1)
+        + 4 * n_docs * len(layer_list) * n_pos * len(PIECES),
+        device=model.cfg.device or "cpu",
+        budget=memory_budget,
+        what=f"residual shares of {n_docs} texts x {len(layer_list)} layers x {n_heads} heads x "
+        f"{n_pos}² positions",
+        ways_out=[
+            "fewer layers= (the size is linear in them)",
+            "fewer or shorter texts (it grows with texts x positions²)",
+            "stream_shares(model, inputs, consumer), which hands each layer's shares to your "
+            "function and keeps nothing",
+        ],
+    )
+    require_flow(model)
     filler = _SharesFiller(
         n_docs, n_pos, model.cfg.n_heads, layer_list, torch.device(model.cfg.device or "cpu")
     )

@@ -1,6 +1,7 @@
 """Interactive: the clean-vs-patched sink comparison, its view state and the Jupyter widget.
 
-``comparison`` (:func:`cw_lens.compare_sink_patch`), ``view_state`` (the JSON the page and the
-widget draw, and the saved HTML page), ``widget`` (:func:`cw_lens.sink_patcher`). Top layer (see
-``docs/architecture.md``), beside ``flow`` and ``reporting``.
+`comparison` ([`cw_lens.compare_sink_patch`][cw_lens.compare_sink_patch]), `view_state` (the JSON
+the page and the widget draw, and the saved HTML page), `widget`
+([`cw_lens.sink_patcher`][cw_lens.sink_patcher]). Top layer (see `docs/architecture.md`), beside
+`flow` and `reporting`.
 """

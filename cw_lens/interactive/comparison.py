@@ -1,38 +1,34 @@
 r"""Patch the sink of one text and compare clean with patched, number by number (P1, live).
 
 The sink-norm ablation of methods § Attention sinks (docs/methods.md#sinks)
-(:func:`cw_lens.patch_sink`, ``pv_0^h -> lambda pv_0^h`` in chosen layers and heads, attention
-untouched, ``lambda`` in [0, 2]) applied to one text, with everything a reader wants to see side by
-side for the clean and the patched pass:
+([`cw_lens.patch_sink`][cw_lens.patch_sink], `pv_0^h -> lambda pv_0^h` in chosen layers and heads,
+attention untouched, `lambda` in [0, 2]) applied to one text, with everything a reader wants to see
+side by side for the clean and the patched pass:
 
-- the top-k next-token probabilities at every position, ``softmax(logits[t])``;
-- the next-token NLL at every position, ``-log p(x_{t+1} | x_{<=t})``, and its change;
-- contribution weights (:func:`cw_lens.contribution_weights`) of chosen layers, with their
-  three factors (attention, relative norm, cosine), for every head;
-- per patched (layer, head): the mean output norm ``||o_i^h||`` and the mean alignment with the
-  head's semantic cone ``cos(o_i^h, u^h)`` (``u^h``: the normalised mean of the head's non-sink
+- the top-k next-token probabilities at every position, `softmax(logits[t])`;
+- the next-token NLL at every position, `-log p(x_{t+1} | x_{<=t})`, and its change;
+- contribution weights ([`cw_lens.contribution_weights`][cw_lens.contribution_weights]) of chosen
+  layers, with their three factors (attention, relative norm, cosine), for every head;
+- per patched (layer, head): the mean output norm `||o_i^h||` and the mean alignment with the
+  head's semantic cone `cos(o_i^h, u^h)` (`u^h`: the normalised mean of the head's non-sink
   projected values over the text), over the queries after the first sink — the measures of
-  :func:`cw_lens.sink_ablation` with ``effect="total"``, on one text.
+  [`cw_lens.sink_ablation`][cw_lens.sink_ablation] with `effect="total"`, on one text.
 
 Each pass is one forward pass (weights, logits and cone measures are read from the same run).
 The clean pass does not depend on the patch, so it can be computed once and passed back in
-(``clean=``); that is what the live widget (:func:`cw_lens.sink_patcher`) does on every change.
+(`clean=`); that is what the live widget ([`cw_lens.sink_patcher`][cw_lens.sink_patcher]) does on
+every change.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    cmp = cw_lens.compare_sink_patch(model, "The capital of France is Paris.", layers=(10, 19))
-    cmp.top()                     # clean vs patched top-5 after the last token
-    cmp.to_dataframe()            # per-token NLL, clean and patched
-    cmp.heads()                   # per patched head: output norm and cone alignment, both runs
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,14 +37,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.analyses.contributions import ContributionResult, contribution_weights
+from cw_lens.analyses.common import check_sinks_inside
+from cw_lens.analyses.contributions import (
+    ContributionResult,
+    check_result_memory,
+    contribution_weights,
+)
 from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
-from cw_lens.core.deprecation import renamed_classes
+from cw_lens.core.deprecation import renamed_classes, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.scoring import token_nll
-from cw_lens.models.access import resolve_heads, resolve_layers
+from cw_lens.models.access import Model, resolve_heads, resolve_layers
 from cw_lens.models.edits import HookSet
 from cw_lens.models.interventions import patch_sink
 from cw_lens.models.layer_contributions import LayerContributionsResult
@@ -56,10 +57,10 @@ from cw_lens.models.layer_contributions import LayerContributionsResult
 
 @dataclass(frozen=True)
 class PatchControls:
-    """What to patch: a range of layers, heads, ``lambda``, mode and sink positions.
+    """What to patch: a range of layers, heads, `lambda`, mode and sink positions.
 
-    ``layers`` is an inclusive ``(first, last)`` range; ``heads`` ``None`` means all heads.
-    Build validated controls with :meth:`of`; :meth:`to_dict` / :meth:`from_dict` give the
+    `layers` is an inclusive `(first, last)` range; `heads` `None` means all heads.
+    Build validated controls with `of`; `to_dict` / `from_dict` give the
     JSON form the front end exchanges.
     """
 
@@ -72,7 +73,7 @@ class PatchControls:
     @classmethod
     def of(
         cls,
-        model: Any,
+        model: Model,
         *,
         layers: Any = None,
         heads: Any = None,
@@ -80,11 +81,48 @@ class PatchControls:
         mode: str = "scale",
         sink_positions: Sequence[int] = (0,),
     ) -> PatchControls:
-        """Validated controls. ``layers``: ``(first, last)`` inclusive, one layer, a ``range``
-        or ``None`` (all); ``heads``: ``None``/``"all"`` or indices. Errors are
-        :class:`InputError` (the checks of :func:`cw_lens.patch_sink` included)."""
+        """Validated controls; errors are [`InputError`][cw_lens.InputError].
+
+        The checks of [`cw_lens.patch_sink`][cw_lens.patch_sink] are included.
+
+        Args:
+            model: The model the controls are for.
+            layers: `(first, last)` inclusive, one layer, a `range` or `None` (all).
+            heads: `None`/`"all"` or head indices.
+            scale: `lambda` in [0, 2] (0 removes the sink's value, 1 keeps it).
+            mode: `"scale"` or `"norm_matched"`.
+            sink_positions: The sink position(s).
+
+        Returns:
+            The [`PatchControls`][cw_lens.PatchControls].
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            from cw_lens.interactive.comparison import PatchControls
+
+            controls = PatchControls.of(model, layers=(0, 1), heads=[0, 1], scale=0.5)
+            ```
+        """
+        first, last = cls._layer_range(model, layers)
+        if heads is None or (isinstance(heads, str) and heads == "all"):
+            head_tuple = None
+        else:
+            head_tuple = tuple(resolve_heads(model, heads))
+            if not head_tuple:
+                raise InputError("heads is empty; give 'all' or at least one head index.")
+        sinks = tuple(sorted({int(p) for p in sink_positions}))
+        controls = cls((first, last), head_tuple, float(scale), mode, sinks)
+        controls.hooks(model)  # patch_sink's own checks (scale range, mode, sink positions)
+        return controls
+
+    @staticmethod
+    def _layer_range(model: Model, layers: Any) -> tuple[int, int]:
+        """`(first, last)` of a `layers` control, as `PatchControls.of` reads it, checked."""
         if layers is None:
-            first, last = 0, model.cfg.n_layers - 1
+            first, last = 0, -1  # resolved below: the last layer
         elif isinstance(layers, int):
             first = last = layers
         elif isinstance(layers, range) and len(layers) > 0 and layers.step == 1:
@@ -100,23 +138,34 @@ class PatchControls:
         first, last = resolve_layers(model, [first])[0], resolve_layers(model, [last])[0]
         if first > last:
             raise InputError(f"layers must run from first to last, got ({first}, {last}).")
-        if heads is None or (isinstance(heads, str) and heads == "all"):
-            head_tuple = None
-        else:
-            head_tuple = tuple(resolve_heads(model, heads))
-            if not head_tuple:
-                raise InputError("heads is empty; give 'all' or at least one head index.")
-        sinks = tuple(sorted({int(p) for p in sink_positions}))
-        controls = cls((first, last), head_tuple, float(scale), mode, sinks)
-        controls.hooks(model)  # patch_sink's own checks (scale range, mode, sink positions)
-        return controls
+        return first, last
 
     @property
     def layer_list(self) -> list[int]:
         return list(range(self.layers[0], self.layers[1] + 1))
 
-    def hooks(self, model: Any, attention_mask: Tensor | None = None) -> HookSet:
-        """The :func:`cw_lens.patch_sink` hook set these controls stand for."""
+    def hooks(self, model: Model, attention_mask: Tensor | None = None) -> HookSet:
+        """The [`cw_lens.patch_sink`][cw_lens.patch_sink] hook set these controls stand for.
+
+        Args:
+            model: The model to patch.
+            attention_mask: `[batch, pos]`, 1 at real tokens, for padded batches.
+
+        Returns:
+            A [`HookSet`][cw_lens.HookSet] (a context manager).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            from cw_lens.interactive.comparison import PatchControls
+
+            controls = PatchControls.of(model, layers=(0, 1))
+            with controls.hooks(model):
+                logits = model("The cat sat on the mat.")
+            ```
+        """
         return patch_sink(
             model,
             layers=self.layer_list,
@@ -128,6 +177,21 @@ class PatchControls:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form of the controls (what the widget's front end reads).
+
+        Returns:
+            A dict with `layers`, `heads`, `scale`, `mode` and `sinks`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            from cw_lens.interactive.comparison import PatchControls
+
+            PatchControls.of(model, layers=(0, 1), scale=0.5).to_dict()
+            ```
+        """
         return {
             "layers": list(self.layers),
             "heads": "all" if self.heads is None else list(self.heads),
@@ -137,8 +201,27 @@ class PatchControls:
         }
 
     @classmethod
-    def from_dict(cls, model: Any, data: dict[str, Any]) -> PatchControls:
-        """Validated controls from their JSON form (what the widget's front end sends)."""
+    def from_dict(cls, model: Model, data: dict[str, Any]) -> PatchControls:
+        """Validated controls from their JSON form (what the widget's front end sends).
+
+        Args:
+            model: The model the controls are for.
+            data: The JSON form ([`to_dict`][cw_lens.PatchControls.to_dict]).
+
+        Returns:
+            The [`PatchControls`][cw_lens.PatchControls].
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            from cw_lens.interactive.comparison import PatchControls
+
+            data = PatchControls.of(model, layers=(0, 1), scale=0.5).to_dict()
+            PatchControls.from_dict(model, data)
+            ```
+        """
         unknown = set(data) - {"layers", "heads", "scale", "mode", "sinks"}
         if unknown:
             raise InputError(f"Unknown patch controls {sorted(unknown)}.")
@@ -158,10 +241,10 @@ class SinkRun:
 
     Attributes:
         weights: Contribution weights (and their factors) of the requested layers, all heads.
-        top_ids, top_probs: The ``k`` most probable next tokens at every position ``[pos, k]``.
-        nll: ``-log p(x_{t+1} | x_{<=t})`` for ``t = 0 .. n - 2``.
-        cone_layers: The layers whose ``norm`` and ``cone`` rows are given.
-        norm, cone: ``[layer, head]`` mean ``||o_i^h||`` and ``cos(o_i^h, u^h)`` over the
+        top_ids, top_probs: The `k` most probable next tokens at every position `[pos, k]`.
+        nll: `-log p(x_{t+1} | x_{<=t})` for `t = 0 .. n - 2`.
+        cone_layers: The layers whose `norm` and `cone` rows are given.
+        norm, cone: `[layer, head]` mean `||o_i^h||` and `cos(o_i^h, u^h)` over the
             queries after the first sink (NaN for a head with no such query).
     """
 
@@ -180,12 +263,12 @@ class SinkRun:
 
 
 class _ConeMeans:
-    """Per (layer, head): sums of ``||o_i^h||`` and ``cos(o_i^h, u^h)`` over counted queries."""
+    """Per (layer, head): sums of `||o_i^h||` and `cos(o_i^h, u^h)` over counted queries."""
 
     def __init__(self, layers: list[int], n_heads: int, sinks: SinkSpec) -> None:
         self.index = {layer: i for i, layer in enumerate(layers)}
         self.sinks = sinks
-        self.sums = torch.zeros(3, len(layers), n_heads, dtype=torch.float64)
+        self.sums = torch.zeros(3, len(layers), n_heads, dtype=torch.float64, device="cpu")
 
     def __call__(self, lc: LayerContributionsResult) -> None:
         if lc.layer not in self.index:
@@ -218,11 +301,23 @@ def run_text(
     sinks: Sequence[int] = (0,),
     kind: str = "intra",
     top_k: int = 5,
+    memory_budget: float | str | None = None,
 ) -> SinkRun:
-    """One forward pass of a one-text batch, clean (``patch=None``) or under ``patch``.
+    """One forward pass of a one-text batch, clean (`patch=None`) or under `patch`.
 
-    ``layers``: whose contribution weights to keep; ``cone_layers``: whose output norms and cone
-    alignment to measure (with ``sinks`` as the sink positions).
+    Args:
+        model: The loaded model.
+        batch: One text, tokenized.
+        layers: Layers whose contribution weights to keep.
+        patch: The sink patch to apply, or None for the clean pass.
+        cone_layers: Layers whose output norms and cone alignment to measure.
+        sinks: The sink positions for the cone alignment.
+        kind: `"intra"` or `"inter"` contribution weights.
+        top_k: How many next-token predictions to keep.
+        memory_budget: As for [`contribution_weights`][cw_lens.contribution_weights].
+
+    Returns:
+        The pass's contribution weights, cone means and top predictions.
     """
     if batch.tokens.shape[0] != 1:
         raise InputError("run_text takes one text (a batch of one row).")
@@ -247,6 +342,7 @@ def run_text(
             on_logits=keep_logits,
             on_block=cone,
             block_layers=cone_list,
+            memory_budget=memory_budget,
         )
     logits = got["logits"]
     probs, ids = logits.softmax(-1).topk(int(top_k), dim=-1)
@@ -256,9 +352,29 @@ def run_text(
     return SinkRun(weights, ids.cpu(), probs.cpu(), nll.cpu(), cone_list, norm, cos, sink_tuple)
 
 
+def _k_first(top: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
+    """`SinkPatchComparisonResult.top(n)` read `n` as the position until 0.3.3; now `n` is
+    `k`, as in every result's `top`: a positional argument warns (FutureWarning)."""
+
+    @functools.wraps(top)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        if args:
+            warnings.warn(
+                "SinkPatchComparisonResult.top(n) reads n as k, the number of next tokens, as "
+                "every result's top() does (until 0.3.3 it was the position): pass k=... or "
+                "position=... by keyword.",
+                FutureWarning,
+                stacklevel=2,
+            )
+        return top(self, *args, **kwargs)
+
+    return wrapper
+
+
 @dataclass(repr=False)
 class SinkPatchComparisonResult(Result):
-    """Result of :func:`compare_sink_patch`: the clean and the patched :class:`SinkRun`."""
+    """Result of [`compare_sink_patch`][cw_lens.compare_sink_patch]: the clean and the patched
+    `SinkRun`."""
 
     controls: PatchControls
     clean: SinkRun
@@ -272,7 +388,20 @@ class SinkPatchComparisonResult(Result):
         return self.patched.mean_nll - self.clean.mean_nll
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Per position ``t``: the next token and its NLL, clean and patched, and the change."""
+        """Per position `t`: the next token and its NLL, clean and patched, and the change.
+
+        Returns:
+            A DataFrame, one row per scored position.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cmp = cw_lens.compare_sink_patch(model, "The cat sat on the mat.", scale=0.0)
+            cmp.to_dataframe().head()
+            ```
+        """
         n = len(self.str_tokens)
         return pd.DataFrame(
             {
@@ -285,14 +414,35 @@ class SinkPatchComparisonResult(Result):
             }
         )
 
-    def top(self, position: int | None = None) -> pd.DataFrame:
-        """The top-k next tokens after ``position`` (default the last), clean and patched."""
+    @_k_first
+    def top(self, k: int = 10, *, position: int | None = None) -> pd.DataFrame:
+        """The top-k next tokens after `position`, clean and patched.
+
+        Args:
+            k: How many tokens (at most the `top_k` the comparison kept). Until 0.3.3 `top(n)`
+                read `n` as the position; a positional argument now warns (FutureWarning).
+            position: The position (default: the last; keyword only).
+
+        Returns:
+            A DataFrame with the clean and the patched candidates and their probabilities.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cmp = cw_lens.compare_sink_patch(model, "The cat sat on the mat.", scale=0.0)
+            cmp.top(k=3)
+            ```
+        """
         n = len(self.str_tokens)
         t = n - 1 if position is None else int(position)
         if not 0 <= t < n:
             raise InputError(f"position must be in 0..{n - 1}, got {position!r}.")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"k must be a positive integer, got {k!r}.")
         rows = []
-        for rank in range(self.clean.top_ids.shape[1]):
+        for rank in range(min(k, self.clean.top_ids.shape[1])):
             row: dict[str, Any] = {"rank": rank + 1}
             for name, run in (("clean", self.clean), ("patched", self.patched)):
                 tid = int(run.top_ids[t, rank])
@@ -302,7 +452,20 @@ class SinkPatchComparisonResult(Result):
         return pd.DataFrame(rows)
 
     def heads(self) -> pd.DataFrame:
-        """Per patched (layer, head): mean output norm and cone alignment, clean and patched."""
+        """Per patched (layer, head): mean output norm and cone alignment, clean and patched.
+
+        Returns:
+            A DataFrame, one row per patched head.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            cmp = cw_lens.compare_sink_patch(model, "The cat sat on the mat.", scale=0.0)
+            cmp.heads().head()
+            ```
+        """
         rows = []
         for li, layer in enumerate(self.patched.cone_layers):
             ci = self.clean.cone_layers.index(layer)
@@ -322,15 +485,16 @@ class SinkPatchComparisonResult(Result):
 
 
 def token_strings(model: Any, ids: Tensor) -> dict[int, str]:
-    """``{id: string}`` for the token ids in ``ids`` (decoded one by one, like the text)."""
+    """`{id: string}` for the token ids in `ids` (decoded one by one, like the text)."""
     tok = model.tokenizer
     unique = sorted({int(i) for i in ids.flatten().tolist()})
     return {i: (str(i) if tok is None else tok.decode([i])) for i in unique}
 
 
+@renamed_kwargs(text="inputs")
 def compare_sink_patch(
-    model: Any,
-    text: str,
+    model: Model,
+    inputs: str | Tensor,
     *,
     layers: Any = None,
     heads: Any = None,
@@ -341,23 +505,48 @@ def compare_sink_patch(
     kind: str = "intra",
     top_k: int = 5,
     clean: SinkRun | None = None,
+    memory_budget: float | str | None = None,
 ) -> SinkPatchComparisonResult:
-    """Run ``text`` clean and with the sink patched; everything the views show, both ways.
+    """Run `inputs` clean and with the sink patched; everything the views show, both ways.
 
     Args:
         model: The bridge.
-        text: One text (BOS is prepended: position 0 is the default sink).
-        layers: Layers to patch: ``(first, last)`` inclusive, or ``None`` for all.
-        heads: Heads to patch in those layers (``None`` = all).
-        scale: ``lambda`` in [0, 2] (0 removes the sink's value, 1 keeps it, 2 doubles it).
-        mode: ``"scale"`` or ``"norm_matched"`` (see :func:`cw_lens.patch_sink`).
-        sink_positions: The sink position(s).
+        inputs: One text (BOS is prepended: position 0 is the default sink), or its token
+            ids `[1, pos]`; `text=` is its deprecated name.
+        layers: Layers to patch: `(first, last)` inclusive, or `None` for all.
+        heads: Heads to patch in those layers (`None` = all; `-1` is the last head).
+        scale: `lambda` in [0, 2] (0 removes the sink's value, 1 keeps it, 2 doubles it).
+        mode: `"scale"` or `"norm_matched"` (see [`cw_lens.patch_sink`][cw_lens.patch_sink]).
+        sink_positions: The sink position(s), each a token of the text.
         view_layers: Layers whose contribution weights to keep (default: the patched ones).
-        kind: ``"intra"`` or ``"inter"`` contribution weights.
+        kind: `"intra"` or `"inter"` contribution weights.
         top_k: How many next tokens to keep per position.
-        clean: A clean :class:`SinkRun` of this text from an earlier call (it must cover
-            ``view_layers`` and the patched layers), to skip the clean pass.
+        clean: A clean `SinkRun` of this text from an earlier call (it must cover
+            `view_layers` and the patched layers), to skip the clean pass.
+        memory_budget: Bytes the two runs' contribution weights may take together (as for
+            [`contribution_weights`][cw_lens.contribution_weights]); over it,
+            [`MemoryBudgetError`][cw_lens.MemoryBudgetError] is raised before any pass.
+
+    Returns:
+        A [`SinkPatchComparisonResult`][cw_lens.SinkPatchComparisonResult].
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        cmp = cw_lens.compare_sink_patch(model, "The cat sat on the mat.", scale=0.0)
+        cmp.delta_nll          # the change of the mean NLL
+        cmp.top(k=3)           # next tokens, clean and patched
+        ```
     """
+    batch = prepare_inputs(model, inputs)
+    if batch.tokens.shape[0] != 1:
+        raise InputError("compare_sink_patch takes one text (a string).")
+    first, last = PatchControls._layer_range(model, layers)
+    view = range(first, last + 1) if view_layers is None else resolve_layers(model, view_layers)
+    runs = 2 if clean is None else 1  # before any pass (the controls' checks verify the model)
+    check_result_memory(model, batch, len(view), model.cfg.n_heads, memory_budget, copies=runs)
     controls = PatchControls.of(
         model,
         layers=layers,
@@ -366,11 +555,9 @@ def compare_sink_patch(
         mode=mode,
         sink_positions=sink_positions,
     )
-    batch = prepare_inputs(model, text)
-    if batch.tokens.shape[0] != 1:
-        raise InputError("compare_sink_patch takes one text (a string).")
-    view = controls.layer_list if view_layers is None else resolve_layers(model, view_layers)
-    kw = dict(sinks=controls.sinks, kind=kind, top_k=top_k)
+    check_sinks_inside(model, batch.tokens, controls.sinks)
+    view = list(view)
+    kw = dict(sinks=controls.sinks, kind=kind, top_k=top_k, memory_budget=memory_budget)
     if clean is None:
         clean = run_text(model, batch, layers=view, cone_layers=controls.layer_list, **kw)
     else:

@@ -1,15 +1,16 @@
 r"""From (model, text, controls) to the data the front end draws — the widget's and the page's.
 
-Two producers of the payload of :mod:`cw_lens.viz.payload` that run the model:
+Two producers of the payload of `cw_lens.viz.payload` that run the model:
 
-- :func:`patch_state` — one state of the live widget: the clean run (maps of the viewed layer)
-  and the run with the sink patched as ``controls`` say (:func:`cw_lens.compare_sink_patch`:
-  ``patch_sink`` + ``contribution_weights`` + the model's logits, in one pass). A pure function
-  of its arguments; the widget calls it on every control change, passing back the clean run.
-- :func:`sink_patch_data` / :func:`sink_patch_html` — the saved page: the clean run and a
-  precomputed sweep (``lambda`` in {0, 0.25, 0.5, 0.75, 1} x a few layer ranges x modes).
+- `patch_state` — one state of the live widget: the clean run (maps of the viewed layer)
+  and the run with the sink patched as `controls` say
+  ([`cw_lens.compare_sink_patch`][cw_lens.compare_sink_patch]: `patch_sink` + `contribution_weights`
+  + the model's logits, in one pass). A pure function of its arguments; the widget calls it on every
+  control change, passing back the clean run.
+- `sink_patch_data` / `sink_patch_html` — the saved page: the clean run and a
+  precomputed sweep (`lambda` in {0, 0.25, 0.5, 0.75, 1} x a few layer ranges x modes).
 
-Example::
+Example:
 
     import cw_lens
     from cw_lens.interactive.view_state import patch_state, sink_patch_html
@@ -42,7 +43,7 @@ from cw_lens.models.access import resolve_layers
 from cw_lens.viz.payload import initial_state, page_header, patched_payload, run_payload
 from cw_lens.viz.view import DEFAULT_MAX_MB, check_size, render_page, write
 
-#: The ``lambda`` values of the saved page's sweep (1 is the clean model).
+#: The `lambda` values of the saved page's sweep (1 is the clean model).
 SWEEP_SCALES = (0.0, 0.25, 0.5, 0.75, 1.0)
 MODES = ("scale", "norm_matched")
 
@@ -55,7 +56,7 @@ def default_ranges(n_layers: int) -> list[tuple[int, int]]:
 
 
 def default_view_layers(n_layers: int, k: int = 4) -> list[int]:
-    """``k`` layers spread over the model (all of them when there are few)."""
+    """`k` layers spread over the model (all of them when there are few)."""
     if n_layers <= k:
         return list(range(n_layers))
     return sorted({int(np.rint(x)) for x in np.linspace(0, n_layers - 1, k + 2)[1:-1]})
@@ -64,7 +65,7 @@ def default_view_layers(n_layers: int, k: int = 4) -> list[int]:
 def clean_run(
     model: Any, text: str, *, sinks: Sequence[int] = (0,), kind: str = "intra", top_k: int = 5
 ) -> SinkRun:
-    """The clean run of ``text`` with every layer's maps and cone measures (what the widget
+    """The clean run of `text` with every layer's maps and cone measures (what the widget
     computes once per text and sink positions)."""
     batch = prepare_inputs(model, text)
     all_layers = list(range(model.cfg.n_layers))
@@ -74,7 +75,7 @@ def clean_run(
 
 
 def _quiet(fn: Any, *args: Any, **kw: Any) -> Any:
-    """Run ``fn`` with the zero-norm-row warnings off (the payload marks those rows null)."""
+    """Run `fn` with the zero-norm-row warnings off (the payload marks those rows null)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*numerically zero", category=RuntimeWarning)
         return fn(*args, **kw)
@@ -92,11 +93,11 @@ def patch_state(
     top_k: int = 5,
     clean: SinkRun | None = None,
 ) -> dict:
-    """The widget's state for ``controls``: ``{"data": ..., "patched": ...}``.
+    """The widget's state for `controls`: `{"data": ..., "patched": ...}`.
 
-    ``data`` is the static part and the clean run with the maps of ``layer`` (every head);
-    ``patched`` the run with the sink patched, with its changes from the clean run. ``clean``
-    (from :func:`clean_run`) skips the clean pass.
+    `data` is the static part and the clean run with the maps of `layer` (every head);
+    `patched` the run with the sink patched, with its changes from the clean run. `clean`
+    (from `clean_run`) skips the clean pass.
     """
     if not isinstance(controls, PatchControls):
         controls = PatchControls.from_dict(model, dict(controls))
@@ -152,18 +153,18 @@ def sink_patch_data(
     """The payload of a saved sink-patching page: the clean run and the precomputed sweep.
 
     Args:
-        layers: Layers whose maps the page shows (default :func:`default_view_layers`).
-        ranges: Layer ranges ``(first, last)`` to patch (default :func:`default_ranges`).
-        scales: The ``lambda`` values of the sweep (in [0, 2]).
-        modes: ``"scale"`` and/or ``"norm_matched"`` (norm-matched ignores ``scales``: one run
+        layers: Layers whose maps the page shows (default `default_view_layers`).
+        ranges: Layer ranges `(first, last)` to patch (default `default_ranges`).
+        scales: The `lambda` values of the sweep (in [0, 2]).
+        modes: `"scale"` and/or `"norm_matched"` (norm-matched ignores `scales`: one run
             per range).
-        sink_positions, kind, top_k: As in :func:`cw_lens.compare_sink_patch`.
-        layer, head, query: The initial view.
+        sink_positions, kind, top_k: As in
+        [`cw_lens.compare_sink_patch`][cw_lens.compare_sink_patch]. layer, head, query: The initial
+        view.
         max_mb: Refuse a page whose maps would exceed this many MB.
-
-    Long: the clean run, the sweep of patched runs and the payload, in the order the page reads
-    them.
     """
+    # Long: the clean run, the sweep of patched runs and the payload, in the order the page reads
+    # them.
     n_layers = model.cfg.n_layers
     view = resolve_layers(model, default_view_layers(n_layers) if layers is None else layers)
     range_list = default_ranges(n_layers) if ranges is None else [tuple(r) for r in ranges]
@@ -224,6 +225,6 @@ def sink_patch_data(
 def sink_patch_html(
     model: Any, text: str, *, path: Any = None, title: str | None = None, **kwargs: Any
 ) -> str:
-    """The saved, self-contained sink-patching page (:func:`sink_patch_data`); written to
-    ``path`` when given. Opens from a ``file://`` URL; needs no kernel and no network."""
+    """The saved, self-contained sink-patching page (`sink_patch_data`); written to
+    `path` when given. Opens from a `file://` URL; needs no kernel and no network."""
     return write(render_page(sink_patch_data(model, text, **kwargs), title), path)

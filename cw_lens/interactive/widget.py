@@ -1,29 +1,22 @@
 r"""The live sink-patching widget for Jupyter (anywidget): patch the sink, watch what changes.
 
-``cw_lens.sink_patcher(model, text)`` shows P1's Fig. 1 (attention next to contribution for one
+`cw_lens.sink_patcher(model, text)` shows P1's Fig. 1 (attention next to contribution for one
 layer, head and query, the factors on hover, the head grid) and the sink-norm ablation of
-methods § Attention sinks (docs/methods.md#sinks) (:func:`cw_lens.patch_sink`: ``pv_0^h -> lambda
-pv_0^h``) with live controls — the layer range, heads (all or a subset), ``lambda`` in [0, 2], the
-mode (``scale`` / ``norm_matched``) and the sink position(s). On every change the kernel re-runs the
-model with the patch (one forward pass; the clean pass is computed once per text and sink positions)
-and the front end shows, clean next to patched: the top-k next-token probabilities, the per-token
-NLL change, the chosen head's attention and contribution matrices, and the per-head output norms and
-cone alignment of the patched layers.
+methods § Attention sinks (docs/methods.md#sinks) ([`cw_lens.patch_sink`][cw_lens.patch_sink]:
+`pv_0^h -> lambda pv_0^h`) with live controls — the layer range, heads (all or a subset), `lambda`
+in [0, 2], the mode (`scale` / `norm_matched`) and the sink position(s). On every change the kernel
+re-runs the model with the patch (one forward pass; the clean pass is computed once per text and
+sink positions) and the front end shows, clean next to patched: the top-k next-token probabilities,
+the per-token NLL change, the chosen head's attention and contribution matrices, and the per-head
+output norms and cone alignment of the patched layers.
 
-The numbers come from :func:`cw_lens.interactive.view_state.patch_state` (plain data); the front
+The numbers come from `cw_lens.interactive.view_state.patch_state` (plain data); the front
 end is the
-same ES module as the saved page (``view.js``), so ``patcher.to_html("page.html")`` writes a
+same ES module as the saved page (`view.js`), so `patcher.to_html("page.html")` writes a
 self-contained page with a precomputed sweep that works without a kernel. Works wherever
 anywidget does: JupyterLab, Notebook 7, VS Code, Colab.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    patcher = cw_lens.sink_patcher(model, "The capital of France is Paris.", layers=(10, 19))
-    patcher                                   # the widget (last line of a cell)
-    patcher.update(scale=0.5, heads=[0, 3])   # the same as moving the controls
-    patcher.to_html("patch.html")             # the saved page with the sweep
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -39,10 +32,11 @@ except ImportError as err:  # pragma: no cover - the optional extra is missing
         "The live widget needs anywidget: pip install 'cw_lens[widget]' (anywidget, ipywidgets)."
     ) from err
 
+from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import CwLensError, InputError
 from cw_lens.interactive.comparison import PatchControls, SinkRun
 from cw_lens.interactive.view_state import clean_run, patch_state, sink_patch_html
-from cw_lens.models.access import resolve_layers
+from cw_lens.models.access import Model, resolve_layers
 
 
 def _asset(name: str) -> str:
@@ -50,9 +44,9 @@ def _asset(name: str) -> str:
 
 
 class SinkPatcher(anywidget.AnyWidget):
-    """The widget (see the module docstring). Synced state: ``data`` (static part and the clean
-    run of the viewed layer), ``patched`` (the patched run), ``controls`` (what the front end
-    sets), ``view`` (``{"layer": L}``) and ``status`` (an error message, or empty)."""
+    """The widget (see the module docstring). Synced state: `data` (static part and the clean
+    run of the viewed layer), `patched` (the patched run), `controls` (what the front end
+    sets), `view` (`{"layer": L}`) and `status` (an error message, or empty)."""
 
     _esm = _asset("view.js")
     _css = _asset("view.css")
@@ -112,7 +106,7 @@ class SinkPatcher(anywidget.AnyWidget):
         )
 
     def _changed(self, _: Any = None) -> None:
-        """Re-run the model for the current controls and view; errors go to ``status``."""
+        """Re-run the model for the current controls and view; errors go to `status`."""
         try:
             controls = PatchControls.from_dict(self._model, self.controls)
             layer = int(self.view.get("layer", controls.layers[1]))
@@ -128,8 +122,8 @@ class SinkPatcher(anywidget.AnyWidget):
             self.status = ""
 
     def update(self, **controls: Any) -> SinkPatcher:
-        """Change controls from Python (``layers=(a, b)``, ``heads``, ``scale``, ``mode``,
-        ``sinks``) or the viewed ``layer``; the widget re-runs as if the front end had."""
+        """Change controls from Python (`layers=(a, b)`, `heads`, `scale`, `mode`,
+        `sinks`) or the viewed `layer`; the widget re-runs as if the front end had."""
         layer = controls.pop("layer", None)
         unknown = set(controls) - {"layers", "heads", "scale", "mode", "sinks"}
         if unknown:
@@ -149,13 +143,35 @@ class SinkPatcher(anywidget.AnyWidget):
         return self
 
     def to_html(self, path: Any = None, **kwargs: Any) -> str:
-        """The saved page of this text with a precomputed sweep (:func:`sink_patch_html`)."""
+        """The saved page of this text with a precomputed sweep (`sink_patch_html`)."""
         kwargs.setdefault("sink_positions", tuple(self.controls.get("sinks", (0,))))
         return sink_patch_html(
             self._model, self._text, path=path, kind=self._kind, top_k=self._top_k, **kwargs
         )
 
 
-def sink_patcher(model: Any, text: str, **kwargs: Any) -> SinkPatcher:
-    """The live sink-patching widget; arguments as :class:`SinkPatcher`."""
-    return SinkPatcher(model, text, **kwargs)
+@renamed_kwargs(text="inputs")
+def sink_patcher(model: Model, inputs: str, **kwargs: Any) -> SinkPatcher:
+    """The live sink-patching widget; arguments as `SinkPatcher` (`inputs`: its one text;
+    `text=` is the deprecated name).
+
+    Args:
+        model: A TransformerLens model.
+        inputs: The one text (BOS is prepended: position 0 is the default sink).
+        **kwargs: The controls and the view of `cw_lens.interactive.widget.SinkPatcher`:
+            `layers`, `heads`, `scale`, `mode`, `sink_positions`, `layer`, `head`, `query`, `kind`,
+            `top_k`, ...
+
+    Returns:
+        A `SinkPatcher` widget (anywidget): the last expression of a Jupyter cell displays it.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        # needs the widget extra: pip install "cw_lens[widget]"
+        widget = cw_lens.sink_patcher(model, "The cat sat on the mat.")
+        ```
+    """
+    return SinkPatcher(model, inputs, **kwargs)

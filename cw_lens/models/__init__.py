@@ -3,9 +3,9 @@
 Loading (and the GGUF cache of the embedded model), the HookedTransformer/TransformerBridge
 builders, the access protocol, capture of one forward pass layer by layer, the per-layer
 contribution math on what capture yields, verification, weight processing, edits and
-interventions, and the tiny test models. Layer 2 of 5 (see ``docs/architecture.md``): imports
-only ``cw_lens.core``. The names below are the old module ``cw_lens.models`` (now
-:mod:`cw_lens.models.load`), so ``from cw_lens.models import load_model`` keeps working.
+interventions, and the tiny test models. Layer 2 of 5 (see `docs/architecture.md`): imports
+only `cw_lens.core`. The names below are the old module `cw_lens.models` (now
+`cw_lens.models.load`), so `from cw_lens.models import load_model` keeps working.
 """
 
 from typing import Any
@@ -39,7 +39,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Anything else the old module ``cw_lens.models`` held comes from its new home."""
+    """Anything else the old module `cw_lens.models` held comes from its new home."""
     try:
         return getattr(load, name)
     except AttributeError:

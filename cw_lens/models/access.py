@@ -1,45 +1,44 @@
-"""Model access: one interface over a ``TransformerBridge`` and a ``HookedTransformer``.
+"""Model access: one interface over a `TransformerBridge` and a `HookedTransformer`.
 
 Everything cw_lens needs from a TransformerLens model — hook names, the output projection, the
-attention module whose output is ``sum_h z^h W_O^h + b_O``, the forward pass, hook contexts — is
+attention module whose output is `sum_h z^h W_O^h + b_O`, the forward pass, hook contexts — is
 read here, so no analysis asks what kind of model it holds:
 
-- ``TransformerBridge`` (TransformerLens 3.x and 4.x): classic hook names are aliases of the
-  bridge's own (``blocks.{l}.attn.hook_z`` is the input of the output projection);
-- ``HookedTransformer`` (TransformerLens 2.x and 3.x): the classic hooks themselves.
+- `TransformerBridge` (TransformerLens 3.x and 4.x): classic hook names are aliases of the
+  bridge's own (`blocks.{l}.attn.hook_z` is the input of the output projection);
+- `HookedTransformer` (TransformerLens 2.x and 3.x): the classic hooks themselves.
 
-The layer output ``o_i = sum_h z_i^h W_O^h`` is always computed from ``hook_z`` and ``W_O``
-(docs/methods.md#notation), never read from ``hook_attn_out``: on post-norm blocks (Gemma 2/3, OLMo
+The layer output `o_i = sum_h z_i^h W_O^h` is always computed from `hook_z` and `W_O`
+(docs/methods.md#notation), never read from `hook_attn_out`: on post-norm blocks (Gemma 2/3, OLMo
 2/3, GLM-4, EXAONE 4) that hook is the output of the post-attention norm, and on Granite it carries
-the residual multiplier. Whether a model's hooks really satisfy ``pattern @ v == z`` and ``sum_h z
-W_O + b_O ==`` the attention module's output is checked by
-:func:`cw_lens.models.verify.verify_model` before any number is returned.
+the residual multiplier. Whether a model's hooks really satisfy `pattern @ v == z` and `sum_h z
+W_O + b_O ==` the attention module's output is checked by
+[`cw_lens.verify_model`][cw_lens.verify_model] before any number is returned.
 
-Two wirings of the attention hooks exist: on most architectures ``hook_pattern`` and ``hook_v``
-fire before ``hook_z`` (an edit of ``z`` computed from the pattern is possible in the ``hook_z``
+Two wirings of the attention hooks exist: on most architectures `hook_pattern` and `hook_v`
+fire before `hook_z` (an edit of `z` computed from the pattern is possible in the `hook_z`
 hook — the **hook_z route**); on bridges that delegate attention to the Hugging Face module and
-fire ``hook_pattern`` afterwards (GPT-J, GPT-Neo, OPT, XGLM) the pattern is only known once the
+fire `hook_pattern` afterwards (GPT-J, GPT-Neo, OPT, XGLM) the pattern is only known once the
 attention module has run, so pattern-dependent interventions edit the module's output through a
-PyTorch forward hook — the **attention-output route**. :attr:`ModelAccess.route` is measured by
+PyTorch forward hook — the **attention-output route**. `ModelAccess.route` is measured by
 a probe pass, not assumed from the architecture's name.
 
-Example::
-
-    import cw_lens
-    from cw_lens.models.access import model_access
-    access = model_access(cw_lens.load_model())
-    access.api, access.route          # ('bridge', 'hook_z')
-    access.hook_name("z", 3)          # 'blocks.3.attn.hook_z'
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
 
 import numpy as np
 import torch
@@ -48,6 +47,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
 from cw_lens.core.geometry import head_gram
+from cw_lens.models.offload import is_offloaded, read_weights
 
 HOOK_TEMPLATES = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
@@ -63,18 +63,32 @@ HOOK_TEMPLATES = {
 ATTENTION_HOOKS = ("pattern", "values", "z")
 
 Api = Literal["bridge", "hooked"]
+
+Model: TypeAlias = "TransformerBridge | HookedTransformer"
+"""A TransformerLens model: a `TransformerBridge` (TransformerLens 3.x, 4.x) or a
+`HookedTransformer` (2.x, 3.x), the type of every `model` argument of cw_lens.
+
+A forward reference, so that naming it imports no TransformerLens: annotate your own code with
+`model: cw_lens.Model`. At run time it is the string `"TransformerBridge | HookedTransformer"`;
+which of the two a model is, and whether cw_lens can analyse it, is checked when an analysis
+first sees it ([`verify_model`][cw_lens.verify_model]).
+"""
 Route = Literal["hook_z", "attention output"]
+
+
+class StreamDone(Exception):
+    """Raised from a hook to end a pass whose remaining layers are not needed."""
 
 
 class AttentionEdit(Protocol):
     """An exact edit of one layer's attention (an intervention of
-    :mod:`cw_lens.models.interventions`).
+    `cw_lens.models.interventions`).
 
-    The model computes ``z' = z - delta(pattern, values)``; cw_lens accounts for it as an edit of
-    the attention pattern, ``effective_pattern(pattern, values) @ values == z'``, so activations
-    captured under the edit stay consistent. ``on_output`` is True when the edit is realised on
-    the attention module's output (the attention-output route): the model's ``hook_z`` then
-    still shows the unedited ``z``.
+    The model computes `z' = z - delta(pattern, values)`; cw_lens accounts for it as an edit of
+    the attention pattern, `effective_pattern(pattern, values) @ values == z'`, so activations
+    captured under the edit stay consistent. `on_output` is True when the edit is realised on
+    the attention module's output (the attention-output route): the model's `hook_z` then
+    still shows the unedited `z`.
     """
 
     layer: int
@@ -86,7 +100,7 @@ class AttentionEdit(Protocol):
 
 
 def hook_name(kind: str, layer: int) -> str:
-    """The classic TransformerLens hook name of ``kind`` at ``layer``."""
+    """The classic TransformerLens hook name of `kind` at `layer`."""
     try:
         return HOOK_TEMPLATES[kind].format(layer=layer)
     except KeyError:
@@ -96,19 +110,30 @@ def hook_name(kind: str, layer: int) -> str:
 
 
 def cache_names(layers: int | Sequence[int]) -> list[str]:
-    """The hook names contribution weights read, for ``run_with_cache(names_filter=...)``.
+    """The hook names contribution weights read, for `run_with_cache(names_filter=...)`.
 
-    Example::
+    Args:
+        layers: A layer or several.
 
-        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([3, 4]))
-        cw = cw_lens.contribution_weights_from_cache(cache, model, layer=3)
+    Returns:
+        The hook names, three per layer (`hook_pattern`, `hook_v`, `hook_z`).
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        tokens = model.to_tokens("The cat sat on the mat.")
+        _, cache = model.run_with_cache(tokens, names_filter=cw_lens.cache_names([0, 1]))
+        cw = cw_lens.contribution_weights_from_cache(cache, model, layer=1)
+        ```
     """
     layers = [layers] if isinstance(layers, int) else list(layers)
     return [hook_name(kind, layer) for layer in layers for kind in ATTENTION_HOOKS]
 
 
 def api_of(model: Any) -> Api | None:
-    """``"bridge"`` for a ``TransformerBridge``, ``"hooked"`` for a ``HookedTransformer``."""
+    """`"bridge"` for a `TransformerBridge`, `"hooked"` for a `HookedTransformer`."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
@@ -128,34 +153,38 @@ def api_of(model: Any) -> Api | None:
 
 @dataclass
 class LayerWeights:
-    """The output projection of one layer, float32: ``W_O`` [head, d_head, d_model], ``b_O``."""
+    """The output projection of one layer, float32: `W_O` [head, d_head, d_model], `b_O`."""
 
     W_O: Float[Tensor, "head d_head d_model"]
     b_O: Float[Tensor, " d_model"] | None
     gram: Float[Tensor, "head d_head d_head"]
+    # read from an offloaded layer (`cw_lens.models.offload`): a copy, not kept across passes
+    offloaded: bool = False
 
     @classmethod
-    def from_weights(cls, W_O: Tensor, b_O: Tensor | None) -> LayerWeights:
+    def from_weights(
+        cls, W_O: Tensor, b_O: Tensor | None, *, offloaded: bool = False
+    ) -> LayerWeights:
         W_O = W_O.detach().float()
         b_O = None if b_O is None else b_O.detach().float()
-        return cls(W_O, b_O, head_gram(W_O))
+        return cls(W_O, b_O, head_gram(W_O), offloaded)
 
     def to(self, device: torch.device) -> LayerWeights:
         if self.W_O.device == torch.device(device):
             return self
         b_O = None if self.b_O is None else self.b_O.to(device)
-        return LayerWeights(self.W_O.to(device), b_O, self.gram.to(device))
+        return LayerWeights(self.W_O.to(device), b_O, self.gram.to(device), self.offloaded)
 
     @cached_property
     def _W_O_by_dim(self) -> Float[Tensor, "d_head_head d_model"]:
-        """``W_O`` as one matrix with the rows in ``(d_head, head)`` order (made once)."""
+        """`W_O` as one matrix with the rows in `(d_head, head)` order (made once)."""
         return self.W_O.transpose(0, 1).reshape(-1, self.W_O.shape[-1]).contiguous()
 
     def layer_output(self, z: Float[Tensor, "batch pos head d_head"]) -> Tensor:
-        """``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded), float32 ``[batch, pos, d_model]``.
+        """`o_i = sum_h z_i^h W_O^h` (`b_O` excluded), float32 `[batch, pos, d_model]`.
 
-        One matrix product over ``(d_head, head)`` (the order in which ``einsum`` sums them),
-        with ``W_O`` rearranged once per layer rather than on every call."""
+        One matrix product over `(d_head, head)` (the order in which `einsum` sums them),
+        with `W_O` rearranged once per layer rather than on every call."""
         flat = z.float().transpose(-1, -2).reshape(*z.shape[:-2], -1)
         return torch.matmul(flat, self._W_O_by_dim.to(z.device))
 
@@ -165,9 +194,9 @@ class ModelAccess:
 
     Attributes:
         model: The model.
-        api: ``"bridge"`` or ``"hooked"``.
-        architecture: The Hugging Face architecture (bridge) or ``HookedTransformer(<original
-            architecture>)``.
+        api: `"bridge"` or `"hooked"`.
+        architecture: The Hugging Face architecture (bridge) or `HookedTransformer(<original
+            architecture>)`.
         n_layers, n_heads, n_kv_heads, d_head, d_model, n_ctx, d_vocab: Dimensions.
     """
 
@@ -190,7 +219,7 @@ class ModelAccess:
         self.n_ctx = int(getattr(cfg, "n_ctx", 0) or 0)
         self.d_vocab = int(getattr(cfg, "d_vocab", 0) or 0)
         self._check_structure()
-        # edits of the interventions currently entered (``with``) on this model, in order
+        # edits of the interventions currently entered (`with`) on this model, in order
         self.active_edits: list[AttentionEdit] = []
 
     # ----------------------------------------------------------------- identity
@@ -225,7 +254,7 @@ class ModelAccess:
 
     @cached_property
     def hf_config(self) -> Any:
-        """The Hugging Face config of a bridge's wrapped model (``None`` for HookedTransformer)."""
+        """The Hugging Face config of a bridge's wrapped model (`None` for HookedTransformer)."""
         if self.api != "bridge":
             return None
         return getattr(getattr(self.model, "original_model", None), "config", None)
@@ -274,7 +303,7 @@ class ModelAccess:
         return name in self.model.hook_dict or name in self._aliases
 
     def hook_name(self, kind: str, layer: int) -> str:
-        """The hook name of ``kind`` at ``layer``; raises when this model lacks it."""
+        """The hook name of `kind` at `layer`; raises when this model lacks it."""
         name = hook_name(kind, layer)
         if not self.has_hook(name):
             raise UnsupportedModelError(
@@ -285,12 +314,16 @@ class ModelAccess:
 
     # ----------------------------------------------------------------- weights and modules
     def output_weights(self, layer: int) -> LayerWeights:
-        """``W_O``, ``b_O`` and the Gram matrices of ``layer`` (float32, on the model device)."""
-        attn = self.model.blocks[layer].attn
+        """`W_O`, `b_O` and the Gram matrices of `layer` (float32, on the device the weights
+        are on, or are brought to when offloaded:
+        [`resident_weights`][cw_lens.models.offload.resident_weights])."""
         try:
-            with torch.no_grad():
-                W_O = attn.W_O
-                b_O = getattr(attn, "b_O", None)
+            got = self.attention_weights(layer, ("W_O", "b_O"))
+            W_O, b_O = got["W_O"], got["b_O"]
+            if W_O is None:
+                raise AttributeError("the attention has no W_O")
+        except CwLensError:
+            raise
         except Exception as exc:  # TransformerLens raises its own types for odd attentions
             raise UnsupportedModelError(
                 f"{self.architecture}: blocks[{layer}].attn.W_O cannot be read "
@@ -303,16 +336,24 @@ class ModelAccess:
                 f"expected [{self.n_heads}, {self.d_head}, {self.d_model}] (head, d_head, "
                 "d_model); cw_lens cannot read this model's output projection per head."
             )
-        return LayerWeights.from_weights(W_O, b_O)
+        attn = self.model.blocks[layer].attn
+        return LayerWeights.from_weights(W_O, b_O, offloaded=is_offloaded(attn, root=self.model))
+
+    def attention_weights(self, layer: int, names: Sequence[str]) -> dict[str, Tensor | None]:
+        """The attention weights `names` of `layer` (`"W_V"`, `"W_O"`, `"b_V"`, ..., as
+        TransformerLens names them), read through
+        [`resident_weights`][cw_lens.models.offload.resident_weights]: detached, `None` where
+        the model has none. Raises what the model's attribute raises."""
+        return read_weights(self.model.blocks[layer].attn, names, root=self.model)
 
     def attention_module(self, layer: int) -> torch.nn.Module:
-        """The attention module of ``layer``: its output (or ``output[0]``) is what the block
+        """The attention module of `layer`: its output (or `output[0]`) is what the block
         adds to the residual stream, before any post-attention norm or residual multiplier.
         Edits of the attention-output route act on it."""
         return self.model.blocks[layer].attn
 
     def output_projection(self, layer: int) -> torch.nn.Module:
-        """The module whose output is exactly ``sum_h z^h W_O^h + b_O`` of ``layer``: the
+        """The module whose output is exactly `sum_h z^h W_O^h + b_O` of `layer`: the
         bridge's output-projection component (Bloom's attention adds the residual after it),
         the attention module of a HookedTransformer."""
         attn = self.attention_module(layer)
@@ -320,7 +361,7 @@ class ModelAccess:
         return projection if isinstance(projection, torch.nn.Module) else attn
 
     def edits_at(self, layer: int) -> list[AttentionEdit]:
-        """The entered interventions' edits of ``layer``, in the order they were entered."""
+        """The entered interventions' edits of `layer`, in the order they were entered."""
         return [edit for edit in self.active_edits if edit.layer == layer]
 
     def parameter_dtype(self) -> torch.dtype:
@@ -328,7 +369,7 @@ class ModelAccess:
 
     # ----------------------------------------------------------------- running
     def forward(self, tokens: Tensor) -> Tensor:
-        """Logits of right-padded ``tokens``.
+        """Logits of right-padded `tokens`.
 
         No attention mask is passed: with padding only at the end of a row, causal attention
         never lets a real position see padding, so real positions get exactly the values they
@@ -338,10 +379,11 @@ class ModelAccess:
         return self.model(tokens)
 
     def probe_forward(self, tokens: Tensor) -> Tensor:
-        """:meth:`forward`, with a failure inside TransformerLens reported as unsupported."""
+        """`forward`, with a failure inside TransformerLens reported as unsupported (a hook's
+        `StreamDone`, which ends a pass on purpose, passes through)."""
         try:
             return self.forward(tokens)
-        except CwLensError:
+        except (CwLensError, StreamDone):
             raise
         except Exception as exc:
             raise UnsupportedModelError(
@@ -356,7 +398,7 @@ class ModelAccess:
 
     @contextmanager
     def module_hooks(self, hooks: Sequence[tuple[torch.nn.Module, Callable]]) -> Iterator[None]:
-        """Context manager that adds PyTorch forward hooks ``fn(module, args, output)``."""
+        """Context manager that adds PyTorch forward hooks `fn(module, args, output)`."""
         handles = [module.register_forward_hook(fn) for module, fn in hooks]
         try:
             yield
@@ -366,7 +408,7 @@ class ModelAccess:
 
     @cached_property
     def hook_order(self) -> dict[int, tuple[str, ...]]:
-        """Per layer, the order in which ``hook_pattern``, ``hook_v`` and ``hook_z`` fire (one
+        """Per layer, the order in which `hook_pattern`, `hook_v` and `hook_z` fire (one
         probe pass of four tokens)."""
         order: dict[int, list[str]] = {layer: [] for layer in range(self.n_layers)}
         hooks = []
@@ -380,6 +422,9 @@ class ModelAccess:
         tokens = probe_tokens(self, 1, 4)
         with torch.inference_mode(), self.hooks(hooks):
             self.probe_forward(tokens)
+        return self._checked_hook_order(order)
+
+    def _checked_hook_order(self, order: dict[int, list[str]]) -> dict[int, tuple[str, ...]]:
         bad = [
             layer for layer, kinds in order.items() if sorted(set(kinds)) != sorted(ATTENTION_HOOKS)
         ]
@@ -391,10 +436,21 @@ class ModelAccess:
             )
         return {layer: tuple(dict.fromkeys(kinds)) for layer, kinds in order.items()}
 
+    def note_hook_order(self, order: dict[int, list[str]]) -> None:
+        """Set [`hook_order`][cw_lens.models.access.ModelAccess.hook_order] from a full pass
+        that recorded the three hooks of every layer (verification's probe), sparing its own
+        probe pass (on a layer-streamed model, a sweep of the weights).
+
+        Args:
+            order: Per layer, the hook kinds in the order they fired.
+        """
+        if "hook_order" not in self.__dict__ and set(order) == set(range(self.n_layers)):
+            self.__dict__["hook_order"] = self._checked_hook_order(order)
+
     @cached_property
     def route(self) -> Route:
-        """``"hook_z"`` when ``hook_pattern`` and ``hook_v`` fire before ``hook_z`` in every
-        layer (pattern-dependent edits act on ``z``), else ``"attention output"``."""
+        """`"hook_z"` when `hook_pattern` and `hook_v` fire before `hook_z` in every
+        layer (pattern-dependent edits act on `z`), else `"attention output"`."""
         for kinds in self.hook_order.values():
             if kinds.index("z") < max(kinds.index("pattern"), kinds.index("values")):
                 return "attention output"
@@ -404,10 +460,56 @@ class ModelAccess:
 _ACCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+def check_model(model: Any) -> None:
+    """Refuse a model name, `None` or another object where a loaded model is needed.
+
+    Every analysis reaches its model through `model_access` (and `verify_model`), which call
+    this first: a string such as `"gpt2"` is a name to load, not a model.
+
+    Args:
+        model: What was passed as the model.
+
+    Raises:
+        InputError: when `model` is a string, a path or `None`; the message shows the
+            `cw_lens.load_model(...)` call that loads it.
+        UnsupportedModelError: when `model` is neither a `TransformerBridge` nor a
+            `HookedTransformer`.
+
+    Examples:
+        >>> from cw_lens.core.errors import InputError
+        >>> from cw_lens.models.access import check_model
+        >>> try:
+        ...     check_model("gpt2")
+        ... except InputError as error:
+        ...     print(str(error).split(": ", 1)[1])
+        load it first: `model = cw_lens.load_model('gpt2')`, then pass `model`.
+    """
+    if model is None:
+        raise InputError(
+            "The model is None: load it first: `model = cw_lens.load_model()` (the embedded "
+            "SmolLM2-135M) or `model = cw_lens.load_model('gpt2')` (any name or path), then "
+            "pass `model`."
+        )
+    if isinstance(model, (str, os.PathLike)):
+        name = os.fspath(model)
+        raise InputError(
+            f"The model is the {'string' if isinstance(model, str) else 'path'} {name!r}, not a "
+            f"loaded model: load it first: `model = cw_lens.load_model({name!r})`, then pass "
+            "`model`."
+        )
+    if api_of(model) is None:
+        raise UnsupportedModelError(
+            f"cw_lens analyses TransformerLens models; got {type(model).__name__}. Load a "
+            "TransformerBridge with cw_lens.load_model(...) (or "
+            "TransformerBridge.boot_transformers(...)), or pass a HookedTransformer."
+        )
+
+
 def model_access(model: Any) -> ModelAccess:
-    """The :class:`ModelAccess` of ``model`` (one per model object, kept while it lives)."""
+    """The `ModelAccess` of `model` (one per model object, kept while it lives)."""
     if isinstance(model, ModelAccess):
         return model
+    check_model(model)
     try:
         access = _ACCESS.get(model)
     except TypeError:  # not weak-referenceable: not a torch module, so not a TL model
@@ -419,10 +521,10 @@ def model_access(model: Any) -> ModelAccess:
 
 
 def probe_tokens(access: ModelAccess, batch: int, length: int, seed: int = 0) -> Tensor:
-    """Seeded random token ids ``[batch, length]`` for probe passes (BOS first when known)."""
+    """Seeded random token ids `[batch, length]` for probe passes (BOS first when known)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = access.d_vocab or 256
-    tokens = torch.randint(0, vocab, (batch, length), generator=gen)
+    tokens = torch.randint(0, vocab, (batch, length), generator=gen, device="cpu")
     tok = access.tokenizer
     bos = getattr(tok, "bos_token_id", None) if tok is not None else None
     if bos is not None and bos < vocab:
@@ -434,7 +536,7 @@ def probe_tokens(access: ModelAccess, batch: int, length: int, seed: int = 0) ->
 
 
 def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
-    """Normalise an index selection (``None`` = all; negative counts from the end)."""
+    """Normalise an index selection (`None` = all; negative counts from the end)."""
     if values is None:
         return list(range(n))
     if isinstance(values, (int, np.integer)) or (
@@ -466,12 +568,35 @@ def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
 
 
 def resolve_layers(model: Any, layers: Any) -> list[int]:
-    """Normalise a layer selection (``None`` = all; negative indices count from the end)."""
+    """Normalise a layer selection (`None` = all; negative indices count from the end)."""
+    check_model(model)
     return _resolve_indices(layers, int(model.cfg.n_layers), "layer", "layers")
 
 
 def resolve_heads(model: Any, heads: Any) -> list[int]:
-    """Normalise a head selection (``None`` = all query heads)."""
+    """Normalise a head selection like a layer selection.
+
+    Args:
+        model: The model (its `cfg.n_heads` query heads per layer).
+        heads: `None` (all query heads), one index or a list of them; a negative index
+            counts from the end, as in Python and as for `layers`: `-1` is the last head,
+            `n_heads - 1`.
+
+    Returns:
+        The sorted, de-duplicated head indices, each in `0 .. n_heads - 1`.
+
+    Raises:
+        InputError: for an index outside `-n_heads .. n_heads - 1`, a non-integer or an
+            empty list.
+
+    Examples:
+        >>> from cw_lens.models.access import resolve_heads
+        >>> from cw_lens.models.testing import tiny_llama
+        >>> model = tiny_llama()
+        >>> model.cfg.n_heads, resolve_heads(model, -1), resolve_heads(model, [0, -1])
+        (4, [3], [0, 3])
+    """
+    check_model(model)
     return _resolve_indices(heads, int(model.cfg.n_heads), "head", "query heads per layer")
 
 

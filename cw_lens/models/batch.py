@@ -1,6 +1,6 @@
 """The token batch every analysis runs on: right-padded token ids and their mask.
 
-Built by :func:`cw_lens.data.inputs.prepare_inputs` (which turns text, lists, token tensors and
+Built by `cw_lens.data.inputs.prepare_inputs` (which turns text, lists, token tensors and
 corpora into one); it lives with the models because capture runs the model on it.
 """
 
@@ -18,10 +18,10 @@ class TokenBatch:
     """A right-padded batch of token ids with its mask.
 
     Attributes:
-        tokens: Token ids, ``[batch, pos]``.
-        mask: True at real tokens, ``[batch, pos]``; padding is only ever at the end of a row.
+        tokens: Token ids, `[batch, pos]`.
+        mask: True at real tokens, `[batch, pos]`; padding is only ever at the end of a row.
         prepend_bos: Whether position 0 of every row is the model's BOS token.
-        bos_token: The BOS token string (``None`` when the tokenizer has none).
+        bos_token: The BOS token string (`None` when the tokenizer has none).
         documents: Indices of the documents in this batch within the whole input.
     """
 

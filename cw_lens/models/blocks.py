@@ -1,31 +1,32 @@
 """Model access for contribution flow (docs/methods.md#flow): the residual-stream hooks, checked.
 
-:func:`run_blocks` runs one forward pass and, as each requested block finishes, hands a
-:class:`BlockActivations` — the attention layer's activations from
-:func:`cw_lens.models.capture.run_layers` plus the residual stream before and after the block, the
+`run_blocks` runs one forward pass and, as each requested block finishes, hands a
+`BlockActivations` — the attention layer's activations from
+`cw_lens.models.capture.run_layers` plus the residual stream before and after the block, the
 attention and MLP pieces as they enter the residual, and the post-attention norm linearised at
 its actual input — to a callback inside the pass, then drops it.
 
 Every block is checked against the model before a number leaves it (a silent wrong number is
-the worst defect); a failure raises :class:`~cw_lens.UnsupportedModelError` naming the
-architecture, the layer, the identity and the size of the error:
+the worst defect); a failure raises [`UnsupportedModelError`][cw_lens.UnsupportedModelError] naming
+the architecture, the layer, the identity and the size of the error:
 
-1. ``resid_post == resid_pre + attn_out + mlp_out`` (the block has no hidden pieces: no
-   residual multiplier, no un-hooked branch), and on sequential blocks ``resid_mid ==
-   resid_pre + attn_out`` (``hook_resid_mid`` is the stream the MLP reads: the half node
-   ``m_l`` of the route graph);
-2. ``attn_out == A(o + b_O)`` with ``o = sum_h z^h W_O^h`` from ``hook_z`` and ``A`` the
+1. `resid_post == resid_pre + attn_out + mlp_out` (the block has no hidden pieces: no
+   residual multiplier, no un-hooked branch), and on sequential blocks `resid_mid ==
+   resid_pre + attn_out` (`hook_resid_mid` is the stream the MLP reads: the half node
+   `m_l` of the route graph);
+2. `attn_out == A(o + b_O)` with `o = sum_h z^h W_O^h` from `hook_z` and `A` the
    identity (pre-norm) or the post-attention norm recomputed from its parameters at its
    actual input (post-norm: Gemma 2/3, OLMo 2/3).
 
-(The third identity, ``sum_{h,j} share(h, j) == <o, u>`` — the attention pattern and values
-are what ``z`` is made of — is checked by :class:`cw_lens.flow.shares.LayerSharesResult`.)
+(The third identity, `sum_{h,j} share(h, j) == <o, u>` — the attention pattern and values
+are what `z` is made of — is checked by [`cw_lens.LayerSharesResult`][cw_lens.LayerSharesResult].)
 
 After the pass, every requested block must have been handed over: a hook point that the
-model lists but never runs (OpenAI-GPT's ``hook_resid_post``) raises
-:class:`~cw_lens.UnsupportedModelError` naming the layer and the hook, never an empty result.
+model lists but never runs (OpenAI-GPT's `hook_resid_post`) raises
+[`UnsupportedModelError`][cw_lens.UnsupportedModelError] naming the layer and the hook, never an
+empty result.
 
-All hook names and module look-ups of the flow analyses live in :func:`block_wiring`.
+All hook names and module look-ups of the flow analyses live in `block_wiring`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import UnsupportedModelError
-from cw_lens.models.access import model_access
+from cw_lens.models.access import model_access, read_weights
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import (
     LayerActivations,
@@ -54,13 +55,13 @@ from cw_lens.models.capture import (
 # Relative tolerance of the block checks, by the model's activation dtype: float32 rounding
 # leaves ~1e-6, half precision ~1e-2; a wrong wiring (a missing multiplier, a wrong hook) is O(1).
 CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 3e-2}
-# the residual-stream hooks of every block (sequential blocks add ``resid_mid``)
+# the residual-stream hooks of every block (sequential blocks add `resid_mid`)
 BLOCK_HOOKS = ("resid_pre", "attn_out", "mlp_out", "resid_post")
 
 
 @dataclass
 class NormSpec:
-    """A normalisation module as ``out = r(a) g ⊙ C(a) + beta`` (float32 parameters)."""
+    """A normalisation module as `out = r(a) g ⊙ C(a) + beta` (float32 parameters)."""
 
     name: str
     gain: Float[Tensor, " d_model"]
@@ -71,14 +72,14 @@ class NormSpec:
 
 @dataclass
 class BlockWiring:
-    """Where block ``layer``'s residual-stream pieces are read.
+    """Where block `layer`'s residual-stream pieces are read.
 
-    ``hooks`` maps ``resid_pre``, ``attn_out`` (the attention piece as it enters the
-    residual), ``mlp_out`` (likewise, after any post-MLP norm), ``resid_post`` and, on
-    sequential blocks, ``resid_mid`` (the stream the MLP reads) to hook names; ``post_norm`` is
-    the post-attention norm (``None`` on pre-norm blocks). ``sequential`` is False on parallel
-    blocks (GPT-J, NeoX, Falcon, Phi, Cohere: the MLP reads ``x_l``, there is no
-    ``resid_mid``).
+    `hooks` maps `resid_pre`, `attn_out` (the attention piece as it enters the
+    residual), `mlp_out` (likewise, after any post-MLP norm), `resid_post` and, on
+    sequential blocks, `resid_mid` (the stream the MLP reads) to hook names; `post_norm` is
+    the post-attention norm (`None` on pre-norm blocks). `sequential` is False on parallel
+    blocks (GPT-J, NeoX, Falcon, Phi, Cohere: the MLP reads `x_l`, there is no
+    `resid_mid`).
     """
 
     layer: int
@@ -90,10 +91,10 @@ class BlockWiring:
 def block_wiring(model: Any, layer: int) -> BlockWiring:
     """The hook names and the post-attention norm of one block (the only model look-ups here).
 
-    Hook names come from the access layer (:func:`cw_lens.models.access.model_access`); the
-    post-attention norm is ``blocks[layer].ln1_post`` on ``TransformerBridge`` and
-    ``HookedTransformer`` alike, and both route ``hook_attn_out``/``hook_mlp_out`` through the
-    post-norms (verified on every pass by :func:`check_block`).
+    Hook names come from the access layer (`cw_lens.models.access.model_access`); the
+    post-attention norm is `blocks[layer].ln1_post` on `TransformerBridge` and
+    `HookedTransformer` alike, and both route `hook_attn_out`/`hook_mlp_out` through the
+    post-norms (verified on every pass by `check_block`).
     """
     access = model_access(model)
     sequential = not bool(getattr(model.cfg, "parallel_attn_mlp", False))
@@ -109,12 +110,10 @@ def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
     """Read a norm's gain, bias and eps; refuse kinds whose formula is not known here."""
     inner = getattr(module, "original_component", None) or module
     name = type(inner).__name__
-    weight = getattr(inner, "weight", None)
-    if weight is None:
-        weight = getattr(inner, "w", None)
-    bias = getattr(inner, "bias", None)
-    if bias is None:
-        bias = getattr(inner, "b", None)
+    # read through resident_weights: an offloaded norm's parameters are on `meta` between passes
+    got = read_weights(inner, ("weight", "w", "bias", "b"), root=model)
+    weight = got["weight"] if got["weight"] is not None else got["w"]
+    bias = got["bias"] if got["bias"] is not None else got["b"]
     eps = next(
         (getattr(inner, a) for a in ("variance_epsilon", "eps", "epsilon") if hasattr(inner, a)),
         None,
@@ -137,9 +136,9 @@ def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
 
 @dataclass
 class AttentionMap:
-    """The map ``A`` from the attention output to its residual piece, for one batch.
+    """The map `A` from the attention output to its residual piece, for one batch.
 
-    ``A_i(p) = row_scale_i * gain ⊙ C(p)`` (all ``None``: the identity) and ``norm_bias`` the
+    `A_i(p) = row_scale_i * gain ⊙ C(p)` (all `None`: the identity) and `norm_bias` the
     norm's bias (it belongs to the bias piece).
     """
 
@@ -157,15 +156,15 @@ class BlockActivations:
     """One block's residual-stream pieces for one batch (float32, on the model's device).
 
     Attributes:
-        acts: The attention layer's :class:`~cw_lens.models.capture.LayerActivations`.
-        resid_pre: ``x_l`` [batch, pos, d_model].
-        resid_post: ``x_{l+1}``.
-        resid_mid: ``m_l = x_l + A(o + b_O) (+ beta)``, the stream the MLP reads (``None`` on
-            parallel blocks, whose MLP reads ``x_l``).
-        attn_out: The attention piece as it enters the residual (``A(o + b_O)``).
+        acts: The attention layer's `LayerActivations`.
+        resid_pre: `x_l` [batch, pos, d_model].
+        resid_post: `x_{l+1}`.
+        resid_mid: `m_l = x_l + A(o + b_O) (+ beta)`, the stream the MLP reads (`None` on
+            parallel blocks, whose MLP reads `x_l`).
+        attn_out: The attention piece as it enters the residual (`A(o + b_O)`).
         mlp_out: The MLP piece as it enters the residual (after any post-MLP norm).
-        layer_output: ``o = sum_h z^h W_O^h`` (``b_O`` excluded, before ``A``).
-        attn_map: The (linearised) map ``A``.
+        layer_output: `o = sum_h z^h W_O^h` (`b_O` excluded, before `A`).
+        attn_map: The (linearised) map `A`.
     """
 
     acts: LayerActivations
@@ -184,7 +183,7 @@ class BlockActivations:
 
     @cached_property
     def bias_piece(self) -> Float[Tensor, "batch pos d_model"] | None:
-        """``A_i(b_O) + beta``, or ``None`` when the block has neither."""
+        """`A_i(b_O) + beta`, or `None` when the block has neither."""
         b_O, beta = self.acts.weights.b_O, self.attn_map.norm_bias
         if b_O is None and beta is None:
             return None
@@ -201,7 +200,7 @@ def arch_name(model: Any) -> str:
 
 
 def _row_error(actual: Tensor, expected: Tensor, scale: Tensor, mask: Tensor) -> float:
-    """Largest ``||actual - expected|| / scale`` over real positions."""
+    """Largest `||actual - expected|| / scale` over real positions."""
     err = (actual - expected).norm(dim=-1) / scale.clamp_min(1e-30)
     err = err.masked_fill(~mask, 0.0)
     return float(err.max()) if err.numel() else 0.0
@@ -255,7 +254,7 @@ def check_block(model: Any, block: BlockActivations) -> None:
 
 
 def attention_map(wiring: BlockWiring, a: Tensor) -> AttentionMap:
-    """``A`` for one batch: the identity, or the post-norm linearised at ``a = o + b_O``."""
+    """`A` for one batch: the identity, or the post-norm linearised at `a = o + b_O`."""
     spec = wiring.post_norm
     if spec is None:
         return AttentionMap()
@@ -278,12 +277,12 @@ def run_blocks(
     need_logits: bool = False,
     weights: dict[int, LayerWeights] | None = None,
 ) -> Tensor | None:
-    """One forward pass; ``on_block`` gets each requested block's checked activations.
+    """One forward pass; `on_block` gets each requested block's checked activations.
 
-    Without ``need_logits`` the pass ends after the last requested block. Returns the logits
-    (float32) when ``need_logits``, else ``None``. Raises
-    :class:`~cw_lens.UnsupportedModelError` when a requested block was not delivered (a hook
-    the model lists never fired).
+    Without `need_logits` the pass ends after the last requested block. Returns the logits
+    (float32) when `need_logits`, else `None`. Raises
+    [`UnsupportedModelError`][cw_lens.UnsupportedModelError] when a requested block was not
+    delivered (a hook the model lists never fired).
     """
     access = model_access(model)
     wirings = {layer: block_wiring(model, layer) for layer in layers}
@@ -334,7 +333,7 @@ def run_blocks(
 
             hooks.append((name, keep))
     # run_layers must not stop at the last attention layer (its MLP is needed): it runs to
-    # the end, unless ``finish`` ends the pass (run_layers turns StreamDone into ``None``)
+    # the end, unless `finish` ends the pass (run_layers turns StreamDone into `None`)
     logits = run_layers(
         model,
         batch,

@@ -1,25 +1,25 @@
 """The per-layer activation stream: one forward pass, each attention layer handed over in turn.
 
-:func:`run_layers` runs one forward pass and, as each requested attention layer has produced its
+`run_layers` runs one forward pass and, as each requested attention layer has produced its
 three classic hooks — whatever order the model fires them in — hands a
-:class:`LayerActivations` (pattern, values, ``z``, the layer output, ``W_O``, ``b_O``, padding
+`LayerActivations` (pattern, values, `z`, the layer output, `W_O`, `b_O`, padding
 mask, all float32) to a callback *inside* the pass, then drops it. Memory holds one layer at a
 time whatever the depth, and the pass stops after the last requested layer unless logits are
-needed::
+needed:
 
     blocks.{l}.attn.hook_pattern   [batch, head, query, key]
     blocks.{l}.attn.hook_v         [batch, key, kv_head, d_head]   (un-repeated under GQA)
     blocks.{l}.attn.hook_z         [batch, query, head, d_head]
 
-The layer output ``o_i = sum_h z_i^h W_O^h`` (``b_O`` excluded) is computed from ``z`` and
-``W_O`` (docs/methods.md#notation), never read from ``hook_attn_out``.
+The layer output `o_i = sum_h z_i^h W_O^h` (`b_O` excluded) is computed from `z` and
+`W_O` (docs/methods.md#notation), never read from `hook_attn_out`.
 
-Interventions (hook sets of :mod:`cw_lens.models.edits`, or plain hook pairs) act in the same pass;
+Interventions (hook sets of `cw_lens.models.edits`, or plain hook pairs) act in the same pass;
 the
 activations handed over describe the intervened layer exactly (its edits are applied to the
-pattern they report). Every captured layer is checked: ``z == pattern @ v`` on two random
-projections of the value space (a cheap, complete check, ``O(batch·head·query·key)``). A hook
-that edits ``z`` behind cw_lens's back, or a ``hook_pattern`` edit the model ignores, would make
+pattern they report). Every captured layer is checked: `z == pattern @ v` on two random
+projections of the value space (a cheap, complete check, `O(batch·head·query·key)`). A hook
+that edits `z` behind cw_lens's back, or a `hook_pattern` edit the model ignores, would make
 every number describe something the model did not compute — it raises instead.
 """
 
@@ -40,6 +40,7 @@ from cw_lens.models.access import (
     ATTENTION_HOOKS,
     LayerWeights,
     ModelAccess,
+    StreamDone,
     cache_names,
     hook_name,
     model_access,
@@ -73,12 +74,12 @@ class LayerActivations:
 
     Attributes:
         layer: Layer index.
-        pattern: ``alpha`` [batch, head, query, key] — the effective attention when an entered
+        pattern: `alpha` [batch, head, query, key] — the effective attention when an entered
             intervention edits this layer.
-        values: ``v`` [batch, key, kv_head, d_head] (value bias included).
-        z: ``z_i^h = sum_j alpha v_j`` [batch, query, head, d_head].
-        layer_output: ``o_i = sum_h z_i^h W_O^h`` [batch, query, d_model], ``b_O`` excluded.
-        weights: ``W_O``, ``b_O`` and the per-head Gram matrices.
+        values: `v` [batch, key, kv_head, d_head] (value bias included).
+        z: `z_i^h = sum_j alpha v_j` [batch, query, head, d_head].
+        layer_output: `o_i = sum_h z_i^h W_O^h` [batch, query, d_model], `b_O` excluded.
+        weights: `W_O`, `b_O` and the per-head Gram matrices.
         mask: True at real tokens [batch, pos].
         batch: The token batch this pass ran on.
     """
@@ -122,19 +123,19 @@ def consistency_error(
     *,
     upper_bound: bool = False,
 ) -> float:
-    """Largest relative violation of ``z == pattern @ v`` over (batch, query, head), read on two
-    seeded random projections ``r`` of the value space: ``|z r - pattern (v r)|`` relative to
-    ``sum_j |alpha_j| |v_j| |r| + |z| |r|`` (element-wise absolute values: the bound of float
+    """Largest relative violation of `z == pattern @ v` over (batch, query, head), read on two
+    seeded random projections `r` of the value space: `|z r - pattern (v r)|` relative to
+    `sum_j |alpha_j| |v_j| |r| + |z| |r|` (element-wise absolute values: the bound of float
     rounding), so half-precision models pass with a few ulps and any real edit stands out.
 
-    With ``upper_bound`` the pattern is read once, in one product ``pattern @ [v r, |v| |r|]``
-    that takes ``alpha_j`` for ``|alpha_j|``: the same value for a non-negative pattern (every
+    With `upper_bound` the pattern is read once, in one product `pattern @ [v r, |v| |r|]`
+    that takes `alpha_j` for `|alpha_j|`: the same value for a non-negative pattern (every
     softmax pattern; up to the float rounding of the products), and a larger one otherwise (a
-    negative ``alpha_j`` only shrinks the rounding bound), so an error within a tolerance here is
-    within it exactly; :func:`check_consistent` recomputes the exact value when this one is
+    negative `alpha_j` only shrinks the rounding bound), so an error within a tolerance here is
+    within it exactly; `check_consistent` recomputes the exact value when this one is
     above the tolerance."""
     gen = torch.Generator().manual_seed(seed)
-    r = torch.randn(values.shape[-1], 2, generator=gen).to(values.device)
+    r = torch.randn(values.shape[-1], 2, generator=gen, device="cpu").to(values.device)
     values, z, pattern = values.float(), z.float(), pattern.float()
     # [batch, key, kv_head, 4]: the two projections, then what rounding can reach on them
     columns = torch.cat([values @ r, values.abs() @ r.abs()], dim=-1)
@@ -165,7 +166,7 @@ def check_consistent(
     mask: Tensor | None = None,
     raw_pattern: Tensor | None = None,
 ) -> None:
-    """Raise unless ``z == pattern @ v`` (see :func:`consistency_error`; ``raw_pattern``: the
+    """Raise unless `z == pattern @ v` (see `consistency_error`; `raw_pattern`: the
     pattern before an entered edit, whose removed terms bound the rounding too).
 
     One product over the pattern decides every pass (its error is an upper bound of the exact
@@ -189,25 +190,21 @@ def check_consistent(
         )
 
 
-# Benchmarks only: ``benchmarks/bench_contributions.py`` measures what the per-layer checks cost
-# by timing passes inside :func:`_checks_skipped`. Not part of the API (no analysis or option
+# Benchmarks only: `benchmarks/bench_contributions.py` measures what the per-layer checks cost
+# by timing passes inside `_checks_skipped`. Not part of the API (no analysis or option
 # turns the checks off: a model whose hooks do not add up must raise, never give a number).
 _SKIP_CHECKS = False
 
 
 @contextmanager
 def _checks_skipped() -> Iterator[None]:
-    """For benchmarks: :func:`run_layers` skips its per-layer checks inside this context."""
+    """For benchmarks: `run_layers` skips its per-layer checks inside this context."""
     global _SKIP_CHECKS
     _SKIP_CHECKS = True
     try:
         yield
     finally:
         _SKIP_CHECKS = False
-
-
-class StreamDone(Exception):
-    """Raised from the last requested layer's hook to end a pass whose logits are not needed."""
 
 
 def run_layers(
@@ -220,25 +217,25 @@ def run_layers(
     need_logits: bool = False,
     weights: dict[int, LayerWeights] | None = None,
 ) -> Tensor | None:
-    """One forward pass; ``on_layer`` is called with each requested layer's activations.
+    """One forward pass; `on_layer` is called with each requested layer's activations.
 
     Args:
-        model: A ``TransformerBridge`` or ``HookedTransformer``.
-        batch: A prepared :class:`TokenBatch`.
-        on_layer: Callback; ``None`` runs the pass for ``fwd_hooks`` alone.
+        model: A `TransformerBridge` or `HookedTransformer`.
+        batch: A prepared `TokenBatch`.
+        on_layer: Callback; `None` runs the pass for `fwd_hooks` alone.
         layers: Layers to stream (sorted).
         fwd_hooks: Interventions active during this pass: hook sets (entered as context
-            managers) and/or ``(hook_name, fn)`` pairs.
+            managers) and/or `(hook_name, fn)` pairs.
         need_logits: Run to the end and return the logits; otherwise the pass ends right
-            after the last requested layer's attention and ``None`` is returned.
-        weights: A dict reused across calls to cache each layer's ``W_O`` and Gram matrices.
+            after the last requested layer's attention and `None` is returned.
+        weights: A dict reused across calls to cache each layer's `W_O` and Gram matrices
+            (not an offloaded layer's: its copy is read again in each pass).
 
     Returns:
-        The logits ``[batch, pos, vocab]`` (float32) when ``need_logits``, else ``None``.
-
-    Long: the hook wiring of one pass (pattern, v, z, the layer weights, the early stop) kept in one
-    place.
+        The logits `[batch, pos, vocab]` (float32) when `need_logits`, else `None`.
     """
+    # Long: the hook wiring of one pass (pattern, v, z, the layer weights, the early stop) kept in
+    # one place.
     access = model_access(model)
     weights = {} if weights is None else weights
     device = access.device
@@ -252,9 +249,9 @@ def run_layers(
     def finish(layer: int) -> None:
         got = store.pop(layer)
         delivered.add(layer)
-        if layer not in weights:
-            weights[layer] = access.output_weights(layer)
-        w = weights[layer]
+        w = weights[layer] if layer in weights else access.output_weights(layer)
+        if not w.offloaded:  # an offloaded layer's copy is read again in the next pass, so
+            weights[layer] = w  # that what is kept does not grow with the depth
         pattern, values, z = got["pattern"].float(), got["values"].float(), got["z"].float()
         if not _SKIP_CHECKS:
             check_finite(layer, values, z)
@@ -320,8 +317,8 @@ def check_delivered(
 ) -> None:
     """Raise unless every requested layer was handed over in the pass (no silent zeros).
 
-    ``fired`` holds, per layer not yet handed over, the hook kinds that did fire; ``kinds`` are
-    the hook kinds (of :meth:`ModelAccess.hook_name`) a layer needs.
+    `fired` holds, per layer not yet handed over, the hook kinds that did fire; `kinds` are
+    the hook kinds (of `ModelAccess.hook_name`) a layer needs.
     A hook point that exists but never runs would otherwise leave a consumer uncalled and a
     result of zeros.
     """

@@ -1,45 +1,47 @@
 r"""The machinery of interventions: exact attention edits and the hook sets that realise them.
 
-Every function returns a :class:`HookSet`, which is at once
+Every function returns a [`HookSet`][cw_lens.HookSet], which is at once
 
-- a context manager — ``with cw_lens.patch_sink(model, layers=[3]): model(tokens)``;
-- a list of ``(hook_name, fn)`` pairs — ``model.run_with_hooks(x, fwd_hooks=list(patch))`` or
-  ``with model.hooks(fwd_hooks=[*patch, *my_hooks]): ...`` (on models of the attention-output
+- a context manager — `with cw_lens.patch_sink(model, layers=[3]): model(tokens)`;
+- a list of `(hook_name, fn)` pairs — `model.run_with_hooks(x, fwd_hooks=list(patch))` or
+  `with model.hooks(fwd_hooks=[*patch, *my_hooks]): ...` (on models of the attention-output
   route, below, pattern-dependent sets work only as context managers and say so).
 
-Hooks only act inside the context (or the ``hooks(...)`` call) and are removed on exit, so the
-model is restored exactly. Sets compose: ``a + b`` or nested ``with``.
+Hooks only act inside the context (or the `hooks(...)` call) and are removed on exit, so the
+model is restored exactly. Sets compose: `a + b` or nested `with`.
 
-Every intervention is an exact edit of ``z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}`` (linear in
-``alpha`` and in the values):
+Every intervention is an exact edit of `z_i^h = sum_j alpha[i,j]^h v_j^{g(h)}` (linear in
+`alpha` and in the values):
 
-- **Sink-norm ablation** (P1, methods § Attention sinks (docs/methods.md#sinks)): ``pv_0^h -> lambda
-  pv_0^h`` for every query ``i`` that is
-  not itself a sink, attention untouched::
+- **Sink-norm ablation** (P1, methods § Attention sinks (docs/methods.md#sinks)): `pv_0^h -> lambda
+  pv_0^h` for every query `i` that is
+  not itself a sink, attention untouched:
 
       z_i^h  <-  z_i^h - (1 - lambda) * alpha[i,0]^h * v_0^{g(h)}
 
-  which changes only query head ``h`` — not the other heads sharing ``v_0^{g(h)}`` under GQA.
-  ``mode="norm_matched"`` picks ``lambda`` per (sequence, head) so that ``||lambda pv_0^h||`` is
+  which changes only query head `h` — not the other heads sharing `v_0^{g(h)}` under GQA.
+  `mode="norm_matched"` picks `lambda` per (sequence, head) so that `||lambda pv_0^h||` is
   the mean norm of the head's non-sink projected values.
-- **Pair masking** (P1 faithfulness): ``alpha[i,j]^h -> 0`` without renormalising, i.e.
-  ``z_i^h <- z_i^h - alpha[i,j]^h v_j``.
-- **Head removal** (P2 pruning): ``z^h <- 0``.
+- **Pair masking** (P1 faithfulness): `alpha[i,j]^h -> 0` without renormalising, i.e.
+  `z_i^h <- z_i^h - alpha[i,j]^h v_j`.
+- **Head removal** (P2 pruning): `z^h <- 0`.
 
 Where it is realised depends on how the model wires its hooks
-(:attr:`cw_lens.models.access.ModelAccess.route`, measured, then verified by
-:func:`cw_lens.verify_model`): on the **hook_z route** (``hook_pattern`` and ``hook_v`` fire
-before ``hook_z``: Llama, GPT-2, Gemma, every HookedTransformer, ...) pair masks edit
-``hook_pattern`` and sink patches edit ``hook_z``; on the **attention-output route** (the pattern
-fires after ``z``: GPT-J, GPT-Neo, OPT, XGLM bridges) both subtract ``delta W_O`` from the
-attention module's output through a PyTorch forward hook. Head removal edits ``hook_z`` on every
+(`cw_lens.models.access.ModelAccess.route`, measured, then verified by
+[`cw_lens.verify_model`][cw_lens.verify_model]): on the **hook_z route** (`hook_pattern` and
+`hook_v` fire before `hook_z`: Llama, GPT-2, Gemma, every HookedTransformer, ...) pair masks edit
+`hook_pattern` and sink patches edit `hook_z`; on the **attention-output route** (the pattern
+fires after `z`: GPT-J, GPT-Neo, OPT, XGLM bridges) both subtract `delta W_O` from the
+attention module's output through a PyTorch forward hook. Head removal edits `hook_z` on every
 model. Activations that cw_lens captures inside an entered intervention describe the edited
 layer exactly: the edit is accounted for as an effective attention pattern (a sink patch scales
-``alpha[i,0]`` by ``lambda`` — the same weights as scaling ``pv_0``).
+`alpha[i,0]` by `lambda` — the same weights as scaling `pv_0`).
 """
 
 from __future__ import annotations
 
+import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -48,7 +50,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import InputError
 from cw_lens.core.geometry import grouped_scores_values, projected_value_norms, sink_term
-from cw_lens.models.access import model_access
+from cw_lens.models.access import Model, model_access
 
 Hook = tuple[str, Callable]
 ModuleHook = tuple[torch.nn.Module, Callable]
@@ -56,32 +58,67 @@ MAX_SINK_SCALE = 2.0
 
 
 class HookSet:
-    """Hooks that act together: a context manager and an iterable of ``(hook_name, fn)`` pairs.
+    """Hooks that act together: a context manager and an iterable of `(hook_name, fn)` pairs.
+
+    A hook set pickles (and `copy.deepcopy`s) as its spec — the edits and the description,
+    never the model or the hook closures. Unpickled in the process that holds its model (that
+    model still alive), it is bound to that model again and acts exactly as the original;
+    elsewhere it is unbound until `bind(model)` (the same model, loaded again) gives the
+    working set. Hook pairs added by hand (`hook_set + [(name, fn)]`) travel as pickle
+    carries their functions (module-level functions do; closures and lambdas do not).
 
     Attributes:
         hooks: TransformerLens hook pairs.
         module_hooks: PyTorch forward hooks on attention modules (attention-output route).
         edits: The exact attention edits these hooks perform (what captured activations account
             for while the set is entered).
+
+    Examples:
+        >>> import pickle
+        >>> import cw_lens
+        >>> model = cw_lens.load_model("testing:tiny-llama")
+        >>> patch = cw_lens.patch_sink(model, layers=[1], heads=[0])
+        >>> again = pickle.loads(pickle.dumps(patch))
+        >>> again.model is model, len(again) == len(patch)
+        (True, True)
     """
 
     def __init__(
         self,
-        model: Any,
+        model: Model,
         hooks: Iterable[Hook] = (),
         description: str = "",
         *,
         module_hooks: Iterable[ModuleHook] = (),
         edits: Iterable[Any] = (),
+        recipe: list[tuple[str, list[Any]]] | None = None,
     ) -> None:
+        """A hook set; interventions build them ([`patch_sink`][cw_lens.patch_sink], ...).
+
+        Args:
+            model: The model the hooks are for.
+            hooks: TransformerLens `(hook_name, fn)` pairs.
+            description: What the hooks do, for the repr.
+            module_hooks: PyTorch forward hooks `(module, fn)` on attention modules.
+            edits: The exact attention edits the hooks perform.
+            recipe: How the set was built (`(intervention, arguments)` pairs), what it pickles as.
+        """
         self.model = model
         self.hooks: list[Hook] = list(hooks)
         self.module_hooks: list[ModuleHook] = list(module_hooks)
         self.edits: list[Any] = list(edits)
         self.description = description
         self._contexts: list[Any] = []
+        # how to build these hooks again (what a pickle holds): ("realise", edits),
+        # ("remove", edits) or ("hooks", hook pairs given by hand)
+        if recipe is None:
+            recipe = [("hooks", list(self.hooks))] if self.hooks or self.module_hooks else []
+            if self.module_hooks:
+                recipe.append(("module hooks", list(self.module_hooks)))
+        self._recipe = recipe
 
     def __iter__(self) -> Iterator[Hook]:
+        self._check_bound()
         if self.module_hooks:
             raise InputError(
                 f"{self.description or 'This intervention'} acts on the attention modules' output "
@@ -95,8 +132,10 @@ class HookSet:
 
     def __add__(self, other: HookSet | Sequence[Hook]) -> HookSet:
         """Combine with another hook set (of the same model) or a list of hook pairs."""
+        self._check_bound()
         if not isinstance(other, HookSet):
             other = HookSet(self.model, list(other))
+        other._check_bound()
         if other.model is not self.model:
             raise InputError("Cannot combine hook sets of two different models.")
         desc = " + ".join(d for d in (self.description, other.description) if d)
@@ -106,9 +145,11 @@ class HookSet:
             desc,
             module_hooks=[*self.module_hooks, *other.module_hooks],
             edits=[*self.edits, *other.edits],
+            recipe=[*self._recipe, *other._recipe],
         )
 
     def __enter__(self) -> HookSet:
+        self._check_bound()
         access = model_access(self.model)
         contexts = [access.hooks(self.hooks), access.module_hooks(self.module_hooks)]
         for ctx in contexts:
@@ -125,7 +166,96 @@ class HookSet:
             ctx.__exit__(*exc)
 
     def __repr__(self) -> str:
+        if self.model is None:
+            return f"HookSet({self.description or 'hooks'}, unbound: call .bind(model))"
         return f"HookSet({self.description or 'hooks'}, {len(self)} hooks)"
+
+    # ----------------------------------------------------------------- pickling
+    def bind(self, model: Model) -> HookSet:
+        """The same hooks, built for `model`.
+
+        For a hook set unpickled in another process (or after its model was deleted): pass
+        the model it was made for, loaded again. Edits keep what they read from the original
+        model's weights (the Gram matrices of `mode="norm_matched"`), so bind a model with
+        the same weights.
+
+        Args:
+            model: The model (same architecture and weights as the original one).
+
+        Returns:
+            A new, bound `HookSet`.
+
+        Raises:
+            InputError: when the set holds PyTorch module hooks given by hand (they name
+                modules of the original model).
+
+        Examples:
+            >>> import cw_lens
+            >>> model = cw_lens.load_model("testing:tiny-llama")
+            >>> patch = cw_lens.patch_sink(model, layers=[0])
+            >>> len(patch.bind(model)) == len(patch)
+            True
+        """
+        bound = HookSet(model, description=self.description)
+        for kind, items in self._recipe:
+            if kind == "realise":
+                part = realise(model, items, self.description)
+            elif kind == "remove":
+                part = head_removal_hooks(model, items, self.description)
+            elif kind == "hooks":
+                part = HookSet(model, items)
+            else:
+                raise InputError(
+                    "This hook set holds PyTorch module hooks given by hand; they belong to the "
+                    "modules of its original model and cannot be bound to another."
+                )
+            bound = bound + part
+        bound.description = self.description
+        return bound
+
+    def _check_bound(self) -> None:
+        if self.model is None:
+            raise InputError(
+                f"This HookSet ({self.description or 'hooks'}) was unpickled away from its "
+                "model; bind it first: `hook_set = hook_set.bind(model)`."
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        if any(kind == "module hooks" for kind, _ in self._recipe):
+            raise TypeError(
+                "A HookSet with PyTorch module hooks given by hand cannot be pickled: they "
+                "belong to the modules of its model. Pickle the intervention that made it."
+            )
+        key = None if self.model is None else _model_key(self.model)
+        return {"description": self.description, "recipe": self._recipe, "model_key": key}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        model = _MODELS.get(state["model_key"]) if state.get("model_key") else None
+        if model is not None:
+            self.__dict__.update(vars(HookSet.bind(_unbound(state), model)))
+        else:
+            self.__dict__.update(vars(_unbound(state)))
+
+
+def _unbound(state: dict[str, Any]) -> HookSet:
+    """A hook set of no model holding `state`'s spec (what `bind` builds from)."""
+    hook_set = HookSet(None, description=state["description"], recipe=list(state["recipe"]))
+    return hook_set
+
+
+# the models hook sets were made for, by a key a pickle keeps: an unpickled set finds its model
+# again while that model lives in this process
+_KEYS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MODELS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _model_key(model: Any) -> str:
+    key = _KEYS.get(model)
+    if key is None:
+        key = uuid.uuid4().hex
+        _KEYS[model] = key
+        _MODELS[key] = model
+    return key
 
 
 # --------------------------------------------------------------------------- the edits
@@ -137,8 +267,8 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
 
 
 class _PatternEdit:
-    """Base of the pattern-dependent edits; subclasses define ``keep`` (the effective
-    attention as a multiple of ``alpha``, or a mask) and ``delta``."""
+    """Base of the pattern-dependent edits; subclasses define `keep` (the effective
+    attention as a multiple of `alpha`, or a mask) and `delta`."""
 
     layer: int
     on_output: bool = False
@@ -147,14 +277,14 @@ class _PatternEdit:
         raise NotImplementedError
 
     def delta(self, pattern: Tensor, values: Tensor) -> Tensor:
-        """``z - z'`` ``[batch, query, head, d_head]`` (float32, or float64 for such models)."""
+        """`z - z'` `[batch, query, head, d_head]` (float32, or float64 for such models)."""
         dtype = _compute_dtype(pattern)
         removed = pattern.to(dtype) - self.effective_pattern(pattern, values).to(dtype)
         return grouped_scores_values(removed, values.to(dtype))
 
 
 class SinkPatch(_PatternEdit):
-    """``pv_s^h -> lambda pv_s^h`` at the sinks ``s`` of the chosen heads (non-sink queries)."""
+    """`pv_s^h -> lambda pv_s^h` at the sinks `s` of the chosen heads (non-sink queries)."""
 
     def __init__(
         self,
@@ -177,7 +307,7 @@ class SinkPatch(_PatternEdit):
         return mask
 
     def removed_share(self, values: Tensor, sink_mask: Tensor) -> Tensor:
-        """``1 - lambda`` per (batch, query head); 0 for heads not patched."""
+        """`1 - lambda` per (batch, query head); 0 for heads not patched."""
         n_batch, n_pos = sink_mask.shape
         device = values.device
         if self.mode == "norm_matched":
@@ -211,14 +341,14 @@ class SinkPatch(_PatternEdit):
 
 
 class PairMask(_PatternEdit):
-    """``alpha[i,j]^h -> 0`` where ``mask`` is True (no renormalisation)."""
+    """`alpha[i,j]^h -> 0` where `mask` is True (no renormalisation)."""
 
     def __init__(self, layer: int, mask: Tensor | Callable[[Tensor], Tensor]) -> None:
         self.layer, self.mask = layer, mask
 
     def removed(self, pattern: Tensor) -> Tensor:
         mask = self.mask(pattern) if callable(self.mask) else self.mask
-        mask = torch.as_tensor(mask).to(pattern.device)
+        mask = torch.as_tensor(mask, device=pattern.device).to(pattern.device)
         if mask.dtype != torch.bool:
             raise InputError(
                 f"Attention masks must be bool tensors (True = remove), got {mask.dtype}."
@@ -226,8 +356,8 @@ class PairMask(_PatternEdit):
         return mask
 
     def masked(self, pattern: Tensor) -> Tensor:
-        """``pattern`` with the removed pairs set to 0: one pass writing a new tensor (an
-        out-of-place ``masked_fill`` copies, then fills)."""
+        """`pattern` with the removed pairs set to 0: one pass writing a new tensor (an
+        out-of-place `masked_fill` copies, then fills)."""
         return torch.where(self.removed(pattern), 0.0, pattern)
 
     def effective_pattern(self, pattern: Tensor, values: Tensor) -> Tensor:
@@ -240,7 +370,7 @@ class PairMask(_PatternEdit):
 
 
 class HeadRemoval:
-    """``z^h <- 0`` for the given heads (realised on ``hook_z`` on every model)."""
+    """`z^h <- 0` for the given heads (realised on `hook_z` on every model)."""
 
     on_output = False
 
@@ -290,7 +420,14 @@ def realise(model: Any, edits: Sequence[_PatternEdit], description: str) -> Hook
             module_hooks.append(
                 (access.attention_module(edit.layer), _edit_output(edit, store, W_O))
             )
-    return HookSet(model, hooks, description, module_hooks=module_hooks, edits=edits)
+    return HookSet(
+        model,
+        hooks,
+        description,
+        module_hooks=module_hooks,
+        edits=edits,
+        recipe=[("realise", list(edits))],
+    )
 
 
 def _keep(store: dict[str, Tensor], name: str) -> Callable:
@@ -334,13 +471,13 @@ def sink_scale(
     sink_mask: Tensor,
     real_mask: Tensor | None = None,
 ) -> Tensor:
-    """``1 - lambda`` per (batch, head): the share of the sink term that the patch removes.
+    """`1 - lambda` per (batch, head): the share of the sink term that the patch removes.
 
     Args:
-        mode: ``"scale"`` (``lambda = scale``) or ``"norm_matched"`` (``lambda`` = mean norm of
+        mode: `"scale"` (`lambda = scale`) or `"norm_matched"` (`lambda` = mean norm of
             the head's non-sink projected values / mean norm of its sink projected values).
-        norms: ``||pv_j^h||`` ``[batch, head, pos]``.
-        sink_mask: ``[batch, pos]`` True at sinks; ``real_mask``: True at real tokens.
+        norms: `||pv_j^h||` `[batch, head, pos]`.
+        sink_mask: `[batch, pos]` True at sinks; `real_mask`: True at real tokens.
     """
     n_batch, n_heads, _ = norms.shape
     if mode == "scale":
@@ -356,4 +493,4 @@ def sink_scale(
 def head_removal_hooks(model: Any, edits: Sequence[HeadRemoval], description: str) -> HookSet:
     access = model_access(model)
     hooks = [(access.hook_name("z", edit.layer), edit.zero_heads) for edit in edits]
-    return HookSet(model, hooks, description, edits=edits)
+    return HookSet(model, hooks, description, edits=edits, recipe=[("remove", list(edits))])

@@ -243,6 +243,20 @@ def _write_neutral_files(folder: Path, hf_model: Any, tokenizer: Any) -> dict[st
     }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
+    ids = write_tokenizer(folder, tokenizer)
+    return {"rope_theta": theta, "tie_word_embeddings": tied, "special_token_ids": ids}
+
+
+def write_tokenizer(folder: Path, tokenizer: Any) -> dict[str, int]:
+    """Write a fast tokenizer so that transformers 4.57 and 5.x both read it the same way.
+
+    Args:
+        folder: The folder to write `tokenizer.json` and `tokenizer_config.json` into.
+        tokenizer: A `PreTrainedTokenizerFast`.
+
+    Returns:
+        The special tokens' ids (`{"bos_token": 1, ...}`).
+    """
     tokenizer.backend_tokenizer.save(str(folder / "tokenizer.json"))
     tok_cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast"}
     for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
@@ -253,8 +267,9 @@ def _write_neutral_files(folder: Path, hf_model: Any, tokenizer: Any) -> dict[st
     if getattr(tokenizer, "chat_template", None):
         tok_cfg["chat_template"] = tokenizer.chat_template
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
-    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in tok_cfg.items() if k.endswith("token")}
-    return {"rope_theta": theta, "tie_word_embeddings": tied, "special_token_ids": ids}
+    return {
+        k: tokenizer.convert_tokens_to_ids(v) for k, v in tok_cfg.items() if k.endswith("token")
+    }
 
 
 def build_gguf_cache(gguf: Path, folder: Path, digest: str) -> None:

@@ -1,24 +1,20 @@
 """HookedTransformer models built from Hugging Face modules, with raw (unprocessed) weights.
 
-TransformerLens 2.x and 3.x ship ``HookedTransformer``; 4.0 removed it (``TransformerBridge``
-exists from 3.0 on). :func:`from_hf` turns a Llama- or GPT-2-architecture ``transformers``
-model into a ``HookedTransformer`` offline, without ``from_pretrained`` (which needs the hub and
+TransformerLens 2.x and 3.x ship `HookedTransformer`; 4.0 removed it (`TransformerBridge`
+exists from 3.0 on). `from_hf` turns a Llama- or GPT-2-architecture `transformers`
+model into a `HookedTransformer` offline, without `from_pretrained` (which needs the hub and
 processes the weights by default):
 
-- the config is written out by hand from the Hugging Face config (:func:`hooked_config`) —
-  in particular ``rotary_base`` is read from the config (SmolLM2: 1e5; the generic Llama branch
+- the config is written out by hand from the Hugging Face config (`hooked_config`) —
+  in particular `rotary_base` is read from the config (SmolLM2: 1e5; the generic Llama branch
   of TransformerLens' own loader falls back to 1e4) and grouped-query attention keeps its KV
-  heads (``n_key_value_heads``);
-- the weights go through TransformerLens' own converters (``convert_llama_weights``,
-  ``convert_gpt2_weights``) and are loaded as they are: no LayerNorm folding, no centring of
-  ``W_O``, no folding of value biases into ``b_O`` — so contribution weights are those of the
-  model the Hugging Face weights define (see :mod:`cw_lens.models.weight_processing`).
+  heads (`n_key_value_heads`);
+- the weights go through TransformerLens' own converters (`convert_llama_weights`,
+  `convert_gpt2_weights`) and are loaded as they are: no LayerNorm folding, no centring of
+  `W_O`, no folding of value biases into `b_O` — so contribution weights are those of the
+  model the Hugging Face weights define (see `cw_lens.models.weight_processing`).
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model(api="hooked")        # SmolLM2-135M as a HookedTransformer
-    type(model).__name__                            # 'HookedTransformer'
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from typing import Any
 import torch
 
 from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.models.offload import resident_weights
 
 # The mask and rotary buffers of a HookedTransformer are [n_ctx, n_ctx] / [n_ctx, d_head] per
 # layer, so SmolLM2's 8192 positions would cost 2 GB of masks; TransformerLens caps many of its
@@ -42,7 +39,7 @@ def tl_version() -> str:
 
 
 def hooked_transformer_class() -> type:
-    """``transformer_lens.HookedTransformer``, or a clear error where it does not exist."""
+    """`transformer_lens.HookedTransformer`, or a clear error where it does not exist."""
     try:
         from transformer_lens import HookedTransformer
     except ImportError:
@@ -56,7 +53,7 @@ def hooked_transformer_class() -> type:
 
 
 def bridge_class() -> type:
-    """``TransformerBridge``, or a clear error in TransformerLens 2.x (which has none)."""
+    """`TransformerBridge`, or a clear error in TransformerLens 2.x (which has none)."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError:
@@ -72,7 +69,7 @@ API_CHOICES = ("auto", "bridge", "hooked")
 
 
 def resolve_api(api: str) -> str:
-    """``"bridge"`` or ``"hooked"`` for an ``api`` argument; ``"auto"``: the bridge if it exists."""
+    """`"bridge"` or `"hooked"` for an `api` argument; `"auto"`: the bridge if it exists."""
     if api not in API_CHOICES:
         raise InputError(f"api must be one of {', '.join(API_CHOICES)}; got {api!r}.")
     if api != "auto":
@@ -85,7 +82,7 @@ def resolve_api(api: str) -> str:
 
 
 def is_hooked(model: Any) -> bool:
-    """True for a ``HookedTransformer`` (False, without importing anything, in TL 4.x)."""
+    """True for a `HookedTransformer` (False, without importing anything, in TL 4.x)."""
     try:
         from transformer_lens import HookedTransformer
     except ImportError:
@@ -94,7 +91,7 @@ def is_hooked(model: Any) -> bool:
 
 
 def is_bridge(model: Any) -> bool:
-    """True for a ``TransformerBridge`` (False in TransformerLens 2.x)."""
+    """True for a `TransformerBridge` (False in TransformerLens 2.x)."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError:
@@ -103,10 +100,10 @@ def is_bridge(model: Any) -> bool:
 
 
 def rope_theta(config: Any) -> float | None:
-    """The rotary base the installed transformers uses for ``config``.
+    """The rotary base the installed transformers uses for `config`.
 
-    transformers 4.x reads the attribute ``rope_theta`` (and keeps an unknown ``rope_parameters``
-    key as an inert attribute); 5.x moves it into ``rope_parameters`` and has no attribute.
+    transformers 4.x reads the attribute `rope_theta` (and keeps an unknown `rope_parameters`
+    key as an inert attribute); 5.x moves it into `rope_parameters` and has no attribute.
     """
     theta = getattr(config, "rope_theta", None)
     if theta is not None:
@@ -140,7 +137,7 @@ def hooked_config(
     device: str | torch.device | None = None,
     n_ctx: int | None = None,
 ) -> Any:
-    """A ``HookedTransformerConfig`` equivalent to a Llama or GPT-2 Hugging Face config."""
+    """A `HookedTransformerConfig` equivalent to a Llama or GPT-2 Hugging Face config."""
     from transformer_lens import HookedTransformerConfig
 
     arch = _architecture(hf_config)
@@ -221,7 +218,9 @@ def _state_dict(hf_model: Any, cfg: Any) -> dict[str, torch.Tensor]:
         head = hf_model.get_output_embeddings()
         bias = getattr(head, "bias", None)
         state["unembed.b_U"] = (
-            torch.zeros(cfg.d_vocab, dtype=cfg.dtype) if bias is None else bias.detach()
+            torch.zeros(cfg.d_vocab, dtype=cfg.dtype, device="cpu")
+            if bias is None
+            else bias.detach()
         )
     return state
 
@@ -235,25 +234,27 @@ def from_hf(
     device: str | torch.device | None = None,
     n_ctx: int | None = None,
 ) -> Any:
-    """A ``HookedTransformer`` computing exactly what ``hf_model`` computes (raw weights).
+    """A `HookedTransformer` computing exactly what `hf_model` computes (raw weights).
 
     Args:
-        hf_model: A ``LlamaForCausalLM`` or ``GPT2LMHeadModel``.
-        tokenizer: Its tokenizer (TransformerLens re-creates it with ``add_bos_token=True``).
-        name: ``cfg.model_name``.
+        hf_model: A `LlamaForCausalLM` or `GPT2LMHeadModel`.
+        tokenizer: Its tokenizer (TransformerLens re-creates it with `add_bos_token=True`).
+        name: `cfg.model_name`.
         dtype: Parameter dtype (default: the Hugging Face model's).
         device: Device of the weights (default: where TransformerLens puts them).
         n_ctx: Context length for the mask and rotary buffers (Llama default 2048).
 
     Returns:
-        A ``HookedTransformer`` in eval mode. Every parameter comes from ``hf_model``; a
+        A `HookedTransformer` in eval mode. Every parameter comes from `hf_model`; a
         parameter the converter did not provide raises instead of staying uninitialised.
     """
     HookedTransformer = hooked_transformer_class()
     dtype = dtype or next(hf_model.parameters()).dtype
     cfg = hooked_config(hf_model.config, name=name, dtype=dtype, device=device, n_ctx=n_ctx)
     model = HookedTransformer(cfg, tokenizer=tokenizer, default_padding_side="right")
-    state = {k: v.detach().to(dtype) for k, v in _state_dict(hf_model, cfg).items()}
+    # every weight at once (a HookedTransformer holds them all), brought in when offloaded
+    with resident_weights(hf_model) as keep:
+        state = {k: keep(v).to(dtype) for k, v in _state_dict(hf_model, cfg).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     params = {n for n, _ in model.named_parameters()}
     missing_params = sorted(set(missing) & params)

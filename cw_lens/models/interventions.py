@@ -1,20 +1,12 @@
 """Interventions: patch the sink, remove heads, mask attention pairs (public entry points).
 
-Each function checks that the intervention is exact on the model (:func:`cw_lens.verify_model`
-tests every intervention against an independent edit of ``hook_z``) and returns a
-:class:`~cw_lens.models.edits.HookSet` — a context manager and, on most models, a list of
-``(hook_name, fn)`` pairs. :mod:`cw_lens.models.edits` has the formulas and how each edit is
+Each function checks that the intervention is exact on the model
+([`cw_lens.verify_model`][cw_lens.verify_model] tests every intervention against an independent edit
+of `hook_z`) and returns a [`HookSet`][cw_lens.HookSet] — a context manager and, on most models, a
+list of `(hook_name, fn)` pairs. `cw_lens.models.edits` has the formulas and how each edit is
 realised.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    tokens = model.to_tokens("The first token is the sink.")
-    with cw_lens.patch_sink(model, layers=[5], heads=[0, 3]):   # pv_0 -> 0 in two heads
-        patched = model(tokens)
-    with cw_lens.remove_heads(model, [(0, 3)]):
-        pruned = model(tokens)
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -25,8 +17,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError, UnsupportedModelError
-from cw_lens.models.access import model_access, resolve_heads, resolve_layers
+from cw_lens.models.access import Model, model_access, resolve_heads, resolve_layers
 from cw_lens.models.edits import (
     MAX_SINK_SCALE,
     HeadRemoval,
@@ -52,8 +45,8 @@ __all__ = [
 def per_layer_heads(
     model: Any, layers: int | Sequence[int] | None, heads: Any
 ) -> dict[int, list[int]]:
-    """``{layer: [heads]}`` from ``heads``: None (all), a list (the same heads in every layer
-    of ``layers``) or a dict ``{layer: heads}`` (then ``layers`` must be None)."""
+    """`{layer: [heads]}` from `heads`: None (all), a list (the same heads in every layer
+    of `layers`) or a dict `{layer: heads}` (then `layers` must be None)."""
     if isinstance(heads, dict):
         if layers is not None:
             raise InputError(
@@ -69,7 +62,8 @@ def per_layer_heads(
 
 
 def _require(model: Any, intervention: str) -> None:
-    """Refuse an intervention that :func:`cw_lens.verify_model` did not find exact."""
+    """Refuse an intervention that [`cw_lens.verify_model`][cw_lens.verify_model] did not find
+    exact."""
     verdict = require_verified(model).interventions.get(intervention, "")
     if not verdict.startswith("exact"):
         raise UnsupportedModelError(
@@ -78,7 +72,7 @@ def _require(model: Any, intervention: str) -> None:
 
 
 def patch_sink(
-    model: Any,
+    model: Model,
     *,
     layers: int | Sequence[int] | None = None,
     heads: Any = None,
@@ -90,25 +84,31 @@ def patch_sink(
     """Scale the sink's projected value in chosen layers and heads (P1's sink-norm ablation).
 
     Args:
-        model: A ``TransformerBridge`` or ``HookedTransformer``.
-        layers: Layers to patch (``None`` = all).
-        heads: Query heads (``None`` = all; a list, or ``{layer: [heads]}``).
-        scale: ``lambda`` in [0, 2]: 0 removes the sink's value, 1 is the identity, above 1
+        model: A `TransformerBridge` or `HookedTransformer`.
+        layers: Layers to patch (`None` = all).
+        heads: Query heads (`None` = all; a list, or `{layer: [heads]}`); negative indices
+            count from the end, as for `layers` (`-1` is the last head).
+        scale: `lambda` in [0, 2]: 0 removes the sink's value, 1 is the identity, above 1
             amplifies it.
-        mode: ``"scale"`` multiplies ``pv_0`` by ``scale``; ``"norm_matched"`` rescales it to
-            the mean norm of the head's non-sink projected values (``scale`` is ignored; with
+        mode: `"scale"` multiplies `pv_0` by `scale`; `"norm_matched"` rescales it to
+            the mean norm of the head's non-sink projected values (`scale` is ignored; with
             several sinks, relative to their mean norm).
         sink_positions: Positions treated as sinks (each is patched; its own query row is not).
-        attention_mask: ``[batch, pos]``, 1 at real tokens, for padded batches in
-            ``norm_matched`` mode (otherwise padding counts in the tail mean).
+        attention_mask: `[batch, pos]`, 1 at real tokens, for padded batches in
+            `norm_matched` mode (otherwise padding counts in the tail mean).
 
     Returns:
-        A :class:`HookSet` (context manager / hook list).
+        A [`HookSet`][cw_lens.HookSet] (context manager / hook list).
 
-    Example::
+    Examples:
+        ```python
+        import cw_lens
 
-        with cw_lens.patch_sink(model, layers=[5], heads=[0, 3]):
-            patched = model(tokens)
+        model = cw_lens.load_model("testing:tiny-llama")
+        tokens = model.to_tokens("The cat sat on the mat.")
+        with cw_lens.patch_sink(model, layers=[1], heads=[0, 3]):
+            patched = model(tokens)  # the sink's value removed in those heads
+        ```
     """
     if mode not in ("scale", "norm_matched"):
         raise InputError(f"mode must be 'scale' or 'norm_matched', got {mode!r}.")
@@ -120,7 +120,7 @@ def patch_sink(
     plan = per_layer_heads(model, layers, heads)
     _require(model, "patch_sink")
     access = model_access(model)
-    real = None if attention_mask is None else torch.as_tensor(attention_mask).bool()
+    real = None if attention_mask is None else to_tensor(attention_mask).bool()
     edits = [
         SinkPatch(
             layer,
@@ -137,14 +137,26 @@ def patch_sink(
     return realise(model, edits, f"patch_sink({mode}, scale={scale}, layers={list(plan)})")
 
 
-def remove_heads(model: Any, heads: Any) -> HookSet:
-    """Zero the output (``hook_z``) of the given heads: ``[(layer, head), ...]`` or
-    ``{layer: [heads]}``.
+def remove_heads(model: Model, heads: Any) -> HookSet:
+    """Zero the output (`hook_z`) of the given heads: `[(layer, head), ...]` or
+    `{layer: [heads]}`.
 
-    Example::
+    Args:
+        model: A TransformerLens model.
+        heads: `[(layer, head), ...]` or `{layer: [heads]}`.
 
-        with cw_lens.remove_heads(model, [(0, 3), (5, 1)]):
+    Returns:
+        A [`HookSet`][cw_lens.HookSet] (context manager / hook list).
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        tokens = model.to_tokens("The cat sat on the mat.")
+        with cw_lens.remove_heads(model, [(0, 3), (1, 1)]):
             loss = model(tokens, return_type="loss")
+        ```
     """
     if isinstance(heads, dict):
         pairs = [(layer, h) for layer, hs in heads.items() for h in hs]
@@ -169,20 +181,32 @@ def remove_heads(model: Any, heads: Any) -> HookSet:
     return head_removal_hooks(model, edits, f"remove_heads({len(pairs)} heads)")
 
 
-def mask_attention(model: Any, masks: dict[int, Tensor | Callable[[Tensor], Tensor]]) -> HookSet:
+def mask_attention(model: Model, masks: dict[int, Tensor | Callable[[Tensor], Tensor]]) -> HookSet:
     """Set chosen attention probabilities to 0 (no renormalisation) in several layers at once.
 
     Args:
-        masks: ``{layer: mask}`` where ``mask`` is a bool tensor broadcastable to the pattern
-            ``[batch, head, query, key]`` (True = remove), or a function of the pattern that
+        model: A TransformerLens model.
+        masks: `{layer: mask}` where `mask` is a bool tensor broadcastable to the pattern
+            `[batch, head, query, key]` (True = remove), or a function of the pattern that
             returns one.
 
-    Example::
+    Returns:
+        A [`HookSet`][cw_lens.HookSet] (context manager / hook list).
 
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        import torch
+
+        tokens = model.to_tokens("The cat sat on the mat.")
+        n = tokens.shape[1]
         remove = torch.zeros(1, model.cfg.n_heads, n, n, dtype=torch.bool)
-        remove[..., 0] = True                           # no query reads position 0
-        with cw_lens.mask_attention(model, {3: remove, 4: remove}):
+        remove[..., 0] = True  # no query reads position 0
+        with cw_lens.mask_attention(model, {0: remove, 1: remove}):
             logits = model(tokens)
+        ```
     """
     if not isinstance(masks, dict):
         raise InputError("mask_attention needs {layer: bool mask or function of the pattern}.")
@@ -190,7 +214,7 @@ def mask_attention(model: Any, masks: dict[int, Tensor | Callable[[Tensor], Tens
     for layer, mask in masks.items():
         (layer,) = resolve_layers(model, [layer])
         if not callable(mask):
-            mask = torch.as_tensor(mask)
+            mask = to_tensor(mask)
             if mask.dtype != torch.bool:
                 raise InputError(
                     f"The mask of layer {layer} has dtype {mask.dtype}; pass a bool tensor "

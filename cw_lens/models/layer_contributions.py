@@ -1,26 +1,20 @@
 r"""The streaming unit of contribution weights: one layer, one block of query rows (P1, methods §
 Contribution weights (docs/methods.md#contribution-weights)).
 
-:class:`LayerContributionsResult` turns one layer's captured activations
-(:class:`~cw_lens.models.capture.LayerActivations`) into the fields of methods § Contribution
+[`LayerContributionsResult`][cw_lens.LayerContributionsResult] turns one layer's captured
+activations (`LayerActivations`) into the fields of methods § Contribution
 weights (docs/methods.md#contribution-weights) for a block of query rows, lazily and in head space
-(with the Gram matrices of :mod:`cw_lens.core.geometry`; the
-``[query, key, d_model]`` tensor of ``alpha pv_j`` vectors is never built)::
+(with the Gram matrices of `cw_lens.core.geometry`; the
+`[query, key, d_model]` tensor of `alpha pv_j` vectors is never built):
 
     intra  c[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i^h|| ) * cos(pv_j^h, o_i^h)
     inter  C[i,j]^h = alpha[i,j]^h * ( ||pv_j^h|| / ||o_i||   ) * cos(pv_j^h, o_i)
 
-and the baselines ``attention``, ``value_norm`` and ``value_norm_output``
+and the baselines `attention`, `value_norm` and `value_norm_output`
 (docs/methods.md#contribution-weights). Every corpus analysis receives these blocks from
-:func:`cw_lens.data.streaming.stream_contributions`.
+[`cw_lens.stream_contributions`][cw_lens.stream_contributions].
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    def consumer(lc):                       # one layer, one block of query rows
-        print(lc.layer, lc.weights("inter").shape)
-    cw_lens.stream_contributions(model, "The capital of France is Paris.", consumer, layers=[3])
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -53,10 +47,10 @@ def check_kind(kind: str) -> None:
 
 
 class Workspace:
-    """Reusable float32 buffers for the streamed ``[batch, head, query, key]`` tensors.
+    """Reusable float32 buffers for the streamed `[batch, head, query, key]` tensors.
 
     Fresh multi-megabyte tensors cost page faults on every allocation; reusing one buffer per
-    role makes the streamed arithmetic several times cheaper. With ``reuse=False`` every request
+    role makes the streamed arithmetic several times cheaper. With `reuse=False` every request
     gets a fresh tensor.
     """
 
@@ -78,17 +72,17 @@ class Workspace:
 class LayerContributionsResult(Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
-    Tensors are ``[batch, head, query, key]`` over the selected heads, the query rows
-    ``queries`` and the keys ``0 .. queries.stop - 1`` (later keys are never attended by these
+    Tensors are `[batch, head, query, key]` over the selected heads, the query rows
+    `queries` and the keys `0 .. queries.stop - 1` (later keys are never attended by these
     rows, so they are left out: every field would be 0 there). Quantities are computed lazily
     in head space and cached for the life of the block.
 
-    With a reusing :class:`Workspace` (the default of :func:`stream_contributions`) the
-    returned tensors live in buffers that the next block overwrites: reduce them inside the
-    callback, or ``.clone()`` what you keep.
+    With a reusing `Workspace` (the default of
+    [`stream_contributions`][cw_lens.stream_contributions]) the returned tensors live in buffers
+    that the next block overwrites: reduce them inside the callback, or `.clone()` what you keep.
 
-    Conventions: entries with ``j > i`` are 0; rows of padded queries and of queries with a
-    numerically zero output norm are NaN at ``j <= i``.
+    Conventions: entries with `j > i` are 0; rows of padded queries and of queries with a
+    numerically zero output norm are NaN at `j <= i`.
     """
 
     def __init__(
@@ -99,6 +93,15 @@ class LayerContributionsResult(Result):
         shared: dict[str, Any] | None = None,
         workspace: Workspace | None = None,
     ) -> None:
+        """A block; [`stream_contributions`][cw_lens.stream_contributions] builds them.
+
+        Args:
+            acts: The captured activations of the layer (`LayerActivations`).
+            heads: The query heads (`None` = all).
+            queries: The query rows of the block (`None` = all positions).
+            shared: Per-pass values shared by the blocks of one layer (cached norms).
+            workspace: The buffers the block writes its fields into (`None`: fresh tensors).
+        """
         self.acts = acts
         self.layer = acts.layer
         self.heads = sorted(set(heads)) if heads is not None else list(range(acts.n_heads))
@@ -117,7 +120,7 @@ class LayerContributionsResult(Result):
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        """``(batch, head, query, key)`` of every pairwise field of this block."""
+        """`(batch, head, query, key)` of every pairwise field of this block."""
         return (
             self.acts.pattern.shape[0],
             len(self.heads),
@@ -148,7 +151,7 @@ class LayerContributionsResult(Result):
 
     @cached_property
     def attention(self) -> Float[Tensor, "batch head query key"]:
-        """``alpha[i,j]^h`` (a view of ``hook_pattern``; padded rows are not NaN here)."""
+        """`alpha[i,j]^h` (a view of `hook_pattern`; padded rows are not NaN here)."""
         return self._sel(self.acts.pattern[:, :, self.queries, self.keys])
 
     @cached_property
@@ -168,13 +171,13 @@ class LayerContributionsResult(Result):
 
     @property
     def layer_projected_value_norm(self) -> Float[Tensor, "batch head key"]:
-        """``||pv_j^h||`` for every head and key of the layer, computed once per layer and
+        """`||pv_j^h||` for every head and key of the layer, computed once per layer and
         shared by its blocks (and by any consumer that needs all keys)."""
         return self._full_key_norms
 
     @cached_property
     def projected_value_norm(self) -> Float[Tensor, "batch head key"]:
-        """``||pv_j^h||`` for the keys of this block."""
+        """`||pv_j^h||` for the keys of this block."""
         return self._sel(self._full_key_norms[..., self.keys])
 
     @cached_property
@@ -184,7 +187,7 @@ class LayerContributionsResult(Result):
 
     @cached_property
     def _key_scale(self) -> Float[Tensor, "batch head query"]:
-        """``max_{j<=i} ||pv_j^h||`` over all heads (for zero-norm detection)."""
+        """`max_{j<=i} ||pv_j^h||` over all heads (for zero-norm detection)."""
         full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
         return full[..., self.queries]
 
@@ -194,30 +197,68 @@ class LayerContributionsResult(Result):
 
     @cached_property
     def _z_gram(self) -> Float[Tensor, "batch head query d_head"]:
-        """``z_i^h G^h`` for this block's rows, heads first (the layout of the grouped
-        products): the intra query side and ``||o_i^h||^2``."""
+        """`z_i^h G^h` for this block's rows, heads first (the layout of the grouped
+        products): the intra query side and `||o_i^h||^2`."""
         return torch.matmul(self._z.transpose(1, 2), self.acts.weights.gram)
 
     @cached_property
     def head_output_norm(self) -> Float[Tensor, "batch head query"]:
-        """``||o_i^h||``."""
+        """`||o_i^h||`."""
         sq = (self._z_gram * self._z.transpose(1, 2)).sum(-1)
         return self._sel(sq.clamp_min(0).sqrt())
 
     @cached_property
     def layer_output_norm(self) -> Float[Tensor, "batch query"]:
-        """``||o_i||`` (``b_O`` excluded)."""
+        """`||o_i||` (`b_O` excluded)."""
         return self.acts.layer_output[:, self.queries].norm(dim=-1)
 
     def output_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query"]:
-        """The norm a weight is relative to: ``||o_i^h||`` (intra) or ``||o_i||`` (inter)."""
+        """The norm a weight is relative to: `||o_i^h||` (intra) or `||o_i||` (inter).
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A tensor `[batch, head, query]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.output_norm("inter").shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         check_kind(kind)
         if kind == "intra":
             return self.head_output_norm
         return self.layer_output_norm[:, None, :].expand_as(self.head_output_norm)
 
     def zero_rows(self, kind: Kind = "intra") -> Bool[Tensor, "batch head query"]:
-        """Real queries whose output norm is numerically zero (their weights are NaN)."""
+        """Real queries whose output norm is numerically zero (their weights are NaN).
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A bool tensor `[batch, head, query]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.zero_rows().any())
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         check_kind(kind)
 
         def compute() -> Tensor:
@@ -231,10 +272,30 @@ class LayerContributionsResult(Result):
         return self._memo(("zero", kind), compute)
 
     def n_zero_rows(self, kind: Kind = "intra") -> int:
+        """How many real queries have a numerically zero output norm.
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            The count of [`zero_rows`][cw_lens.LayerContributionsResult.zero_rows].
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.n_zero_rows())
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         return int(self.zero_rows(kind).sum())
 
     def _inv_output_norm(self, kind: Kind) -> Float[Tensor, "batch head query"]:
-        """``1 / ||o_i||``, NaN at padded and zero-norm rows (so they come out NaN)."""
+        """`1 / ||o_i||`, NaN at padded and zero-norm rows (so they come out NaN)."""
 
         def compute() -> Tensor:
             bad = self.zero_rows(kind) | ~self.query_mask[:, None, :]
@@ -243,12 +304,12 @@ class LayerContributionsResult(Result):
         return self._memo(("inv_norm", kind), compute)
 
     def _row_scale(self, kind: Kind) -> Float[Tensor, "batch head query"]:
-        """``1 / ||o_i||`` with 0 at undefined rows (for products whose NaN comes from
-        :meth:`scaled_dots`)."""
+        """`1 / ||o_i||` with 0 at undefined rows (for products whose NaN comes from
+        `scaled_dots`)."""
         return self._memo(("row_scale", kind), lambda: self._inv_output_norm(kind).nan_to_num(0.0))
 
     def _row_nan(self, t: Tensor) -> Tensor:
-        """Set padded query rows of ``t`` (in place) to NaN at ``j <= i``."""
+        """Set padded query rows of `t` (in place) to NaN at `j <= i`."""
         if self._padded:
             t.masked_fill_(~self.query_mask[:, None, :, None], math.nan)
             t.tril_(diagonal=self.queries.start)
@@ -261,8 +322,8 @@ class LayerContributionsResult(Result):
         return self._layer_memo("values_kv", lambda: self.acts.values.transpose(1, 2).contiguous())
 
     def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
-        """``<query_side[b,h,i], v_j^{g(h)}>`` for the selected heads and this block's keys
-        (``query_side`` is ``[batch, head, query, d_head]`` over the selected heads)."""
+        """`<query_side[b,h,i], v_j^{g(h)}>` for the selected heads and this block's keys
+        (`query_side` is `[batch, head, query, d_head]` over the selected heads)."""
         values = self._values_kv[:, :, : self.keys.stop]
         if self._all_heads:
             return geo.grouped_scores_heads_first(query_side, values, out=out)
@@ -271,11 +332,29 @@ class LayerContributionsResult(Result):
         return torch.matmul(query_side, values.index_select(1, kv).transpose(-1, -2))
 
     def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``<pv_j^h, o_i> / ||o_i||`` = ``||pv_j|| cos(pv_j, o_i)`` with ``o`` per ``kind``.
+        """`<pv_j^h, o_i> / ||o_i||` = `||pv_j|| cos(pv_j, o_i)` with `o` per `kind`.
 
-        The ``1/||o_i||`` scale is folded into the (small) query side before the product, so
-        undefined rows come out NaN without a pass over the ``query x key`` tensor. Keys after
-        the query are 0 (undefined rows too): :meth:`weights` and :meth:`cosine` inherit both.
+        The `1/||o_i||` scale is folded into the (small) query side before the product, so
+        undefined rows come out NaN without a pass over the `query x key` tensor. Keys after the
+        query are 0 (undefined rows too): `weights` and `cosine` inherit both.
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.scaled_dots().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
         """
         check_kind(kind)
 
@@ -293,12 +372,50 @@ class LayerContributionsResult(Result):
         return self._memo(("scaled_dots", kind), compute)
 
     def dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``<pv_j^h, o_i^h>`` (intra) or ``<pv_j^h, o_i>`` (inter); a fresh tensor."""
+        """`<pv_j^h, o_i^h>` (intra) or `<pv_j^h, o_i>` (inter).
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A fresh tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.dots("inter").shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         return self.scaled_dots(kind) * self.output_norm(kind)[..., None]
 
     # ------------------------------------------------------------------ fields
     def weights(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """Contribution weights ``c`` (intra) or ``C`` (inter)."""
+        """Contribution weights `c` (intra) or `C` (inter).
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A tensor `[batch, head, query, key]` (a buffer the next block may reuse).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.weights("inter").sum((1, 3)))  # 1 per real query
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
 
         def compute() -> Tensor:
             # alpha * (<pv, o> / ||o||) * (1 / ||o||): the scaled dots are NaN at j <= i of
@@ -311,7 +428,26 @@ class LayerContributionsResult(Result):
         return self._memo(("weights", kind), compute)
 
     def cosine(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``cos(pv_j^h, o_i^h)`` (intra) or ``cos(pv_j^h, o_i)`` (inter); 0 for a zero ``pv_j``."""
+        """`cos(pv_j^h, o_i^h)` (intra) or `cos(pv_j^h, o_i)` (inter); 0 for a zero `pv_j`.
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.cosine().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
 
         def compute() -> Tensor:
             buf = self._ws.get(f"cosine_{kind}", self.shape, self.acts.pattern.device)
@@ -320,7 +456,26 @@ class LayerContributionsResult(Result):
         return self._memo(("cosine", kind), compute)
 
     def relative_norm(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
-        """``||pv_j^h|| / ||o_i^h||`` (intra) or ``||pv_j^h|| / ||o_i||`` (inter)."""
+        """`||pv_j^h|| / ||o_i^h||` (intra) or `||pv_j^h|| / ||o_i||` (inter).
+
+        Args:
+            kind: `"intra"` (the head output `o_i^h`) or `"inter"` (the layer output `o_i`).
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.relative_norm().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
 
         def compute() -> Tensor:
             buf = self._ws.get(f"relative_norm_{kind}", self.shape, self.acts.pattern.device)
@@ -334,7 +489,23 @@ class LayerContributionsResult(Result):
         return self._memo(("relative_norm", kind), compute)
 
     def value_norm(self) -> Float[Tensor, "batch head query key"]:
-        """Baseline ``alpha ||pv_j||``."""
+        """Baseline `alpha ||pv_j||`.
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.value_norm().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
 
         def compute() -> Tensor:
             buf = self._ws.get("value_norm", self.shape, self.acts.pattern.device)
@@ -344,7 +515,23 @@ class LayerContributionsResult(Result):
         return self._memo("value_norm", compute)
 
     def value_norm_output(self) -> Float[Tensor, "batch head query key"]:
-        """Baseline ``alpha ||pv_j|| / ||o_i^h||`` (the per-head output norm)."""
+        """Baseline `alpha ||pv_j|| / ||o_i^h||` (the per-head output norm).
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.value_norm_output().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
 
         def compute() -> Tensor:
             buf = self._ws.get("value_norm_output", self.shape, self.acts.pattern.device)
@@ -355,7 +542,23 @@ class LayerContributionsResult(Result):
         return self._memo("value_norm_output", compute)
 
     def masked_attention(self) -> Float[Tensor, "batch head query key"]:
-        """``alpha`` with padded query rows NaN (a copy only when the batch is padded)."""
+        """`alpha` with padded query rows NaN (a copy only when the batch is padded).
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.masked_attention().shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         if not self._padded:
             return self.attention
         buf = self._ws.get("attention", self.shape, self.acts.pattern.device)
@@ -363,8 +566,28 @@ class LayerContributionsResult(Result):
         return self._row_nan(buf)
 
     def metric(self, name: str, kind: Kind = "inter") -> Float[Tensor, "batch head query key"]:
-        """A score by name (``attention``, ``value_norm``, ``value_norm_output``,
-        ``contribution``); ``kind`` applies to ``contribution``."""
+        """A score by name.
+
+        Args:
+            name: `"attention"`, `"value_norm"`, `"value_norm_output"` or `"contribution"`.
+            kind: The contribution's normalisation (`"intra"` or `"inter"`); only for
+                `"contribution"`.
+
+        Returns:
+            A tensor `[batch, head, query, key]`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+
+            def consumer(block):  # called inside the forward pass, once per block
+                print(block.layer, block.metric("contribution").shape)
+
+            cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
+            ```
+        """
         if name == "attention":
             return self.masked_attention()
         if name == "value_norm":

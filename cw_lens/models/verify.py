@@ -1,37 +1,32 @@
 """Verifying that a model's hooks show what its attention computes, before any number is returned.
 
 Contribution weights are only valid when the captured hooks satisfy (docs/methods.md#notation), per
-layer and head::
+layer and head:
 
     pattern @ v == z                               (GQA mapped: head h reads kv head h // (H/H_kv))
     sum_h z^h W_O^h + b_O == the attention's real output (before any post-norm or multiplier)
 
-:func:`verify_model` runs a short seeded probe (2 sequences x 16 random tokens) and checks both
-identities on every layer — the real output is read with a PyTorch forward hook on the attention
-module (``model.blocks[l].attn``), not from ``hook_attn_out``. On a ``TransformerBridge`` it also
-runs the wrapped Hugging Face model with every bridge component swapped back for the original
+[`verify_model`][cw_lens.verify_model] runs a short seeded probe (2 sequences x 16 random tokens)
+and checks both identities on every layer — the real output is read with a PyTorch forward hook on
+the attention module (`model.blocks[l].attn`), not from `hook_attn_out`. On a `TransformerBridge` it
+also runs the wrapped Hugging Face model with every bridge component swapped back for the original
 module (no TransformerLens code in the pass) and compares the logits, so a bridge that computes
 an architecture wrongly is caught even when its hooks agree with each other. It refuses models
-whose values are clamped after ``hook_v`` (OLMo's ``clip_qkv``). Then it checks every
+whose values are clamped after `hook_v` (OLMo's `clip_qkv`). Then it checks every
 intervention on one layer: under it, the attention module's output must equal
-``(z - delta) W_O + b_O`` with the exact edit ``delta`` computed independently from the clean
-probe (``patch_sink``, ``mask_attention``, ``remove_heads``). Last, the hooks the flow analyses
-read (:func:`cw_lens.models.blocks.run_blocks`: ``hook_resid_pre``, ``hook_attn_out``,
-``hook_resid_mid``, ``hook_mlp_out``, ``hook_resid_post``) must all fire on the probe and add up
-(the block checks of :mod:`cw_lens.models.blocks`); a model that fails them keeps its
-contribution weights but its flow analyses are refused (``report.flow``,
-:func:`require_flow`).
+`(z - delta) W_O + b_O` with the exact edit `delta` computed independently from the clean
+probe (`patch_sink`, `mask_attention`, `remove_heads`). Last, the hooks the flow analyses
+read (`cw_lens.models.blocks.run_blocks`: `hook_resid_pre`, `hook_attn_out`,
+`hook_resid_mid`, `hook_mlp_out`, `hook_resid_post`) must all fire on the probe and add up
+(the block checks of `cw_lens.models.blocks`); a model that fails them keeps its
+contribution weights but its flow analyses are refused (`report.flow`,
+`require_flow`).
 
-Every analysis calls :func:`require_verified` first (the result is cached per model), so a model
-that fails gets :class:`~cw_lens.core.errors.UnsupportedModelError` naming the architecture, the
-layer, the failed identity and the size of the error — never a number.
+Every analysis calls `require_verified` first (the result is cached per model), so a model
+that fails gets [`UnsupportedModelError`][cw_lens.UnsupportedModelError] naming the architecture,
+the layer, the failed identity and the size of the error — never a number.
 
-Example::
-
-    import cw_lens
-    report = cw_lens.verify_model(cw_lens.load_model())
-    report.ok, report.route, report.interventions, report.flow
-    report.to_dataframe()          # one row per layer: relative errors of both identities
+The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
@@ -50,7 +45,14 @@ from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
 from cw_lens.core.results import Result
-from cw_lens.models.access import ModelAccess, model_access, probe_tokens
+from cw_lens.models.access import (
+    Model,
+    ModelAccess,
+    StreamDone,
+    check_model,
+    model_access,
+    probe_tokens,
+)
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.blocks import run_blocks
 from cw_lens.models.edits import HeadRemoval, PairMask, SinkPatch, head_removal_hooks, realise
@@ -65,21 +67,21 @@ INTERVENTIONS = ("patch_sink", "mask_attention", "remove_heads")
 
 @dataclass(repr=False)
 class ModelVerificationResult(Result):
-    """What :func:`verify_model` found.
+    """What [`verify_model`][cw_lens.verify_model] found.
 
     Attributes:
         architecture, api, dtype: The model.
-        route: ``"hook_z"`` or ``"attention output"`` (where pattern-dependent interventions act).
-        layers: One row per layer: ``pattern_v_z`` and ``output`` (relative errors of the two
+        route: `"hook_z"` or `"attention output"` (where pattern-dependent interventions act).
+        layers: One row per layer: `pattern_v_z` and `output` (relative errors of the two
             identities) and the hook firing order.
         logits_vs_hf: Relative error of the bridge's logits against the unbridged Hugging Face
-            model (``None`` for a HookedTransformer).
-        interventions: ``{name: "exact (...)" | "refused: why"}``.
-        flow: ``"exact (...)"`` or ``"refused: why"`` for the flow analyses (residual shares,
+            model (`None` for a HookedTransformer).
+        interventions: `{name: "exact (...)" | "refused: why"}`.
+        flow: `"exact (...)"` or `"refused: why"` for the flow analyses (residual shares,
             rollout, routes), which read the residual-stream hooks.
-        problems: Why the model is refused (empty when ``ok``).
+        problems: Why the model is refused (empty when `ok`).
         warnings: What the user should know (e.g. processed weights).
-        tolerances: ``(identities, logits)`` relative tolerances used.
+        tolerances: `(identities, logits)` relative tolerances used.
     """
 
     architecture: str
@@ -99,9 +101,58 @@ class ModelVerificationResult(Result):
         return not self.problems
 
     def to_dataframe(self) -> pd.DataFrame:
+        """One row per layer: the largest error of each identity checked there.
+
+        Returns:
+            The per-layer table (`layers`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            report = cw_lens.verify_model(model)
+            report.to_dataframe().head()
+            ```
+        """
         return self.layers
 
+    def top(self, k: int = 10) -> pd.DataFrame:
+        """The `k` layers farthest from exact: rows of `layers`, the largest relative error
+        of the two identities (`pattern_v_z`, `output`) first.
+
+        Examples:
+            >>> import cw_lens
+            >>> model = cw_lens.load_model("testing:tiny-llama")
+            >>> list(cw_lens.verify_model(model).top(1).columns[:3])
+            ['layer', 'pattern_v_z', 'output']
+
+        Args:
+            k: How many layers.
+
+        Returns:
+            `k` rows of `layers`, the largest relative error first.
+        """
+        worst = self.layers[["pattern_v_z", "output"]].max(axis=1)
+        order = worst.sort_values(ascending=False, kind="stable").index
+        return self.layers.loc[order].head(k).reset_index(drop=True)
+
     def raise_if_failed(self) -> None:
+        """Raise when a check failed; do nothing when every check passed.
+
+        Raises:
+            UnsupportedModelError: Naming the architecture, the layer, the failed identity and the
+                size of the error.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            report = cw_lens.verify_model(model)
+            report.raise_if_failed()  # every identity holds on this model
+            ```
+        """
         if self.problems:
             more = (
                 f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
@@ -112,8 +163,21 @@ class ModelVerificationResult(Result):
             )
 
     def summary_dict(self) -> dict[str, Any]:
-        """The verdict and the largest errors (``summary()``: this as a one-row DataFrame;
-        ``summary_text()`` / ``str()``: the readable report)."""
+        """The verdict and the largest errors.
+
+        Returns:
+            A JSON-ready dict (`summary()`: this as a one-row DataFrame; `summary_text()` /
+            `str()`: the readable report).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            report = cw_lens.verify_model(model)
+            report.summary_dict()
+            ```
+        """
         return {
             "architecture": self.architecture,
             "api": self.api,
@@ -127,6 +191,20 @@ class ModelVerificationResult(Result):
         }
 
     def summary_text(self) -> str:
+        """The readable report: the verdict, each identity's largest error and the interventions.
+
+        Returns:
+            The report as text (also `str(report)`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            report = cw_lens.verify_model(model)
+            print(report.summary_text())
+            ```
+        """
         lines = [
             f"{self.architecture} ({self.api}, {self.dtype}): "
             + ("verified" if self.ok else "REFUSED"),
@@ -152,7 +230,7 @@ class ModelVerificationResult(Result):
 
 
 def _relative(a: Tensor, b: Tensor) -> float:
-    """``||a - b|| / ||b||`` in float64 (0 when both are 0)."""
+    """`||a - b|| / ||b||` in float64 (0 when both are 0)."""
     a, b = a.double(), b.double()
     den = float(b.norm())
     num = float((a - b).norm())
@@ -165,7 +243,7 @@ def _first(output: Any) -> Tensor:
 
 @contextmanager
 def unbridged(hf_model: torch.nn.Module) -> Iterator[int]:
-    """Swap every TransformerLens bridge component inside ``hf_model`` back for its original
+    """Swap every TransformerLens bridge component inside `hf_model` back for its original
     Hugging Face module for the duration (restored on exit); yields how many were swapped."""
     swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
 
@@ -190,30 +268,57 @@ def unbridged(hf_model: torch.nn.Module) -> Iterator[int]:
             module._modules[name] = child
 
 
-def _capture(access: ModelAccess, tokens: Tensor, hooks: Any = ()) -> tuple[dict, Tensor]:
-    """One probe pass: per layer pattern, values, z (hooks) and the attention module's output."""
-    got: dict[int, dict[str, Tensor]] = {layer: {} for layer in range(access.n_layers)}
+def _capture(
+    access: ModelAccess,
+    tokens: Tensor,
+    hooks: Any = (),
+    *,
+    clean: bool = False,
+    stop_after: int | None = None,
+) -> tuple[dict, Tensor | None]:
+    """One probe pass: per layer pattern, values, z (hooks) and the attention module's output.
+
+    `clean`: also read each layer's output weights and weight facts while the layer runs (a
+    layer-streamed model then de-quantises each layer once for all of them) and record the
+    order the hooks fire in. `stop_after`: end the pass after that layer's attention (the
+    logits are then None).
+    """
+    last = access.n_layers - 1 if stop_after is None else stop_after
+    got: dict[int, dict[str, Any]] = {layer: {} for layer in range(last + 1)}
+    order: dict[int, list[str]] = {layer: [] for layer in range(last + 1)}
     tl_hooks = []
     module_hooks = []
-    for layer in range(access.n_layers):
+    for layer in range(last + 1):
         for kind in ("pattern", "values", "z"):
 
             def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
                 got[layer][kind] = t.detach().clone()
+                order[layer].append(kind)
 
             tl_hooks.append((access.hook_name(kind, layer), keep))
 
         def keeper(name: str, layer: int = layer) -> Any:
             def keep_out(module: Any, args: Any, output: Any) -> None:
                 got[layer][name] = _first(output).detach().clone()
+                if clean and name == "out":
+                    from cw_lens.models.weight_processing import layer_facts
+
+                    got[layer]["weights"] = access.output_weights(layer)
+                    got[layer]["facts"] = layer_facts(access, layer)
+                if name == "attention" and layer == stop_after:
+                    raise StreamDone
 
             return keep_out
 
         module_hooks.append((access.output_projection(layer), keeper("out")))
         module_hooks.append((access.attention_module(layer), keeper("attention")))
+    logits = None
     with torch.inference_mode():
         with _entered(hooks), access.hooks(tl_hooks), access.module_hooks(module_hooks):
-            logits = access.probe_forward(tokens)
+            try:
+                logits = access.probe_forward(tokens)
+            except StreamDone:
+                pass
     missing = [
         (layer, kind) for layer, g in got.items() for kind in ("out", "attention") if kind not in g
     ]
@@ -222,6 +327,8 @@ def _capture(access: ModelAccess, tokens: Tensor, hooks: Any = ()) -> tuple[dict
             f"{access.architecture}: the attention module of layer {missing[0][0]} did not run "
             "in a forward pass; cw_lens cannot read this model's attention output."
         )
+    if clean:
+        access.note_hook_order(order)
     return got, logits
 
 
@@ -238,7 +345,7 @@ def _identities(access: ModelAccess, got: dict) -> pd.DataFrame:
     rows = []
     for layer in range(access.n_layers):
         g = got[layer]
-        w = access.output_weights(layer).to(g["z"].device)
+        w = g["weights"].to(g["z"].device)
         mixed = grouped_scores_values(g["pattern"].double(), g["values"].double())
         out = torch.einsum("bphd,hdm->bpm", g["z"].double(), w.W_O.double())
         if w.b_O is not None:
@@ -258,17 +365,17 @@ def _check_interventions(
     access: ModelAccess, tokens: Tensor, clean: dict, tol: float
 ) -> dict[str, str]:
     """Each intervention on one layer: the attention module's output under it must differ from
-    the clean one by exactly ``-delta W_O``, with ``delta`` computed independently from the
-    clean probe (the edit of ``z`` the intervention stands for)."""
+    the clean one by exactly `-delta W_O`, with `delta` computed independently from the
+    clean probe (the edit of `z` the intervention stands for)."""
     model = access.model
     layer = access.n_layers // 2
     g = clean[layer]
     pattern, values, z = g["pattern"].float(), g["values"].float(), g["z"].float()
-    w = access.output_weights(layer).to(z.device)
+    w = g["weights"].to(z.device)
     gen = torch.Generator().manual_seed(1)
     n = pattern.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
-    remove = (torch.rand(pattern.shape, generator=gen) < 0.25) & causal
+    causal = torch.ones(n, n, dtype=torch.bool, device="cpu").tril()
+    remove = (torch.rand(pattern.shape, generator=gen, device="cpu") < 0.25) & causal
     all_heads = list(range(access.n_heads))
     edits = {
         "patch_sink": SinkPatch(layer, all_heads, access.n_heads, 0.0, "scale", [0], None, None),
@@ -281,7 +388,7 @@ def _check_interventions(
             hook_set, route = head_removal_hooks(model, [edit], "probe"), "hook_z"
         else:
             hook_set, route = realise(model, [edit], f"probe {name}"), access.route
-        got, _ = _capture(access, tokens, hook_set)
+        got, _ = _capture(access, tokens, hook_set, stop_after=layer)
         change = torch.einsum("bphd,hdm->bpm", edit.delta(pattern, values).double(), w.W_O.double())
         clean_out = g["attention"].double()
         err = float((got[layer]["attention"].double() - clean_out + change).norm()) / max(
@@ -325,23 +432,40 @@ def _config_problems(access: ModelAccess) -> list[str]:
     return []
 
 
-def _weight_warnings(access: ModelAccess) -> list[str]:
-    try:
-        from cw_lens.models.weight_processing import processing_warnings
-    except ImportError:  # pragma: no cover - the module ships with cw_lens
-        return []
-    return list(processing_warnings(access.model))
+def _weight_warnings(access: ModelAccess, clean: dict) -> list[str]:
+    from cw_lens.models.weight_processing import processing_warnings
+
+    facts = [clean[layer]["facts"] for layer in range(access.n_layers)]
+    return list(processing_warnings(access.model, facts))
 
 
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def verify_model(model: Any, *, force: bool = False) -> ModelVerificationResult:
-    """Check that cw_lens's numbers are exact on ``model`` (see the module docstring).
+def verify_model(model: Model, *, force: bool = False) -> ModelVerificationResult:
+    """Check that cw_lens's numbers are exact on `model` (see the module docstring).
 
-    The result is cached per model object; ``force=True`` re-runs the checks (after you change
+    The result is cached per model object; `force=True` re-runs the checks (after you change
     the model's weights, say).
+
+    Args:
+        model: A TransformerLens model.
+        force: Re-run the checks (after you change the model's weights, say).
+
+    Returns:
+        A [`ModelVerificationResult`][cw_lens.ModelVerificationResult].
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        report = cw_lens.verify_model(model)
+        report.ok                 # True: every identity holds
+        print(report.summary_text())
+        ```
     """
+    check_model(model)  # a name such as "gpt2" is not a model: say how to load it
     cached = _VERIFIED.get(model) if not force else None
     if cached is not None:
         return cached
@@ -351,7 +475,7 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerificationResult:
     problems = _config_problems(access)
     length = min(PROBE_LENGTH, access.n_ctx or PROBE_LENGTH)
     tokens = probe_tokens(access, PROBE_BATCH, length)
-    clean, logits = _capture(access, tokens)
+    clean, logits = _capture(access, tokens, clean=True)
     layers = _identities(access, clean)
     for row in layers.itertuples():
         if row.pattern_v_z > tol:
@@ -396,7 +520,7 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerificationResult:
         interventions=interventions,
         flow=flow,
         problems=problems,
-        warnings=_weight_warnings(access),
+        warnings=_weight_warnings(access, clean),
         tolerances=(tol, tol_logits),
     )
     _VERIFIED[model] = result
@@ -409,14 +533,15 @@ def verify_model(model: Any, *, force: bool = False) -> ModelVerificationResult:
 
 
 def require_verified(model: Any) -> ModelVerificationResult:
-    """:func:`verify_model` (cached), raising :class:`UnsupportedModelError` on a failed check."""
+    """[`verify_model`][cw_lens.verify_model] (cached), raising
+    [`UnsupportedModelError`][cw_lens.UnsupportedModelError] on a failed check."""
     result = verify_model(model)
     result.raise_if_failed()
     return result
 
 
 def require_flow(model: Any) -> ModelVerificationResult:
-    """:func:`require_verified`, and refuse a model whose flow-analysis hooks failed the probe."""
+    """`require_verified`, and refuse a model whose flow-analysis hooks failed the probe."""
     result = require_verified(model)
     if result.flow.startswith("refused"):
         raise UnsupportedModelError(

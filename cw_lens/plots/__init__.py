@@ -1,5 +1,5 @@
 """Every figure of cw_lens, one module per analysis. Plotting only: each function takes computed
-results and returns a ``matplotlib.figure.Figure``; nothing here runs a model or computes a
+results and returns a `matplotlib.figure.Figure`; nothing here runs a model or computes a
 statistic. Figures are named after the claim they illustrate (docs/methods.md#claims).
 """
 

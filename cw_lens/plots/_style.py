@@ -31,7 +31,7 @@ def signed_norm(values: np.ndarray) -> TwoSlopeNorm:
 
 
 def save_figure(fig: Any, stem: Path | str, formats: tuple[str, ...] = ("png", "pdf")) -> list:
-    """Write ``stem.png`` and ``stem.pdf`` atomically (temp file, then rename); close the figure."""
+    """Write `stem.png` and `stem.pdf` atomically (temp file, then rename); close the figure."""
     import os
 
     stem = Path(stem)

@@ -1,5 +1,5 @@
 """Per-layer detail of the claims about layers: each layer's number with its bootstrap interval
-(``per_layer`` rows of ``summary.json``), beside the criterion's threshold. Plotting only."""
+(`per_layer` rows of `summary.json`), beside the criterion's threshold. Plotting only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 
 def plot_per_layer_intervals(claims: dict[str, dict[str, Any]]) -> Any:
-    """One panel per claim with ``per_layer`` rows: the number per layer (dots) with its
+    """One panel per claim with `per_layer` rows: the number per layer (dots) with its
     interval (bars) and the threshold(s) of the claim's check on that number (dashed)."""
     layered = {cid: c for cid, c in claims.items() if c.get("per_layer")}
     n = max(1, len(layered))

@@ -1,4 +1,4 @@
-"""Figure of several runs compared (``cw_lens.reporting.run_comparison``). Plotting only."""
+"""Figure of several runs compared (`cw_lens.reporting.run_comparison`). Plotting only."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ VERDICT_COLOURS = {
 def plot_run_comparison(
     rows: Any, labels: list[str], *, ncols: int = 3, panel_size: tuple = (4.0, 0.45)
 ) -> Any:
-    """Forest plot of :meth:`RunComparisonResult.to_dataframe` rows: one panel per headline number
-    (claim and number in the title, the check beside it), one row per run (top to bottom in
-    ``labels`` order; point = value, bar = interval where the run has one), the threshold as a
-    dashed line (the two bounds of an ``in`` check as a shaded band), colour = the check's
+    """Forest plot of [`RunComparisonResult.to_dataframe`][cw_lens.RunComparisonResult.to_dataframe]
+    rows: one panel per headline number (claim and number in the title, the check beside it), one
+        row per run (top to bottom in
+    `labels` order; point = value, bar = interval where the run has one), the threshold as a
+    dashed line (the two bounds of an `in` check as a shaded band), colour = the check's
     verdict. A run that did not measure the number keeps its row, empty."""
     checks = rows[rows["number"] != ""]
     panels = list(dict.fromkeys(zip(checks["claim"], checks["number"], strict=True)))

@@ -18,7 +18,7 @@ METRIC_COLOURS = {
 def plot_faithfulness_curves(
     result: Any, *, column: str | None = None, figsize_per_panel: tuple = (4.2, 3.2)
 ) -> Any:
-    """``faithfulness_order``: damage versus the share of removed pairs/tokens, one line per
+    """`faithfulness_order`: damage versus the share of removed pairs/tokens, one line per
     metric; columns = comprehensiveness / sufficiency, rows = granularity. AOPC in the legend."""
     column = column or result.value_column
     curves = result.curves

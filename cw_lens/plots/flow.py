@@ -67,8 +67,8 @@ def plot_rollout(result: Any, *, batch: int = 0, query: int, figsize=(13, 4.6)) 
 
 def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 60) -> Any:
     """The route graph on a layers x positions grid: attention edges coloured by share (width
-    too), MLP edges blue, residual edges grey; half nodes ``m_l`` (the MLP's input on
-    sequential blocks) hollow at ``l + 0.5``; the target outlined."""
+    too), MLP edges blue, residual edges grey; half nodes `m_l` (the MLP's input on
+    sequential blocks) hollow at `l + 0.5`; the target outlined."""
     import networkx as nx
 
     g = graph.graph

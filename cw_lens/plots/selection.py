@@ -1,5 +1,5 @@
 """Figures of P2's selection geometry, head taxonomy and head pruning. Plotting only: each function
-reads the tables a result already computed and returns a ``matplotlib.figure.Figure``; each is
+reads the tables a result already computed and returns a `matplotlib.figure.Figure`; each is
 named after the claim it illustrates (docs/methods.md#claims).
 """
 
@@ -43,7 +43,7 @@ def _f_curves(ax: Any, result: Any, rules: tuple[str, ...], metric: str = "f") -
 
 
 def plot_topn_beats_random(result: Any, *, figsize: tuple = (10, 4)) -> Any:
-    """Claim ``topn_beats_random`` (P2): F_N of top-N selections against random N-sets, mean over
+    """Claim `topn_beats_random` (P2): F_N of top-N selections against random N-sets, mean over
     heads with the interquartile range over heads shaded; right: the ratio top / random."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     _f_curves(axes[0], result, ("top", "random"))
@@ -61,7 +61,7 @@ def plot_topn_beats_random(result: Any, *, figsize: tuple = (10, 4)) -> Any:
 
 
 def plot_sink_lowers_fn(result: Any, *, figsize: tuple = (10, 4)) -> Any:
-    """Claim ``sink_lowers_fn`` (P2): F_N with the sink among the candidates against F_N with
+    """Claim `sink_lowers_fn` (P2): F_N with the sink among the candidates against F_N with
     the sink excluded; right: the median per-head ratio F(no sink) / F(with sink) (the claim's
     number), the ratio of the means, and the share of heads whose ratio is at least 2."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
@@ -100,7 +100,7 @@ def plot_sink_lowers_fn(result: Any, *, figsize: tuple = (10, 4)) -> Any:
 
 
 def plot_retriever_share(result: Any, *, figsize: tuple = (11, 4)) -> Any:
-    """Claim ``retriever_share`` (P2): regimes over depth — the share of Retriever, Mixer and
+    """Claim `retriever_share` (P2): regimes over depth — the share of Retriever, Mixer and
     Reset heads per layer (stacked) — and the mean winner-category shares per layer."""
     table = result.shares_by_layer()
     overall = result.regime_shares()
@@ -135,8 +135,8 @@ def plot_retriever_share(result: Any, *, figsize: tuple = (11, 4)) -> Any:
 
 
 def plot_pruning_signal(result: Any, *, k: int = 10, figsize: tuple = (11, 4)) -> Any:
-    """Claim ``pruning_signal`` (P2): ΔPPL against retention per removal order (random: each
-    draw and their mean); right, when measured: the ``k`` heads whose lone removal costs most."""
+    """Claim `pruning_signal` (P2): ΔPPL against retention per removal order (random: each
+    draw and their mean); right, when measured: the `k` heads whose lone removal costs most."""
     has_lone = result.lone is not None
     fig, axes = plt.subplots(
         1, 2 if has_lone else 1, figsize=figsize if has_lone else (6, 4), constrained_layout=True

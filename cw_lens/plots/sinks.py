@@ -14,7 +14,7 @@ from cw_lens.plots._style import plt
 def plot_sink_attention_vs_contribution(heads: pd.DataFrame, *, figsize: tuple = (9, 4)) -> Any:
     """Per layer: mean attention to the sink versus the sink's mean intra contribution.
 
-    ``sink_attention_vs_contribution``: the first token takes much attention but (P1) little
+    `sink_attention_vs_contribution`: the first token takes much attention but (P1) little
     contribution. Lines: mean over all heads; markers: over sink heads only.
     """
     fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
@@ -62,8 +62,8 @@ def plot_sink_attention_vs_contribution(heads: pd.DataFrame, *, figsize: tuple =
 
 
 def plot_sink_value_geometry(heads: pd.DataFrame, *, figsize: tuple = (12, 3.6)) -> Any:
-    """``sink_value_norm_ratio`` and ``sink_anti_alignment``: per head, the norm ratio
-    ``||pv_j|| / ||pv_0||`` and the cosines of ``pv_0`` with tail tokens and the tail mixture."""
+    """`sink_value_norm_ratio` and `sink_anti_alignment`: per head, the norm ratio
+    `||pv_j|| / ||pv_0||` and the cosines of `pv_0` with tail tokens and the tail mixture."""
     fig, axes = plt.subplots(1, 3, figsize=figsize, constrained_layout=True)
     hue = heads["sink_head"].map({True: "sink heads", False: "other heads"})
     sns.histplot(
@@ -101,7 +101,7 @@ def plot_sink_value_geometry(heads: pd.DataFrame, *, figsize: tuple = (12, 3.6))
 def plot_sink_contribution_drivers(
     heads: pd.DataFrame, decomposition: pd.DataFrame, *, figsize: tuple = (11, 3.8)
 ) -> Any:
-    """``sink_contribution_drivers``: the three factors of the weight for sink and tail entries
+    """`sink_contribution_drivers`: the three factors of the weight for sink and tail entries
     of sink heads (means), and the median over sink heads of each factor's |Spearman rho| with
     the contribution (the claim's criterion: attention's should be the smallest)."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
@@ -136,8 +136,8 @@ def plot_convex_sink_curve(
     n_heads: int = 6,
     figsize: tuple = (12, 4),
 ) -> Any:
-    """``convex_sink_curve``: (left) empirical mean ``||o_i^h||`` per sink-rate bin for the
-    strongest sink heads; (right) the distribution of the counterfactual minimiser ``s*``."""
+    """`convex_sink_curve`: (left) empirical mean `||o_i^h||` per sink-rate bin for the
+    strongest sink heads; (right) the distribution of the counterfactual minimiser `s*`."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     top = heads[heads["sink_head"]].nlargest(n_heads, "drift_count")[["layer", "head"]]
     for _, row in top.iterrows():
@@ -176,7 +176,7 @@ def plot_convex_sink_curve(
 
 
 def plot_sink_cancels_drift(heads: pd.DataFrame, *, figsize: tuple = (11, 3.6)) -> Any:
-    """``sink_cancels_drift``: per sink head, the median cosine between the sink term and the
+    """`sink_cancels_drift`: per sink head, the median cosine between the sink term and the
     weak-token drift, and the median share of the drift the sink cancels."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     sink = heads[heads["sink_head"]]
@@ -197,7 +197,7 @@ def plot_sink_cancels_drift(heads: pd.DataFrame, *, figsize: tuple = (11, 3.6)) 
 
 
 def plot_sink_ablation_cone(ablation: Any, *, figsize: tuple = (10, 3.8)) -> Any:
-    """``sink_ablation_cone``: cone alignment and output norm before/after removing the sink,
+    """`sink_ablation_cone`: cone alignment and output norm before/after removing the sink,
     low-norm heads versus the rest; the title gives the perplexity change."""
     fig, axes = plt.subplots(1, 2, figsize=figsize, constrained_layout=True)
     s = ablation.summary()

@@ -1,8 +1,8 @@
-"""The ``cw-lens`` command line: ``figures`` (the main job), ``analyze`` and ``compare``.
+"""The `cw-lens` command line: `figures` (the main job), `analyze` and `compare`.
 
-Nothing heavy is imported at module level: ``cw-lens --help`` and ``cw-lens --version`` answer
+Nothing heavy is imported at module level: `cw-lens --help` and `cw-lens --version` answer
 without importing torch or TransformerLens; each command imports what it needs when it runs.
-Help is plain text (no rich boxes): the command docstrings below are what ``--help`` prints.
+Help is plain text (no rich boxes): the command docstrings below are what `--help` prints.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _names(value: str | None) -> list[str] | None:
 
 
 def _granularity(value: str | None) -> tuple[str, ...] | None:
-    """``--faithfulness-granularity pairs,tokens`` as the job's tuple, checked."""
+    """`--faithfulness-granularity pairs,tokens` as the job's tuple, checked."""
     names = _names(value)
     if names is None:
         return None
@@ -228,7 +228,8 @@ def figures(
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
 ) -> None:
-    """Long: one typer option per job setting (the help text is FIGURES_HELP)."""
+    """The `figures` command (its help text is `FIGURES_HELP`)."""
+    # Long: one typer option per job setting.
 
     from cw_lens.reporting.job import JobConfig, run_figures
 
@@ -296,8 +297,8 @@ def compare(
     "not comparable" without replicates (summary schemas 1 and 2) or a measured number.
     """
     from cw_lens.plots import save_figure
-    from cw_lens.reporting.job import atomic_write_text
     from cw_lens.reporting.run_comparison import compare_runs
+    from cw_lens.reporting.state import atomic_write_text
 
     names = None if labels is None else [s.strip() for s in labels.split(",")]
     comparison = compare_runs(runs, labels=names)

@@ -1,15 +1,15 @@
 """The main job: run every analysis on one model and corpus, store, plot, summarise.
 
-``cw-lens figures`` (``make figures``) calls :func:`run_figures`. Each step stores its result
-atomically (``<out>/.state/<fingerprint>/<step>.pkl``, written to a temporary file and renamed)
+`cw-lens figures` (`make figures`) calls `run_figures`. Each step stores its result
+atomically (`<out>/.state/<fingerprint>/<step>.pkl`, written to a temporary file and renamed)
 and a rerun skips the finished steps, so an interrupted job resumes where it stopped;
-``force=True`` recomputes everything. The fingerprint covers the model, corpus, sizes, seed and
+`force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seed and
 cw_lens version, so changing any of them starts afresh. The figures (one PNG and one PDF each),
-``summary.json`` and ``REPORT.md`` are rebuilt from the stored results on every run, also
-atomically. With the same seed two runs give identical numbers in ``summary.json`` (floats are
+`summary.json` and `REPORT.md` are rebuilt from the stored results on every run, also
+atomically. With the same seed two runs give identical numbers in `summary.json` (floats are
 rounded to 6 significant digits).
 
-Under ``torchrun`` every rank computes its shard of each analysis, the accumulators are merged
+Under `torchrun` every rank computes its shard of each analysis, the accumulators are merged
 exactly, and rank 0 writes.
 """
 
@@ -18,12 +18,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import pickle
 import sys
-import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +29,43 @@ from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.core.claims import ClaimsDict
 from cw_lens.core.errors import InputError
 from cw_lens.core.replicates import FILE as REPLICATES_FILE
-from cw_lens.data.distributed import barrier, init_from_env, is_main_process, main_process_decides
+from cw_lens.data.distributed import barrier, init_from_env, is_main_process
 from cw_lens.reporting.markdown import build_report
+from cw_lens.reporting.state import (
+    MIN_RESAMPLES,
+    PRESETS,
+    TIMINGS_FILE,
+    Job,
+    JobConfig,
+    atomic_write_bytes,
+    atomic_write_text,
+    claim_documents,
+)
 from cw_lens.reporting.steps import STEP_NAMES, STEP_NEEDS, STEPS, select_steps
 
-# the steps live in reporting.steps; re-exported for the CLI and the tests
-__all__ = ["STEPS", "STEP_NAMES", "STEP_NEEDS", "Job", "JobConfig", "run_figures", "select_steps"]
+# the steps live in reporting.steps, the settings and the state in reporting.state; re-exported
+# for the CLI and the tests
+__all__ = [
+    "MIN_RESAMPLES",
+    "PRESETS",
+    "STEPS",
+    "STEP_NAMES",
+    "STEP_NEEDS",
+    "TIMINGS_FILE",
+    "Job",
+    "JobConfig",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "claim_documents",
+    "run_figures",
+    "select_steps",
+]
 
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
 # per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers;
 # 3 = four verdicts (+ "not measured"), the bootstrap's own seed, a "provenance" block (weights
 # and corpus windows) and the claim numbers' bootstrap replicates in replicates.npz
 SCHEMA = 3
-MIN_RESAMPLES = 2000  # methods § Claims: a claim interval rests on at least this many resamples
 
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",
@@ -77,192 +97,16 @@ CLAIM_FIGURES = {
 }
 
 
-@dataclass
-class JobConfig:
-    """Everything that decides the numbers of a run (and so its fingerprint)."""
+def runs_every_step(job: Job) -> bool:
+    """Whether every step of the main job runs (the claims and readings then cover everything).
 
-    model: str | None = None
-    corpus: str | None = None
-    n_docs: int = 8
-    max_tokens: int = 128
-    seed: int = 0
-    batch_size: int = 8
-    task: str | None = "ioi"
-    task_docs: int = 24
-    faithfulness_docs: int | None = None
-    lone_docs: int = 2
-    device: str | None = None
-    dtype: str = "float32"
-    api: str = "auto"
-    random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
-    n_resamples: int = 2000  # resamples of the claims' intervals (methods § Claims: at least 2,000)
-    bootstrap_seed: int = 0  # the bootstrap's own seed, independent of ``seed``
-    faithfulness_granularity: tuple[str, ...] = ("pairs", "tokens")
-    pruning_docs: int | None = None  # the first documents pruning runs on (None: all)
-    pruning_draws: int = 3  # random orders; pruning_signal's verdict needs >= 20
-    pruning_draws_everywhere: int | None = None  # draws at 50% and 25% too (None: all)
-    global_ranking: bool = True  # also prune with one global ranking (the variant)
+    Args:
+        job: The running job.
 
-    def __post_init__(self) -> None:
-        from cw_lens.core.errors import InputError
-
-        if self.n_resamples < MIN_RESAMPLES:
-            raise InputError(
-                f"n_resamples={self.n_resamples}: a claim interval needs at least "
-                f"{MIN_RESAMPLES} bootstrap resamples (docs/methods.md#claims); use --n-resamples "
-                f"{MIN_RESAMPLES} or more."
-            )
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> JobConfig:
-        """The settings of a named preset (:data:`PRESETS`), then ``overrides`` (``None``
-        values leave the preset's)."""
-        if name not in PRESETS:
-            from cw_lens.core.errors import InputError
-
-            raise InputError(f"Unknown preset {name!r}; use one of {sorted(PRESETS)}.")
-        settings = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
-        return cls(**settings)
-
-    def fingerprint(self) -> str:
-        """The stored steps' key: every setting that changes what a step computes. The
-        bootstrap (``n_resamples``, ``bootstrap_seed``) resamples the stored per-document
-        records when the summary is built, so it is not part of it: a rerun with another
-        bootstrap seed reuses the forward passes."""
-        from cw_lens.models.hooked import resolve_api
-        from cw_lens.version import __version__
-
-        skip = ("device", "api", "n_resamples", "bootstrap_seed")
-        keys = {k: v for k, v in self.__dict__.items() if k not in skip}
-        if self.random_draws == 1:  # the default: the fingerprint is as without the option
-            del keys["random_draws"]
-        if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
-            keys["api"] = "hooked"
-        keys["version"] = __version__
-        blob = json.dumps(keys, sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
-
-
-# The main job's sizes. ``quick`` (the default, ``make figures``): 8 windows of 128 tokens of
-# pydoc for every analysis — its intervals are wide and pruning_signal has too few random draws
-# for a verdict. ``paper``: the non-causal analyses (sinks, ablation, selection, taxonomy) on
-# 256 windows of 256 tokens of pydoc+stdlib; the causal ones on the first 32 of them:
-# faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of them at
-# 50% and 25% too) and no global variant; the IOI task on 24 items.
-PRESETS: dict[str, dict[str, Any]] = {
-    "quick": {},
-    "paper": {
-        "corpus": "pydoc+stdlib",
-        "n_docs": 256,
-        "max_tokens": 256,
-        "faithfulness_docs": 32,
-        "faithfulness_granularity": ("pairs",),
-        "pruning_docs": 32,
-        "pruning_draws": 20,
-        "pruning_draws_everywhere": 3,
-        "global_ranking": False,
-    },
-}
-
-
-@dataclass
-class Job:
-    """A running job: config, model, corpus, output folder and stored step results."""
-
-    config: JobConfig
-    out: Path
-    force: bool = False
-    progress: bool = True
-    model: Any = None
-    corpus: Any = None
-    results: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    steps: tuple[str, ...] = ()  # the steps this run computes (select_steps)
-
-    @property
-    def complete(self) -> bool:
-        """Whether every step of the job runs (the claims and readings then cover everything)."""
-        return set(self.steps) >= set(STEP_NAMES)
-
-    @property
-    def state_dir(self) -> Path:
-        return self.out / ".state" / self.config.fingerprint()
-
-    def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
-        """Load step ``name`` if stored (and not forced), else compute and store atomically."""
-        path = self.state_dir / f"{name}.pkl"
-        stored = _MISSING if self.force else _load_pickle(path)
-        # every rank follows rank 0: loading skips the step's collectives, so ranks must agree
-        if main_process_decides(stored is not _MISSING):
-            if stored is _MISSING:  # rank 0 read the file but this rank cannot
-                raise RuntimeError(
-                    f"Rank 0 loaded {path} but this rank cannot read it; do all ranks share "
-                    "the output folder? Rerun with --force to recompute."
-                )
-            self.results[name] = stored
-            computed_in = self._stored_timings().get(name)
-            if computed_in is not None:  # the time it took when it was computed
-                self.timings[name] = computed_in
-            self._log(f"[{name}] loaded from {path}")
-            return stored
-        if not self.force and path.exists():
-            self._log(f"[{name}] stored result unreadable; recomputing")
-        start = time.perf_counter()
-        self._log(f"[{name}] computing")
-        value = fn(self)
-        self.timings[name] = time.perf_counter() - start
-        if is_main_process():
-            atomic_write_bytes(path, pickle.dumps(value))
-            timings = {**self._stored_timings(), name: self.timings[name]}
-            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
-        barrier()
-        self.results[name] = value
-        self._log(f"[{name}] done in {self.timings[name]:.1f} s")
-        return value
-
-    def _stored_timings(self) -> dict[str, float]:
-        """Seconds each stored step took when it was computed (``{}`` if none are recorded)."""
-        try:
-            return json.loads((self.state_dir / TIMINGS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _log(self, message: str) -> None:
-        if self.progress and is_main_process():
-            print(message, file=sys.stderr, flush=True)
-
-
-_MISSING = object()
-# Per state folder: the seconds each step took when it was computed, so that a run that loads
-# its steps reports how long they took to compute.
-TIMINGS_FILE = "timings.json"
-
-
-def _load_pickle(path: Path) -> Any:
-    """The stored step result at ``path``, or ``_MISSING`` if absent or unreadable (a corrupt
-    state file is recomputed, never used)."""
-    if not path.exists():
-        return _MISSING
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:
-        return _MISSING
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    Returns:
+        True when `job.steps` include every step of `STEP_NAMES`.
+    """
+    return set(job.steps) >= set(STEP_NAMES)
 
 
 def clean_partial_files(out: Path) -> int:
@@ -280,7 +124,7 @@ def clean_partial_files(out: Path) -> int:
 
 def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, list[Path]]:
     """Every figure, named after its claim (and, given the summary, the per-layer intervals of
-    the claims about layers); returns ``{name: [png, pdf]}``."""
+    the claims about layers); returns `{name: [png, pdf]}`."""
     from cw_lens import plots
 
     r = job.results
@@ -332,7 +176,7 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
 
 
 def _round(value: Any, digits: int = 6) -> Any:
-    """JSON-ready: floats to ``digits`` significant digits, NaN/inf to None, recursively."""
+    """JSON-ready: floats to `digits` significant digits, NaN/inf to None, recursively."""
     if isinstance(value, dict):
         return {str(k): _round(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -354,14 +198,14 @@ def _round(value: Any, digits: int = 6) -> Any:
 
 
 def job_bootstrap(config: JobConfig) -> Bootstrap:
-    """The bootstrap of a run's claim intervals: ``config.n_resamples`` resamples, 95%, seeded
-    by ``config.bootstrap_seed`` (its own seed, not the run's: two run seeds change the
+    """The bootstrap of a run's claim intervals: `config.n_resamples` resamples, 95%, seeded
+    by `config.bootstrap_seed` (its own seed, not the run's: two run seeds change the
     documents and random baselines, not the resampling noise)."""
     return Bootstrap(resamples=config.n_resamples, level=0.95, seed=config.bootstrap_seed)
 
 
 def collect_claims(job: Job) -> ClaimsDict:
-    """Every claim of the run in :data:`CLAIM_ORDER`, with its intervals; ``.replicates``
+    """Every claim of the run in `CLAIM_ORDER`, with its intervals; `.replicates`
     keeps the checks' bootstrap replicates."""
     r = job.results
     boot = job_bootstrap(job.config)
@@ -395,28 +239,17 @@ def collect_claims(job: Job) -> ClaimsDict:
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
-    if missing and job.complete:
+    if missing and runs_every_step(job):
         raise RuntimeError(f"claims not measured: {missing}")
     ordered = ClaimsDict((cid, claims[cid]) for cid in CLAIM_ORDER if cid in claims)
     ordered.replicates = claims.replicates
     return ordered
 
 
-def claim_documents(job: Job, claims: Iterable[str]) -> dict[str, int]:
-    """How many documents each claim's numbers come from: faithfulness its first
-    ``faithfulness_docs``, pruning its first ``pruning_docs``, every other claim the corpus."""
-    n_docs = len(job.corpus)
-    first = {
-        "faithfulness_order": job.config.faithfulness_docs,
-        "pruning_signal": job.config.pruning_docs,
-    }
-    return {cid: min(first.get(cid) or n_docs, n_docs) for cid in claims}
-
-
 def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
-    """``replicates.npz`` of the run (:mod:`cw_lens.core.replicates`): the claims' replicates, the
+    """`replicates.npz` of the run (`cw_lens.core.replicates`): the claims' replicates, the
     documents' token-id hashes and how many documents each claim resampled (faithfulness: its
-    first ``faithfulness_docs``)."""
+    first `faithfulness_docs`)."""
     from cw_lens.core.replicates import pack
     from cw_lens.reporting.provenance import document_hashes
 
@@ -426,7 +259,7 @@ def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
 
 
 def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
-    """``summary.json``'s content and ``replicates.npz``'s bytes (the summary records their
+    """`summary.json`'s content and `replicates.npz`'s bytes (the summary records their
     SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
     from cw_lens.reporting.interval_coverage import settle_by_coverage
@@ -462,7 +295,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
         "claims": dict(claims),
     }
     settle_by_coverage(summary, claim_documents(job, summary["claims"]))
-    if not job.complete:  # a full run's summary is unchanged by the option
+    if not runs_every_step(job):  # a full run's summary is unchanged by the option
         summary["steps_not_run"] = [s for s in STEP_NAMES if s not in job.steps]
     return _round(summary), replicates
 
@@ -476,11 +309,11 @@ def run_figures(
     steps: Sequence[str] | None = None,
     skip: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the main job and write figures, ``summary.json`` and ``REPORT.md``.
+    """Run (or resume) the main job and write figures, `summary.json` and `REPORT.md`.
 
-    ``steps`` / ``skip`` choose the steps (:data:`STEP_NAMES`; default: all) — see
-    :func:`select_steps`. The claims and figures of a step that does not run are left out and
-    the summary lists it under ``steps_not_run``; stored steps are shared with full runs of the
+    `steps` / `skip` choose the steps (`STEP_NAMES`; default: all) — see
+    `select_steps`. The claims and figures of a step that does not run are left out and
+    the summary lists it under `steps_not_run`; stored steps are shared with full runs of the
     same configuration, so a later full run resumes them."""
     from cw_lens.data.corpora import load_corpus
     from cw_lens.models.load import load_model

@@ -1,5 +1,5 @@
 """REPORT.md: the claims table with verdicts and intervals, and what each figure shows, from
-``summary.json``.
+`summary.json`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 if TYPE_CHECKING:
-    from cw_lens.reporting.job import Job, JobConfig
+    from cw_lens.reporting.state import Job, JobConfig
 
 
 def _fmt(value: Any, depth: int = 0) -> str:
@@ -30,8 +30,8 @@ def _fmt(value: Any, depth: int = 0) -> str:
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
     """REPORT.md: the claims table, the provenance block and every figure with a one-line
     reading."""
-    from cw_lens.reporting.job import claim_documents
     from cw_lens.reporting.provenance import provenance_markdown
+    from cw_lens.reporting.state import claim_documents
 
     lines = [
         f"# cw_lens report — {summary['model']}",
@@ -56,17 +56,8 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         *size_limits(job.config, summary, claim_documents(job, summary["claims"])),
         "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
+        *criteria_lines(summary),
     ]
-    for cid, claim in summary["claims"].items():
-        measured = claim["measured"]
-        numbers = {c["number"] for c in claim.get("checks", [])}
-        other = "; ".join(
-            f"{k} = {_fmt(v)}" for k, v in list(measured.items()) if k not in numbers
-        )[:600]
-        lines.append(
-            f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
-            f"Also measured: {other or 'nothing else'}."
-        )
     if summary.get("steps_not_run"):
         lines += [
             "",
@@ -91,10 +82,46 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
     return "\n".join(lines)
 
 
+MEASURED_CHARS = 600  # the most characters of other measured numbers a claim's line shows
+
+
+def criteria_lines(summary: dict[str, Any]) -> list[str]:
+    """REPORT.md's line per claim: its criterion, its verdict and the other measured numbers.
+
+    The other numbers are whole `name = value` items, at most `MEASURED_CHARS` characters of
+    them, then the names of those left out (their values are in `summary.json`): an item is
+    never cut off.
+
+    Args:
+        summary: A run's `summary.json` content.
+
+    Returns:
+        One Markdown list item per claim, in the summary's order.
+    """
+    lines = []
+    for cid, claim in summary["claims"].items():
+        numbers = {c["number"] for c in claim.get("checks", [])}
+        items = [(k, f"{k} = {_fmt(v)}") for k, v in claim["measured"].items() if k not in numbers]
+        shown: list[str] = []
+        for _, item in items:
+            if len("; ".join([*shown, item])) > MEASURED_CHARS:
+                break
+            shown.append(item)
+        other = "; ".join(shown)
+        left_out = [k for k, _ in items[len(shown) :]]
+        if left_out:
+            other += "; more in summary.json: " + ", ".join(left_out)
+        lines.append(
+            f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
+            f"Also measured: {other or 'nothing else'}."
+        )
+    return lines
+
+
 def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
     """REPORT.md lines on the verdicts a run of this size cannot settle (none: no lines):
-    intervals not shown to cover at the claims' document counts (``documents``;
-    :mod:`~cw_lens.reporting.interval_coverage`), pruning with too few random orders."""
+    intervals not shown to cover at the claims' document counts (`documents`;
+    `interval_coverage`), pruning with too few random orders."""
     from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
     from cw_lens.reporting.interval_coverage import coverage_limits
 
@@ -178,10 +205,8 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
 
 
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
-    """One line per figure, written from the measured numbers.
-
-    Long: one sentence per figure read from summary.json, a table of f-strings.
-    """
+    """One line per figure, written from the measured numbers."""
+    # Long: one sentence per figure read from summary.json, a table of f-strings.
     c = {cid: claim["measured"] for cid, claim in summary["claims"].items()}
     words = {
         "yes": "holds",

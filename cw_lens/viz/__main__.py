@@ -1,4 +1,4 @@
-"""``python -m cw_lens.viz [out.html]``: write the tiny-model demo page of the token view."""
+"""`python -m cw_lens.viz [out.html]`: write the tiny-model demo page of the token view."""
 
 import sys
 
@@ -7,7 +7,7 @@ from cw_lens.models.testing import tiny_llama
 
 
 def demo(path: str = "cw_view_demo.html") -> str:
-    """Write the tiny-model demo page to ``path``."""
+    """Write the tiny-model demo page to `path`."""
     cw = cw_lens.contribution_weights(tiny_llama(), "hello world,\n\tattention sinks", kind="inter")
     cw.to_html(path)
     return path

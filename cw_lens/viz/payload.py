@@ -1,28 +1,28 @@
-r"""The plain data the front end (``view.js``) draws: JSON-ready dicts, every number made here.
+r"""The plain data the front end (`view.js`) draws: JSON-ready dicts, every number made here.
 
 The front end draws what it is given and computes nothing: aggregates over heads, relative
 norms, NLL and cone changes are all in the payload. One schema serves the saved page and the
 live widget:
 
-- ``tokens`` / ``labels`` (:func:`token_label`), ``n``, ``model``, ``kind``, ``layers`` (the
-  model layers whose maps are present), ``heads``, ``init`` (layer, head, query);
-- ``clean``: a **run** (below); ``patch``: ``None`` (a plain :class:`~cw_lens.ContributionResult`
-  page) or ``{"options", "controls", "runs"}`` — ``options`` says which controls are free
-  (widget) or which values were precomputed (page: ``ranges``, ``scales``, ``modes``), and
-  ``runs`` maps ``"range,scale,mode"`` indices to a patched run (at ``lambda = 1``, which
-  leaves the model unchanged: its maps are all ``None``).
+- `tokens` / `labels` (`token_label`), `n`, `model`, `kind`, `layers` (the
+  model layers whose maps are present), `heads`, `init` (layer, head, query);
+- `clean`: a **run** (below); `patch`: `None` (a plain
+  [`ContributionResult`][cw_lens.ContributionResult] page) or `{"options", "controls", "runs"}` —
+  `options` says which controls are free (widget) or which values were precomputed (page: `ranges`,
+  `scales`, `modes`), and `runs` maps `"range,scale,mode"` indices to a patched run (at `lambda =
+  1`, which leaves the model unchanged: its maps are all `None`).
 
-A **run** is ``maps`` (per layer in ``layers``: ``{"h": [per head {"a", "r", "c", "w", "on"}],
-"all": {"a", "w"}}`` — attention, relative norm, cosine, contribution weight over the causal
-triangle, row-major, query ``i``, key ``j <= i`` at ``i (i + 1) / 2 + j``, and the output norm
-per query; ``all`` is the mean attention and the sum (inter) or mean (intra) of the weights over
-the heads on the page; a map is ``None`` in a patched run when it is identical to the clean one
-— layers before the first patched layer, and every layer at ``lambda = 1``), ``top`` (the
-top-k next tokens and probabilities per position), ``nll`` (per position), ``nll_mean``,
-``ppl``, and in a patched run ``cone`` (per patched layer and head: mean output norm and cone
-alignment), ``delta`` (patched - clean: NLL per position and mean, norm and cone per head)
-and its ``controls``. Values are rounded to 4 significant digits;
-undefined ones (zero output norm) are ``null``.
+A **run** is `maps` (per layer in `layers`: `{"h": [per head {"a", "r", "c", "w", "on"}],
+"all": {"a", "w"}}` — attention, relative norm, cosine, contribution weight over the causal
+triangle, row-major, query `i`, key `j <= i` at `i (i + 1) / 2 + j`, and the output norm
+per query; `all` is the mean attention and the sum (inter) or mean (intra) of the weights over
+the heads on the page; a map is `None` in a patched run when it is identical to the clean one
+— layers before the first patched layer, and every layer at `lambda = 1`), `top` (the
+top-k next tokens and probabilities per position), `nll` (per position), `nll_mean`,
+`ppl`, and in a patched run `cone` (per patched layer and head: mean output norm and cone
+alignment), `delta` (patched - clean: NLL per position and mean, norm and cone per head)
+and its `controls`. Values are rounded to 4 significant digits;
+undefined ones (zero output norm) are `null`.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ _WHITESPACE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 def token_label(token: str) -> str:
     """The visible form of a token string: whitespace and control characters as symbols.
 
-    Space ``·``, newline ``↵``, tab ``→``, carriage return ``␍``, other control characters
-    their Unicode control picture (``␀``...``␟``, ``␡``), other invisible characters (no-break
-    and exotic spaces, zero-width and format characters) ``⍽``; an empty token is ``∅``.
+    Space `·`, newline `↵`, tab `→`, carriage return `␍`, other control characters
+    their Unicode control picture (`␀`...`␟`, `␡`), other invisible characters (no-break
+    and exotic spaces, zero-width and format characters) `⍽`; an empty token is `∅`.
     """
     if token == "":
         return "∅"
@@ -71,9 +71,9 @@ def token_label(token: str) -> str:
 
 
 def round_sig(values: Any, digits: int = SIG_DIGITS) -> np.ndarray:
-    """Round to ``digits`` significant digits (float64; NaN and inf unchanged).
+    """Round to `digits` significant digits (float64; NaN and inf unchanged).
 
-    Vectorised; the result equals ``float(f"{x:.{digits}g}")``, so ``json`` writes the short
+    Vectorised; the result equals `float(f"{x:.{digits}g}")`, so `json` writes the short
     decimal form.
     """
     x = np.asarray(values, dtype=np.float64)
@@ -91,7 +91,7 @@ def round_sig(values: Any, digits: int = SIG_DIGITS) -> np.ndarray:
 
 
 def json_list(values: Any, digits: int = SIG_DIGITS) -> list:
-    """Rounded values as a JSON-ready (nested) list; NaN and inf become ``None``."""
+    """Rounded values as a JSON-ready (nested) list; NaN and inf become `None`."""
     if isinstance(values, Tensor):
         values = values.detach().cpu().double().numpy()
     r = round_sig(values, digits)
@@ -109,14 +109,14 @@ def json_number(value: float) -> float | None:
 
 
 def script_json(data: dict) -> str:
-    """JSON safe inside ``<script>``: no ``<``, ``>``, ``&`` in the text; NaN refused."""
+    """JSON safe inside `<script>`: no `<`, `>`, `&` in the text; NaN refused."""
     text = json.dumps(data, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def select(requested: Any, available: list[int], what: str) -> list[int]:
-    """``requested`` indices (one, several or ``None`` = all), each checked against
-    ``available``; sorted and unique."""
+    """`requested` indices (one, several or `None` = all), each checked against
+    `available`; sorted and unique."""
     if requested is None:
         return list(available)
     items = [requested] if isinstance(requested, numbers.Integral) else list(requested)
@@ -130,7 +130,7 @@ def select(requested: Any, available: list[int], what: str) -> list[int]:
 
 
 def real_length(result: Any, batch: int) -> int:
-    """The number of real tokens of ``batch`` (they are positions ``0 .. n - 1``)."""
+    """The number of real tokens of `batch` (they are positions `0 .. n - 1`)."""
     n_batch = int(result.tokens.shape[0])
     if not 0 <= batch < n_batch:
         raise InputError(f"batch must be in 0..{n_batch - 1}, got {batch}.")
@@ -142,8 +142,8 @@ def real_length(result: Any, batch: int) -> int:
 
 
 def layer_maps(result: Any, batch: int, layers: list[int], heads: list[int]) -> list[dict]:
-    """Per layer of ``layers``: every head's fields over the causal triangle, and the
-    aggregate over ``heads`` (see the module docstring)."""
+    """Per layer of `layers`: every head's fields over the causal triangle, and the
+    aggregate over `heads` (see the module docstring)."""
     n = real_length(result, batch)
     rows, cols = np.tril_indices(n)
     li = [result.layers.index(v) for v in layers]
@@ -206,7 +206,7 @@ def page_header(result: Any, batch: int, layers: list[int], heads: list[int]) ->
 def initial_state(
     layers: list[int], heads: list[int], n: int, layer: Any, head: Any, query: Any
 ) -> dict:
-    """Checked initial (layer, head, query); ``head`` may be ``"all"``."""
+    """Checked initial (layer, head, query); `head` may be `"all"`."""
     layer = layers[0] if layer is None else int(layer)
     if layer not in layers:
         raise InputError(f"layer {layer} is not among the layers on the page ({layers}).")
@@ -227,7 +227,7 @@ def initial_state(
 
 
 def run_payload(run: Any, layers: list[int], strings: dict[int, str]) -> dict:
-    """A :class:`~cw_lens.interactive.comparison.SinkRun` as a run (maps of ``layers``, all
+    """A `SinkRun` as a run (maps of `layers`, all
     heads)."""
     heads = list(run.weights.heads)
     ids = run.top_ids.tolist()
@@ -245,8 +245,9 @@ def run_payload(run: Any, layers: list[int], strings: dict[int, str]) -> dict:
 
 
 def patched_payload(cmp: Any, layers: list[int]) -> dict:
-    """The patched run of a :class:`~cw_lens.SinkPatchComparisonResult`, with its changes from the
-    clean run and ``None`` maps for the layers the patch cannot reach (before its first)."""
+    """The patched run of a [`SinkPatchComparisonResult`][cw_lens.SinkPatchComparisonResult], with
+    its changes from the clean run and `None` maps for the layers the patch cannot reach (before its
+    first)."""
     out = run_payload(cmp.patched, layers, cmp.token_strings)
     c = cmp.controls
     # lambda = 1 leaves the model exactly as it is (patch_sink subtracts 0 x the sink term)

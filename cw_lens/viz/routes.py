@@ -1,25 +1,25 @@
 r"""Interactive route-graph panel: one self-contained HTML page (no network, no dependencies).
 
-The page draws the routes of :meth:`cw_lens.RouteGraphResult.panel_data` on a grid — positions left
-to right (token strings below), layers bottom to top, the half nodes ``m_l`` (the MLP's input
-on sequential blocks, hollow) half-way — with attention edges coloured and widened by their
-share, MLP edges blue and residual edges grey. **Hover an edge**: its layer and head (or
-residual / MLP), the source and target tokens, the share and its factors (``share = attention
-x relative norm x cosine``). **Hover a node**: the shares of the pieces entering it (residual,
-attention, MLP, bias; they sum to 1).
-The state can be set in the URL hash: ``page.html#edge=3`` opens edge 3's tooltip (for
+The page draws the routes of
+[`cw_lens.RouteGraphResult.panel_data`][cw_lens.RouteGraphResult.panel_data] on a grid — positions
+left to right (token strings below), layers bottom to top, the half nodes `m_l` (the MLP's input on
+sequential blocks, hollow) half-way — with attention edges coloured and widened by their share, MLP
+edges blue and residual edges grey. **Hover an edge**: its layer and head (or residual / MLP), the
+source and target tokens, the share and its factors (`share = attention x relative norm x cosine`).
+**Hover a node**: the shares of the pieces entering it (residual, attention, MLP, bias; they sum to
+1). The state can be set in the URL hash: `page.html#edge=3` opens edge 3's tooltip (for
 headless screenshots and tests).
 
-The page is the template ``routes.html`` with ``routes.js`` and the data inlined;
-:func:`rerender_routes_page` writes a saved page again from its own data with the current
-template and script (how ``docs/flow/make_flow_figures.py --panel`` keeps the documentation's
-panel in step with ``routes.js`` without recomputing its routes).
+The page is the template `routes.html` with `routes.js` and the data inlined;
+`rerender_routes_page` writes a saved page again from its own data with the current
+template and script (how `docs/flow/make_flow_figures.py --panel` keeps the documentation's
+panel in step with `routes.js` without recomputing its routes).
 
 This is a minimal stand-alone panel; the data come from a JSON-able dict
-(``RouteGraphResult.panel_data()``), so the shared front end (:mod:`cw_lens.viz.view`) can embed the
+(`RouteGraphResult.panel_data()`), so the shared front end (`cw_lens.viz.view`) can embed the
 same panel.
 
-Example::
+Example:
 
     import cw_lens
     from cw_lens.models.testing import tiny_llama
@@ -43,7 +43,7 @@ _DATA = re.compile(r'<script type="application/json" id="route-data">(.*?)</scri
 
 
 def routes_html(data: dict[str, Any], title: str | None = None) -> str:
-    """The panel page for ``RouteGraphResult.panel_data()`` (token labels made visible)."""
+    """The panel page for `RouteGraphResult.panel_data()` (token labels made visible)."""
     data = {**data, "labels": [token_label(t) for t in data["tokens"]]}
     title = title or f"Routes to position {data['target']}"
     files = resources.files("cw_lens.viz")
@@ -57,8 +57,8 @@ def routes_html(data: dict[str, Any], title: str | None = None) -> str:
 
 
 def rerender_routes_page(page: str) -> str:
-    """A page written by :func:`routes_html`, written again from its own title and embedded
-    data with the current template and ``routes.js`` (no number is recomputed)."""
+    """A page written by `routes_html`, written again from its own title and embedded
+    data with the current template and `routes.js` (no number is recomputed)."""
     title, data = _TITLE.search(page), _DATA.search(page)
     if title is None or data is None or 'content="cw_lens.viz.routes"' not in page:
         raise InputError(

@@ -1,41 +1,42 @@
 r"""The self-contained HTML view: P1's Fig. 1 made interactive, with the sink patch built in.
 
-One page (and the same front end, ``view.js``, in the live widget :func:`cw_lens.sink_patcher`)
-shows, for the chosen layer, head (or all heads) and query:
+One page (and the same front end, `view.js`, in the live widget
+[`cw_lens.sink_patcher`][cw_lens.sink_patcher]) shows, for the chosen layer, head (or all heads) and
+query:
 
 - **Attention next to contribution** (P1, Fig. 1): the head's attention matrix and its
   contribution-weight matrix side by side (the query row outlined), and the query's row as
   tokens coloured by attention and by contribution. Red where a key pushes the output along
-  itself (``C > 0``), blue where it interferes destructively (``C < 0``); attention in a
+  itself (`C > 0`), blue where it interferes destructively (`C < 0`); attention in a
   sequential purple scale.
-- **Hover** a cell or token: its string (exact, with escapes), position, attention ``alpha``,
-  relative norm ``||pv_j|| / ||o_i||``, cosine and contribution weight (their product) — clean
+- **Hover** a cell or token: its string (exact, with escapes), position, attention `alpha`,
+  relative norm `||pv_j|| / ||o_i||`, cosine and contribution weight (their product) — clean
   and, with a patch, patched.
 - **Head grid**: every head of the layer as small multiples (attention | contribution), like
-  circuitsvis' ``attention_heads``; click one to select it.
-- **Sink patch** (pages made by :func:`cw_lens.interactive.view_state.sink_patch_html` /
-  ``SinkPatcher.to_html``): a
-  precomputed sweep — ``lambda`` in {0, 0.25, 0.5, 0.75, 1} over a few layer ranges — so the
+  circuitsvis' `attention_heads`; click one to select it.
+- **Sink patch** (pages made by `cw_lens.interactive.view_state.sink_patch_html` /
+  `SinkPatcher.to_html`): a
+  precomputed sweep — `lambda` in {0, 0.25, 0.5, 0.75, 1} over a few layer ranges — so the
   reader patches the sink with the controls and watches, without a kernel, the top-k next-token
   probabilities, the per-token NLL change, the matrices and the per-head output norms and cone
   alignment of the patched layers change.
-- **URL hash**: ``page.html#layer=5&head=3&query=7`` (``head=all``; ``scale=auto|<number>``;
-  ``patch=R,S,M`` — indices of the range, scale and mode; ``hover=J`` pins token ``J``'s
+- **URL hash**: `page.html#layer=5&head=3&query=7` (`head=all`; `scale=auto|<number>`;
+  `patch=R,S,M` — indices of the range, scale and mode; `hover=J` pins token `J`'s
   tooltip, for screenshots).
 
-The page embeds its CSS, JS and data (JSON in a ``<script type="application/json">`` block with
-``<``, ``>`` and ``&`` escaped, so no token can end the script); it loads nothing from the
-network and works from a ``file://`` URL, in an e-mail attachment or in a notebook iframe. Token
-text is inserted with ``textContent`` only; whitespace and control characters are drawn as
-symbols (:func:`~cw_lens.viz.payload.token_label`).
+The page embeds its CSS, JS and data (JSON in a `<script type="application/json">` block with
+`<`, `>` and `&` escaped, so no token can end the script); it loads nothing from the
+network and works from a `file://` URL, in an e-mail attachment or in a notebook iframe. Token
+text is inserted with `textContent` only; whitespace and control characters are drawn as
+symbols (`token_label`).
 
-Size: per (layer, head) four fields over the causal triangle (``n (n + 1) / 2`` values each,
-4 significant digits, ~8 bytes a value in JSON), about ``16 n^2`` bytes per head and layer and
-run. A :class:`~cw_lens.ContributionResult` page of SmolLM2-135M (30 layers x 9 heads) at 16
-tokens is ~1.3 MB; restrict it with ``layers=[...]`` / ``heads=[...]``. A page over ``max_mb``
+Size: per (layer, head) four fields over the causal triangle (`n (n + 1) / 2` values each,
+4 significant digits, ~8 bytes a value in JSON), about `16 n^2` bytes per head and layer and
+run. A [`ContributionResult`][cw_lens.ContributionResult] page of SmolLM2-135M (30 layers x 9 heads)
+at 16 tokens is ~1.3 MB; restrict it with `layers=[...]` / `heads=[...]`. A page over `max_mb`
 (default 25 MB) is refused with an error that says so.
 
-Example (runnable as is; the tiny random model needs no download)::
+Example (runnable as is; the tiny random model needs no download):
 
     import cw_lens
     from cw_lens.models.testing import tiny_llama
@@ -71,7 +72,7 @@ _MARKER = re.compile(r"\{\{(title|css|js|data)\}\}")
 
 
 def check_size(n: int, n_layers: int, n_heads: int, n_runs: int, max_mb: float, hint: str) -> None:
-    """Refuse a page whose maps would exceed ``max_mb`` (with what to restrict)."""
+    """Refuse a page whose maps would exceed `max_mb` (with what to restrict)."""
     est_mb = n_runs * map_bytes(n, n_layers, n_heads) / 1e6
     if est_mb > max_mb:
         raise InputError(
@@ -92,8 +93,8 @@ def contributions_data(
     heads: Any = None,
     max_mb: float = DEFAULT_MAX_MB,
 ) -> dict:
-    """The payload of a :class:`~cw_lens.ContributionResult` page (schema:
-    :mod:`cw_lens.viz.payload`; no patch, no predictions)."""
+    """The payload of a [`ContributionResult`][cw_lens.ContributionResult] page (schema:
+    `cw_lens.viz.payload`; no patch, no predictions)."""
     n = real_length(result, batch)
     layer_list = select(layers, list(result.layers), "Layers")
     head_list = select(heads, list(result.heads), "Heads")
@@ -113,7 +114,7 @@ def _asset(name: str) -> str:
 
 
 def render_page(data: dict, title: str | None = None) -> str:
-    """Fill the template with the CSS, JS and ``data`` (one pass, so nothing is re-expanded)."""
+    """Fill the template with the CSS, JS and `data` (one pass, so nothing is re-expanded)."""
     template, css, js = (_asset(name) for name in ("template.html", "view.css", "view.js"))
     for name, text in (("view.css", css), ("view.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):
@@ -141,14 +142,15 @@ def contributions_html(
     heads: Any = None,
     max_mb: float = DEFAULT_MAX_MB,
 ) -> str:
-    """One self-contained HTML page of a :class:`~cw_lens.ContributionResult` (one text).
+    """One self-contained HTML page of a [`ContributionResult`][cw_lens.ContributionResult] (one
+    text).
 
     Args:
-        result: A :class:`~cw_lens.ContributionResult`.
+        result: A [`ContributionResult`][cw_lens.ContributionResult].
         batch: The batch row (text) to show.
         layer: Initial layer (a model layer index; default the first on the page).
-        head: Initial head (a model head index, or ``"all"`` for the sum over heads with
-            ``kind="inter"`` / the mean with ``kind="intra"``; default the first head).
+        head: Initial head (a model head index, or `"all"` for the sum over heads with
+            `kind="inter"` / the mean with `kind="intra"`; default the first head).
         query: Initial query position (default the last real token).
         title: Page title.
         layers: Layers to embed (default all of the result) — restricts the page size.
@@ -172,7 +174,7 @@ def contributions_html(
 
 
 def iframe(page: str, height: int) -> Any:
-    """An ``IPython.display.HTML`` with ``page`` in a sandboxed iframe (``srcdoc``), so its
+    """An `IPython.display.HTML` with `page` in a sandboxed iframe (`srcdoc`), so its
     script runs in classic Notebook, JupyterLab, VS Code and Colab outputs (no trust needed)."""
     from IPython.display import HTML
 
@@ -185,9 +187,9 @@ def iframe(page: str, height: int) -> Any:
 
 
 def show_contributions(result: Any, *, height: int | None = None, **kwargs: Any) -> Any:
-    """The page of :func:`contributions_html` inline in Jupyter (``ContributionResult.show``).
+    """The page of `contributions_html` inline in Jupyter (`ContributionResult.show`).
 
-    ``height`` (pixels) defaults to one that fits the matrices and the head grid.
+    `height` (pixels) defaults to one that fits the matrices and the head grid.
     """
     data = contributions_data(result, **{k: v for k, v in kwargs.items() if k != "title"})
     page = render_page(data, kwargs.get("title"))
@@ -206,7 +208,7 @@ def page_height(data: dict) -> int:
 
 
 def write(page: str, path: Any) -> str:
-    """Write ``page`` to ``path`` (UTF-8) when a path is given; return the page."""
+    """Write `page` to `path` (UTF-8) when a path is given; return the page."""
     if path is not None:
         from pathlib import Path
 

@@ -1,8 +1,9 @@
-"""The faithfulness run over a corpus (:func:`faithfulness`): clean ranks, the removal passes,
-their curves and AOPC, its claim and its result class (:class:`FaithfulnessResult`).
+"""The faithfulness run over a corpus ([`faithfulness`][cw_lens.faithfulness]): clean ranks, the
+removal passes, their curves and AOPC, its claim and its result class
+([`FaithfulnessResult`][cw_lens.FaithfulnessResult]).
 
 The protocol, its formulas, citations and a runnable example are in the package docstring,
-:mod:`cw_lens.analyses.faithfulness`.
+`cw_lens.analyses.faithfulness`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from cw_lens.analyses.faithfulness.ranking import (
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.core.deprecation import renamed_kwargs
+from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.core.results import Result
@@ -38,6 +39,7 @@ from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 from cw_lens.data.scoring import run_logits, score_answers, token_nll
 from cw_lens.data.streaming import stream_contributions
+from cw_lens.models.access import Model
 from cw_lens.models.layer_contributions import METRICS
 from cw_lens.models.verify import require_verified
 
@@ -46,10 +48,10 @@ from cw_lens.models.verify import require_verified
 class FaithfulnessResult(Result):
     """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).
 
-    Columns: ``granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl`` and, on
-    task corpora, ``logprob, delta_logprob, accuracy`` (the clean values are in ``clean``).
-    ``delta_nll`` is the change of the mean next-token NLL (what methods § Faithfulness
-    (docs/methods.md#faithfulness) calls ΔPPL); ``delta_ppl`` is the change of ``exp(mean NLL)``.
+    Columns: `granularity, metric, mode, fraction, nll, delta_nll, ppl, delta_ppl` and, on
+    task corpora, `logprob, delta_logprob, accuracy` (the clean values are in `clean`).
+    `delta_nll` is the change of the mean next-token NLL (what methods § Faithfulness
+    (docs/methods.md#faithfulness) calls ΔPPL); `delta_ppl` is the change of `exp(mean NLL)`.
     """
 
     curves: pd.DataFrame
@@ -64,17 +66,55 @@ class FaithfulnessResult(Result):
     per_document: tuple[list[str], Tensor, list] | None = None
 
     def to_dataframe(self) -> pd.DataFrame:
+        """The curves: one row per (granularity, metric, mode, fraction).
+
+        Returns:
+            A copy of `curves` (the columns are listed in the class docstring).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            faith.to_dataframe().head()
+            ```
+        """
         return self.curves.copy()
 
     @property
     def value_column(self) -> str:
-        """The main damage measure: ``delta_logprob`` on tasks (a drop), else ``delta_nll``."""
+        """The main damage measure: `delta_logprob` on tasks (a drop), else `delta_nll`."""
         return "delta_logprob" if self.task else "delta_nll"
 
     def aopc(self, column: str | None = None) -> pd.DataFrame:
-        """Area over the perturbation curve: the mean of ``column`` over the fraction grid, per
-        (granularity, metric, mode). Comprehensiveness: higher = more faithful; sufficiency:
-        lower = more faithful. (For ``delta_logprob`` the drop is counted, so the same holds.)"""
+        """Area over the perturbation curve: the mean of `column` over the fraction grid.
+
+        Comprehensiveness: higher = more faithful; sufficiency: lower = more faithful. (For
+        `delta_logprob` the drop is counted, so the same holds.)
+
+        Args:
+            column: The damage measure (default: `value_column`, `delta_logprob` on task corpora,
+                else `delta_nll`).
+
+        Returns:
+            A DataFrame indexed by (granularity, mode), one column per metric.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            faith.aopc()
+            ```
+        """
         column = column or self.value_column
         values = self.curves[column]
         if column == "delta_logprob":
@@ -88,9 +128,27 @@ class FaithfulnessResult(Result):
         )
 
     def random_spread(self, column: str | None = None) -> pd.DataFrame:
-        """The random-ranking control over its independent draws (``n_random``): per
-        (granularity, mode), the number of draws and the mean, standard deviation (ddof=1;
-        NaN for one draw), minimum and maximum of their AOPCs."""
+        """The random-ranking control over its independent draws (`n_random`).
+
+        Args:
+            column: The damage measure (default: `value_column`).
+
+        Returns:
+            A DataFrame per (granularity, mode): the number of draws and the mean, standard
+            deviation (ddof=1; NaN for one draw), minimum and maximum of their AOPCs.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            faith.random_spread()  # n_random=3 for a spread over three draws
+            ```
+        """
         draws = _random_columns(self.aopc(column))
         if draws.shape[1] == 0:
             raise InputError("This result has no random ranking; run with metrics incl. 'random'.")
@@ -104,19 +162,65 @@ class FaithfulnessResult(Result):
             }
         )
 
-    def top(self, k: int = 5, mode: str = "comprehensiveness") -> pd.DataFrame:
-        """Metrics ranked by AOPC for one mode (best first)."""
+    @keyword_only("mode")
+    def top(self, k: int = 10, *, mode: str = "comprehensiveness") -> pd.DataFrame:
+        """Metrics ranked by AOPC for one mode (best first).
+
+        Args:
+            k: How many metrics.
+            mode: `"comprehensiveness"` (highest AOPC first) or `"sufficiency"` (lowest first);
+                keyword only (by position it is deprecated).
+
+        Returns:
+            A DataFrame, one row per metric, one column per granularity.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            faith.top(3)
+            ```
+        """
         table = self.aopc().xs(mode, level="mode").T
         ascending = mode == "sufficiency"
         return table.sort_values(table.columns[0], ascending=ascending).head(k)
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's faithfulness ordering, measured (docs/methods.md#claims ``faithfulness_order``;
-        :func:`faithfulness_claim`); with ``bootstrap``, every number's interval over documents
-        and, in ``measured``, every AOPC's (``aopc_interval_<mode>_<granularity>``, the random
-        ranking's included: its interval over documents, per draw). With several random draws
-        (``n_random``), ``measured["random_aopc_over_draws"]`` holds their spread
-        (:meth:`random_spread`). Intervals need ``per_document=True``."""
+        """P1's faithfulness ordering, measured (docs/methods.md#claims `faithfulness_order`).
+
+        With several random draws (`n_random`), `measured["random_aopc_over_draws"]` holds their
+        spread ([`random_spread`][cw_lens.FaithfulnessResult.random_spread]).
+
+        Args:
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, every number's interval over
+                documents and, in `measured`, every AOPC's (`aopc_interval_<mode>_<granularity>`,
+                the random ranking's included: its interval over documents, per draw). Intervals
+                need `per_document=True`.
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
+            numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            from cw_lens.core.bootstrap import Bootstrap
+
+            faith.claims()["faithfulness_order"]["holds"]
+            faith.claims(Bootstrap(resamples=100))  # with intervals over documents
+            ```
+        """
         point = self.aopc()
         claim = faithfulness_claim(point, self.value_column, self.clean)
         claim.measured["first_query"] = self.first_query
@@ -137,8 +241,29 @@ class FaithfulnessResult(Result):
         return claims_dict([claim])
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """``faithfulness_order``'s numbers in every row of ``bootstrap.weights`` (documents
-        resampled; needs ``per_document=True``)."""
+        """`faithfulness_order`'s numbers in every row of `bootstrap.weights`.
+
+        Args:
+            bootstrap: The documents' resampling (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+
+        Returns:
+            `{number: tensor of one value per resample}`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            from cw_lens.core.bootstrap import Bootstrap
+
+            replicates = faith.replicates(Bootstrap(resamples=100))
+            ```
+        """
         return faithfulness_numbers(self._aopc_replicates(bootstrap), METRICS)
 
     def _aopc_replicates(self, bootstrap: Bootstrap) -> dict[tuple[str, str, str], Tensor]:
@@ -146,20 +271,42 @@ class FaithfulnessResult(Result):
         return aopc_numbers(bootstrap.resample(table), names, configs, self.task)
 
     def plot(self, **kw: Any) -> Any:
+        """The perturbation curves: the damage against the fraction removed, per metric.
+
+        Args:
+            **kw: Passed to `cw_lens.plots.faithfulness.plot_faithfulness_curves` (`column`,
+                `figsize_per_panel`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            faith = cw_lens.faithfulness(
+                model, corpus, fractions=(0.5,), per_document=True, progress=False
+            )
+            fig = faith.plot()
+            ```
+        """
         from cw_lens.plots.faithfulness import plot_faithfulness_curves
 
         return plot_faithfulness_curves(self, **kw)
 
 
 def _random_columns(aopc: pd.DataFrame) -> pd.DataFrame:
-    """The AOPC columns of the random ranking's draws (``random``, ``random#2``, ...)."""
+    """The AOPC columns of the random ranking's draws (`random`, `random#2`, ...)."""
     return aopc[[m for m in aopc.columns if m.startswith("random")]]
 
 
 def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
-    """``faithfulness_order`` as methods § Claims (docs/methods.md#claims) reads it, from an AOPC
-    table (rows ``(granularity, mode)``, columns metrics; :meth:`FaithfulnessResult.aopc`): at pairs
-    granularity the comprehensiveness AOPC strictly increases along ``METRICS`` (each step's
+    """`faithfulness_order` as methods § Claims (docs/methods.md#claims) reads it, from an AOPC
+    table (rows `(granularity, mode)`, columns metrics;
+    [`FaithfulnessResult.aopc`][cw_lens.FaithfulnessResult.aopc]): at
+    pairs granularity the comprehensiveness AOPC strictly increases along `METRICS` (each step's
     difference > 0 is a number) and contribution has the lowest sufficiency AOPC of the four (the
     number: the smallest of the other three minus contribution's, > 0). Other granularities are
     reported.
@@ -238,12 +385,12 @@ class _Outcomes:
             scores = score_answers(logits, batch.tokens, spans)
             self._add(docs, f"logprob|{tag}", scores.logprob)
             self._add(docs, f"correct|{tag}", scores.correct.double())
-            self._add(docs, f"count|{tag}", torch.ones(len(docs)))
+            self._add(docs, f"count|{tag}", torch.ones(len(docs), device="cpu"))
 
 
 @renamed_kwargs(random_draws="n_random")
 def faithfulness(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     metrics: Sequence[str] = ALL_METRICS,
@@ -263,40 +410,61 @@ def faithfulness(
     corpus.
 
     Args:
-        model: A ``TransformerBridge``.
-        corpus: Text (``load_corpus()``, a list of strings) — measured by the NLL change — or a
-            task corpus (``load_corpus("ioi")``, items with ``answer``) — measured by the answer
+        model: A `TransformerBridge`.
+        corpus: Text (`load_corpus()`, a list of strings) — measured by the NLL change — or a
+            task corpus (`load_corpus("ioi")`, items with `answer`) — measured by the answer
             log-probability and accuracy.
-        metrics: Any of ``attention``, ``value_norm``, ``value_norm_output``, ``contribution``
-            (inter-head), ``random``.
+        metrics: Any of `attention`, `value_norm`, `value_norm_output`, `contribution`
+            (inter-head), `random`.
         fractions: Shares of candidates removed (each in [0, 1]).
-        modes: ``comprehensiveness`` (remove the top) and/or ``sufficiency`` (the bottom).
-        ranking: ``"abs"`` ranks by ``|score|``; ``"signed"`` by the score.
-        granularity: ``"pairs"``, ``"tokens"`` or both (``("pairs", "tokens")``): they share
+        modes: `comprehensiveness` (remove the top) and/or `sufficiency` (the bottom).
+        ranking: `"abs"` ranks by `|score|`; `"signed"` by the score.
+        granularity: `"pairs"`, `"tokens"` or both (`("pairs", "tokens")`): they share
             the clean pass.
         batch_size: Documents per pass. One clean (streamed) pass per batch, then one
             intervened pass per (granularity, metric, mode, fraction).
-        seed: Seed of the ``random`` ranking (per document and layer, so it is reproducible).
-        first_query: Queries ``i < first_query`` are never intervened on
+        seed: Seed of the `random` ranking (per document and layer, so it is reproducible).
+        first_query: Queries `i < first_query` are never intervened on
             (docs/methods.md#faithfulness: 1, so query 0 is left intact: it has a single
             candidate, BOS reading itself, and the at-least-one rule would remove the sink's own
-            attention output in every layer for every metric and mode; ``first_query=0``
+            attention output in every layer for every metric and mode; `first_query=0`
             intervenes on every query).
+        prepend_bos: Prepend BOS (position 0 is then the usual sink).
+        progress: Show a progress bar over document batches.
         per_document: Also keep each document's NLL (or answer log-probability) sum and count
-            per configuration (``8 * (1 + configurations) + 1`` bytes per document, 969 bytes
+            per configuration (`8 * (1 + configurations) + 1` bytes per document, 969 bytes
             with both granularities and the defaults) for bootstrap intervals of the AOPCs
-            (:meth:`FaithfulnessResult.claims`).
-        n_random: Independent draws of the ``random`` ranking (metrics ``random``,
-            ``random#2``, ...; the first is the same with any number of draws), for the
-            control's spread over draws (:meth:`FaithfulnessResult.random_spread`). Each extra
-            draw costs ``len(granularity) * len(modes) * len(fractions)`` passes per batch.
+            ([`FaithfulnessResult.claims`][cw_lens.FaithfulnessResult.claims]).
+        n_random: Independent draws of the `random` ranking (metrics `random`,
+            `random#2`, ...; the first is the same with any number of draws), for the
+            control's spread over draws
+            ([`FaithfulnessResult.random_spread`][cw_lens.FaithfulnessResult.random_spread]). Each
+            extra draw costs `len(granularity) * len(modes) * len(fractions)` passes per batch
+            (24 with the defaults). Default 1, P1's single draw: this is the slowest analysis.
 
-    Cost: ``1 + len(granularity) * len(metrics) * len(modes) * len(fractions)`` forward passes
+    Returns:
+        A [`FaithfulnessResult`][cw_lens.FaithfulnessResult]: the curves, the clean values
+        and, with `per_document`, the per-document record.
+
+    Cost: `1 + len(granularity) * len(metrics) * len(modes) * len(fractions)` forward passes
     per batch (61 for one granularity with the defaults); ranks are kept as int16.
 
-    Long: after the checks (_checked_options), one loop per batch (the clean pass, then one
-    intervened pass per configuration) whose ranks are freed before the next batch's are built.
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        faith = cw_lens.faithfulness(
+            model, corpus, fractions=(0.5,), per_document=True, progress=False
+        )
+        faith.aopc()            # AOPC per (granularity, mode) and metric
+        faith.top(3)            # the metrics, most faithful first
+        fig = faith.plot()
+        ```
     """
+    # Long: after the checks (_checked_options), one loop per batch (the clean pass, then one
+    # intervened pass per configuration) whose ranks are freed before the next batch's are built.
     require_verified(model)
     metrics, modes, grans, fractions = _checked_options(
         metrics, modes, granularity, ranking, fractions, first_query, n_random
@@ -378,8 +546,8 @@ def _checked_options(
     first_query: int,
     n_random: int,
 ) -> tuple[list[str], list[str], list[str], list[float]]:
-    """:func:`faithfulness`'s options checked: metrics (with the extra random draws), modes,
-    granularities and fractions as lists."""
+    """[`faithfulness`][cw_lens.faithfulness]'s options checked: metrics (with the extra random
+    draws), modes, granularities and fractions as lists."""
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     modes = [modes] if isinstance(modes, str) else list(modes)
     if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:

@@ -31,7 +31,7 @@ def rank_candidates(
 ) -> Int[Tensor, "..."]:
     """Rank of every candidate along the last axis (0 = most important), vectorised.
 
-    Invalid candidates rank after every valid one. Importance is ``|score|`` (``signed``: the
+    Invalid candidates rank after every valid one. Importance is `|score|` (`signed`: the
     score). Ties keep the candidate order (a stable sort), so the lower index ranks first.
     """
     key = scores if signed else scores.abs()
@@ -44,8 +44,8 @@ def rank_candidates(
 
 
 def n_removed(n_valid: Tensor, fraction: float) -> Tensor:
-    """How many candidates a fraction removes: ``round(fraction * n)``, at least 1 when
-    ``fraction > 0`` and there is a candidate, never more than ``n``."""
+    """How many candidates a fraction removes: `round(fraction * n)`, at least 1 when
+    `fraction > 0` and there is a candidate, never more than `n`."""
     if fraction <= 0:
         return torch.zeros_like(n_valid)
     n = torch.floor(fraction * n_valid.double() + 0.5).long()
@@ -55,7 +55,7 @@ def n_removed(n_valid: Tensor, fraction: float) -> Tensor:
 def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> Bool[Tensor, "..."]:
     """Which candidates to remove: the top (comprehensiveness) or bottom (sufficiency) share.
 
-    ``ranks`` ``[..., candidates]``; ``n_valid`` ``[...]`` candidates per row.
+    `ranks` `[..., candidates]`; `n_valid` `[...]` candidates per row.
     """
     # compared in the ranks' own dtype (int16 ranks are not widened: a full copy per layer)
     n = n_removed(n_valid, fraction)[..., None].to(ranks.dtype)
@@ -75,8 +75,8 @@ def token_scores(scores: Float[Tensor, "batch head query key"]) -> Float[Tensor,
 
 
 def random_draw_names(n_draws: int) -> list[str]:
-    """The metric names of ``n_draws`` independent random rankings: ``random`` (the first draw),
-    then ``random#2`` ... ``random#n``."""
+    """The metric names of `n_draws` independent random rankings: `random` (the first draw),
+    then `random#2` ... `random#n`."""
     return ["random", *(f"random#{d}" for d in range(2, n_draws + 1))]
 
 
@@ -89,7 +89,7 @@ def _random_scores(
 ) -> Tensor:
     key = f"{seed}/{doc}/{layer}".encode() if draw == 1 else f"{seed}/{doc}/{layer}#{draw}".encode()
     gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-    return torch.rand(shape, generator=gen)
+    return torch.rand(shape, generator=gen, device="cpu")
 
 
 # --------------------------------------------------------------------------- clean-pass scores
@@ -98,9 +98,9 @@ def _random_scores(
 class Ranks:
     """Per layer and metric, the ranks of one document batch (filled block by block).
 
-    Pair ranks are stored heads first, ``[batch, head, query, key]`` (the pattern's layout), so
+    Pair ranks are stored heads first, `[batch, head, query, key]` (the pattern's layout), so
     a removal mask is built in the layout the intervention applies it in, without a permuted
-    copy; token ranks are ``[batch, query, key]``.
+    copy; token ranks are `[batch, query, key]`.
     """
 
     def __init__(
@@ -124,11 +124,13 @@ class Ranks:
             for layer in layers:
                 if "pairs" in self.granularities:
                     self.pairs[metric, layer] = torch.empty(
-                        n_batch, n_heads, n_pos, n_pos, dtype=dtype
+                        n_batch, n_heads, n_pos, n_pos, dtype=dtype, device="cpu"
                     )
                 if "tokens" in self.granularities:
-                    self.tokens[metric, layer] = torch.empty(n_batch, n_pos, n_pos, dtype=dtype)
-        positions = torch.arange(n_pos)
+                    self.tokens[metric, layer] = torch.empty(
+                        n_batch, n_pos, n_pos, dtype=dtype, device="cpu"
+                    )
+        positions = torch.arange(n_pos, device=batch.mask.device)
         real = batch.mask
         self.valid_keys = (positions[None, :, None] >= positions[None, None, :]) & real[:, None, :]
         self.valid_keys &= real[:, :, None]  # [batch, query, key]
@@ -140,7 +142,7 @@ class Ranks:
         if metric.startswith("random"):
             b, h, q, k = lc.shape
             n_pos = self.batch.tokens.shape[1]
-            out = torch.empty(b, h, q, k)
+            out = torch.empty(b, h, q, k, device="cpu")
             for row, doc in enumerate(self.batch.documents):
                 full = _random_scores(self.seed, doc, lc.layer, (h, n_pos, n_pos), _draw_of(metric))
                 out[row] = full[:, lc.queries, lc.keys]
@@ -152,7 +154,7 @@ class Ranks:
         q = lc.queries
         valid = self.valid_keys[:, q]  # [batch, query, key(all)]
         for metric in self.metrics:
-            scores = torch.zeros(lc.shape[0], lc.shape[1], lc.shape[2], n_pos)
+            scores = torch.zeros(lc.shape[0], lc.shape[1], lc.shape[2], n_pos, device="cpu")
             scores[..., : lc.keys.stop] = self._scores(lc, metric)
             if "pairs" in self.granularities:
                 flat = scores.permute(0, 2, 1, 3).reshape(lc.shape[0], lc.shape[2], -1)

@@ -5,37 +5,30 @@ Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Mu
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
 those of methods § Token selection (docs/methods.md#selection).
 
-**Head pruning.** Heads are removed by zeroing their ``hook_z``
-(:func:`cw_lens.models.interventions.remove_heads`) at retention levels (the fraction of heads kept;
-``floor((1 - r) n + 1/2)`` of the ``n`` heads are removed) in four orders:
+**Head pruning.** Heads are removed by zeroing their `hook_z`
+([`cw_lens.remove_heads`][cw_lens.remove_heads]) at retention levels (the fraction of heads kept;
+`floor((1 - r) n + 1/2)` of the `n` heads are removed) in four orders:
 
-- ``taxonomy`` — Resets first, then Mixers, Retrievers last; within a class the smallest mean
-  head-output norm ``||o_i^h||`` first;
-- ``magnitude`` — ``||W_V^h||_F ||W_O^h||_F`` smallest first (``W_V`` of a query head is its kv
+- `taxonomy` — Resets first, then Mixers, Retrievers last; within a class the smallest mean
+  head-output norm `||o_i^h||` first;
+- `magnitude` — `||W_V^h||_F ||W_O^h||_F` smallest first (`W_V` of a query head is its kv
   head's);
-- ``entropy`` — mean attention entropy ``-sum_j alpha log alpha`` over the counted queries,
+- `entropy` — mean attention entropy `-sum_j alpha log alpha` over the counted queries,
   highest first;
-- ``random`` — seeded permutations (``n_random`` of them; the mean and each are reported).
+- `random` — seeded permutations (`n_random` of them; the mean and each are reported).
 
-Ties in every order go to the smaller (layer, head). ``scope="layer"`` (default, methods § Token
+Ties in every order go to the smaller (layer, head). `scope="layer"` (default, methods § Token
 selection (docs/methods.md#selection)) removes the same fraction from every layer, ranked within the
 layer — raw output norms are not comparable across layers (layer 0's are ~10x smaller on SmolLM2, so
-a global ranking removes layer 0 first); ``scope="global"`` (a variant) removes the first heads of
-one ranking of all heads. ``ΔPPL = PPL(pruned) - PPL(clean)`` (and ``ΔNLL``, the change of the mean
+a global ranking removes layer 0 first); `scope="global"` (a variant) removes the first heads of
+one ranking of all heads. `ΔPPL = PPL(pruned) - PPL(clean)` (and `ΔNLL`, the change of the mean
 next-token NLL) on the same corpus. The cost of removing each head alone is measured on a small
-corpus (first ``lone_docs`` documents cut to ``lone_tokens`` tokens), several heads per forward pass
+corpus (first `lone_docs` documents cut to `lone_tokens` tokens), several heads per forward pass
 (each on its own copy of the rows).
 
-Streaming, exact merging and weights as in :mod:`cw_lens.analyses.selection`.
+Streaming, exact merging and weights as in `cw_lens.analyses.selection`.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
-    pruned = cw_lens.prune_heads(model, corpus)
-    pruned.by_retention()         # ΔPPL per retention (rows) and order (columns)
-    pruned.top(5)                 # the heads whose lone removal costs most
+The public functions' docstrings have runnable examples.
 """
 
 from cw_lens.analyses.pruning.lone_heads import (

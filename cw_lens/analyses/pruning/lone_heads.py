@@ -1,5 +1,5 @@
-"""The cost of removing one head at a time (:func:`lone_head_costs`), grouped by rows so that one
-forward pass measures many heads.
+"""The cost of removing one head at a time ([`lone_head_costs`][cw_lens.lone_head_costs]), grouped
+by rows so that one forward pass measures many heads.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from tqdm.auto import tqdm
 
 from cw_lens.analyses.common import check_count
 from cw_lens.analyses.pruning.orders import Head
-from cw_lens.core.deprecation import keyword_only
+from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.scoring import token_nll
+from cw_lens.models.access import Model
 from cw_lens.models.capture import hook_name, resolve_heads, resolve_layers, run_layers
 from cw_lens.models.verify import require_verified
 
@@ -45,21 +46,23 @@ def check_lone_heads(model: Any, heads: Sequence[Head] | None, layers: list[int]
 def _row_group_removal(
     groups: Sequence[Head | None], n_rows: int, n_heads: int
 ) -> list[tuple[str, Any]]:
-    """Hooks that zero ``hook_z`` of head ``groups[g]`` in rows ``g*n_rows .. (g+1)*n_rows``."""
-    rows = torch.arange(len(groups) * n_rows) // n_rows
+    """Hooks that zero `hook_z` of head `groups[g]` in rows `g*n_rows .. (g+1)*n_rows`."""
+    rows = torch.arange(len(groups) * n_rows, device="cpu") // n_rows
     return row_removal(rows, [() if head is None else (head,) for head in groups], n_heads)
 
 
 def row_removal(
     group_of_row: Tensor, removed: Sequence[Sequence[Head]], n_heads: int
 ) -> list[tuple[str, Any]]:
-    """Hooks that zero ``hook_z`` of the heads ``removed[g]`` in the batch rows of group ``g``
-    (``group_of_row[row]``)."""
+    """Hooks that zero `hook_z` of the heads `removed[g]` in the batch rows of group `g`
+    (`group_of_row[row]`)."""
     masks: dict[int, Tensor] = {}
     for g, heads in enumerate(removed):
         for layer, h in heads:
             shape = (len(group_of_row), 1, n_heads, 1)
-            mask = masks.setdefault(layer, torch.zeros(shape, dtype=torch.bool))
+            mask = masks.setdefault(
+                layer, torch.zeros(shape, dtype=torch.bool, device=group_of_row.device)
+            )
             mask[group_of_row == g, :, h] = True
 
     def zero(z: Tensor, hook: Any, mask: Tensor) -> Tensor:
@@ -71,42 +74,58 @@ def row_removal(
     ]
 
 
+@renamed_kwargs(n_tokens="max_tokens")
 @keyword_only("heads")
 def lone_head_costs(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     heads: Sequence[Head] | None = None,
     n_docs: int | None = 2,
-    n_tokens: int | None = 32,
+    max_tokens: int | None = 32,
     heads_per_pass: int = 8,
     prepend_bos: bool = True,
     progress: bool = True,
 ) -> tuple[float, pd.DataFrame]:
-    """ΔPPL of removing each head alone (zeroing its ``hook_z``) on a small corpus.
+    """ΔPPL of removing each head alone (zeroing its `hook_z`) on a small corpus.
 
-    All documents go in one batch; ``heads_per_pass`` heads share a forward pass, each on its
+    All documents go in one batch; `heads_per_pass` heads share a forward pass, each on its
     own copy of the rows. With the defaults (2 documents x 32 tokens) the 270 heads of
-    SmolLM2-135M take about 25 s on two CPU cores; ``n_tokens=64`` doubles that and ranks the
+    SmolLM2-135M take about 25 s on two CPU cores; `max_tokens=64` doubles that and ranks the
     heads more reliably. To re-measure a few candidates on a whole corpus, pass
-    ``heads=[...], n_docs=None, n_tokens=None``.
+    `heads=[...], n_docs=None, max_tokens=None`.
 
     Args:
-        model: A ``TransformerBridge``.
-        corpus: Documents; the first ``n_docs`` (``None`` = all) are used, each cut to
-            ``n_tokens`` text tokens (``None`` = whole).
-        heads: Candidate ``(layer, head)`` pairs (``None`` = every head).
+        model: A `TransformerBridge`.
+        corpus: Documents; the first `n_docs` (`None` = all) are used, each cut to
+            `max_tokens` text tokens (`None` = whole).
+        heads: Candidate `(layer, head)` pairs (`None` = every head).
+        n_docs: Use the first `n_docs` documents of `corpus` (`None` = all).
+        max_tokens: Cut each document to `max_tokens` text tokens (`None` = whole), as
+            `load_corpus(max_tokens=...)` does; `n_tokens=` is its deprecated name.
         heads_per_pass: Heads measured per forward pass (memory grows with it: the logits of
-            ``heads_per_pass * n_docs`` rows).
+            `heads_per_pass * n_docs` rows).
+        prepend_bos: Prepend BOS (position 0 is then the usual sink).
+        progress: Show a progress bar over the passes.
 
     Returns:
-        ``(clean_ppl, table)``; the table has ``layer``, ``head``, ``ppl``, ``delta_ppl``,
-        ``nll``, ``delta_nll``, most costly first.
+        `(clean_ppl, table)`; the table has `layer`, `head`, `ppl`, `delta_ppl`,
+        `nll`, `delta_nll`, most costly first.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        clean_ppl, table = cw_lens.lone_head_costs(model, corpus, progress=False)
+        table.head()  # the most costly heads first
+        ```
     """
     require_verified(model)
     check_count(heads_per_pass, "heads_per_pass")
     candidates = check_lone_heads(model, heads, list(range(model.cfg.n_layers)))
-    batch = lone_head_batch(model, as_corpus(corpus), n_docs, n_tokens, prepend_bos)
+    batch = lone_head_batch(model, as_corpus(corpus), n_docs, max_tokens, prepend_bos)
     groups: list[Head | None] = [None, *candidates]
     nll: list[float] = []
     passes = range(0, len(groups), heads_per_pass)
@@ -145,7 +164,7 @@ def lone_head_batch(
 
 
 def _grouped_nll(model: Any, batch: TokenBatch, groups: Sequence[Head | None]) -> list[float]:
-    """Mean next-token NLL of ``batch`` with each group's head removed (``None`` = none)."""
+    """Mean next-token NLL of `batch` with each group's head removed (`None` = none)."""
     n_rows = batch.tokens.shape[0]
     copies = TokenBatch(
         batch.tokens.repeat(len(groups), 1),

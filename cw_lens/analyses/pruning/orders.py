@@ -14,6 +14,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from cw_lens.models.access import model_access
+
 ORDERS = ("taxonomy", "magnitude", "entropy", "random")
 RETENTION = (0.9, 0.75, 0.5, 0.25)
 
@@ -21,7 +23,7 @@ RETENTION = (0.9, 0.75, 0.5, 0.25)
 def weight_magnitude(
     W_V: Float[Tensor, "kv_head d_model d_head"], W_O: Float[Tensor, "head d_head d_model"]
 ) -> Float[Tensor, " head"]:
-    """``||W_V^h||_F ||W_O^h||_F`` per query head (head h reads kv head ``h // (H / H_kv)``)."""
+    """`||W_V^h||_F ||W_O^h||_F` per query head (head h reads kv head `h // (H / H_kv)`)."""
     group = W_O.shape[0] // W_V.shape[0]
     v_norms = torch.linalg.matrix_norm(W_V.float()).repeat_interleave(group)
     return v_norms * torch.linalg.matrix_norm(W_O.float())
@@ -34,7 +36,7 @@ _REGIME_RANK = {"Reset": 0, "Mixer": 1, "Retriever": 2}  # taxonomy order: remov
 
 
 def n_removed(retention: float, n_heads: int) -> int:
-    """Heads removed at a retention level: ``floor((1 - retention) * n_heads + 1/2)``."""
+    """Heads removed at a retention level: `floor((1 - retention) * n_heads + 1/2)`."""
     return math.floor((1.0 - retention) * n_heads + 0.5)
 
 
@@ -43,9 +45,9 @@ def removed_heads(
 ) -> list[Head]:
     """The heads a ranking removes at one retention level.
 
-    ``scope="layer"``: in every layer, its first ``n_removed(retention, n_layer)`` heads in
-    ranking order (each layer keeps the same fraction); ``"global"``: the first
-    ``n_removed(retention, n)`` heads of the whole ranking.
+    `scope="layer"`: in every layer, its first `n_removed(retention, n_layer)` heads in
+    ranking order (each layer keeps the same fraction); `"global"`: the first
+    `n_removed(retention, n)` heads of the whole ranking.
     """
     if scope == "global":
         return list(ranking[: n_removed(retention, len(ranking))])
@@ -56,24 +58,25 @@ def removed_heads(
 
 
 def head_magnitudes(model: Any, layers: Sequence[int]) -> Float[Tensor, "layer head"]:
-    """``||W_V^h||_F ||W_O^h||_F`` for every query head of the given layers."""
-    with torch.no_grad():
-        return torch.stack(
-            [
-                weight_magnitude(model.blocks[layer].attn.W_V, model.blocks[layer].attn.W_O).cpu()
-                for layer in layers
-            ]
-        )
+    """`||W_V^h||_F ||W_O^h||_F` for every query head of the given layers (the weights read
+    through [`resident_weights`][cw_lens.models.access.resident_weights], so offloaded models
+    give the resident model's order)."""
+    access = model_access(model)
+    magnitudes = []
+    for layer in layers:
+        got = access.attention_weights(layer, ("W_V", "W_O"))
+        magnitudes.append(weight_magnitude(got["W_V"], got["W_O"]).cpu())
+    return torch.stack(magnitudes)
 
 
 def pruning_rankings(
     head_stats: pd.DataFrame, orders: Sequence[str], n_draws: int = 3, seed: int = 0
 ) -> dict[str, list[list[Head]]]:
     """Removal orders (first = removed first) from a head table; one ranking per order, and
-    ``n_draws`` seeded permutations for ``random``. Ties go to the smaller (layer, head).
+    `n_draws` seeded permutations for `random`. Ties go to the smaller (layer, head).
 
-    ``head_stats`` needs ``layer``, ``head`` and, per order, ``regime`` and
-    ``mean_output_norm`` (taxonomy), ``magnitude``, ``mean_entropy``.
+    `head_stats` needs `layer`, `head` and, per order, `regime` and
+    `mean_output_norm` (taxonomy), `magnitude`, `mean_entropy`.
     """
     table = head_stats.sort_values(["layer", "head"], kind="stable").reset_index(drop=True)
     keys = {

@@ -1,8 +1,9 @@
-"""Structured head pruning over a corpus (:func:`prune_heads`): ΔPPL of each order at each
-retention level, the lone-head costs, its claim and its result class (:class:`PruningResult`).
+"""Structured head pruning over a corpus ([`prune_heads`][cw_lens.prune_heads]): ΔPPL of each order
+at each retention level, the lone-head costs, its claim and its result class
+([`PruningResult`][cw_lens.PruningResult]).
 
 The orders, formulas, citation and a runnable example are in the package docstring,
-:mod:`cw_lens.analyses.pruning`.
+`cw_lens.analyses.pruning`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.scoring import NLLResult, corpus_nll
+from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.interventions import remove_heads
 from cw_lens.models.verify import require_verified
@@ -53,18 +55,18 @@ class PruningResult(Result):
     """ΔPPL of structured head pruning (P2) per order and retention level.
 
     Attributes:
-        table: One row per (order, draw, retention): ``n_removed``, ``n_heads``, ``ppl``,
-            ``delta_ppl``, ``nll``, ``delta_nll`` (``draw`` is 0 for the deterministic orders).
-        head_stats: One row per prunable head: ``magnitude`` and, when computed, the taxonomy
-            columns (``regime``, ``mean_output_norm``, ``mean_entropy``, shares) and the lone
-            removal cost ``lone_delta_ppl``.
+        table: One row per (order, draw, retention): `n_removed`, `n_heads`, `ppl`,
+            `delta_ppl`, `nll`, `delta_nll` (`draw` is 0 for the deterministic orders).
+        head_stats: One row per prunable head: `magnitude` and, when computed, the taxonomy
+            columns (`regime`, `mean_output_norm`, `mean_entropy`, shares) and the lone
+            removal cost `lone_delta_ppl`.
         rankings: The removal order(s) per order name (first = removed first).
         clean_ppl, clean_nll: The unpruned model on the corpus.
-        lone: Lone-removal costs (``layer``, ``head``, ``ppl``, ``delta_ppl``, ``nll``,
-            ``delta_nll``), most costly first, on the small lone corpus; ``None`` if skipped.
+        lone: Lone-removal costs (`layer`, `head`, `ppl`, `delta_ppl`, `nll`,
+            `delta_nll`), most costly first, on the small lone corpus; `None` if skipped.
         lone_clean_ppl: The unpruned PPL on the lone corpus.
         lone_shape: (documents, tokens per document incl. BOS) of the lone corpus.
-        scope: ``"layer"`` or ``"global"`` (see :func:`removed_heads`).
+        scope: `"layer"` or `"global"` (see `removed_heads`).
     """
 
     table: pd.DataFrame
@@ -83,15 +85,52 @@ class PruningResult(Result):
     model_name: str = ""
     # opt-in: each document's (NLL sum, count) per (order, draw, retention) and "clean"
     per_document: dict | None = None
-    # the orders ranked by cross-fitting; their ``rankings`` entry is the even documents' one
+    # the orders ranked by cross-fitting; their `rankings` entry is the even documents' one
     cross_fitted: tuple[str, ...] = ()
 
     def to_dataframe(self) -> pd.DataFrame:
+        """One row per (order, draw, retention).
+
+        Returns:
+            A copy of `table`: `order, draw, retention, n_removed, n_heads, ppl, delta_ppl, nll,
+            delta_nll`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            pruned.to_dataframe().head()
+            ```
+        """
         return self.table.copy()
 
     def by_retention(self, value: str = "delta_ppl") -> pd.DataFrame:
-        """``value`` per retention (rows, descending) and order (columns; ``random`` = the mean
-        over draws, with ``random_min`` / ``random_max``)."""
+        """`value` per retention level and order.
+
+        Args:
+            value: `"delta_ppl"`, `"delta_nll"`, `"ppl"` or `"nll"`.
+
+        Returns:
+            A DataFrame: one row per retention (descending), one column per order (`random` = the
+            mean over draws, with `random_min` / `random_max`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            pruned.by_retention()
+            ```
+        """
         if value not in ("delta_ppl", "delta_nll", "ppl", "nll"):
             raise InputError(f"value must be delta_ppl, delta_nll, ppl or nll, got {value!r}.")
         table = self.table.pivot_table(index="retention", columns="order", values=value)
@@ -104,13 +143,49 @@ class PruningResult(Result):
         return table
 
     def top(self, k: int = 10) -> pd.DataFrame:
-        """The ``k`` heads whose lone removal raises the PPL most."""
+        """The `k` heads whose lone removal raises the PPL most.
+
+        Args:
+            k: How many heads.
+
+        Returns:
+            The first `k` rows of the lone-head table (`layer, head, ppl, delta_ppl, nll,
+            delta_nll`); the result needs `lone=True` (the default).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            pruned.top(5)
+            ```
+        """
         if self.lone is None:
             raise InputError("This result has no lone-head costs; rerun prune_heads(lone=True).")
         return self.lone.head(k).reset_index(drop=True)
 
     def summary_dict(self) -> dict[str, Any]:
-        """Headline numbers of the claim ``pruning_signal`` (JSON-ready)."""
+        """Headline numbers of the claim `pruning_signal`.
+
+        Returns:
+            A JSON-ready dict.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            pruned.summary_dict()
+            ```
+        """
         table = self.by_retention()
         out: dict[str, Any] = {
             "scope": self.scope,
@@ -134,15 +209,39 @@ class PruningResult(Result):
     def claims(
         self, other_scope: PruningResult | None = None, bootstrap: Bootstrap | None = None
     ) -> dict[str, dict[str, Any]]:
-        """P2's pruning claim (docs/methods.md#claims ``pruning_signal``), measured.
+        """P2's pruning claim (docs/methods.md#claims `pruning_signal`), measured.
 
-        The criterion reads the per-layer ranking (``scope="layer"``); a result of the other
-        scope (passed as ``other_scope``, either way round) is reported as the variant. With
-        ``bootstrap``, each number's interval over documents and random draws resampled
-        together (:meth:`replicates`; the per-layer result needs ``per_document=True``). With
-        fewer than :data:`MIN_RANDOM_DRAWS` random draws the control's spread is not known well
-        enough for a verdict: no interval (the verdict is ``inconclusive``), and
-        ``measured["random_draws"]`` says how many there were."""
+        The criterion reads the per-layer ranking (`scope="layer"`). With fewer than
+        `MIN_RANDOM_DRAWS` random draws the control's spread is not known well enough for a
+        verdict: no interval (the verdict is `inconclusive`), and `measured["random_draws"]` says
+        how many there were.
+
+        Args:
+            other_scope: A result of the other scope (either way round), reported as the variant.
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
+                documents and random draws resampled together
+                ([`replicates`][cw_lens.PruningResult.replicates]; the per-layer result needs
+                `per_document=True`).
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
+            numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            from cw_lens.core.bootstrap import Bootstrap
+
+            pruned.claims()["pruning_signal"]["holds"]
+            pruned.claims(bootstrap=Bootstrap(resamples=100))
+            ```
+        """
         results = [r for r in (self, other_scope) if r is not None]
         per_layer = [r for r in results if r.scope == "layer"]
         if not per_layer:
@@ -164,13 +263,36 @@ class PruningResult(Result):
 
     @property
     def n_random_draws(self) -> int:
-        """How many random orders were drawn (0 without the ``random`` order)."""
+        """How many random orders were drawn (0 without the `random` order)."""
         return len(self.rankings.get("random", []))
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """``pruning_signal``'s numbers in every row of ``bootstrap.weights``: documents
-        resampled, and the random draws resampled with them
-        (:meth:`cw_lens.core.bootstrap.Bootstrap.draw_weights`)."""
+        """`pruning_signal`'s numbers in every row of `bootstrap.weights`.
+
+        Documents are resampled, and the random draws with them
+        (`cw_lens.core.bootstrap.Bootstrap.draw_weights`).
+
+        Args:
+            bootstrap: The resampling (`cw_lens.core.bootstrap.Bootstrap`); the result needs
+                `per_document=True`.
+
+        Returns:
+            `{number: tensor of one value per resample}`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            from cw_lens.core.bootstrap import Bootstrap
+
+            replicates = pruned.replicates(Bootstrap(resamples=100))
+            ```
+        """
         record = require_record(self.per_document, "prune_heads")
         n_docs = record["clean"].shape[0]
         draws = bootstrap.draw_weights(n_docs, self.n_random_draws) if self.n_random_draws else None
@@ -178,7 +300,26 @@ class PruningResult(Result):
         return pruning_numbers(resampled, MODERATE, draws)
 
     def plot(self, **kwargs: Any) -> Any:
-        """ΔPPL against retention per order (claim ``pruning_signal``)."""
+        """ΔPPL against retention per order (claim `pruning_signal`).
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.selection.plot_pruning_signal` (`k`, `figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            pruned = cw_lens.prune_heads(
+                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+            )
+            fig = pruned.plot()
+            ```
+        """
         from cw_lens.plots.selection import plot_pruning_signal
 
         return plot_pruning_signal(self, **kwargs)
@@ -255,9 +396,9 @@ def _random_minus_taxonomy(table: pd.DataFrame, level: float) -> float:
 
 
 def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -> Claim:
-    """``pruning_signal`` as methods § Claims (docs/methods.md#claims) reads it: with the per-layer
+    """`pruning_signal` as methods § Claims (docs/methods.md#claims) reads it: with the per-layer
     ranking, ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and 75% retention (the numbers: the
-    differences random - taxonomy, > 0); the best order at 50% and 25% is reported, and ``variant``
+    differences random - taxonomy, > 0); the best order at 50% and 25% is reported, and `variant`
     (the global ranking) beside it."""
     table = result.by_retention()
     orders = list(result.orders)
@@ -309,7 +450,7 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
 
 @renamed_kwargs(n_draws="n_random")
 def prune_heads(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     order: str | Sequence[str] = ORDERS,
@@ -339,62 +480,70 @@ def prune_heads(
     heads met twice (e.g. by two orders) is evaluated once.
 
     Args:
-        model: A ``TransformerBridge``.
-        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings; PPL and the
-            head statistics are measured on it.
-        order: One or several of ``"taxonomy"``, ``"magnitude"``, ``"entropy"``, ``"random"``
+        model: A `TransformerBridge`.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings; PPL
+            and the head statistics are measured on it.
+        order: One or several of `"taxonomy"`, `"magnitude"`, `"entropy"`, `"random"`
             (default: all four).
         retention: Fractions of heads kept (default 0.9, 0.75, 0.5, 0.25); 1.0 removes
             nothing (ΔPPL 0 exactly).
-        scope: ``"layer"`` (the methods page's reading) removes the same fraction in every
-            layer, in the order's ranking within the layer; ``"global"`` ranks all heads in one
+        scope: `"layer"` (the methods page's reading) removes the same fraction in every
+            layer, in the order's ranking within the layer; `"global"` ranks all heads in one
             order and removes the first ones (norms and magnitudes grow with depth, so global
             orders by them concentrate removal in the first layers).
-        layers: Layers whose heads may be removed (``None`` = all); retention counts them.
-        n_random: Random orders (seeds ``(seed, 0)``, ``(seed, 1)``, ...); ``pruning_signal``'s
-            verdict needs at least 20.
+        layers: Layers whose heads may be removed (`None` = all); retention counts them.
+        n_random: Random orders (seeds `(seed, 0)`, `(seed, 1)`, ...); `pruning_signal`'s
+            verdict needs at least 20. Default 3, P2's count: each order costs a pass over the
+            corpus per retention level (`draws_everywhere` trims that), so 20 is the paper
+            preset's choice, not the default.
         draws_everywhere: How many of the random orders are evaluated at every retention
-            level; the others only at 90% and 75%, the levels ``pruning_signal`` compares
-            (saves passes). ``None`` = all of them everywhere.
+            level; the others only at 90% and 75%, the levels `pruning_signal` compares
+            (saves passes). `None` = all of them everywhere.
         seed: Seed of the random orders.
-        sink_positions: For the taxonomy (see :func:`head_taxonomy`).
-        taxonomy: A :class:`HeadTaxonomyResult` already computed on this model (saves a pass;
-            only with ``cross_fit=False``).
+        sink_positions: For the taxonomy (see [`head_taxonomy`][cw_lens.head_taxonomy]).
+        taxonomy: A [`HeadTaxonomyResult`][cw_lens.HeadTaxonomyResult] already computed on this
+            model (saves a pass; only with `cross_fit=False`).
         cross_fit: Learn the taxonomy and entropy rankings on documents other than those they
             are evaluated on (methods § Claims): the even-indexed documents are pruned by the
             ranking
             learnt on the odd-indexed ones and vice versa, and ΔPPL pools both halves' NLL.
-            ``False``: one ranking learnt on the whole corpus (optimistic: the ranking has
+            `False`: one ranking learnt on the whole corpus (optimistic: the ranking has
             seen the text it is judged on). Magnitude and random orders need no data.
-        lone: Also measure each head's lone removal (:func:`lone_head_costs`).
-        lone_corpus: Corpus for the lone costs (default: ``corpus``).
-        lone_docs: The lone costs use the first ``lone_docs`` documents of that corpus
-            (``None`` = all); with ``lone_tokens`` the defaults (2 x 32) take about 25 s for the
+        lone: Also measure each head's lone removal ([`lone_head_costs`][cw_lens.lone_head_costs]).
+        lone_corpus: Corpus for the lone costs (default: `corpus`).
+        lone_docs: The lone costs use the first `lone_docs` documents of that corpus
+            (`None` = all); with `lone_tokens` the defaults (2 x 32) take about 25 s for the
             270 heads of SmolLM2-135M on two CPU cores.
-        lone_tokens: Those documents are cut to ``lone_tokens`` tokens (``None`` = whole).
+        lone_tokens: Those documents are cut to `lone_tokens` tokens (`None` = whole).
         lone_heads: Candidate heads for the lone costs (default: every prunable head).
         lone_heads_per_pass: Heads per forward pass in the lone costs.
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS.
         progress: Show progress bars.
         per_document: Also keep each document's NLL sum and count per pruned configuration
-            (``9 * (1 + rankings * levels)`` bytes per document — a ranking per order and
+            (`9 * (1 + rankings * levels)` bytes per document — a ranking per order and
             random draw: 225 bytes with the defaults) for bootstrap intervals
-            (:meth:`PruningResult.claims`).
+            ([`PruningResult.claims`][cw_lens.PruningResult.claims]).
 
     Returns:
-        A :class:`PruningResult`.
+        A [`PruningResult`][cw_lens.PruningResult].
 
-    Example::
+    Examples:
+        ```python
+        import cw_lens
 
-        pruned = cw_lens.prune_heads(model, corpus, order=("taxonomy", "random"))
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        pruned = cw_lens.prune_heads(
+            model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
+        )
         pruned.by_retention()     # ΔPPL: rows = retention, columns = order
         pruned.top(5)             # heads whose lone removal costs most
-
-    Long: the protocol's passes in order (taxonomy, each order and retention level, lone heads)
-    share the batches, the per-document record and the progress bar; each step is a function of this
-    package.
+        ```
     """
+    # Long: the protocol's passes in order (taxonomy, each order and retention level, lone heads)
+    # share the batches, the per-document record and the progress bar; each step is a function of
+    # this package.
     require_verified(model)
     orders = _check_orders(order)
     levels = _check_retention(retention)
@@ -402,8 +551,8 @@ def prune_heads(
         raise InputError(f"scope must be 'global' or 'layer', got {scope!r}.")
     check_count(n_random, "n_random (3 in P2)")
     check_count(lone_heads_per_pass, "lone_heads_per_pass")
-    sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
+    sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
     layer_list = resolve_layers(model, layers)
     lone_list = check_lone_heads(model, lone_heads, layer_list) if lone else []
     lone_source = docs if lone_corpus is None else as_corpus(lone_corpus)
@@ -446,7 +595,7 @@ def prune_heads(
             lone_source,
             heads=lone_list,
             n_docs=lone_docs,
-            n_tokens=lone_tokens,
+            max_tokens=lone_tokens,
             heads_per_pass=lone_heads_per_pass,
             prepend_bos=prepend_bos,
             progress=progress,
@@ -469,7 +618,7 @@ def _fold_rankings(
     learnt: tuple[str, ...],
 ) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
     """The head statistics to report and those each fold's documents are ranked by: one fold
-    (every document, ranked on the whole corpus) or, cross-fitted (``learnt`` orders), two —
+    (every document, ranked on the whole corpus) or, cross-fitted (`learnt` orders), two —
     the even-indexed documents ranked by statistics of the odd-indexed ones and vice versa
     (the reported statistics: those learnt on the odd ones)."""
     if not learnt:
@@ -492,13 +641,13 @@ def _fold_rankings(
 
 
 def _fold_hooks(model: Any, removed: tuple[frozenset, ...]) -> Any:
-    """Hooks removing ``removed[f]`` from the documents of fold ``f`` (document index modulo
-    the number of folds); one set for all: :func:`cw_lens.interventions.remove_heads`."""
+    """Hooks removing `removed[f]` from the documents of fold `f` (document index modulo
+    the number of folds); one set for all: [`cw_lens.remove_heads`][cw_lens.remove_heads]."""
     if len(removed) == 1:
         return [remove_heads(model, sorted(removed[0]))]
 
     def hooks(batch: TokenBatch) -> list[tuple[str, Any]]:
-        fold = torch.as_tensor(batch.documents) % len(removed)
+        fold = torch.as_tensor(batch.documents, device="cpu") % len(removed)
         return row_removal(fold, [sorted(r) for r in removed], model.cfg.n_heads)
 
     return hooks
@@ -513,11 +662,11 @@ def _pruning_table(
     nll_args: dict[str, Any],
     progress: bool,
 ) -> tuple[pd.DataFrame, dict | None]:
-    """ΔPPL per (order, draw, level) and, when ``nll_args`` asks for it, each document's (NLL
-    sum, count) per (order, draw, level) with ``"clean"``'s. ``folds[f]``: the rankings of
-    the documents whose index is ``f`` modulo ``len(folds)``; ``plan_args``: the retention
+    """ΔPPL per (order, draw, level) and, when `nll_args` asks for it, each document's (NLL
+    sum, count) per (order, draw, level) with `"clean"`'s. `folds[f]`: the rankings of
+    the documents whose index is `f` modulo `len(folds)`; `plan_args`: the retention
     levels, the scope and how many random draws run at every level (the others at
-    :data:`MODERATE` only)."""
+    `MODERATE` only)."""
     levels, scope, everywhere = plan_args
 
     def removed(name: str, draw: int, level: float) -> tuple[frozenset, ...]:

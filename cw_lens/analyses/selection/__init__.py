@@ -4,7 +4,7 @@ Mudarisov, Burtsev, Petrova, State, "Geometric Analysis of Token Selection in Mu
 Attention" (arXiv 2602.01893); the formulas and the readings fixed where the paper is open are
 those of methods § Token selection (docs/methods.md#selection).
 
-**Selection geometry.** For one (layer, head, query ``i``) work in value space before ``W_O``::
+**Selection geometry.** For one (layer, head, query `i`) work in value space before `W_O`:
 
     y_j   = alpha[i,j] v_j                         (v_j: the value of the kv head h reads)
     S     = top-N keys by alpha (ties: smaller index first);   s_N = sum_{j in S} y_j
@@ -15,33 +15,26 @@ those of methods § Token selection (docs/methods.md#selection).
     R_N   = #{j in S : D_j < rho_min} / N
     F_N   = 2 P R / (P + R)   (0 when P = R = 0)
 
-All three are 1 exactly when ``rho_min > rho_max`` (the selection is separable from the rest
-around its own aggregate). With Euclidean distance ``F_1 = 1`` for any rule (``D = 0`` at the one
-selected key). N runs over 1, 2, 4, ... up to ``T/2`` for a query with ``T`` keys; a (query, N)
-pair is scored only when the query has at least ``2N`` keys, for every rule alike.
+All three are 1 exactly when `rho_min > rho_max` (the selection is separable from the rest
+around its own aggregate). With Euclidean distance `F_1 = 1` for any rule (`D = 0` at the one
+selected key). N runs over 1, 2, 4, ... up to `T/2` for a query with `T` keys; a (query, N)
+pair is scored only when the query has at least `2N` keys, for every rule alike.
 
-Rules compared (P2's claims ``topn_beats_random`` and ``sink_lowers_fn``):
+Rules compared (P2's claims `topn_beats_random` and `sink_lowers_fn`):
 
-- ``top`` — top-N by attention, sink allowed in S;
-- ``random`` — ``n_random`` random rankings per (head, query), *nested across N* (one random
-  permutation of the keys; S = its first N), each set scored around its own aggregate ``s_N``.
-  The permutation of (document ``d``, layer ``l``, query ``i``) is drawn from a generator seeded
-  with ``(seed, d, l, i)``, so results do not depend on batching, sharding or the other documents;
-- ``top_no_sink`` — top-N with the sink positions removed from the candidates entirely.
+- `top` — top-N by attention, sink allowed in S;
+- `random` — `n_random` random rankings per (head, query), *nested across N* (one random
+  permutation of the keys; S = its first N), each set scored around its own aggregate `s_N`.
+  The permutation of (document `d`, layer `l`, query `i`) is drawn from a generator seeded
+  with `(seed, d, l, i)`, so results do not depend on batching, sharding or the other documents;
+- `top_no_sink` — top-N with the sink positions removed from the candidates entirely.
 
-Everything streams layer by layer (:func:`cw_lens.data.streaming.stream_corpus`) into exact sums
-(:class:`cw_lens.core.accumulate.ExactSums`), so corpora and ``torchrun`` ranks merge exactly.
+Everything streams layer by layer (`cw_lens.data.streaming.stream_corpus`) into exact sums
+(`cw_lens.core.accumulate.ExactSums`), so corpora and `torchrun` ranks merge exactly.
 Results follow the weights the model runs (a raw bridge); a bridge in compatibility mode gives
 results for its folded weights.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
-    geo = cw_lens.selection_geometry(model, corpus)
-    geo.f_by_n()                  # mean F_N per N: top vs random, and the sink effect
-    geo.sink_effect()             # F_N without the sink over F_N with it
+The public functions' docstrings have runnable examples.
 """
 
 from cw_lens.analyses.selection.geometry import (

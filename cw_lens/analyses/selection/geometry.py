@@ -1,5 +1,6 @@
-"""Selection geometry over a corpus (:func:`selection_geometry`): P/R/F of the top, random and
-sink-free selections per head, streamed into exact sums, its claims and its result class.
+"""Selection geometry over a corpus ([`selection_geometry`][cw_lens.selection_geometry]): P/R/F of
+the top, random and sink-free selections per head, streamed into exact sums, its claims and its
+result class.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from cw_lens.core.resampled import (
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import prepare_inputs
+from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
 
@@ -55,7 +57,7 @@ ROW_BUDGET_BYTES = 256e6
 
 
 class _SelectionAccumulator:
-    """Exact sums of P, R, F and counts, ``[rule, head, n, 4]`` per layer."""
+    """Exact sums of P, R, F and counts, `[rule, head, n, 4]` per layer."""
 
     def __init__(
         self,
@@ -88,7 +90,9 @@ class _SelectionAccumulator:
         acts = lc.acts
         pairs = _query_pairs(acts.batch.lengths.tolist(), self.query, self.sinks)
         n_batch, n_heads, _, n_keys = acts.pattern.shape
-        totals = torch.zeros(n_batch, len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64)
+        totals = torch.zeros(
+            n_batch, len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64, device="cpu"
+        )
         per_pair = n_heads * n_keys * acts.values.shape[-1] * 4 * (4 + 3 * self.n_random)
         chunk = max(1, int(ROW_BUDGET_BYTES // per_pair))
         for start in range(0, len(pairs), chunk):
@@ -101,7 +105,7 @@ class _SelectionAccumulator:
             self.per_doc.add_rows(acts.batch.documents, "f_and_count", totals[..., 2:], at=at)
 
     def _score(self, acts: Any, rows: Tensor, queries: Tensor) -> Tensor:
-        """``[pair, rule, head, n, (P, R, F, count)]`` sums for (batch row, query) pairs."""
+        """`[pair, rule, head, n, (P, R, F, count)]` sums for (batch row, query) pairs."""
         n_heads, n_keys = acts.pattern.shape[1], acts.pattern.shape[-1]
         attention = acts.pattern[rows, :, queries, :]  # [pair, head, key]
         kv = kv_of_heads(n_heads, acts.values.shape[2], attention.device)
@@ -124,7 +128,9 @@ class _SelectionAccumulator:
             per_rule["random"] = self._random(y, causal, docs, acts.layer, queries.tolist())
         grid = torch.tensor(self.n_grid, device=keys.device)
         scored = (2 * grid[None, :] <= queries[:, None] + 1)[:, None, :].expand(-1, n_heads, -1)
-        out = torch.zeros(len(rows), len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64)
+        out = torch.zeros(
+            len(rows), len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64, device="cpu"
+        )
         for r, rule in enumerate(RULES):
             if rule not in per_rule:
                 continue
@@ -138,7 +144,7 @@ class _SelectionAccumulator:
     def _random(
         self, y: Tensor, candidates: Tensor, docs: list[int], layer: int, queries: list[int]
     ) -> PRF:
-        """Mean P, R, F over the ``n_random`` nested random rankings of each (pair, head)."""
+        """Mean P, R, F over the `n_random` nested random rankings of each (pair, head)."""
         orders = torch.stack(
             [
                 self._random_orders(doc, layer, q, y.shape[1], y.shape[2])
@@ -156,24 +162,24 @@ class _SelectionAccumulator:
         return PRF(*(t.mean(2) for t in prf))
 
     def _random_orders(self, doc: int, layer: int, query: int, n_heads: int, n_keys: int) -> Tensor:
-        """``[head, n_random, key]``: :func:`random_rankings` of keys ``0..query``, then the
+        """`[head, n_random, key]`: `random_rankings` of keys `0..query`, then the
         later keys (never candidates)."""
         ranked = random_rankings(self.seed, doc, layer, query, n_heads, self.n_random)
-        later = torch.arange(query + 1, n_keys).expand(n_heads, self.n_random, -1)
+        later = torch.arange(query + 1, n_keys, device="cpu").expand(n_heads, self.n_random, -1)
         return torch.cat([ranked, later], dim=-1)
 
 
 def _query_pairs(lengths: list[int], query: str, sinks: tuple[int, ...]) -> Tensor:
-    """``[pair, 2]`` (batch row, query position) of the queries to score."""
+    """`[pair, 2]` (batch row, query position) of the queries to score."""
     pairs = []
     for row, n in enumerate(lengths):
         positions = [n - 1] if query == "last" else range(1, n)
         pairs += [(row, q) for q in positions if q not in sinks and q >= 1]
-    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+    return torch.tensor(pairs, dtype=torch.long, device="cpu").reshape(-1, 2)
 
 
 def head_f_ratio(f_without: pd.Series, f_with: pd.Series) -> pd.Series:
-    """Per head: F(sink excluded) / F(sink allowed); ``inf`` where only the sink-free F is
+    """Per head: F(sink excluded) / F(sink allowed); `inf` where only the sink-free F is
     positive, NaN where both are 0."""
     ratio = f_without / f_with.where(f_with > 0)
     return ratio.mask((f_with == 0) & (f_without > 0), math.inf)
@@ -184,24 +190,24 @@ SINK_N = (2, 4)
 
 
 def selection_claims(table: pd.DataFrame) -> list[Claim]:
-    """``topn_beats_random`` (when the random rule was run) and ``sink_lowers_fn``, as the
+    """`topn_beats_random` (when the random rule was run) and `sink_lowers_fn`, as the
     criteria of methods § Claims (docs/methods.md#claims) read them, from the per-head table of
-    :meth:`SelectionGeometryResult.to_dataframe` (``layer, head, n, rule, f``).
+    [`SelectionGeometryResult.to_dataframe`][cw_lens.SelectionGeometryResult.to_dataframe] (`layer,
+    head, n, rule, f`).
 
-    - ``topn_beats_random``: the mean over heads of F_N(top) - F_N(random) is > 0 at every
+    - `topn_beats_random`: the mean over heads of F_N(top) - F_N(random) is > 0 at every
       N > 1 (its minimum is the number), and the largest difference is at N in {2, 4} (the
       number: the largest difference there minus the largest at N > 4; omitted when no N > 4
       was measured).
-    - ``sink_lowers_fn``: at N = 2 and N = 4 the geometric mean over heads of
+    - `sink_lowers_fn`: at N = 2 and N = 4 the geometric mean over heads of
       F_N(sink excluded) / F_N(sink allowed) is > 1, each F plus 0.01 so that a head with
-      F = 0 counts (:func:`cw_lens.core.resampled.geometric_mean_ratio`: a smooth statistic, where
+      F = 0 counts (`cw_lens.core.resampled.geometric_mean_ratio`: a smooth statistic, where
       the median sits on the point mass of heads at exactly 1); the median ratio
-      (:func:`head_f_ratio`), the share of heads at >= 2x and the share of heads with an F of
+      (`head_f_ratio`), the share of heads at >= 2x and the share of heads with an F of
       0 are reported beside it.
-
-    Long: the two claims share the per-head table and its N grid; split, each would re-derive
-    them.
     """
+    # Long: the two claims share the per-head table and its N grid; split, each would re-derive
+    # them.
     f = table.pivot_table(index=["layer", "head", "n"], columns="rule", values="f")
     means = f.groupby("n").mean()
     grid = [int(n) for n in means.index if n > 1]
@@ -243,7 +249,8 @@ def selection_claims(table: pd.DataFrame) -> list[Claim]:
     geomean = {
         n: float(
             geometric_mean_ratio(
-                torch.tensor(g["top_no_sink"].values), torch.tensor(g["top"].values)
+                torch.tensor(g["top_no_sink"].values, device="cpu"),
+                torch.tensor(g["top"].values, device="cpu"),
             )
         )
         for n, g in f.groupby("n")
@@ -283,19 +290,19 @@ class SelectionGeometryResult(Result):
     """F_N, P_N, R_N of the three selection rules per (layer, head, N), summed over a corpus.
 
     Attributes:
-        sums: float64 totals ``[layer, rule, head, n, 4]``: the sums of P, R, F over the scored
-            queries (the random rule contributes each query's mean over its ``n_random``
+        sums: float64 totals `[layer, rule, head, n, 4]`: the sums of P, R, F over the scored
+            queries (the random rule contributes each query's mean over its `n_random`
             rankings) and the number of scored queries.
-        layers: Layer index of each entry of the layer axis (``result.layer(n)``: layer ``n``
+        layers: Layer index of each entry of the layer axis (`result.layer(n)`: layer `n`
             only).
         n_grid: The N of each entry of the n axis.
-        query: ``"last"`` (the last real position of each document) or ``"all"``.
+        query: `"last"` (the last real position of each document) or `"all"`.
         n_random, seed: The random baseline's size and seed.
-        sink_positions: Positions excluded by the ``top_no_sink`` rule.
-        distance: ``"euclidean"`` or ``"cosine"``.
+        sink_positions: Positions excluded by the `top_no_sink` rule.
+        distance: `"euclidean"` or `"cosine"`.
         n_documents: Documents in the corpus.
 
-    Means are NaN where no query was scored (a query needs at least ``2N`` keys); tables drop
+    Means are NaN where no query was scored (a query needs at least `2N` keys); tables drop
     those entries.
     """
 
@@ -324,7 +331,24 @@ class SelectionGeometryResult(Result):
         return self.sums[..., 3].long()
 
     def mean(self, metric: str = "f") -> Float[Tensor, "layer rule head n"]:
-        """Mean ``precision``, ``recall`` or ``f`` over the scored queries (NaN where none)."""
+        """Mean `precision`, `recall` or `f` over the scored queries.
+
+        Args:
+            metric: `"precision"`, `"recall"` or `"f"`.
+
+        Returns:
+            A tensor `[layer, rule, head, n]`, NaN where no query was scored.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.mean("f").shape
+            ```
+        """
         index = {"precision": 0, "recall": 1, "f": 2}
         if metric not in index:
             raise InputError(f"metric must be 'precision', 'recall' or 'f', got {metric!r}.")
@@ -332,7 +356,21 @@ class SelectionGeometryResult(Result):
         return torch.where(count > 0, self.sums[..., index[metric]] / count, math.nan)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """One row per (layer, head, n, rule): precision, recall, f, n_queries."""
+        """One row per (layer, head, n, rule).
+
+        Returns:
+            A DataFrame with `layer, head, n, rule, precision, recall, f, n_queries`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.to_dataframe().head()
+            ```
+        """
         n_heads = self.sums.shape[2]
         layer, head, n = np.meshgrid(self.layers, range(n_heads), self.n_grid, indexing="ij")
         frames = []
@@ -348,9 +386,26 @@ class SelectionGeometryResult(Result):
         return df[df["n_queries"] > 0].reset_index(drop=True)
 
     def f_by_n(self, metric: str = "f") -> pd.DataFrame:
-        """Mean over heads of each head's mean ``metric`` per N and rule (index ``n``), with
-        ``top_over_random`` (claim ``topn_beats_random``) and ``no_sink_over_sink`` =
-        F(top_no_sink) / F(top) (claim ``sink_lowers_fn``: > 1 when the sink lowers F_N)."""
+        """Mean over heads of each head's mean `metric`, per N and rule.
+
+        Args:
+            metric: `"precision"`, `"recall"` or `"f"`.
+
+        Returns:
+            A DataFrame indexed by `n`: one column per rule, with `top_over_random` (claim
+            `topn_beats_random`) and `no_sink_over_sink` = F(top_no_sink) / F(top) (claim
+            `sink_lowers_fn`: > 1 when the sink lowers F_N).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.f_by_n()
+            ```
+        """
         df = self.to_dataframe()
         table = df.pivot_table(index="n", columns="rule", values=metric, aggfunc="mean")
         table = table[list(self.rules)]
@@ -362,16 +417,48 @@ class SelectionGeometryResult(Result):
         return table
 
     def head_quantiles(self, q: Sequence[float] = (0.25, 0.75), metric: str = "f") -> pd.DataFrame:
-        """Quantiles over heads of the per-head mean ``metric``, per rule and N (long format)."""
+        """Quantiles over heads of the per-head mean `metric`, per rule and N.
+
+        Args:
+            q: The quantiles.
+            metric: `"precision"`, `"recall"` or `"f"`.
+
+        Returns:
+            A DataFrame with `rule, n` and one column per quantile (`q25`, `q75`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.head_quantiles(q=(0.1, 0.9))
+            ```
+        """
         df = self.to_dataframe()
         out = df.groupby(["rule", "n"])[metric].quantile(list(q)).unstack()
         out.columns = [f"q{round(100 * x)}" for x in q]
         return out.reset_index()
 
     def sink_effect(self) -> pd.DataFrame:
-        """Per N: mean F with and without the sink, their ratio, the share of heads whose F
-        rises when the sink is excluded, the median per-head ratio (claim ``sink_lowers_fn``)
-        and the share of heads whose ratio is at least 2 (:func:`head_f_ratio`)."""
+        """The sink's effect on F, per N (claim `sink_lowers_fn`).
+
+        Returns:
+            A DataFrame per N: mean F with and without the sink, their ratio, the share of heads
+            whose F rises when the sink is excluded, the median per-head ratio and the share of
+            heads whose ratio is at least 2 (`head_f_ratio`).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.sink_effect()
+            ```
+        """
         df = self.to_dataframe().pivot_table(
             index=["layer", "head", "n"], columns="rule", values="f"
         )
@@ -389,7 +476,27 @@ class SelectionGeometryResult(Result):
         return per_n
 
     def top(self, k: int = 10, *, n: int | None = None, rule: str = "top") -> pd.DataFrame:
-        """The ``k`` heads with the highest mean F at ``n`` (default: the second N of the grid)."""
+        """The `k` heads with the highest mean F at one N.
+
+        Args:
+            k: How many heads.
+            n: The selection size (default: the second N of the grid).
+            rule: `"top"`, `"random"` or `"top_no_sink"`.
+
+        Returns:
+            `k` rows of [`to_dataframe`][cw_lens.SelectionGeometryResult.to_dataframe], highest F
+            first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.top(5, n=2)
+            ```
+        """
         if rule not in self.rules:
             raise InputError(f"rule must be one of {self.rules}, got {rule!r}.")
         n = self.n_grid[min(1, len(self.n_grid) - 1)] if n is None else n
@@ -400,8 +507,21 @@ class SelectionGeometryResult(Result):
         return df.sort_values("f", ascending=False, kind="stable").head(k).reset_index(drop=True)
 
     def summary_dict(self) -> dict[str, Any]:
-        """Headline numbers of the claims ``topn_beats_random`` and ``sink_lowers_fn``
-        (``summary()``: this dict as a one-row DataFrame)."""
+        """Headline numbers of the claims `topn_beats_random` and `sink_lowers_fn`.
+
+        Returns:
+            A JSON-ready dict (`summary()` is this dict as a one-row DataFrame).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            geo.summary_dict()
+            ```
+        """
         table = self.f_by_n()
         out: dict[str, Any] = {
             "query": self.query,
@@ -419,9 +539,29 @@ class SelectionGeometryResult(Result):
         return out
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's selection claims (docs/methods.md#claims) with the numbers measured here
-        (:func:`selection_claims`); with ``bootstrap``, each number's interval over documents
-        (:func:`cw_lens.core.resampled.selection_numbers`; needs ``per_document=True``)."""
+        """P2's selection claims (docs/methods.md#claims) with the numbers measured here.
+
+        Args:
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
+                documents (`cw_lens.core.resampled.selection_numbers`; needs `per_document=True`).
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
+            numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            geo.claims()["topn_beats_random"]["holds"]
+            geo.claims(Bootstrap(resamples=100))
+            ```
+        """
         claims = selection_claims(self.to_dataframe())
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
@@ -430,25 +570,79 @@ class SelectionGeometryResult(Result):
         return claims_dict(claims)
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """The claims' numbers in every row of ``bootstrap.weights``, ``{number: [rows]}``."""
+        """The claims' numbers in every row of `bootstrap.weights`.
+
+        Args:
+            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+
+        Returns:
+            `{number: tensor of one value per resample}`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            replicates = geo.replicates(Bootstrap(resamples=100))
+            ```
+        """
         record = require_record(self.per_document, "selection_geometry")
         return selection_numbers(bootstrap.resample(record), self.n_grid, RULES, SMALL_N, SINK_N)
 
     def plot(self, **kwargs: Any) -> Any:
-        """F_N against N for top-N and the random baseline (claim ``topn_beats_random``)."""
+        """F_N against N for top-N and the random baseline (claim `topn_beats_random`).
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.selection.plot_topn_beats_random` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            fig = geo.plot()
+            ```
+        """
         from cw_lens.plots.selection import plot_topn_beats_random
 
         return plot_topn_beats_random(self, **kwargs)
 
     def plot_sink_effect(self, **kwargs: Any) -> Any:
-        """F_N with and without the sink (claim ``sink_lowers_fn``)."""
+        """F_N with and without the sink (claim `sink_lowers_fn`).
+
+        Args:
+            **kwargs: Passed to `cw_lens.plots.selection.plot_sink_lowers_fn` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            geo = cw_lens.selection_geometry(model, corpus, progress=False)
+            fig = geo.plot_sink_effect()
+            ```
+        """
         from cw_lens.plots.selection import plot_sink_lowers_fn
 
         return plot_sink_lowers_fn(self, **kwargs)
 
 
 def selection_geometry(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     n_grid: Sequence[int] | None = None,
@@ -466,44 +660,51 @@ def selection_geometry(
     """P2's token-selection geometry: F_N of top-N, random and sink-free selections per head.
 
     Args:
-        model: A ``TransformerBridge`` (``cw_lens.load_model()``).
-        corpus: What :func:`cw_lens.load_corpus` returns, or a list of strings.
-        n_grid: Selection sizes N; ``None`` = 1, 2, 4, ... up to half the longest document.
+        model: A `TransformerBridge` (`cw_lens.load_model()`).
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        n_grid: Selection sizes N; `None` = 1, 2, 4, ... up to half the longest document.
             An N larger than half the longest document's length is an error.
-        query: ``"last"`` scores the last real position of every document (P2's default);
-            ``"all"`` every position ``i >= 1`` — about ``T`` times the work (use few
-            documents or ``layers=``).
+        query: `"last"` scores the last real position of every document (P2's default);
+            `"all"` every position `i >= 1` — about `T` times the work (use few
+            documents or `layers=`).
         n_random: Random rankings per (head, query) for the baseline (0 = no baseline).
+            Default 16, P2's protocol: a ranking is a few tensor operations on the values of
+            the same pass (no extra forward pass), so its cost is small.
         seed: Seed of the random rankings (per document, layer and query; see module doc).
-        sink_positions: Positions the ``top_no_sink`` rule removes from the candidates.
-        distance: ``"euclidean"`` (the default) or ``"cosine"``.
-        layers: Layers to analyse (``None`` = all).
+        sink_positions: Positions the `top_no_sink` rule removes from the candidates; each
+            must be a token of every document (as in [`sink_statistics`][cw_lens.sink_statistics]).
+        distance: `"euclidean"` (the default) or `"cosine"`.
+        layers: Layers to analyse (`None` = all).
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS (position 0 is then the usual sink).
         progress: Show a progress bar over document batches.
         per_document: Also keep each document's F sums and scored queries per (layer, rule,
-            head, N) (``24 * n_layers * n_heads * len(n_grid) + 1`` bytes per document, 45 KB
+            head, N) (`24 * n_layers * n_heads * len(n_grid) + 1` bytes per document, 45 KB
             for SmolLM2-135M at 128 tokens) for bootstrap intervals
-            (:meth:`SelectionGeometryResult.claims`).
+            ([`SelectionGeometryResult.claims`][cw_lens.SelectionGeometryResult.claims]).
 
     Returns:
-        A :class:`SelectionGeometryResult`.
+        A [`SelectionGeometryResult`][cw_lens.SelectionGeometryResult].
 
-    Example::
+    Examples:
+        ```python
+        import cw_lens
 
-        geo = cw_lens.selection_geometry(model, cw_lens.load_corpus(model=model))
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        geo = cw_lens.selection_geometry(model, corpus, progress=False)
         geo.f_by_n()          # columns top, random, top_no_sink, top_over_random, ...
-        geo.plot()
-
-    Long: argument checks and the accumulator's set-up; the math is in prf.py and the accumulator.
+        fig = geo.plot()
+        ```
     """
+    # Long: argument checks and the accumulator's set-up; the math is in prf.py and the accumulator.
     require_verified(model)
     if query not in ("last", "all"):
         raise InputError(f"query must be 'last' or 'all', got {query!r}.")
     check_count(n_random, "n_random (16 in P2)", minimum=0)
     check_distance(distance)
-    sinks = check_sinks(sink_positions)
     docs = as_corpus(corpus)
+    sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
     longest = int(prepare_inputs(model, docs, prepend_bos=prepend_bos).lengths.max())
     grid = power_grid(longest) if n_grid is None else check_grid(n_grid)
     if not grid or 2 * grid[-1] > longest:

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
 
 Distance = Literal["euclidean", "cosine"]
@@ -30,7 +31,7 @@ class PRF(NamedTuple):
 
 
 def power_grid(n_keys: int) -> list[int]:
-    """The grid of N (docs/methods.md#selection) for ``n_keys`` keys: 1, 2, 4, ... up to half."""
+    """The grid of N (docs/methods.md#selection) for `n_keys` keys: 1, 2, 4, ... up to half."""
     grid, n = [], 1
     while 2 * n <= n_keys:
         grid.append(n)
@@ -43,7 +44,7 @@ def selection_distance(
     s: Float[Tensor, "*rows d_head"],
     distance: Distance = "euclidean",
 ) -> Float[Tensor, "*rows key"]:
-    """``D_j = ||y_j - s||``, or the cosine distance ``1 - <y_j,s> / max(||y_j|| ||s||, 1e-12)``."""
+    """`D_j = ||y_j - s||`, or the cosine distance `1 - <y_j,s> / max(||y_j|| ||s||, 1e-12)`."""
     s = s[..., None, :]
     if distance == "euclidean":
         return torch.linalg.vector_norm(y - s, dim=-1)
@@ -52,13 +53,13 @@ def selection_distance(
     return 1.0 - dot / norms.clamp_min(COSINE_EPS)
 
 
-# Bytes of ``y`` that :func:`_distances_in_blocks` reads per block of leading rows: ``y - s`` of
+# Bytes of `y` that `_distances_in_blocks` reads per block of leading rows: `y - s` of
 # a block stays in cache (the same numbers as one full-size subtraction, several times faster).
 DISTANCE_BLOCK_BYTES = 2**21
 
 
 def _distances_in_blocks(y: Tensor, s: Tensor, distance: Distance) -> Tensor:
-    """:func:`selection_distance` computed over blocks of the first axis (row-wise, so exactly
+    """`selection_distance` computed over blocks of the first axis (row-wise, so exactly
     the same values)."""
     if y.dim() < 3:
         return selection_distance(y, s, distance)
@@ -85,12 +86,12 @@ def top_order(
 def random_order(
     candidates: Bool[Tensor, "*rows key"], n_random: int, generator: torch.Generator
 ) -> Int[Tensor, "*rows n_random key"]:
-    """``n_random`` uniform random rankings of the candidate keys per row (non-candidates last).
+    """`n_random` uniform random rankings of the candidate keys per row (non-candidates last).
 
     Nested across N by construction: the N-key selection is the first N keys of the ranking.
     """
     shape = (*candidates.shape[:-1], n_random, candidates.shape[-1])
-    draws = torch.rand(shape, generator=generator, dtype=torch.float64)
+    draws = torch.rand(shape, generator=generator, dtype=torch.float64, device="cpu")
     draws = draws.to(candidates.device).masked_fill(~candidates[..., None, :], 2.0)
     return torch.sort(draws, dim=-1, stable=True).indices
 
@@ -98,12 +99,12 @@ def random_order(
 def random_rankings(
     seed: int, document: int, layer: int, query: int, n_heads: int, n_random: int
 ) -> Int[Tensor, "head n_random key"]:
-    """The random baseline's rankings of keys ``0..query`` for one (document, layer, query):
-    :func:`random_order` with a generator seeded by ``(seed, document, layer, query)``
-    (``document`` = the document's index in the corpus), so a run is reproducible whatever the
+    """The random baseline's rankings of keys `0..query` for one (document, layer, query):
+    `random_order` with a generator seeded by `(seed, document, layer, query)`
+    (`document` = the document's index in the corpus), so a run is reproducible whatever the
     batching or sharding."""
     generator = _seeded_generator(seed, document, layer, query)
-    keys = torch.ones(n_heads, query + 1, dtype=torch.bool)
+    keys = torch.ones(n_heads, query + 1, dtype=torch.bool, device="cpu")
     return random_order(keys, n_random, generator)
 
 
@@ -114,18 +115,18 @@ def prf_of_ranking(
     n_grid: Sequence[int],
     distance: Distance = "euclidean",
 ) -> PRF:
-    """P_N, R_N, F_N of the selections ``S = order[:N]`` for every N of ``n_grid``.
+    """P_N, R_N, F_N of the selections `S = order[:N]` for every N of `n_grid`.
 
     Args:
-        y: Attention-weighted values ``alpha[i,j] v_j``.
-        order: A ranking of the keys with the candidates first (:func:`top_order`,
-            :func:`random_order`).
+        y: Attention-weighted values `alpha[i,j] v_j`.
+        order: A ranking of the keys with the candidates first (`top_order`,
+            `random_order`).
         candidates: Keys that may be selected; the others take no part at all.
         n_grid: Selection sizes.
-        distance: ``"euclidean"`` or ``"cosine"``.
+        distance: `"euclidean"` or `"cosine"`.
 
     Returns:
-        :class:`PRF`, each ``[*rows, len(n_grid)]`` float64, NaN where ``N`` exceeds the number
+        `PRF`, each `[*rows, len(n_grid)]` float64, NaN where `N` exceeds the number
         of candidates of the row.
     """
     y_ranked = y.gather(-2, order[..., None].expand(*order.shape, y.shape[-1]))
@@ -146,7 +147,9 @@ def prf_of_ranking(
         size = torch.full_like(false_pos, n)  # tensor / tensor: the same rounding as Python
         p = size / (size + false_pos)
         r = true_pos / size
-        f = torch.where(p + r > 0, 2 * p * r / (p + r), torch.zeros((), dtype=torch.float64))
+        f = torch.where(
+            p + r > 0, 2 * p * r / (p + r), torch.zeros((), dtype=torch.float64, device=p.device)
+        )
         undefined = n_candidates < n
         out.append([t.masked_fill(undefined, math.nan) for t in (p, r, f)])
     return PRF(*(torch.stack(ts, dim=-1) for ts in zip(*out, strict=True)))
@@ -161,21 +164,34 @@ def geometric_prf_batched(
     candidates: Bool[Tensor, "*rows key"] | None = None,
     exclude: Sequence[int] | None = None,
 ) -> PRF:
-    """:func:`geometric_prf` for many queries (and heads, layers, documents) and a grid of N.
+    """[`geometric_prf`][cw_lens.geometric_prf] for many queries (and heads, layers, documents) and
+    a grid of N.
 
-    Vectorised over every leading axis and the keys; agrees exactly with :func:`geometric_prf`
-    row by row.
+    Vectorised over every leading axis and the keys; agrees exactly with
+    [`geometric_prf`][cw_lens.geometric_prf] row by row.
 
     Args:
-        values: ``v_j`` per row ``[*rows, key, d_head]``.
-        attention: ``alpha[i, j]`` per row ``[*rows, key]``.
+        values: `v_j` per row `[*rows, key, d_head]`.
+        attention: `alpha[i, j]` per row `[*rows, key]`.
         n_grid: Selection sizes N.
-        distance: ``"euclidean"`` or ``"cosine"``.
-        candidates: Keys each row may select (default all; e.g. ``key <= query`` and real).
-        exclude: Key indices removed from every row's candidates (e.g. the sink, ``[0]``).
+        distance: `"euclidean"` or `"cosine"`.
+        candidates: Keys each row may select (default all; e.g. `key <= query` and real).
+        exclude: Key indices removed from every row's candidates (e.g. the sink, `[0]`).
 
     Returns:
-        :class:`PRF`, each ``[*rows, len(n_grid)]``; NaN where N exceeds a row's candidates.
+        A `PRF` (`precision`, `recall`, `f`), each `[*rows, len(n_grid)]`; NaN where N exceeds
+        a row's candidates.
+
+    Examples:
+        ```python
+        import torch
+        import cw_lens
+
+        values = torch.randn(4, 8, 16)                      # 4 queries, 8 keys, d_head 16
+        attention = torch.softmax(torch.randn(4, 8), -1)
+        prf = cw_lens.geometric_prf_batched(values, attention, [1, 2, 4], exclude=[0])
+        prf.f.shape                                         # [4, 3]: one F per query and N
+        ```
     """
     check_distance(distance)
     grid = check_grid(n_grid)
@@ -199,21 +215,26 @@ def geometric_prf(
     selection (docs/methods.md#selection).
 
     Args:
-        values: The head's value vectors ``v_j`` of the query's keys ``[key, d_head]``.
-        attention: The query's attention ``alpha[i, j]`` over those keys ``[key]``.
+        values: The head's value vectors `v_j` of the query's keys `[key, d_head]`.
+        attention: The query's attention `alpha[i, j]` over those keys `[key]`.
         n: Selection size N (1 <= N <= number of candidates).
-        distance: ``"euclidean"`` (``||y_j - s_N||``) or ``"cosine"``.
-        exclude: Key indices removed from the candidates entirely (e.g. ``[0]``, the sink).
+        distance: `"euclidean"` (`||y_j - s_N||`) or `"cosine"`.
+        exclude: Key indices removed from the candidates entirely (e.g. `[0]`, the sink).
         ranking: Rank the candidates in this order instead of by attention (e.g. a random
             permutation; excluded keys are dropped from it).
 
     Returns:
-        ``(precision, recall, f)`` as floats.
+        `(precision, recall, f)` as floats.
 
-    Example::
+    Examples:
+        ```python
+        import torch
+        import cw_lens
 
-        v = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.1]])
-        geometric_prf(v, torch.tensor([0.5, 0.4, 0.1]), 2)   # (1.0, 1.0, 1.0)
+        values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.1]])
+        attention = torch.tensor([0.5, 0.4, 0.1])
+        cw_lens.geometric_prf(values, attention, 2)  # (precision, recall, f) of the top-2 keys
+        ```
     """
     values, attention = _check_query(values, attention)
     check_distance(distance)
@@ -234,7 +255,9 @@ def geometric_prf(
     d = selection_distance(y, aggregate, distance)
     selected, others = d[ranked[:n]], d[ranked[n:]]
     rho_max = selected.max()
-    rho_min = others.min() if len(others) else torch.tensor(math.inf, dtype=d.dtype)
+    rho_min = (
+        others.min() if len(others) else torch.tensor(math.inf, dtype=d.dtype, device=d.device)
+    )
     false_pos = int((others <= rho_max).sum())
     true_pos = int((selected < rho_min).sum())
     p = n / (n + false_pos)
@@ -259,8 +282,8 @@ def check_grid(n_grid: Sequence[int]) -> list[int]:
 
 
 def _check_query(values: Any, attention: Any) -> tuple[Tensor, Tensor]:
-    values = torch.as_tensor(values)
-    attention = torch.as_tensor(attention)
+    values = to_tensor(values)
+    attention = torch.as_tensor(attention, device=values.device)
     if not values.is_floating_point():
         values = values.double()
     if not attention.is_floating_point():

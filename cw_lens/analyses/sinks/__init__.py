@@ -2,8 +2,8 @@
 
 P1 (Cunningham & Muca Cirone, ICML 2026) argues that the first token — the attention sink — is
 not a passive store of spare attention but an active part of the head's computation. With the
-sink position(s) ``S`` (position 0, the BOS token, by default), per head ``h`` and query ``i``
-(docs/methods.md#sinks)::
+sink position(s) `S` (position 0, the BOS token, by default), per head `h` and query `i`
+(docs/methods.md#sinks):
 
     sink rate        s_i = sum_{j in S} alpha[i,j]          sink head: mean_{i >= 16} s_i > 0.3
     decomposition    o_i = s_i p_i + (1 - s_i) m_i          p_i: the sink's projected value
@@ -15,25 +15,16 @@ sink position(s) ``S`` (position 0, the BOS token, by default), per head ``h`` a
                      -<alpha_i0 pv_0, d_i> / ||d_i||^2   (P1: the sink opposes the drift)
     value geometry   ||pv_j|| / ||pv_0||  (P1/P2: 3-10x),  cos(pv_0, pv_j), cos(pv_0, m_i) < 0
 
-All of it is computed in head space with the Gram matrices (``pv_j = v_j W_O`` is never built)
+All of it is computed in head space with the Gram matrices (`pv_j = v_j W_O` is never built)
 and streamed one layer at a time over a corpus, into mergeable accumulators.
 
-Sink-norm ablation (the intervention, :func:`cw_lens.patch_sink`): ``pv_0 -> lambda pv_0`` for
-queries after the sink, attention untouched; :func:`sink_ablation` measures the change in
-perplexity, each head's output norm, and its alignment with the head's semantic cone (axis
-``u^h`` = normalised mean of the head's non-sink projected values): ``cos(o_i^h, u^h)``.
+Sink-norm ablation (the intervention, [`cw_lens.patch_sink`][cw_lens.patch_sink]): `pv_0 -> lambda
+pv_0` for queries after the sink, attention untouched; [`sink_ablation`][cw_lens.sink_ablation]
+measures the change in perplexity, each head's output norm, and its alignment with the head's
+semantic cone (axis `u^h` = normalised mean of the head's non-sink projected values): `cos(o_i^h,
+u^h)`.
 
-Example::
-
-    import cw_lens
-    model = cw_lens.load_model()
-    corpus = cw_lens.load_corpus(n_docs=8, max_tokens=128, model=model)
-    stats = cw_lens.sink_statistics(model, corpus)
-    stats.heads().query("sink_head")            # per-head sink geometry
-    stats.claims()                              # P1's sink claims, measured
-    with cw_lens.patch_sink(model, layers=[10]):
-        patched_logits = model("The first token is a sink.")
-    ablation = cw_lens.sink_ablation(model, corpus, layers=[10])
+The public functions' docstrings have runnable examples.
 """
 
 from cw_lens.analyses.sinks.ablation import (

@@ -1,12 +1,12 @@
-"""Sink-norm ablation (:func:`sink_ablation`): perplexity, output norms and cone alignment
-with the sink's projected value scaled by lambda.
+"""Sink-norm ablation ([`sink_ablation`][cw_lens.sink_ablation]): perplexity, output norms and cone
+alignment with the sink's projected value scaled by lambda.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -15,6 +15,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from cw_lens.analyses.common import check_sinks_inside
 from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
 from cw_lens.core import geometry as geo
 from cw_lens.core.accumulate import ExactSums, PerDocument
@@ -30,6 +31,7 @@ from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.scoring import corpus_nll
 from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.access import Model
 from cw_lens.models.capture import LayerActivations
 from cw_lens.models.interventions import patch_sink, per_layer_heads, sink_scale
 from cw_lens.models.layer_contributions import LayerContributionsResult
@@ -42,7 +44,7 @@ def cone_axis(
     acts: LayerActivations, sink_full: Bool[Tensor, "batch pos"]
 ) -> Float[Tensor, "batch head d_head"]:
     """The axis of each head's semantic cone in value space: the mean of the values the head
-    reads at real non-sink positions over the whole sequence (``u^h`` up to ``W_O^h`` and
+    reads at real non-sink positions over the whole sequence (`u^h` up to `W_O^h` and
     normalisation, methods § Attention sinks (docs/methods.md#sinks))."""
     tail = (acts.mask & ~sink_full).to(acts.values.dtype)
     per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
@@ -54,8 +56,8 @@ def norm_and_cone(
     axis: Float[Tensor, "batch query head d_head"],
     gram: Float[Tensor, "head d_head d_head"],
 ) -> tuple[Float[Tensor, "batch head query"], Float[Tensor, "batch head query"], Tensor]:
-    """``||o_i^h||``, the cone alignment ``cos(o_i^h, u^h)`` and where it is defined (both
-    norms positive), in head space (``o = z W_O``, ``u = axis W_O``)."""
+    """`||o_i^h||`, the cone alignment `cos(o_i^h, u^h)` and where it is defined (both
+    norms positive), in head space (`o = z W_O`, `u = axis W_O`)."""
     zz = geo.gram_inner(z, z, gram)
     aa = geo.gram_inner(axis, axis, gram)
     za = geo.gram_inner(z, axis, gram)
@@ -77,9 +79,9 @@ class _AblationAccumulator:
         direct_after: bool,
         n_documents: int | None = None,
     ) -> None:
-        """``run_tag``: what the streamed run measures ("before" = clean, "after" = patched);
-        ``direct_after``: also record the exact direct effect of the patch on the clean run;
-        ``n_documents``: also keep each document's sums (for bootstrap intervals)."""
+        """`run_tag`: what the streamed run measures ("before" = clean, "after" = patched);
+        `direct_after`: also record the exact direct effect of the patch on the clean run;
+        `n_documents`: also keep each document's sums (for bootstrap intervals)."""
         self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
         self.scale, self.mode = scale, mode
         self.run_tag, self.direct_after = run_tag, direct_after
@@ -155,15 +157,15 @@ class _AblationAccumulator:
 
 @dataclass(repr=False)
 class SinkAblationResult(Result):
-    """Result of :func:`sink_ablation`.
+    """Result of [`sink_ablation`][cw_lens.sink_ablation].
 
     Attributes:
         clean_nll, patched_nll: Mean next-token NLL without / with the sink patched.
         per_head: One row per patched (layer, head): output norm and cone alignment before and
-            after, the head's relative output norm, and ``low_norm`` (the quarter of heads with
-            the smallest ``mean ||o_i^h|| / mean_j ||pv_j^h||``).
-        effect: ``"direct"`` (after = the same layer's output with the sink removed, same input)
-            or ``"total"`` (after = measured in the patched run, upstream patches included).
+            after, the head's relative output norm, and `low_norm` (the quarter of heads with
+            the smallest `mean ||o_i^h|| / mean_j ||pv_j^h||`).
+        effect: `"direct"` (after = the same layer's output with the sink removed, same input)
+            or `"total"` (after = measured in the patched run, upstream patches included).
     """
 
     clean_nll: float
@@ -194,26 +196,134 @@ class SinkAblationResult(Result):
     def delta_ppl(self) -> float:
         return self.patched_ppl - self.clean_ppl
 
-    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
-        """The per-head rows (:attr:`per_head`) of patched layer NUMBER ``layer``; a layer that
-        was not patched raises :class:`~cw_lens.InputError` naming the patched ones. The NLL
-        and PPL are of all patched layers together: they have no per-layer value."""
-        return self._layer_rows(self.per_head, layer)
+    def layer(self, layer: int) -> SinkAblationResult:
+        """This result for patched layer NUMBER `layer` alone.
+
+        A `SinkAblationResult` with `layers == [layer]`: its `per_head` table (and
+        `to_dataframe()`, `top()`, the per-document record) holds that layer's heads. The NLL
+        and PPL stay those of all patched layers together: they have no per-layer value (to
+        measure one layer's, patch it alone). (Until 0.3.3 `layer(n)` returned the table.)
+
+        Args:
+            layer: The layer number; a layer that was not patched raises
+                [`InputError`][cw_lens.InputError] naming the patched ones.
+
+        Returns:
+            A `SinkAblationResult` of one layer.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, progress=False)
+            ablation.layer(1).to_dataframe()  # one row per head of layer 1
+            ```
+        """
+        i = self.layer_index(layer)
+        record = self.per_document
+        if record is not None:
+            heads, nll, planned = record
+            record = (heads[:, :, i : i + 1].clone(), nll, planned[i : i + 1].clone())
+        rows = self._layer_rows(self.per_head, layer)
+        return replace(self, layers=[layer], per_head=rows, per_document=record)
+
+    def top(self, k: int = 10, *, by: str = "cone_rise") -> pd.DataFrame:
+        """The `k` patched heads with the largest `by`.
+
+        Args:
+            k: How many heads.
+            by: `"cone_rise"` (`cone_after - cone_before`, the rise in cone alignment the
+                claim reads), `"norm_change"` (`norm_after - norm_before`) or a numeric
+                column of `per_head`.
+
+        Returns:
+            Those rows of `per_head`, with `cone_rise` and `norm_change` added, largest
+            first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            ablation = cw_lens.sink_ablation(model, ["One text.", "Another one."], progress=False)
+            ablation.top(3)  # the heads whose cone alignment rises most
+            ```
+        """
+        table = self.per_head.assign(
+            cone_rise=self.per_head["cone_after"] - self.per_head["cone_before"],
+            norm_change=self.per_head["norm_after"] - self.per_head["norm_before"],
+        )
+        if by not in table.columns or by in ("layer", "head", "low_norm"):
+            numeric = [c for c in table.columns if c not in ("layer", "head", "low_norm")]
+            raise InputError(f"by must be one of {numeric}, got {by!r}.")
+        return table.sort_values(by, ascending=False, kind="stable").head(k).reset_index(drop=True)
 
     def to_dataframe(self) -> pd.DataFrame:
+        """The per-head table: one row per patched (layer, head).
+
+        Returns:
+            `per_head`: `layer, head, relative_output_norm, norm_before, norm_after, cone_before,
+            cone_after, low_norm`, ...
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, progress=False)
+            ablation.to_dataframe().head()
+            ```
+        """
         return self.per_head
 
     def summary(self) -> pd.DataFrame:
-        """Mean cone alignment and norm before/after for low-norm heads versus the rest."""
+        """Mean cone alignment and norm before/after for low-norm heads versus the rest.
+
+        Returns:
+            A DataFrame indexed by group: `cone_before, cone_after, norm_before, norm_after`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, progress=False)
+            ablation.summary()
+            ```
+        """
         df = self.per_head.copy()
         df["group"] = np.where(df["low_norm"], "low-norm heads", "other heads")
         cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
         return df.groupby("group")[cols].mean()
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's ablation claim (docs/methods.md#claims ``sink_ablation_cone``), measured; with
-        ``bootstrap`` each number's interval over documents (each resample re-picks the low-norm
-        quarter; needs ``per_document=True``)."""
+        """P1's ablation claim (docs/methods.md#claims `sink_ablation_cone`), measured.
+
+        Args:
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
+                documents (each resample re-picks the low-norm quarter; needs `per_document=True`).
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
+            `measured` numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            ablation.claims()["sink_ablation_cone"]["holds"]
+            ablation.claims(Bootstrap(resamples=100))
+            ```
+        """
         claims = [self._claim()]
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
@@ -221,7 +331,27 @@ class SinkAblationResult(Result):
         return claims_dict(claims)
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """The claim's numbers in every row of ``bootstrap.weights``, ``{number: [rows]}``."""
+        """The claim's numbers in every row of `bootstrap.weights`.
+
+        Args:
+            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+
+        Returns:
+            `{number: tensor of one value per resample}`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            replicates = ablation.replicates(Bootstrap(resamples=100))
+            ```
+        """
         heads, nll, planned = require_record(self.per_document, "sink_ablation")
         return ablation_numbers(
             bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
@@ -264,13 +394,31 @@ class SinkAblationResult(Result):
         return claim
 
     def plot(self, **kw: Any) -> Any:
+        """Cone alignment and output norm before and after, low-norm heads against the rest.
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_sink_ablation_cone` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            ablation = cw_lens.sink_ablation(model, corpus, progress=False)
+            fig = ablation.plot()
+            ```
+        """
         from cw_lens.plots.sinks import plot_sink_ablation_cone
 
         return plot_sink_ablation_cone(self, **kw)
 
 
 def sink_ablation(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     layers: Any = None,
@@ -282,34 +430,55 @@ def sink_ablation(
     low_norm_quantile: float = 0.25,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
-    progress: bool | str = True,
+    progress: bool = True,
     per_document: bool = False,
 ) -> SinkAblationResult:
     """Remove (or rescale) the sink's projected value and measure what changes
     (docs/methods.md#sinks).
 
-    ΔPPL comes from the real intervention (:func:`cw_lens.patch_sink` on all chosen layers and
-    heads at once). Per head, ``||o_i^h||`` and ``cos(o_i^h, u^h)`` are measured before and
-    after over queries after the sink: with ``effect="direct"`` the "after" output is the same
+    ΔPPL comes from the real intervention ([`cw_lens.patch_sink`][cw_lens.patch_sink] on all chosen
+    layers and heads at once). Per head, `||o_i^h||` and `cos(o_i^h, u^h)` are measured before and
+    after over queries after the sink: with `effect="direct"` the "after" output is the same
     layer's output with the sink's term removed (same input — exact, from the clean pass); with
-    ``effect="total"`` it is measured in the patched run.
+    `effect="total"` it is measured in the patched run.
 
     Args:
-        layers: Layers to patch (``None`` = all).
-        heads: Heads to patch (``None`` = all), as a list or ``{layer: [heads]}``.
-        scale: ``lambda`` in [0, 2]: the sink's projected value becomes ``lambda pv_0`` (0 removes
+        model: A TransformerLens model ([`cw_lens.load_model`][cw_lens.load_model]).
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        layers: Layers to patch (`None` = all).
+        heads: Heads to patch (`None` = all), as a list or `{layer: [heads]}`; negative
+            indices count from the end (`-1` is the last head).
+        scale: `lambda` in [0, 2]: the sink's projected value becomes `lambda pv_0` (0 removes
             it, 1 keeps it, 2 doubles it).
-        mode: ``"scale"`` or ``"norm_matched"`` (sink norm set to the mean tail norm).
-        sink_positions: Sink positions (default BOS).
-        effect: ``"direct"`` or ``"total"`` (see above).
+        mode: `"scale"` or `"norm_matched"` (sink norm set to the mean tail norm).
+        sink_positions: Sink positions (default BOS); each must be a token of every document
+            (as in [`sink_statistics`][cw_lens.sink_statistics]).
+        effect: `"direct"` or `"total"` (see above).
         low_norm_quantile: Share of heads called "low-norm" (methods page: a quarter).
-        per_document: Also keep each document's per-head sums and NLL sums (``20 *
-            n_layers * n_heads + 19`` bytes per document, 5.4 KB for SmolLM2-135M) for
-            bootstrap intervals (:meth:`SinkAblationResult.claims`).
+        batch_size: Documents per forward pass.
+        prepend_bos: Prepend BOS to text (position 0 is then the usual sink).
+        progress: Show a progress bar over document batches (a string: its label).
+        per_document: Also keep each document's per-head sums and NLL sums (`20 *
+            n_layers * n_heads + 19` bytes per document, 5.4 KB for SmolLM2-135M) for
+            bootstrap intervals
+            ([`SinkAblationResult.claims`][cw_lens.SinkAblationResult.claims]).
 
-    Long: two streamed passes and two NLL passes, then the per-head table from their sums; each step
-    reads the state of the one before.
+    Returns:
+        A [`SinkAblationResult`][cw_lens.SinkAblationResult].
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        ablation = cw_lens.sink_ablation(model, corpus, progress=False)
+        ablation.summary()   # cone alignment and norms, low-norm heads vs the rest
+        ablation.delta_ppl
+        ```
     """
+    # Long: two streamed passes and two NLL passes, then the per-head table from their sums; each
+    # step reads the state of the one before.
     if effect not in ("direct", "total"):
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
     if not 0 < low_norm_quantile < 1:
@@ -329,6 +498,7 @@ def sink_ablation(
         return [hook_set]
 
     sinks = SinkSpec(sink_positions)
+    check_sinks_inside(model, corpus, sinks.default or (), prepend_bos=prepend_bos)
     n_heads = model.cfg.n_heads
     kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
     direct = effect == "direct"
@@ -378,7 +548,7 @@ def sink_ablation(
     df["low_norm"] = df["relative_output_norm"] <= cut
     per_doc = None
     if record is not None:
-        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool)
+        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool, device="cpu")
         for i, layer in enumerate(sorted(plan)):
             planned[i, plan[layer]] = True
         nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ RATE_BINS = 20
 # values)
 DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
 DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
-# the per-document record a bootstrap over documents reads (``per_document=True``): these sums
+# the per-document record a bootstrap over documents reads (`per_document=True`): these sums
 # per (layer, head), and the s* edge counts (s* <= 0, s* >= 1, counted)
 RECORDED_SUMS = (
     "rate_sum",
@@ -98,6 +99,37 @@ class SinkAccumulator:
             bins = SHARE_BINNING["n_bins"] + 2
             self.share_hist = PerDocument(["drift_share"], n_documents, (n, n_heads, bins))
             self._share_bins = Histogram((), **SHARE_BINNING)
+
+    def select_layer(self, layer: int) -> SinkAccumulator:
+        """The same accumulated numbers for layer NUMBER `layer` alone (the layer axis of
+        every histogram and per-document record kept with size 1).
+
+        The exact sums are shared (they are keyed by layer number); the histograms, samples
+        and per-document records are new objects, so this accumulator is unchanged.
+
+        Args:
+            layer: A layer number in `layers`.
+
+        Returns:
+            An accumulator whose `layers` is `[layer]`.
+        """
+        i = self.pos[layer]
+        out = copy.copy(self)
+        out.layers, out.pos = [layer], {layer: 0}
+        for name in ("s_star", "drift_cos", "drift_share"):
+            hist = copy.copy(getattr(self, name))
+            hist.counts = hist.counts[i : i + 1].clone()
+            setattr(out, name, hist)
+        mine = [g for g in self.samples.groups() if g.split("/")[1] == str(layer)]
+        out.samples = self.samples.subset(mine)
+        for name in ("per_doc", "share_hist"):
+            record = getattr(self, name)
+            if record is not None:
+                record = copy.copy(record)
+                record.values = record.values[:, :, i : i + 1].clone()
+                record.shape = (1, *record.shape[1:])
+                setattr(out, name, record)
+        return out
 
     def merge(self, other: SinkAccumulator) -> None:
         self.sums.merge(other.sums)
@@ -266,7 +298,7 @@ class SinkAccumulator:
         layer: int,
         group: str,
     ) -> None:
-        """Keep up to ``samples_per_head`` seeded random valid entries per head of each row
+        """Keep up to `samples_per_head` seeded random valid entries per head of each row
         (seeded per document, layer and query block, so any sharding samples the same)."""
         if self.samples_per_head <= 0:
             return
@@ -274,7 +306,7 @@ class SinkAccumulator:
         for doc in docs:
             key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
             gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-            keys.append(torch.rand(entries.shape[1:], generator=gen))
+            keys.append(torch.rand(entries.shape[1:], generator=gen, device="cpu"))
         idx = _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
         row, h, qi, k = idx.unbind(1)
         cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
@@ -287,9 +319,9 @@ class SinkAccumulator:
 def _draw_per_head(
     valid: Bool[Tensor, "batch head query key"], keys: Float[Tensor, "batch head query key"], n: int
 ) -> Tensor:
-    """Up to ``n`` distinct True entries of ``valid`` per (row, head): those with the ``n``
-    smallest ``keys`` (uniform random: a uniform sample without replacement). Returns indices
-    ``[m, 4]`` (row, head, query, key), grouped by row."""
+    """Up to `n` distinct True entries of `valid` per (row, head): those with the `n`
+    smallest `keys` (uniform random: a uniform sample without replacement). Returns indices
+    `[m, 4]` (row, head, query, key), grouped by row."""
     b, h, q, k = valid.shape
     flat = torch.where(valid, keys, 2.0).reshape(b * h, q * k)
     drawn, picks = flat.topk(min(n, q * k), dim=1, largest=False)
@@ -300,9 +332,9 @@ def _draw_per_head(
 
 
 def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:
-    """Per (layer, head): Spearman's rank correlation ``rho_<factor>`` of each factor with the
-    ``contribution`` over the head's sampled entries (average ranks for ties; NaN with fewer
-    than 3 samples or a constant column), and ``n_samples``."""
+    """Per (layer, head): Spearman's rank correlation `rho_<factor>` of each factor with the
+    `contribution` over the head's sampled entries (average ranks for ties; NaN with fewer
+    than 3 samples or a constant column), and `n_samples`."""
     columns = ["layer", "head", "n_samples", *(f"rho_{f}" for f in factors)]
     rows = []
     for (layer, head), g in samples.groupby(["layer", "head"], sort=True):

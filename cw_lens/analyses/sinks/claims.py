@@ -34,13 +34,14 @@ def sink_claims(
     column reads them.
 
     Args:
-        heads: Per-head table (:meth:`SinkStatisticsResult.heads`): ``sink_head``,
-            ``sink_attention``, ``sink_contribution``, ``norm_ratio``, ``cos_sink_mixture``,
-            ``s_star_interior``, ``s_star_count``, ``drift_cos_median``, ``drift_cancelled_median``,
+        heads: Per-head table ([`SinkStatisticsResult.heads`][cw_lens.SinkStatisticsResult.heads]):
+            `sink_head`, `sink_attention`, `sink_contribution`, `norm_ratio`, `cos_sink_mixture`,
+            `s_star_interior`, `s_star_count`, `drift_cos_median`, `drift_cancelled_median`,
             ...
-        drivers: Per-head Spearman table (:meth:`SinkStatisticsResult.drivers`): ``layer``,
-            ``head``, ``group``, ``rho_attention``, ``rho_relative_norm``, ``rho_cosine``.
-        min_s_star_queries: ``convex_sink_curve`` judges sink heads with at least this many
+        drivers: Per-head Spearman table
+            ([`SinkStatisticsResult.drivers`][cw_lens.SinkStatisticsResult.drivers]): `layer`,
+            `head`, `group`, `rho_attention`, `rho_relative_norm`, `rho_cosine`.
+        min_s_star_queries: `convex_sink_curve` judges sink heads with at least this many
             counted queries (methods page: 16).
 
     With no sink head every number is NaN and no claim holds.
@@ -67,7 +68,7 @@ def mean(values: Any) -> float:
 
 
 def _attention_vs_contribution(sink: pd.DataFrame) -> Claim:
-    """``sink_attention_vs_contribution``: the sink's contribution against its attention."""
+    """`sink_attention_vs_contribution`: the sink's contribution against its attention."""
     n_sink = len(sink)
     att, contrib = mean(sink["sink_attention"]), mean(sink["sink_contribution"])
     return Claim(
@@ -85,7 +86,7 @@ def _attention_vs_contribution(sink: pd.DataFrame) -> Claim:
 
 
 def _value_norm_ratio(heads: pd.DataFrame, sink: pd.DataFrame) -> Claim:
-    """``sink_value_norm_ratio``: ‖pv_j‖/‖pv_0‖ over the sink heads."""
+    """`sink_value_norm_ratio`: ‖pv_j‖/‖pv_0‖ over the sink heads."""
     n_sink = len(sink)
     return Claim(
         "sink_value_norm_ratio",
@@ -101,7 +102,7 @@ def _value_norm_ratio(heads: pd.DataFrame, sink: pd.DataFrame) -> Claim:
 
 
 def _anti_alignment(sink: pd.DataFrame) -> Claim:
-    """``sink_anti_alignment``: cos(pv_0, m_i) over the sink heads."""
+    """`sink_anti_alignment`: cos(pv_0, m_i) over the sink heads."""
     n_sink = len(sink)
     return Claim(
         "sink_anti_alignment",
@@ -117,7 +118,7 @@ def _anti_alignment(sink: pd.DataFrame) -> Claim:
 
 
 def _contribution_drivers(sink: pd.DataFrame, drivers: pd.DataFrame) -> Claim:
-    """``sink_contribution_drivers``: per sink head, |ρ| of each factor with the contribution."""
+    """`sink_contribution_drivers`: per sink head, |ρ| of each factor with the contribution."""
     keys = set(zip(sink["layer"], sink["head"], strict=True))
     is_sink = [k in keys for k in zip(drivers["layer"], drivers["head"], strict=True)]
     rho = drivers[np.asarray(is_sink, dtype=bool)]
@@ -155,7 +156,7 @@ def _contribution_drivers(sink: pd.DataFrame, drivers: pd.DataFrame) -> Claim:
 
 
 def _convex_curve(sink: pd.DataFrame, min_s_star_queries: int) -> Claim:
-    """``convex_sink_curve``: the share of judged sink heads whose median s* is interior."""
+    """`convex_sink_curve`: the share of judged sink heads whose median s* is interior."""
     n_sink = len(sink)
     judged = sink[sink["s_star_count"] >= min_s_star_queries]
     counted = judged["s_star_count"].sum()
@@ -186,7 +187,7 @@ def _convex_curve(sink: pd.DataFrame, min_s_star_queries: int) -> Claim:
 
 
 def _cancels_drift(sink: pd.DataFrame) -> Claim:
-    """``sink_cancels_drift``: the sink against the drift of weakly attended tokens."""
+    """`sink_cancels_drift`: the sink against the drift of weakly attended tokens."""
     n_sink = len(sink)
     cancelled = sink["drift_cancelled_median"]
     return Claim(

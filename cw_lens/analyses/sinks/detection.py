@@ -9,10 +9,12 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
+from cw_lens.analyses.common import check_sinks_inside
 from cw_lens.core.errors import InputError
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.streaming import stream_corpus
+from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
@@ -50,7 +52,7 @@ class SinkSpec:
 
     def mask(self, batch: TokenBatch, device: torch.device) -> Bool[Tensor, "batch pos"]:
         n_pos = batch.tokens.shape[1]
-        mask = torch.zeros(len(batch.documents), n_pos, dtype=torch.bool)
+        mask = torch.zeros(len(batch.documents), n_pos, dtype=torch.bool, device="cpu")
         for row, doc in enumerate(batch.documents):
             ps = [p for p in self.positions(doc) if p < int(batch.lengths[row])]
             mask[row, ps] = True
@@ -71,7 +73,9 @@ def resolve_sinks(model: Any, corpus: Any, sink_positions: Any, **kw: Any) -> Si
                 f"sink_positions must be positions or 'detect', got {sink_positions!r}"
             )
         return SinkSpec(dict(enumerate(detect_sinks(model, corpus, **kw))))
-    return SinkSpec(sink_positions)
+    spec = SinkSpec(sink_positions)
+    check_sinks_inside(model, corpus, spec.default or (), prepend_bos=kw.get("prepend_bos", True))
+    return spec
 
 
 def queries_after_sink(
@@ -86,11 +90,11 @@ def queries_after_sink(
 
 class _MaxAttention:
     """Per document: the keys whose max over (layer, head) of the mean attention from later
-    queries exceeds ``threshold``.
+    queries exceeds `threshold`.
 
-    Only keys read by at least ``min_later`` later (real) queries are candidates: near the end
+    Only keys read by at least `min_later` later (real) queries are candidates: near the end
     of a document a previous-token head alone would put a key over any threshold. The running
-    max lives for one batch (its layers stream in order); after ``last_layer`` the batch's
+    max lives for one batch (its layers stream in order); after `last_layer` the batch's
     documents keep only their sink positions.
     """
 
@@ -123,7 +127,7 @@ class _MaxAttention:
 
 
 def detect_sinks(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     threshold: float = SINK_RATE_THRESHOLD,
@@ -133,9 +137,31 @@ def detect_sinks(
     prepend_bos: bool = True,
 ) -> list[tuple[int, ...]]:
     """Sink positions per document: keys whose mean attention from later queries exceeds
-    ``threshold`` (0.3) in at least one head (of the given layers). Only keys that at least
-    ``min_later`` (16) later queries read are candidates, so the last positions of a document
-    are never sinks."""
+    `threshold` (0.3) in at least one head (of the given layers). Only keys that at least
+    `min_later` (16) later queries read are candidates, so the last positions of a document
+    are never sinks.
+
+    Args:
+        model: A TransformerLens model.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        threshold: The mean attention from later queries a sink exceeds.
+        min_later: Only keys that at least `min_later` later queries read are candidates.
+        layers: Layers whose heads count (`None` = all).
+        batch_size: Documents per forward pass.
+        prepend_bos: Prepend BOS to text.
+
+    Returns:
+        One tuple of sink positions per document.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        cw_lens.detect_sinks(model, corpus, min_later=4)  # e.g. [(0,), (0,)]
+        ```
+    """
     if min_later < 1:
         raise InputError(f"min_later must be at least 1, got {min_later}.")
     layer_list = resolve_layers(model, layers)

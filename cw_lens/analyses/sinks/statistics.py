@@ -1,12 +1,13 @@
-"""The sink statistics of a corpus (:func:`sink_statistics`, :class:`SinkStatisticsResult`) and the
-sink rates alone (:func:`sink_rates`).
+"""The sink statistics of a corpus ([`sink_statistics`][cw_lens.sink_statistics],
+[`SinkStatisticsResult`][cw_lens.SinkStatisticsResult]) and the sink rates alone
+([`sink_rates`][cw_lens.sink_rates]).
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from cw_lens.analyses.sinks.detection import (
 from cw_lens.core import geometry as geo
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import claims_dict, with_intervals
-from cw_lens.core.deprecation import renamed_classes
+from cw_lens.core.deprecation import keyword_only, renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import (
     driver_numbers,
@@ -47,6 +48,7 @@ from cw_lens.core.resampled import (
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_contributions, stream_corpus
+from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
@@ -55,9 +57,9 @@ from cw_lens.models.layer_contributions import LayerContributionsResult
 class SinkStatisticsResult(Result):
     """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
 
-    Use :meth:`heads` for the per-head table, :meth:`curve` for the empirical sink-rate curves,
-    :meth:`decomposition` for the factor analysis, :meth:`claims` for P1's claims as measured,
-    and the ``plot_*`` methods for figures.
+    Use `heads` for the per-head table, `curve` for the empirical sink-rate curves,
+    `decomposition` for the factor analysis, `claims` for P1's claims as measured,
+    and the `plot_*` methods for figures.
     """
 
     layers: list[int]
@@ -76,7 +78,7 @@ class SinkStatisticsResult(Result):
             rows.append(
                 self.acc.sums.total(key)
                 if key in self.acc.sums
-                else torch.zeros(self.n_heads, dtype=torch.float64)
+                else torch.zeros(self.n_heads, dtype=torch.float64, device="cpu")
             )
         return torch.stack(rows)  # [layer, head, ...]
 
@@ -87,7 +89,7 @@ class SinkStatisticsResult(Result):
 
     @property
     def sink_rate(self) -> Float[Tensor, "layer head"]:
-        """Mean sink rate over queries ``i >= min_query``."""
+        """Mean sink rate over queries `i >= min_query`."""
         return self._mean("rate_sum", "rate_count")
 
     @property
@@ -95,7 +97,22 @@ class SinkStatisticsResult(Result):
         return self.sink_rate > self.threshold  # NaN (no query counted) is not a sink head
 
     def heads(self) -> pd.DataFrame:
-        """One row per (layer, head): rates, value geometry, factors, s*, drift."""
+        """One row per (layer, head): rates, value geometry, factors, s*, drift.
+
+        Returns:
+            A DataFrame; the columns are described in the module docstring and on the methods page
+            (docs/methods.md#sinks).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.heads().head()
+            ```
+        """
         rate = self.sink_rate
         data = {
             "layer": np.repeat(self.layers, self.n_heads),
@@ -128,23 +145,98 @@ class SinkStatisticsResult(Result):
         )
         return df
 
-    def layer(self, layer: int) -> pd.DataFrame:  # type: ignore[override]
-        """The per-head table (:meth:`heads`) of layer NUMBER ``layer``: one row per head.
+    def layer(self, layer: int) -> SinkStatisticsResult:
+        """This result for layer NUMBER `layer` alone.
 
-        With ``layers=[10, 20]``, ``stats.layer(20)`` is layer 20's rows (not the 21st
-        layer's, nor the second position's); a layer that was not analysed raises
-        :class:`~cw_lens.InputError` naming the analysed ones."""
-        return self._layer_rows(self.heads(), layer)
+        A `SinkStatisticsResult` with `layers == [layer]`: every table, claim and plot of it
+        reads that layer's heads (with `layers=[10, 20]`, `stats.layer(20)` is layer 20, not
+        the 21st layer nor the second position). Its per-head table,
+        `stats.layer(20).to_dataframe()`, is layer 20's rows of
+        [`heads`][cw_lens.SinkStatisticsResult.heads]. (Until 0.3.3 `layer(n)` returned
+        that table.)
+
+        Args:
+            layer: The layer number; a layer that was not analysed raises
+                [`InputError`][cw_lens.InputError] naming the analysed ones.
+
+        Returns:
+            A `SinkStatisticsResult` of one layer.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.layer(1).to_dataframe()  # one row per head of layer 1
+            ```
+        """
+        self.layer_index(layer)
+        return replace(self, layers=[layer], acc=self.acc.select_layer(layer))
 
     def to_dataframe(self) -> pd.DataFrame:
+        """The per-head table ([`heads`][cw_lens.SinkStatisticsResult.heads]).
+
+        Returns:
+            A DataFrame, one row per (layer, head).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.to_dataframe().shape
+            ```
+        """
         return self.heads()
 
-    def top(self, k: int = 10, by: str = "sink_rate") -> pd.DataFrame:
-        """The ``k`` heads with the largest ``by``."""
+    @keyword_only("by")
+    def top(self, k: int = 10, *, by: str = "sink_rate") -> pd.DataFrame:
+        """The `k` heads with the largest `by`.
+
+        Args:
+            k: How many heads.
+            by: A column of [`heads`][cw_lens.SinkStatisticsResult.heads].
+
+        Returns:
+            `k` rows of the per-head table, largest first.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.top(5, by="sink_rate")
+            ```
+        """
+        if by not in self.heads().columns:
+            raise InputError(f"by must be a column of heads(), got {by!r}.")
         return self.heads().nlargest(k, by).reset_index(drop=True)
 
     def curve(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
-        """Empirical curve: mean ``||o_i^h||`` per sink-rate bin (queries ``i >= min_query``)."""
+        """Empirical curve: mean `||o_i^h||` per sink-rate bin (queries `i >= min_query`).
+
+        Args:
+            sink_heads_only: Pool the sink heads only (else every head).
+
+        Returns:
+            A DataFrame with `layer, head, sink_rate, output_norm, count`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.curve().head()
+            ```
+        """
         norm, count = self._total("curve_norm"), self._total("curve_count")
         rows = []
         heads = self.sink_heads
@@ -159,7 +251,24 @@ class SinkStatisticsResult(Result):
         return pd.DataFrame(rows, columns=["layer", "head", "sink_rate", "output_norm", "count"])
 
     def s_star_distribution(self, *, sink_heads_only: bool = True) -> pd.DataFrame:
-        """Histogram of the counterfactual minimiser ``s*`` pooled over (sink) heads."""
+        """Histogram of the counterfactual minimiser `s*` pooled over (sink) heads.
+
+        Args:
+            sink_heads_only: Pool the sink heads only (else every head).
+
+        Returns:
+            A DataFrame with `s_star, count, edge`.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.s_star_distribution()
+            ```
+        """
         hist = self.acc.s_star
         sel = self.sink_heads if sink_heads_only else torch.ones_like(self.sink_heads)
         counts = hist.counts[sel].sum(0).double()
@@ -174,27 +283,56 @@ class SinkStatisticsResult(Result):
         )
 
     def samples(self, group: str = "sink") -> pd.DataFrame:
-        """The sampled factor entries of one group (``"sink"``: the sink column; ``"tail"``:
-        non-sink keys), one row per entry: ``FACTOR_COLUMNS`` and ``document`` (its index in
-        the corpus)."""
+        """The sampled factor entries of one group, one row per entry.
+
+        Args:
+            group: `"sink"` (the sink column) or `"tail"` (non-sink keys).
+
+        Returns:
+            A DataFrame with `FACTOR_COLUMNS` and `document` (its index in the corpus).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.samples("sink").head()
+            ```
+        """
         if group not in ("sink", "tail"):
             raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
         reservoir = self.acc.samples
         groups = [g for g in reservoir.groups() if g.split("/")[0] == group]
         rows = torch.cat(
-            [reservoir.table(g) for g in groups] or [torch.zeros(0, len(FACTOR_COLUMNS))]
+            [reservoir.table(g) for g in groups]
+            or [torch.zeros(0, len(FACTOR_COLUMNS), device="cpu")]
         )
-        docs = torch.cat([reservoir.documents(g) for g in groups] or [torch.zeros(0)])
+        docs = torch.cat([reservoir.documents(g) for g in groups] or [torch.zeros(0, device="cpu")])
         df = pd.DataFrame(rows.numpy(), columns=list(FACTOR_COLUMNS))
         df["document"] = docs.numpy().astype("int64")
         df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
         return df.astype({c: "int64" for c in ("layer", "head", "query", "key")})
 
     def drivers(self) -> pd.DataFrame:
-        """Per (layer, head) and group (sink / tail entries): each factor's Spearman rank
-        correlation with the contribution weight (``rho_attention``, ``rho_relative_norm``,
-        ``rho_cosine``), with ``n_samples`` and ``sink_head`` (claim
-        ``sink_contribution_drivers`` reads the sink group of sink heads)."""
+        """Each factor's Spearman rank correlation with the contribution weight.
+
+        Returns:
+            A DataFrame per (layer, head) and group (sink / tail entries): `rho_attention`,
+            `rho_relative_norm`, `rho_cosine`, with `n_samples` and `sink_head` (claim
+            `sink_contribution_drivers` reads the sink group of sink heads).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.drivers().head()
+            ```
+        """
         heads = self.heads()[["layer", "head", "sink_head"]]
         frames = [head_spearman(self.samples(g)).assign(group=g) for g in ("sink", "tail")]
         table = pd.concat(frames, ignore_index=True)
@@ -202,7 +340,7 @@ class SinkStatisticsResult(Result):
 
     def _driver_samples(self) -> list[tuple[int, int, Tensor, Tensor]] | None:
         """Per head, the sink group's factor samples and their documents, as
-        :func:`cw_lens.core.resampled.driver_numbers` reads them (None if any document is
+        `cw_lens.core.resampled.driver_numbers` reads them (None if any document is
         unknown)."""
         reservoir, index = self.acc.samples, {layer: i for i, layer in enumerate(self.layers)}
         columns = [FACTOR_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
@@ -219,9 +357,23 @@ class SinkStatisticsResult(Result):
         return out
 
     def decomposition(self) -> pd.DataFrame:
-        """Per group (sink / tail entries of sink heads) and factor: the mean and median over
-        the sampled entries, and the median over sink heads of the per-head Spearman rho with
-        the contribution, signed and absolute (:meth:`drivers`)."""
+        """How each factor drives the weight, per group (sink / tail entries of sink heads).
+
+        Returns:
+            A DataFrame: the mean and median over the sampled entries, and the median over sink
+            heads of the per-head Spearman rho with the contribution, signed and absolute
+            ([`drivers`][cw_lens.SinkStatisticsResult.drivers]).
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            stats.decomposition()
+            ```
+        """
         drivers = self.drivers()
         drivers = drivers[drivers["sink_head"].eq(True)]
         heads = set(map(tuple, self.sink_heads.nonzero().tolist()))
@@ -251,9 +403,30 @@ class SinkStatisticsResult(Result):
         return pd.DataFrame(rows)
 
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1/P2's sink claims (docs/methods.md#claims) with the numbers measured here and whether
-        they hold (:func:`sink_claims`); with ``bootstrap``, every number's interval over documents
-        and the per-layer detail (:meth:`intervals`; needs ``per_document=True``)."""
+        """P1/P2's sink claims (docs/methods.md#claims) with the numbers measured here.
+
+        Args:
+            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, every number's interval over
+                documents and the per-layer detail
+                ([`intervals`][cw_lens.SinkStatisticsResult.intervals]; needs `per_document=True`).
+
+        Returns:
+            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
+            `measured` numbers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            sorted(stats.claims())
+            stats.claims(Bootstrap(resamples=50))
+            ```
+        """
         claims = sink_claims(self.heads(), self.drivers())
         if bootstrap is not None:
             claims = with_intervals(claims, *self.intervals(bootstrap))
@@ -262,10 +435,33 @@ class SinkStatisticsResult(Result):
     def replicates(
         self, bootstrap: Bootstrap, *, drivers: bool = True
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The sink claims' numbers in every row of ``bootstrap.weights`` (resamples, corpus,
-        leave-one-out corpora), ``{number: [rows]}``, and the per-head fields they come from
-        (:mod:`cw_lens.core.resampled` says what each is of). ``drivers=False`` leaves out
-        ``sink_contribution_drivers``' numbers, most of the cost at hundreds of documents."""
+        """The sink claims' numbers in every row of `bootstrap.weights`.
+
+        Rows are the resamples, the corpus and the leave-one-out corpora (`cw_lens.core.resampled`
+        says what each number is of).
+
+        Args:
+            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+            drivers: `False` leaves out `sink_contribution_drivers`' numbers, most of the cost at
+                hundreds of documents.
+
+        Returns:
+            `({number: [rows]}, {per-head field: [rows, ...]})`: the numbers and the per-head
+            fields they come from.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            numbers, fields = stats.replicates(Bootstrap(resamples=50), drivers=False)
+            ```
+        """
         per_doc = require_record(self.acc.per_doc, "sink_statistics")
         record = per_doc.table()
         reps = bootstrap.resample(record)  # [rows, statistic, layer, head]
@@ -285,10 +481,30 @@ class SinkStatisticsResult(Result):
     def intervals(
         self, bootstrap: Bootstrap
     ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
-        """Bootstrap intervals over documents of the sink claims' numbers
-        (:mod:`cw_lens.core.resampled` says what each is of) and per-layer rows for the claims
-        about layers. ``median_abs_rho_*``: the factor samples are weighted by how often their
-        document is drawn (:func:`cw_lens.core.resampled.driver_numbers`)."""
+        """Bootstrap intervals over documents of the sink claims' numbers.
+
+        `median_abs_rho_*`: the factor samples are weighted by how often their document is drawn
+        (`cw_lens.core.resampled.driver_numbers`).
+
+        Args:
+            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
+                needs `per_document=True`.
+
+        Returns:
+            `({number: (low, high)}, {claim id: per-layer rows})` for the claims about layers.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
+            from cw_lens.core.bootstrap import Bootstrap
+
+            intervals, per_layer = stats.intervals(Bootstrap(resamples=50))
+            ```
+        """
         numbers, fields = self.replicates(bootstrap)
         hist = self.acc.share_hist
         intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
@@ -310,34 +526,123 @@ class SinkStatisticsResult(Result):
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
+        """The sink's value geometry per head: norms, cosines and the cone.
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_sink_value_geometry` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            fig = stats.plot_value_geometry()
+            ```
+        """
         from cw_lens.plots.sinks import plot_sink_value_geometry
 
         return plot_sink_value_geometry(self.heads(), **kw)
 
     def plot_drivers(self, **kw: Any) -> Any:
+        """Which factor drives the sink's contribution (claim `sink_contribution_drivers`).
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_sink_contribution_drivers` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            fig = stats.plot_drivers()
+            ```
+        """
         from cw_lens.plots.sinks import plot_sink_contribution_drivers
 
         return plot_sink_contribution_drivers(self.heads(), self.decomposition(), **kw)
 
     def plot_curve(self, **kw: Any) -> Any:
+        """The output norm against the sink rate, with the distribution of `s*`.
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_convex_sink_curve` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            fig = stats.plot_curve()
+            ```
+        """
         from cw_lens.plots.sinks import plot_convex_sink_curve
 
         return plot_convex_sink_curve(self.curve(), self.s_star_distribution(), self.heads(), **kw)
 
     def plot_drift(self, **kw: Any) -> Any:
+        """How the sink cancels the drift of the tail (claim `sink_cancels_drift`).
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_sink_cancels_drift` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            fig = stats.plot_drift()
+            ```
+        """
         from cw_lens.plots.sinks import plot_sink_cancels_drift
 
         return plot_sink_cancels_drift(self.heads(), **kw)
 
     def plot(self, **kw: Any) -> Any:
-        """The attention-versus-contribution overview per layer (sink heads highlighted)."""
+        """The attention-versus-contribution overview per layer (sink heads highlighted).
+
+        Args:
+            **kw: Passed to `cw_lens.plots.sinks.plot_sink_attention_vs_contribution` (`figsize`).
+
+        Returns:
+            A matplotlib Figure.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            stats = cw_lens.sink_statistics(model, corpus, progress=False)
+            fig = stats.plot()
+            ```
+        """
         from cw_lens.plots.sinks import plot_sink_attention_vs_contribution
 
         return plot_sink_attention_vs_contribution(self.heads(), **kw)
 
 
 def sink_statistics(
-    model: Any,
+    model: Model,
     corpus: Any,
     *,
     sink_positions: SinkPositions = (0,),
@@ -349,22 +654,26 @@ def sink_statistics(
     max_samples: int = MAX_SAMPLES_PER_HEAD,
     seed: int = 0,
     prepend_bos: bool = True,
-    progress: bool | str = True,
+    progress: bool = True,
     per_document: bool = False,
 ) -> SinkStatisticsResult:
     """Sink geometry over a corpus in one streamed pass (docs/methods.md#sinks).
 
     Args:
-        model: A ``TransformerBridge``.
-        corpus: ``load_corpus(...)`` output or a list of strings.
-        sink_positions: Sink positions (default BOS, position 0) or ``"detect"`` (per document,
-            keys whose mean attention exceeds 0.3 in some head).
-        layers: Layers (``None`` = all).
+        model: A `TransformerBridge`.
+        corpus: `load_corpus(...)` output or a list of strings.
+        sink_positions: Sink positions (default BOS, position 0) or `"detect"` (per document,
+            keys whose mean attention exceeds 0.3 in some head). Positions count from each
+            document's first token (BOS is 0; right padding never shifts them) and must be
+            tokens of every document: one beyond a document raises
+            [`InputError`][cw_lens.InputError] naming the document and its length.
+        layers: Layers (`None` = all).
         batch_size: Documents per forward pass.
-        min_query: Queries ``i >= min_query`` define sink rates and curves (methods page: 16).
+        min_query: Queries `i >= min_query` define sink rates and curves (methods page: 16).
         drift_k: Top-attended tail tokens kept out of the drift (methods page: 4).
         samples_per_head: Factor samples per (document, layer, head) and group (sink /
-            tail entries) for the per-head rank correlations (:meth:`SinkStatisticsResult.drivers`).
+            tail entries) for the per-head rank correlations
+            ([`SinkStatisticsResult.drivers`][cw_lens.SinkStatisticsResult.drivers]).
         max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
             seeded bottom-k reservoir: the same sample whatever the sharding; memory fixed at
             about 80 bytes per sample, 44 MB for SmolLM2's 270 heads at the default); small
@@ -372,13 +681,27 @@ def sink_statistics(
         seed: Seed of the factor sampling (per document, so sharded runs sample the same).
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
-        per_document: Also keep each document's sums per head (``RECORDED_SUMS`` and a coarse
-            cancelled-share histogram: ``4 * (14 + 26) * n_layers * n_heads + 2`` bytes per
+        per_document: Also keep each document's sums per head (`RECORDED_SUMS` and a coarse
+            cancelled-share histogram: `4 * (14 + 26) * n_layers * n_heads + 2` bytes per
             document, 43.2 KB for SmolLM2-135M's 270 heads) so that
-            :meth:`SinkStatisticsResult.claims` can give bootstrap intervals.
+            [`SinkStatisticsResult.claims`][cw_lens.SinkStatisticsResult.claims] can give bootstrap
+            intervals.
 
-    Long: argument checks, sink detection and one streamed pass; the math is in the accumulator.
+    Returns:
+        A [`SinkStatisticsResult`][cw_lens.SinkStatisticsResult].
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        stats = cw_lens.sink_statistics(model, corpus, progress=False)
+        stats.heads()        # per head: sink rate, value norms, cosines, s*, drift
+        stats.top(5)
+        ```
     """
+    # Long: argument checks, sink detection and one streamed pass; the math is in the accumulator.
     if drift_k < 1:
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
     if min_query < 1:
@@ -430,28 +753,53 @@ def sink_statistics(
 
 
 def sink_rates(
-    model: Any,
+    model: Model,
     inputs: Any,
     *,
     sink_positions: SinkPositions = (0,),
     layers: Any = None,
     prepend_bos: bool = True,
 ) -> Float[Tensor, "batch layer head query"]:
-    """Per-query sink rate ``s_i^h`` for a few texts (NaN at padding and at sink queries);
-    ``sink_positions`` as in :func:`sink_statistics` (positions or ``"detect"``)."""
+    """Per-query sink rate `s_i^h` for a few texts (NaN at padding and at sink queries);
+    `sink_positions` as in [`sink_statistics`][cw_lens.sink_statistics] (positions or
+    `"detect"`).
+
+    Args:
+        model: A TransformerLens model.
+        inputs: A string, a list of strings or token ids `[batch, pos]`.
+        sink_positions: Sink positions, as in [`sink_statistics`][cw_lens.sink_statistics]
+            (positions or `"detect"`).
+        layers: Layers (`None` = all).
+        prepend_bos: Prepend BOS to text.
+
+    Returns:
+        The sink rate `s_i^h` per query, `[batch, layer, head, query]`: NaN at padding and at
+        sink queries.
+
+    Examples:
+        ```python
+        import cw_lens
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        rates = cw_lens.sink_rates(model, "The cat sat on the mat.")
+        rates.shape  # [batch, layer, head, query]
+        ```
+    """
     from cw_lens.data.inputs import prepare_inputs
 
     layer_list = resolve_layers(model, layers)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
     sinks = resolve_sinks(model, inputs, sink_positions, prepend_bos=prepend_bos)
     n_pos = batch.tokens.shape[1]
-    out = torch.full((batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan)
+    out = torch.full(
+        (batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan, device="cpu"
+    )
 
     def fill(lc: LayerContributionsResult) -> None:
         mask = sinks.mask(lc.batch, lc.attention.device)
         s = geo.sink_rate(lc.attention, mask[:, : lc.keys.stop])
         ok = lc.query_mask & ~mask[:, lc.queries]
-        rows = torch.tensor(lc.batch.documents)
+        rows = torch.tensor(lc.batch.documents, device="cpu")
         out[rows, layer_list.index(lc.layer), :, lc.queries] = s.masked_fill(
             ~ok[:, None, :], math.nan
         ).cpu()

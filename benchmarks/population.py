@@ -1,0 +1,993 @@
+"""The population: every window of the coverage pool, each document's records stored in shards.
+
+``benchmarks/coverage.py`` draws its documents from a pool (the paper preset's 256 windows) and
+takes the pool's value as the truth. This job computes the per-document records of the corpus
+analyses (sink statistics, selection geometry, head taxonomy, sink ablation) for the *whole*
+window pool of the embedded model, ``load_corpus("pydoc+stdlib", max_tokens=256)``'s 1,324
+windows of this Python's pydoc + stdlib text, so that a coverage study can draw documents
+*without* replacement from a population whose every value is known (``study`` below).
+
+Shards. The pool's document batches (8 windows each, in corpus order: the batch plan of a
+single run on the whole pool) are dealt round-robin to ``world`` shards of 4 batches each
+(``world = ceil(batches / 4)`` = 42 for 1,324 windows): shard ``k`` holds batches ``k, k +
+world, ...``, exactly as rank ``k`` of ``torchrun --nproc-per-node world`` would, so every
+document is computed in the batch, and with the index, it has in a single run on the whole
+pool, and the shards written so far are spread over the whole text. Each shard is one
+``shard_<k>_of_<world>.npz`` (numpy, compressed, no pickle) under ``--out``, written
+atomically; a rerun skips the shards already written, so the job resumes across sessions.
+``manifest.json`` records what the records depend on (the model file's SHA-256, the cw_lens
+and torch versions, the corpus windows' token hash, the analyses' settings, the shard plan):
+a run whose manifest differs refuses to add shards to the folder.
+
+What a shard stores, per document (float32 unless an array is whole numbers that fit a
+smaller unsigned integer, stored as that: lossless):
+
+- ``documents``: the pool indices of its documents;
+- ``taxonomy.winners`` ``[doc, layer, head, 3]``: the head taxonomy's winner counts;
+- ``sinks.sums`` ``[doc, 14, layer, head]`` and ``sinks.share_hist`` ``[doc, layer, head,
+  26]``: the sink statistics' recorded sums and coarse cancelled-share histograms;
+- ``sinks.samples.index`` ``[entry, 5]`` (document, layer, head, query, key) and
+  ``sinks.samples.factors`` ``[entry, 4]``: the shard's sink-column factor samples whose
+  reservoir key (:func:`cw_lens.core.accumulate.row_keys`, a function of the entry and its
+  document) lies below ``RESERVOIR_FRACTION * 2**64``. A run on the whole pool keeps, per
+  head, the 1,024 entries with the smallest keys; those are all below the cut (about 2,000
+  of the pool's entries per head are), so the merged shards give that reservoir exactly
+  (:func:`load_population` checks it);
+- ``selection.f_and_count`` ``[doc, layer, rule, head, N, 2]``: F sums and scored queries;
+- ``ablation.heads`` ``[doc, 5, layer, head]``, ``ablation.nll`` ``[doc, 4]``,
+  ``ablation.planned`` ``[layer, head]``;
+- ``meta``: a JSON string (shard, timings, the manifest's digest).
+
+:func:`load_population` stacks the shards written so far into result objects of the library's
+own classes, whose ``replicates(Bootstrap(documents=...))`` give every claim number on any
+subset of the documents (what ``coverage.py``'s study reads).
+
+    nice -n 19 python benchmarks/population.py run [--shards K ...] [--max-shards M]
+    python benchmarks/population.py status
+    python benchmarks/population.py study [--sizes 8 32 256] [--draws 400]
+    python benchmarks/population.py compare-study [--draws 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+
+OUT = Path(__file__).parent / "records" / "population"  # committed: the shards are the data
+CORPUS, MAX_TOKENS, WINDOW_SEED = "pydoc+stdlib", 256, 0
+BATCH_SIZE = 8  # the main job's (and the paper preset's) batch size
+BATCHES_PER_SHARD = 4  # 32 windows a shard
+ANALYSIS_SEED = 0  # the paper preset's seed (sinks' factor sampling, selection's random rankings)
+PAPER_DOCS = 256  # the paper preset's windows: load_corpus(n_docs=256, seed=0) of this pool
+ANALYSES = ("taxonomy", "sinks", "selection", "ablation")
+# a shard keeps the sink-column factor samples whose reservoir key is below this share of
+# 2**64: about 2x the share a whole-pool reservoir keeps (1,024 of ~339,000 entries per head)
+RESERVOIR_FRACTION = 0.006
+RESERVOIR_CUT = int(RESERVOIR_FRACTION * 2**64)
+FORMAT = 1  # the shard files' layout; bump when it changes
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def n_windows(tokenizer: Any) -> int:
+    """How many windows of ``MAX_TOKENS`` tokens the pool's text holds (the pool's size)."""
+    from cw_lens.data import documents as data
+
+    read, _ = data.PROSE[CORPUS]
+    return len(tokenizer(read(), add_special_tokens=False)["input_ids"]) // MAX_TOKENS
+
+
+def shard_plan(n_docs: int, batch_size: int = BATCH_SIZE) -> int:
+    """The number of shards (``world``): batches of ``batch_size`` documents, four a shard."""
+    return math.ceil(math.ceil(n_docs / batch_size) / BATCHES_PER_SHARD)
+
+
+def shard_documents(n_docs: int, shard: int, world: int, batch_size: int = BATCH_SIZE) -> list[int]:
+    """The pool indices shard ``shard`` of ``world`` holds: batches ``shard, shard + world,
+    ...`` of the equal-length windows in corpus order (what ``iter_batches`` plans)."""
+    starts = range(shard * batch_size, n_docs, world * batch_size)
+    return [d for s in starts for d in range(s, min(s + batch_size, n_docs))]
+
+
+@contextlib.contextmanager
+def one_shard(shard: int, world: int) -> Iterator[None]:
+    """Run the corpus analyses as rank ``shard`` of ``world`` would under torchrun, in this
+    process and without a process group: only that rank's document batches, with their
+    indices in the whole corpus, and no merge with the other ranks."""
+    value = (shard, world)
+    with (
+        mock.patch("cw_lens.data.streaming.current_shard", lambda: value),
+        mock.patch("cw_lens.data.scoring.current_shard", lambda: value),
+    ):
+        yield
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def manifest(model: Any, corpus: Any) -> dict[str, Any]:
+    """What the records depend on; a folder's shards are refused by a run whose manifest
+    differs (``timestamp`` aside)."""
+    import random
+
+    import cw_lens
+    from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
+
+    n = len(corpus)
+    paper = sorted(random.Random(WINDOW_SEED).sample(range(n), PAPER_DOCS))
+    return {
+        "format": FORMAT,
+        "cw_lens": cw_lens.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "weights": weights_provenance(None, model, "float32"),
+        "corpus": corpus_provenance(corpus, model.tokenizer),
+        "n_windows": n,
+        "batch_size": BATCH_SIZE,
+        "batches_per_shard": BATCHES_PER_SHARD,
+        "world": shard_plan(n),
+        "analyses": {
+            "taxonomy": {"function": "head_taxonomy", "settings": {}},
+            "sinks": {"function": "sink_statistics", "settings": {"seed": ANALYSIS_SEED}},
+            "selection": {"function": "selection_geometry", "settings": {"seed": ANALYSIS_SEED}},
+            "ablation": {"function": "sink_ablation", "settings": {}},
+        },
+        "reservoir_fraction": RESERVOIR_FRACTION,
+        "paper_windows": paper,  # the paper preset's 256 windows, as pool indices
+        "threads": torch.get_num_threads(),
+        # the code that ran (not part of the digest: cw_lens's version stands for its results)
+        "code": {
+            "cw_lens_path": str(Path(cw_lens.__file__).parent),
+            "commit": os.environ.get("CW_LENS_SOURCE_COMMIT"),
+        },
+    }
+
+
+def manifest_digest(record: dict[str, Any]) -> str:
+    """SHA-256 (16 digits) of the manifest without its thread count (which changes no result
+    here: one float32 product order per batch shape) and the code's path and commit."""
+    keep = {k: v for k, v in record.items() if k not in ("threads", "code")}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def check_manifest(folder: Path, record: dict[str, Any]) -> None:
+    """Write ``manifest.json`` in a new folder; refuse a folder whose manifest differs."""
+    path = folder / "manifest.json"
+    if not path.exists():
+        atomic_write(path, (json.dumps(record, indent=1) + "\n").encode())
+        return
+    stored = json.loads(path.read_text())
+    if manifest_digest(stored) != manifest_digest(record):
+        differ = sorted(k for k in {*stored, *record} if stored.get(k) != record.get(k))
+        raise SystemExit(
+            f"{folder}: its shards were computed under another manifest (differs in "
+            f"{differ}); use another --out or remove the folder."
+        )
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def compact(array: np.ndarray) -> np.ndarray:
+    """``array`` in the smallest unsigned integer type that holds it exactly when it is whole
+    non-negative numbers below 2**16 (counts), else unchanged: lossless either way."""
+    if array.dtype.kind != "f" or array.size == 0:
+        return array
+    if not np.isfinite(array).all() or (array < 0).any() or (array != np.round(array)).any():
+        return array
+    top = float(array.max())
+    for kind in (np.uint8, np.uint16):
+        if top <= np.iinfo(kind).max:
+            return array.astype(kind)
+    return array
+
+
+def save_shard(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """One shard's records as a compressed ``.npz`` (integer counts stored as such), written
+    atomically; ``meta`` as a JSON string inside it."""
+    body = {k: compact(np.asarray(v)) for k, v in arrays.items()}
+    body["meta"] = np.array(json.dumps(meta))
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **body)
+    atomic_write(path, buffer.getvalue())
+
+
+def load_shard(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A shard's arrays (records as float32, as the analyses keep them) and its meta."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files if k != "meta"}
+        meta = json.loads(str(npz["meta"]))
+    for key, value in arrays.items():
+        if key not in ("documents", "sinks.samples.index", "ablation.planned"):
+            arrays[key] = value.astype(np.float32)
+    return arrays, meta
+
+
+def shard_path(folder: Path, shard: int, world: int) -> Path:
+    return folder / f"shard_{shard:03d}_of_{world:03d}.npz"
+
+
+# --------------------------------------------------------------------------- one shard
+
+
+def sink_samples(result: Any, docs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The sink column's factor samples of a shard's reservoir whose key is below the cut:
+    ``index`` ``[entry, 5]`` (document, layer, head, query, key) and ``factors`` ``[entry,
+    4]``; checks that the reservoir dropped none of them and that the keys recompute from
+    what is stored."""
+    from cw_lens.core.accumulate import row_keys
+
+    reservoir = result.acc.samples
+    index, factors = [], []
+    for group in reservoir.groups():
+        if not group.startswith("sink/"):
+            continue
+        rows, keys, owners = reservoir._held(group)
+        if len(keys) >= reservoir.capacity and int(keys.max()) < RESERVOIR_CUT:
+            raise RuntimeError(f"{group}: the shard's reservoir is full below the cut.")
+        keep = keys < np.uint64(RESERVOIR_CUT)
+        rows, keys, owners = rows[keep], keys[keep], owners[keep]
+        for doc in np.unique(owners).tolist():
+            mine = owners == doc
+            if not (row_keys(reservoir.seed, doc, group, rows[mine]) == keys[mine]).all():
+                raise RuntimeError(f"{group}: stored entries do not give their keys back.")
+        index.append(np.column_stack([owners, rows[:, :4]]))
+        factors.append(rows[:, 4:])
+    if set(np.concatenate(index)[:, 0].tolist()) - set(docs):
+        raise RuntimeError("a sampled entry belongs to a document outside the shard.")
+    return (
+        np.concatenate(index).astype(np.uint16),
+        np.concatenate(factors).astype(np.float32),
+    )
+
+
+def run_analyses(model: Any, corpus: Any, analyses: Sequence[str] = ANALYSES) -> dict[str, Any]:
+    """The analyses on ``corpus`` as the main job runs them (``per_document=True``), with the
+    wall and CPU seconds of each."""
+    from cw_lens.analyses.selection import selection_geometry
+    from cw_lens.analyses.sinks import sink_ablation, sink_statistics
+    from cw_lens.analyses.taxonomy import head_taxonomy
+
+    functions = {
+        "taxonomy": (head_taxonomy, {}),
+        "sinks": (sink_statistics, {"seed": ANALYSIS_SEED}),
+        "selection": (selection_geometry, {"seed": ANALYSIS_SEED}),
+        "ablation": (sink_ablation, {}),
+    }
+    out: dict[str, Any] = {"seconds": {}}
+    for name in analyses:
+        fn, settings = functions[name]
+        start, cpu = time.perf_counter(), time.process_time()
+        out[name] = fn(
+            model, corpus, batch_size=BATCH_SIZE, progress=False, per_document=True, **settings
+        )
+        out["seconds"][name] = [time.perf_counter() - start, time.process_time() - cpu]
+    return out
+
+
+def records(results: dict[str, Any], docs: Sequence[int]) -> dict[str, np.ndarray]:
+    """The per-document arrays of a shard (or of a normal run: ``docs`` its documents)."""
+    out: dict[str, np.ndarray] = {"documents": np.asarray(docs, np.int32)}
+    if "taxonomy" in results:
+        out["taxonomy.winners"] = results["taxonomy"].per_document.numpy()
+    if "sinks" in results:
+        acc = results["sinks"].acc
+        if acc.per_doc.names != list(sink_sums()):
+            raise RuntimeError("the sink statistics record other sums than this job stores.")
+        out["sinks.sums"] = acc.per_doc.table().numpy()
+        out["sinks.share_hist"] = acc.share_hist.table("drift_share").numpy()
+        out["sinks.samples.index"], out["sinks.samples.factors"] = sink_samples(
+            results["sinks"], docs
+        )
+    if "selection" in results:
+        out["selection.f_and_count"] = results["selection"].per_document.numpy()
+    if "ablation" in results:
+        heads, nll, planned = results["ablation"].per_document
+        out.update({"ablation.heads": heads.numpy(), "ablation.nll": nll.numpy()})
+        out["ablation.planned"] = planned.numpy()
+    for key, value in out.items():
+        if key not in ("documents", "ablation.planned") and not key.startswith("sinks.samples"):
+            if value.shape[0] != len(docs):
+                raise RuntimeError(f"{key}: {value.shape[0]} documents recorded, {len(docs)} run.")
+    return out
+
+
+def settings(results: dict[str, Any]) -> dict[str, Any]:
+    """What the result objects need beside the records (:func:`load_population`)."""
+    sel, abl, sinks = results["selection"], results["ablation"], results["sinks"]
+    return {
+        "selection": {
+            "n_grid": list(sel.n_grid),
+            "query": sel.query,
+            "n_random": sel.n_random,
+            "sink_positions": list(sel.sink_positions),
+            "distance": sel.distance,
+        },
+        "ablation": {
+            "layers": list(abl.layers),
+            "scale": abl.scale,
+            "mode": abl.mode,
+            "effect": abl.effect,
+            "low_norm_quantile": abl.low_norm_quantile,
+        },
+        "sinks": {"layers": list(sinks.layers), "min_query": sinks.min_query},
+    }
+
+
+def sink_sums() -> tuple[str, ...]:
+    from cw_lens.analyses.sinks.accumulation import RECORDED_SUMS
+
+    return RECORDED_SUMS
+
+
+def run_shard(model: Any, corpus: Any, shard: int, world: int, folder: Path, digest: str) -> dict:
+    """Compute and store one shard; returns its meta."""
+    docs = shard_documents(len(corpus), shard, world)
+    start = time.perf_counter()
+    with one_shard(shard, world):
+        results = run_analyses(model, corpus)
+    if results["sinks"].acc.per_doc.seen.nonzero().flatten().tolist() != docs:
+        raise RuntimeError(f"shard {shard}: the sink record holds other documents.")
+    arrays = records(results, docs)
+    meta = {
+        "shard": shard,
+        "world": world,
+        "manifest": digest,
+        "n_documents": len(docs),
+        "n_tokens": int(results["sinks"].n_tokens),
+        "seconds": results["seconds"],
+        "settings": settings(results),
+        "wall_s": time.perf_counter() - start,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    save_shard(shard_path(folder, shard, world), arrays, meta)
+    return meta
+
+
+def load_model_and_pool() -> tuple[Any, Any]:
+    import cw_lens
+    from cw_lens.data.corpora import resolve_tokenizer
+
+    model = cw_lens.load_model()
+    n = n_windows(resolve_tokenizer(model))
+    corpus = cw_lens.load_corpus(CORPUS, n_docs=n, max_tokens=MAX_TOKENS, model=model, seed=0)
+    return model, corpus
+
+
+def run(folder: Path, shards: list[int] | None, max_shards: int | None) -> None:
+    model, corpus = load_model_and_pool()
+    record = manifest(model, corpus)
+    folder.mkdir(parents=True, exist_ok=True)
+    check_manifest(folder, record)
+    digest, world = manifest_digest(record), record["world"]
+    todo = [k for k in (shards if shards is not None else range(world))]
+    todo = [k for k in todo if not shard_path(folder, k, world).exists()]
+    if max_shards is not None:
+        todo = todo[:max_shards]
+    print(f"[population] {len(corpus)} windows, {world} shards, {len(todo)} to do", flush=True)
+    for k in todo:
+        meta = run_shard(model, corpus, k, world, folder, digest)
+        size = shard_path(folder, k, world).stat().st_size
+        print(
+            f"[population] shard {k}/{world}: {meta['n_documents']} documents, "
+            f"{meta['wall_s']:.0f} s wall, {size / 1e6:.2f} MB "
+            + " ".join(f"{n}={s[0]:.0f}s" for n, s in meta["seconds"].items()),
+            flush=True,
+        )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_population(
+    folder: Path = OUT, analyses: Sequence[str] = ANALYSES
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The shards written so far as result objects of the library's classes, their documents
+    in pool order (row ``i`` of every record is pool window ``info["documents"][i]``), and
+    ``info``: the manifest, the documents, whether the sink reservoir is the whole pool's
+    exactly (``reservoir_exact``: every head has at least a reservoir's worth of entries below
+    the cut, which holds once every shard is in)."""
+    stored = json.loads((folder / "manifest.json").read_text())
+    digest, world = manifest_digest(stored), stored["world"]
+    parts, metas = [], []
+    for k in range(world):
+        path = shard_path(folder, k, world)
+        if path.exists():
+            arrays, meta = load_shard(path)
+            if meta["manifest"] != digest:
+                raise SystemExit(f"{path}: computed under another manifest ({meta['manifest']}).")
+            parts.append(arrays)
+            metas.append(meta)
+    if not parts:
+        raise SystemExit(f"{folder}: no shard written yet.")
+    docs = np.concatenate([p["documents"] for p in parts]).astype(np.int64)
+    order = np.argsort(docs, kind="stable")
+
+    def stacked(key: str) -> torch.Tensor:
+        return torch.from_numpy(np.concatenate([p[key] for p in parts])[order].copy())
+
+    results: dict[str, Any] = {}
+    info = {"manifest": stored, "documents": docs[order].tolist(), "shards": len(parts)}
+    info["n_tokens"] = sum(m["n_tokens"] for m in metas)
+    setting = metas[0]["settings"]
+    if any(m["settings"] != setting for m in metas):
+        raise SystemExit(f"{folder}: the shards were run with different analysis settings.")
+    if "taxonomy" in analyses:
+        results["taxonomy"] = _taxonomy(stacked("taxonomy.winners"))
+    if "selection" in analyses:
+        results["selection"] = _selection(stacked("selection.f_and_count"), setting["selection"])
+    if "ablation" in analyses:
+        planned = torch.from_numpy(parts[0]["ablation.planned"].astype(bool))
+        results["ablation"] = _ablation(
+            stacked("ablation.heads"), stacked("ablation.nll"), planned, setting["ablation"]
+        )
+    if "sinks" in analyses:
+        position = {int(d): i for i, d in enumerate(docs[order].tolist())}
+        index = np.concatenate([p["sinks.samples.index"] for p in parts]).astype(np.int64)
+        factors = np.concatenate([p["sinks.samples.factors"] for p in parts])
+        results["sinks"], info["reservoir_exact"] = _sinks(
+            stacked("sinks.sums"), stacked("sinks.share_hist"), index, factors, position
+        )
+    return results, info
+
+
+def _taxonomy(winners: torch.Tensor) -> Any:
+    import pandas as pd
+
+    from cw_lens.analyses.taxonomy import HeadTaxonomyResult
+
+    return HeadTaxonomyResult(pd.DataFrame(), (0,), len(winners), per_document=winners)
+
+
+def _selection(record: torch.Tensor, setting: dict[str, Any]) -> Any:
+    from cw_lens.analyses.selection.geometry import SelectionGeometryResult
+
+    return SelectionGeometryResult(
+        torch.zeros(0),
+        list(range(record.shape[1])),
+        setting["n_grid"],
+        setting["query"],
+        setting["n_random"],
+        ANALYSIS_SEED,
+        tuple(setting["sink_positions"]),
+        setting["distance"],
+        len(record),
+        per_document=record,
+    )
+
+
+def _ablation(
+    heads: torch.Tensor, nll: torch.Tensor, planned: torch.Tensor, setting: dict[str, Any]
+) -> Any:
+    import pandas as pd
+
+    from cw_lens.analyses.sinks import SinkAblationResult
+
+    return SinkAblationResult(
+        math.nan,
+        math.nan,
+        pd.DataFrame(),
+        setting["scale"],
+        setting["mode"],
+        setting["effect"],
+        setting["layers"],
+        (heads, nll, planned),
+        setting["low_norm_quantile"],
+    )
+
+
+def _sinks(
+    sums: torch.Tensor,
+    share_hist: torch.Tensor,
+    index: np.ndarray,
+    factors: np.ndarray,
+    position: dict[int, int],
+) -> tuple[Any, bool]:
+    """A :class:`SinkStatisticsResult` whose per-document record and sink-column reservoir
+    are the population's: the reservoir holds, per head, the ``max_samples`` stored entries
+    with the smallest keys (keys from each entry's pool index; documents re-indexed to rows
+    of the record)."""
+    from cw_lens.analyses.sinks import SinkStatisticsResult
+    from cw_lens.analyses.sinks.accumulation import MAX_SAMPLES_PER_HEAD, SinkAccumulator
+    from cw_lens.analyses.sinks.detection import MIN_QUERY, SinkSpec
+    from cw_lens.core.accumulate import row_keys
+
+    n_docs, _, n_layers, n_heads = sums.shape
+    acc = SinkAccumulator(
+        list(range(n_layers)),
+        n_heads,
+        SinkSpec((0,)),
+        min_query=MIN_QUERY,
+        drift_k=4,
+        samples_per_head=128,
+        max_samples=MAX_SAMPLES_PER_HEAD,
+        seed=ANALYSIS_SEED,
+        n_documents=n_docs,
+    )
+    acc.per_doc.values[:] = sums
+    acc.per_doc.seen[:] = True
+    acc.share_hist.values[:] = share_hist[:, None]
+    acc.share_hist.seen[:] = True
+    rows = np.column_stack([index[:, 1:].astype(np.float32), factors]).astype(np.float32)
+    exact = True
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            group = f"sink/{layer}/{head}"
+            mine = (index[:, 1] == layer) & (index[:, 2] == head)
+            keys = np.zeros(int(mine.sum()), np.uint64)
+            owners = index[mine, 0]
+            for doc in np.unique(owners).tolist():
+                at = owners == doc
+                keys[at] = row_keys(acc.samples.seed, doc, group, rows[mine][at])
+            rows_doc = np.array([position[int(d)] for d in owners], np.int64)
+            exact &= len(keys) >= acc.samples.capacity
+            acc.samples._offer(group, rows[mine], keys, rows_doc)
+    result = SinkStatisticsResult(list(range(n_layers)), n_heads, "0", n_docs, 0, acc, MIN_QUERY)
+    return result, bool(exact)
+
+
+# --------------------------------------------------------------------------- the coverage study
+
+CERTIFY_COVERAGE, CERTIFY_LOWER = 0.93, 0.91  # SPEC §6: coverage and its lower 95% bound
+STUDY_OUT = Path(__file__).parent / "records" / "coverage_population.json"
+
+
+def lower_bound(covered: int, draws: int, confidence: float = 0.95) -> float:
+    """The one-sided Clopper-Pearson lower confidence bound of a binomial proportion
+    (``covered`` of ``draws``): the ``1 - confidence`` quantile of Beta(covered, draws -
+    covered + 1); 0 when nothing covered."""
+    from scipy.stats import beta
+
+    if covered <= 0:
+        return 0.0
+    return float(beta.ppf(1 - confidence, covered, draws - covered + 1))
+
+
+def certified(coverage: float, lower: float) -> bool:
+    """SPEC §6: an interval certifies a document count when its coverage is at least 0.93
+    and the coverage's lower 95% bound at least 0.91."""
+    return coverage >= CERTIFY_COVERAGE and lower >= CERTIFY_LOWER
+
+
+def sub_pools(n_rows: int, parts: int = 4) -> list[list[int]]:
+    """``parts`` disjoint sub-pools of consecutive record rows (pool order: consecutive
+    windows of the text, so the quarters differ in what they read), as equal as possible."""
+    edges = [round(i * n_rows / parts) for i in range(parts + 1)]
+    return [list(range(edges[i], edges[i + 1])) for i in range(parts)]
+
+
+def shipped_method(number: str) -> str:
+    """The interval method the library ships for ``number``."""
+    from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.core.resampled import is_biased_plugin
+
+    boot = Bootstrap()
+    return boot.biased_method if is_biased_plugin(number) else boot.method
+
+
+def with_bounds(rows: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
+    """Rows of ``coverage.py``'s study with the lower bound, the certification and the pool."""
+    for row in rows:
+        row["lower"] = lower_bound(int(row["covered"]), int(row["draws"]))
+        row["certified"] = certified(float(row["coverage"]), row["lower"])
+        row["pool"] = pool
+    return rows
+
+
+def certified_from(rows: list[dict[str, Any]]) -> dict[str, int | None]:
+    """Per number: the smallest document count the shipped method certifies on the whole
+    population (None: none)."""
+    out: dict[str, int | None] = {}
+    for row in rows:
+        if row["pool"] != "all" or row["method"] != shipped_method(row["number"]):
+            continue
+        out.setdefault(row["number"], None)
+        if row["certified"] and (out[row["number"]] is None or row["n"] < out[row["number"]]):
+            out[row["number"]] = int(row["n"])
+    return out
+
+
+def coverage_study(
+    results: dict[str, Any],
+    sizes: Sequence[int],
+    draws: int,
+    resamples: int,
+    *,
+    drivers: bool = True,
+    numbers: list[str] | None = None,
+    parts: int = 4,
+    part_draws: int | None = None,
+) -> list[dict[str, Any]]:
+    """SPEC §6's certification study: ``draws`` draws of each count *without* replacement
+    from the population (the truth: the population's value), then the same in each of
+    ``parts`` disjoint sub-pools (the truth: the sub-pool's value; ``part_draws`` draws,
+    default ``draws``) for the spread from pool to pool. Rows as ``coverage.py``'s with
+    ``lower`` (one-sided Clopper-Pearson 95%), ``certified`` and ``pool``."""
+    cov = _load_benchmark("coverage")
+    rows = with_bounds(
+        cov.study(
+            results, list(sizes), draws, resamples, drivers, numbers, replace=False, subset=subset
+        ),
+        "all",
+    )
+    n_rows = cov.n_records(next(iter(results.values())))
+    for q, members in enumerate(sub_pools(n_rows, parts) if parts > 1 else []):
+        fits = [n for n in sizes if n <= len(members)]
+        part = cov.study(
+            results,
+            fits,
+            part_draws or draws,
+            resamples,
+            drivers,
+            numbers,
+            replace=False,
+            pool=members,
+            seed_offset=1_000_000 * (q + 1),
+            subset=subset,
+        )
+        rows += with_bounds(part, f"part {q + 1} of {parts}")
+    return rows
+
+
+def study_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: per (number, n), the shipped method's coverage [lower bound] on the whole
+    population, certified or not, and its range over the sub-pools."""
+    lines = [
+        "| analysis | number | n | draws | coverage [lower 95%] | certified | sub-pools "
+        "(min–max) | mean bias/SE |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    shipped = [r for r in rows if r["method"] == shipped_method(r["number"])]
+    for row in (r for r in shipped if r["pool"] == "all"):
+        parts = [
+            r["coverage"]
+            for r in shipped
+            if r["pool"] != "all" and (r["number"], r["n"]) == (row["number"], row["n"])
+        ]
+        spread = f"{min(parts):.3f}–{max(parts):.3f}" if parts else "—"
+        lines.append(
+            f"| {row['analysis']} | `{row['number']}` | {row['n']} | {row['draws']} | "
+            f"{row['coverage']:.3f} [{row['lower']:.3f}] | {'yes' if row['certified'] else 'no'}"
+            f" | {spread} | {row['mean_bias_to_se']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the compare study
+
+
+def draw_halves(
+    n_rows: int, n_a: int, n_b: int, gen: torch.Generator
+) -> tuple[list[int], list[int]]:
+    """Two runs' documents from disjoint halves of the population: a random half of its
+    rows for run a, the other half for run b, ``n_a`` and ``n_b`` drawn without replacement
+    within each."""
+    order = torch.randperm(n_rows, generator=gen).tolist()
+    half = n_rows // 2
+    first, second = order[:half], order[half:]
+    if n_a > len(first) or n_b > len(second):
+        raise ValueError(f"runs of {n_a} and {n_b} documents need halves of {max(n_a, n_b)}.")
+    return first[:n_a], second[:n_b]
+
+
+def write_run(
+    folder: Path,
+    results: dict[str, Any],
+    docs: list[int],
+    resamples: int,
+    seed: int,
+    drivers: bool,
+) -> None:
+    """A schema-3 run (``summary.json`` and ``replicates.npz``) of the population's documents
+    ``docs``: one claim per analysis, one check per number (criterion ``> 0``: compare reads
+    numbers, not verdicts), each with the shipped interval and its replicates."""
+    import hashlib
+
+    from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.core.claims import Check, Claim, claims_dict
+    from cw_lens.core.replicates import FILE, pack
+    from cw_lens.core.resampled import is_biased_plugin
+
+    cov = _load_benchmark("coverage")
+    boot = Bootstrap(resamples=resamples, seed=seed)  # on the subset: as documents=docs
+    claims = []
+    for name, result in results.items():
+        checks = []
+        for number, reps in cov.replicate_numbers(subset(result, docs), boot, drivers).items():
+            low, high = boot.pair(reps, biased=is_biased_plugin(number))
+            value = float(reps[resamples])
+            checks.append(
+                Check(number, value, ">", 0.0, interval=(low, high), replicates=reps[:resamples])
+            )
+        claims.append(Claim(name, "population", "compare study", checks))
+    table = claims_dict(claims)
+    hashes = [f"{d:016d}" for d in docs]
+    npz = pack(table.replicates, hashes, {c.id: len(docs) for c in claims}, boot.to_dict())
+    summary = {
+        "schema": 3,
+        "model": "population",
+        "n_documents": len(docs),
+        "claims": dict(table),
+        "replicates": {"file": FILE, "sha256": hashlib.sha256(npz).hexdigest()},
+    }
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary).replace("NaN", "null"))
+    (folder / FILE).write_bytes(npz)
+
+
+def compare_study(
+    results: dict[str, Any],
+    pairs: Sequence[tuple[int, int]],
+    draws: int,
+    resamples: int,
+    *,
+    drivers: bool = False,
+    on_row: Any = None,
+) -> list[dict[str, Any]]:
+    """SPEC §6: ``cw-lens compare`` on two runs of disjoint halves of the population (no
+    number truly differs, both halves being the population's), ``draws`` times per pair of
+    document counts: the family-wise error is the share of draws with any ``differ``, with
+    its one-sided Clopper-Pearson upper 95% bound; also how many numbers were not
+    comparable (biased numbers across counts) per draw. ``on_row(rows)`` is called after
+    each pair (e.g. to store the rows so far)."""
+    import tempfile
+
+    from scipy.stats import beta
+
+    from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE
+    from cw_lens.reporting.run_comparison import compare_runs
+
+    cov = _load_benchmark("coverage")
+    n_rows = cov.n_records(next(iter(results.values())))
+    rows = []
+    for n_a, n_b in pairs:
+        start = time.perf_counter()
+        any_differ, flagged, refused = 0, {}, 0
+        for d in range(draws):
+            gen = torch.Generator().manual_seed(7_000_000 + 10_000 * n_a + 100 * n_b + d)
+            docs_a, docs_b = draw_halves(n_rows, n_a, n_b, gen)
+            with tempfile.TemporaryDirectory() as tmp:
+                write_run(Path(tmp) / "a", results, docs_a, resamples, 2 * d, drivers)
+                write_run(Path(tmp) / "b", results, docs_b, resamples, 2 * d + 1, drivers)
+                table = compare_runs([Path(tmp) / "a", Path(tmp) / "b"]).differences()
+            hits = table[table["result"] == DIFFER]
+            any_differ += int(len(hits) > 0)
+            for number in hits["number"]:
+                flagged[number] = flagged.get(number, 0) + 1
+            refused += int((table["result"] == NOT_COMPARABLE).sum())
+        fwer = any_differ / draws
+        upper = (
+            1.0
+            if any_differ == draws
+            else float(beta.ppf(0.95, any_differ + 1, draws - any_differ))
+        )
+        rows.append(
+            {
+                "n_a": n_a,
+                "n_b": n_b,
+                "draws": draws,
+                "family_wise_error": fwer,
+                "upper_95": upper,
+                "mc_se": math.sqrt(0.05 * 0.95 / draws),
+                "within_target": fwer <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / draws),
+                "flagged": flagged,
+                "not_comparable_per_draw": refused / draws,
+                "numbers": len(table),
+                "seconds": time.perf_counter() - start,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+# --------------------------------------------------------------------------- subsets
+
+
+def subset(result: Any, docs: Sequence[int]) -> Any:
+    """``result`` restricted to the record rows ``docs`` (distinct, in this order): the same
+    numbers from ``replicates(Bootstrap(resamples, seed))`` as the whole result gives from
+    ``replicates(Bootstrap(resamples, seed, documents=docs))``, at a cost that grows with
+    ``len(docs)`` instead of the population's size (the bootstrap's weights cover every row
+    of the record it is given)."""
+    import copy
+
+    if len(set(docs)) != len(docs):
+        raise ValueError("subset takes distinct documents (draws without replacement).")
+    idx = torch.as_tensor(list(docs), dtype=torch.long)
+    if type(result).__name__ == "SinkStatisticsResult":
+        return _sink_subset(result, list(docs), idx)
+    out = copy.copy(result)
+    record = result.per_document
+    if isinstance(record, tuple):  # sink ablation: (per-head sums, NLL sums, patched heads)
+        out.per_document = (record[0][idx], record[1][idx], record[2])
+    else:
+        out.per_document = record[idx]
+    if hasattr(out, "n_documents"):
+        out.n_documents = len(docs)
+    return out
+
+
+def _sink_subset(result: Any, docs: list[int], idx: torch.Tensor) -> Any:
+    """The sink statistics of the rows ``docs``: their per-document tables, and the
+    reservoir's kept sink-column entries of those documents (re-indexed to the new rows)."""
+    from cw_lens.analyses.sinks import SinkStatisticsResult
+    from cw_lens.analyses.sinks.accumulation import SinkAccumulator
+    from cw_lens.analyses.sinks.detection import SinkSpec
+
+    held = getattr(result, "_population_held", None)
+    if held is None:  # the kept entries per sink group, once per population
+        reservoir = result.acc.samples
+        held = {g: reservoir._held(g) for g in reservoir.groups() if g.startswith("sink/")}
+        result._population_held = held
+    acc0 = result.acc
+    acc = SinkAccumulator(
+        result.layers,
+        result.n_heads,
+        SinkSpec((0,)),
+        min_query=result.min_query,
+        drift_k=acc0.drift_k,
+        samples_per_head=acc0.samples_per_head,
+        max_samples=acc0.samples.capacity,
+        seed=acc0.samples.seed,
+        n_documents=len(docs),
+    )
+    acc.per_doc.values[:] = acc0.per_doc.table()[idx]
+    acc.per_doc.seen[:] = True
+    acc.share_hist.values[:] = acc0.share_hist.table()[idx]
+    acc.share_hist.seen[:] = True
+    position = np.full(acc0.per_doc.values.shape[0], -1, np.int64)
+    position[np.asarray(docs)] = np.arange(len(docs))
+    for group, (rows, keys, owners) in held.items():
+        keep = position[owners] >= 0
+        acc.samples._offer(group, rows[keep], keys[keep], position[owners[keep]])
+    return SinkStatisticsResult(
+        result.layers, result.n_heads, result.sinks, len(docs), 0, acc, result.min_query
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def status(folder: Path) -> None:
+    stored = json.loads((folder / "manifest.json").read_text())
+    world = stored["world"]
+    done = [k for k in range(world) if shard_path(folder, k, world).exists()]
+    size = sum(shard_path(folder, k, world).stat().st_size for k in done)
+    walls = [load_shard(shard_path(folder, k, world))[1]["wall_s"] for k in done]
+    docs = sum(len(shard_documents(stored["n_windows"], k, world)) for k in done)
+    print(
+        json.dumps(
+            {
+                "shards_done": len(done),
+                "shards": world,
+                "documents_done": docs,
+                "documents": stored["n_windows"],
+                "mb": round(size / 1e6, 2),
+                "mean_wall_s_per_shard": round(float(np.mean(walls)), 1) if walls else None,
+            }
+        )
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="compute the shards not written yet")
+    p_run.add_argument("--out", type=Path, default=OUT)
+    p_run.add_argument("--shards", type=int, nargs="+", help="only these shard indices")
+    p_run.add_argument("--max-shards", type=int, help="stop after this many shards")
+    p_run.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 2)))
+    p_status = sub.add_parser("status", help="shards done, size, seconds per shard")
+    p_status.add_argument("--out", type=Path, default=OUT)
+    p_study = sub.add_parser("study", help="coverage drawn without replacement (SPEC §6)")
+    p_compare = sub.add_parser("compare-study", help="compare's family-wise error (SPEC §6)")
+    for p in (p_study, p_compare):
+        p.add_argument("--out", type=Path, default=OUT)
+        p.add_argument("--draws", type=int, default=400)
+        p.add_argument("--resamples", type=int, default=2000)
+        p.add_argument("--analyses", nargs="+", default=list(ANALYSES), choices=ANALYSES)
+        p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", 2)))
+    p_study.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 256])
+    p_study.add_argument("--parts", type=int, default=4, help="disjoint sub-pools for the spread")
+    p_study.add_argument("--part-draws", type=int, help="draws per sub-pool (default --draws)")
+    p_study.add_argument("--numbers", nargs="+", help="only these claim numbers")
+    p_study.add_argument(
+        "--without-drivers", action="store_true", help="leave out median_abs_rho_* (slow)"
+    )
+    p_study.add_argument("--result", type=Path, default=STUDY_OUT)
+    p_compare.add_argument(
+        "--pairs", nargs="+", default=["8,8", "32,32", "256,256", "8,32", "32,256"]
+    )
+    p_compare.add_argument("--drivers", action="store_true", help="include median_abs_rho_*")
+    p_compare.add_argument(
+        "--result", type=Path, default=STUDY_OUT.with_name("compare_population.json")
+    )
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        torch.set_num_threads(args.threads)
+        run(args.out, args.shards, args.max_shards)
+    elif args.command == "status":
+        status(args.out)
+    else:
+        torch.set_num_threads(args.threads)
+        results, info = load_population(args.out, tuple(args.analyses))
+        meta = {
+            "documents": len(info["documents"]),
+            "windows": info["manifest"]["n_windows"],
+            "shards": info["shards"],
+            "reservoir_exact": info.get("reservoir_exact"),
+            "draws": args.draws,
+            "resamples": args.resamples,
+            "manifest": manifest_digest(info["manifest"]),
+        }
+        start = time.perf_counter()
+        if args.command == "study":
+            rows = coverage_study(
+                results,
+                args.sizes,
+                args.draws,
+                args.resamples,
+                drivers=not args.without_drivers,
+                numbers=args.numbers,
+                parts=args.parts,
+                part_draws=args.part_draws,
+            )
+            body = {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
+            print(study_table(rows))
+        else:
+            pairs = [tuple(int(x) for x in p.split(",")) for p in args.pairs]
+
+            def store(rows: list[dict[str, Any]]) -> None:  # after each pair: resumable reading
+                text = json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
+                atomic_write(args.result, text.encode())
+
+            rows = compare_study(
+                results, pairs, args.draws, args.resamples, drivers=args.drivers, on_row=store
+            )
+            body = {"meta": meta, "rows": rows}
+        meta["wall_s"] = time.perf_counter() - start
+        atomic_write(args.result, (json.dumps(body, indent=1) + "\n").encode())
+        print(json.dumps(meta))
+
+
+def _load_benchmark(name: str) -> Any:
+    """Another script of this folder as a module (``coverage.py`` by path: the name
+    ``coverage`` is also the coverage.py package's)."""
+    spec = importlib.util.spec_from_file_location(
+        f"cw_lens_benchmarks_{name}", Path(__file__).with_name(f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    main()

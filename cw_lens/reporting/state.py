@@ -1,0 +1,218 @@
+"""The main job's settings and state: `JobConfig` (and its presets) and `Job`, which stores each
+step's result atomically and loads it again on a rerun; the atomic writes; how many documents
+each claim's numbers come from.
+
+The lowest of the reporting modules: `job` (which runs the job), `steps` (the analyses it runs)
+and `markdown` (REPORT.md) all read a `Job`, and this module imports none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cw_lens.data.distributed import barrier, is_main_process, main_process_decides
+
+MIN_RESAMPLES = 2000  # methods § Claims: a claim interval rests on at least this many resamples
+
+
+@dataclass
+class JobConfig:
+    """Everything that decides the numbers of a run (and so its fingerprint)."""
+
+    model: str | None = None
+    corpus: str | None = None
+    n_docs: int = 8
+    max_tokens: int = 128
+    seed: int = 0
+    batch_size: int = 8
+    task: str | None = "ioi"
+    task_docs: int = 24
+    faithfulness_docs: int | None = None
+    lone_docs: int = 2
+    device: str | None = None
+    dtype: str = "float32"
+    api: str = "auto"
+    random_draws: int = 1  # draws of faithfulness's random ranking (> 1: their spread)
+    n_resamples: int = 2000  # resamples of the claims' intervals (methods § Claims: at least 2,000)
+    bootstrap_seed: int = 0  # the bootstrap's own seed, independent of `seed`
+    faithfulness_granularity: tuple[str, ...] = ("pairs", "tokens")
+    pruning_docs: int | None = None  # the first documents pruning runs on (None: all)
+    pruning_draws: int = 3  # random orders; pruning_signal's verdict needs >= 20
+    pruning_draws_everywhere: int | None = None  # draws at 50% and 25% too (None: all)
+    global_ranking: bool = True  # also prune with one global ranking (the variant)
+
+    def __post_init__(self) -> None:
+        from cw_lens.core.errors import InputError
+
+        if self.n_resamples < MIN_RESAMPLES:
+            raise InputError(
+                f"n_resamples={self.n_resamples}: a claim interval needs at least "
+                f"{MIN_RESAMPLES} bootstrap resamples (docs/methods.md#claims); use --n-resamples "
+                f"{MIN_RESAMPLES} or more."
+            )
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> JobConfig:
+        """The settings of a named preset (`PRESETS`), then `overrides` (`None`
+        values leave the preset's)."""
+        if name not in PRESETS:
+            from cw_lens.core.errors import InputError
+
+            raise InputError(f"Unknown preset {name!r}; use one of {sorted(PRESETS)}.")
+        settings = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+        return cls(**settings)
+
+    def fingerprint(self) -> str:
+        """The stored steps' key: every setting that changes what a step computes. The
+        bootstrap (`n_resamples`, `bootstrap_seed`) resamples the stored per-document
+        records when the summary is built, so it is not part of it: a rerun with another
+        bootstrap seed reuses the forward passes."""
+        from cw_lens.models.hooked import resolve_api
+        from cw_lens.version import __version__
+
+        skip = ("device", "api", "n_resamples", "bootstrap_seed")
+        keys = {k: v for k, v in self.__dict__.items() if k not in skip}
+        if self.random_draws == 1:  # the default: the fingerprint is as without the option
+            del keys["random_draws"]
+        if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
+            keys["api"] = "hooked"
+        keys["version"] = __version__
+        blob = json.dumps(keys, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:12]
+
+
+# The main job's sizes. `quick` (the default, `make figures`): 8 windows of 128 tokens of
+# pydoc for every analysis — its intervals are wide and pruning_signal has too few random draws
+# for a verdict. `paper`: the non-causal analyses (sinks, ablation, selection, taxonomy) on
+# 256 windows of 256 tokens of pydoc+stdlib; the causal ones on the first 32 of them:
+# faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of them at
+# 50% and 25% too) and no global variant; the IOI task on 24 items.
+PRESETS: dict[str, dict[str, Any]] = {
+    "quick": {},
+    "paper": {
+        "corpus": "pydoc+stdlib",
+        "n_docs": 256,
+        "max_tokens": 256,
+        "faithfulness_docs": 32,
+        "faithfulness_granularity": ("pairs",),
+        "pruning_docs": 32,
+        "pruning_draws": 20,
+        "pruning_draws_everywhere": 3,
+        "global_ranking": False,
+    },
+}
+
+
+@dataclass
+class Job:
+    """A running job: config, model, corpus, output folder and stored step results."""
+
+    config: JobConfig
+    out: Path
+    force: bool = False
+    progress: bool = True
+    model: Any = None
+    corpus: Any = None
+    results: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    steps: tuple[str, ...] = ()  # the steps this run computes (select_steps)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out / ".state" / self.config.fingerprint()
+
+    def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
+        """Load step `name` if stored (and not forced), else compute and store atomically."""
+        path = self.state_dir / f"{name}.pkl"
+        stored = _MISSING if self.force else _load_pickle(path)
+        # every rank follows rank 0: loading skips the step's collectives, so ranks must agree
+        if main_process_decides(stored is not _MISSING):
+            if stored is _MISSING:  # rank 0 read the file but this rank cannot
+                raise RuntimeError(
+                    f"Rank 0 loaded {path} but this rank cannot read it; do all ranks share "
+                    "the output folder? Rerun with --force to recompute."
+                )
+            self.results[name] = stored
+            computed_in = self._stored_timings().get(name)
+            if computed_in is not None:  # the time it took when it was computed
+                self.timings[name] = computed_in
+            self._log(f"[{name}] loaded from {path}")
+            return stored
+        if not self.force and path.exists():
+            self._log(f"[{name}] stored result unreadable; recomputing")
+        start = time.perf_counter()
+        self._log(f"[{name}] computing")
+        value = fn(self)
+        self.timings[name] = time.perf_counter() - start
+        if is_main_process():
+            atomic_write_bytes(path, pickle.dumps(value))
+            timings = {**self._stored_timings(), name: self.timings[name]}
+            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
+        barrier()
+        self.results[name] = value
+        self._log(f"[{name}] done in {self.timings[name]:.1f} s")
+        return value
+
+    def _stored_timings(self) -> dict[str, float]:
+        """Seconds each stored step took when it was computed (`{}` if none are recorded)."""
+        try:
+            return json.loads((self.state_dir / TIMINGS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _log(self, message: str) -> None:
+        if self.progress and is_main_process():
+            print(message, file=sys.stderr, flush=True)
+
+
+_MISSING = object()
+# Per state folder: the seconds each step took when it was computed, so that a run that loads
+# its steps reports how long they took to compute.
+TIMINGS_FILE = "timings.json"
+
+
+def _load_pickle(path: Path) -> Any:
+    """The stored step result at `path`, or `_MISSING` if absent or unreadable (a corrupt
+    state file is recomputed, never used)."""
+    if not path.exists():
+        return _MISSING
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:
+        return _MISSING
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def claim_documents(job: Job, claims: Iterable[str]) -> dict[str, int]:
+    """How many documents each claim's numbers come from: faithfulness its first
+    `faithfulness_docs`, pruning its first `pruning_docs`, every other claim the corpus."""
+    n_docs = len(job.corpus)
+    first = {
+        "faithfulness_order": job.config.faithfulness_docs,
+        "pruning_signal": job.config.pruning_docs,
+    }
+    return {cid: min(first.get(cid) or n_docs, n_docs) for cid in claims}

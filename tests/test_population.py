@@ -1,0 +1,260 @@
+"""`benchmarks/population.py` (and the parts of `benchmarks/coverage.py` it reuses): the shard
+plan, the stored records, and the coverage and compare studies' pure functions on synthetic
+populations whose truth is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"cw_lens_benchmarks_{name}", BENCHMARKS / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pop = _load("population")
+cov = _load("coverage")
+
+
+class MeanOf:
+    """A stand-in analysis result: one claim number, the mean of a per-document value, from
+    the same `replicates(Bootstrap(documents=...))` the analyses have; it remembers the
+    documents each bootstrap drew from."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.per_document = torch.as_tensor(values, dtype=torch.float64)[:, None]
+        self.asked: list[list[int]] = []
+
+    def replicates(self, bootstrap, drivers: bool = True) -> dict[str, torch.Tensor]:
+        if bootstrap.documents is not None:
+            self.asked.append(list(bootstrap.documents))
+        sums = bootstrap.resample(
+            torch.cat([self.per_document, torch.ones_like(self.per_document)], 1)
+        )
+        return {"mean": sums[:, 0] / sums[:, 1]}
+
+
+def population(n: int = 200, mean: float = 5.0, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(mean, 1.0, n)
+
+
+# --------------------------------------------------------------------------- the shard plan
+
+
+@pytest.mark.parametrize(("n_docs", "expected_world"), [(1324, 42), (256, 8), (33, 2), (8, 1)])
+def test_shards_are_the_batches_torchrun_ranks_would_hold(n_docs, expected_world):
+    """Shard k holds batches k, k + world, ... of the single-run batch plan (`iter_batches`
+    of equal-length windows): every document in exactly one shard."""
+    from cw_lens.data.inputs import TokenBatch, iter_batches
+
+    world = pop.shard_plan(n_docs)
+    assert world == expected_world
+    tokens = torch.zeros(n_docs, 5, dtype=torch.long)
+    plan = list(
+        iter_batches(
+            TokenBatch(
+                tokens, torch.ones_like(tokens, dtype=torch.bool), True, None, list(range(n_docs))
+            ),
+            pop.BATCH_SIZE,
+        )
+    )
+    seen = []
+    for k in range(world):
+        ranks = [d for batch in plan[k::world] for d in batch.documents]
+        assert pop.shard_documents(n_docs, k, world) == ranks
+        assert len(plan[k::world]) <= pop.BATCHES_PER_SHARD
+        seen += ranks
+    assert sorted(seen) == list(range(n_docs))
+
+
+def test_a_shard_file_round_trips_losslessly_and_counts_are_stored_as_integers(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {
+        "documents": np.arange(5, dtype=np.int32),
+        "taxonomy.winners": rng.integers(0, 256, (5, 3, 2, 3)).astype(np.float32),
+        "sinks.sums": rng.normal(size=(5, 14, 3, 2)).astype(np.float32),
+        "sinks.share_hist": rng.integers(0, 300, (5, 3, 2, 26)).astype(np.float32),
+        "ablation.planned": np.ones((3, 2), bool),
+    }
+    assert pop.compact(arrays["taxonomy.winners"]).dtype == np.uint8
+    assert pop.compact(arrays["sinks.share_hist"]).dtype == np.uint16
+    assert pop.compact(arrays["sinks.sums"]).dtype == np.float32
+    assert pop.compact(np.array([1.5, 2.0], np.float32)).dtype == np.float32
+    assert pop.compact(np.array([-1.0, 2.0], np.float32)).dtype == np.float32
+    path = tmp_path / "shard_000_of_001.npz"
+    pop.save_shard(path, arrays, {"shard": 0, "note": "x"})
+    back, meta = pop.load_shard(path)
+    assert meta == {"shard": 0, "note": "x"}
+    for key, value in arrays.items():
+        assert np.array_equal(back[key], value), key
+        if key not in ("documents", "ablation.planned"):
+            assert back[key].dtype == np.float32
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_a_folder_refuses_shards_of_another_manifest(tmp_path):
+    record = {"cw_lens": "0.3.3", "weights": {"sha256": "ab"}, "threads": 2, "code": {"a": 1}}
+    pop.check_manifest(tmp_path, record)
+    pop.check_manifest(tmp_path, {**record, "threads": 1, "code": {"a": 2}})  # not results
+    with pytest.raises(SystemExit, match=r"another manifest \(differs in \['cw_lens'\]\)"):
+        pop.check_manifest(tmp_path, {**record, "cw_lens": "0.3.4"})
+    with pytest.raises(SystemExit, match="weights"):
+        pop.check_manifest(tmp_path, {**record, "weights": {"sha256": "cd"}})
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def test_draws_without_replacement_are_distinct_seeded_and_reach_the_whole_pool():
+    gen = torch.Generator().manual_seed(3)
+    docs = cov.draw_documents(50, 20, gen, replace=False)
+    assert len(set(docs)) == 20 and all(0 <= d < 50 for d in docs)
+    again = cov.draw_documents(50, 20, torch.Generator().manual_seed(3), replace=False)
+    assert docs == again
+    whole = cov.draw_documents(50, 50, torch.Generator().manual_seed(4), replace=False)
+    assert sorted(whole) == list(range(50))
+    with pytest.raises(ValueError, match="without replacement"):
+        cov.draw_documents(5, 6, gen, replace=False)
+    # with replacement: the draw coverage.py has always made (its committed table reproduces)
+    old = torch.randint(50, (20,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert cov.draw_documents(50, 20, torch.Generator().manual_seed(5)) == old
+
+
+def test_sub_pools_are_disjoint_consecutive_and_cover_the_population():
+    parts = pop.sub_pools(1324, 4)
+    assert [len(p) for p in parts] == [331, 331, 331, 331]
+    assert [d for part in parts for d in part] == list(range(1324))
+    small = pop.sub_pools(10, 4)
+    assert [d for part in small for d in part] == list(range(10))
+    assert sorted(len(p) for p in small) == [2, 2, 3, 3]
+
+
+def test_two_runs_come_from_disjoint_halves():
+    a, b = pop.draw_halves(100, 20, 40, torch.Generator().manual_seed(0))
+    assert len(a) == 20 and len(b) == 40 and not set(a) & set(b)
+    assert len(set(a)) == 20 and len(set(b)) == 40
+    with pytest.raises(ValueError, match="halves"):
+        pop.draw_halves(100, 60, 8, torch.Generator().manual_seed(0))
+
+
+# --------------------------------------------------------------------------- bounds and the rule
+
+
+@pytest.mark.parametrize(("covered", "draws"), [(380, 400), (372, 400), (400, 400), (1, 10)])
+def test_the_lower_bound_is_the_one_sided_clopper_pearson_bound(covered, draws):
+    """The one-sided 95% lower bound is the lower end of the exact two-sided 90% interval."""
+    expected = (
+        stats.binomtest(covered, draws).proportion_ci(confidence_level=0.90, method="exact").low
+    )
+    assert pop.lower_bound(covered, draws) == pytest.approx(expected, rel=1e-9)
+    assert pop.lower_bound(0, draws) == 0.0
+    assert pop.lower_bound(draws, draws) == pytest.approx(0.05 ** (1 / draws))
+
+
+def test_certification_needs_coverage_0_93_and_a_lower_bound_of_0_91():
+    assert pop.certified(0.93, 0.91) and pop.certified(0.97, 0.95)
+    assert not pop.certified(0.9299, 0.95)
+    assert not pop.certified(0.95, 0.9099)
+    # at 400 draws, 0.93 observed is not enough (its bound is 0.906); 0.935 is
+    assert not pop.certified(372 / 400, pop.lower_bound(372, 400))
+    assert pop.certified(374 / 400, pop.lower_bound(374, 400))
+
+
+def test_certified_from_is_the_smallest_certified_count_of_the_shipped_method():
+    def row(number, n, certified, method="expanded", pool="all"):
+        return {"number": number, "n": n, "certified": certified, "method": method, "pool": pool}
+
+    rows = [
+        row("x", 8, False),
+        row("x", 32, True),
+        row("x", 256, True),
+        row("x", 8, True, method="percentile"),  # not the shipped method
+        row("x", 8, True, pool="part 1 of 4"),  # a sub-pool
+        row("y", 8, False),
+        row("y", 256, False),
+        row("geomean_head_ratio_n2", 8, True, method="bias_corrected"),
+    ]
+    assert pop.certified_from(rows) == {"x": 32, "y": None, "geomean_head_ratio_n2": 8}
+
+
+# --------------------------------------------------------------------------- the studies
+
+
+@pytest.mark.slow
+def test_the_coverage_study_draws_without_replacement_and_takes_the_population_as_truth():
+    """A population of 60 documents (values ~ N(5, 1)): at n = 60 every draw is the whole
+    population, so its point is the truth and every interval covers; at n = 8 the expanded
+    interval covers about 0.95 (it would cover nothing if the truth were not the population's
+    mean, 5 standard errors away from 0); no draw repeats a document."""
+    result = MeanOf(population(60))
+    rows = cov.study({"toy": result}, [8, 60], 200, 300, replace=False)
+    shipped = {(r["n"], r["method"]): r for r in rows}
+    assert shipped[(60, "expanded")]["coverage"] == 1.0
+    assert shipped[(60, "percentile")]["coverage"] == 1.0
+    assert 0.88 <= shipped[(8, "expanded")]["coverage"] <= 0.995
+    assert shipped[(8, "expanded")]["truth"] == pytest.approx(float(result.per_document.mean()))
+    drawn = [docs for docs in result.asked if len(docs) in (8, 60)]
+    assert len(drawn) == 400 and all(len(set(docs)) == len(docs) for docs in drawn)
+    assert shipped[(8, "expanded")]["covered"] == round(shipped[(8, "expanded")]["coverage"] * 200)
+    assert shipped[(8, "expanded")]["mean_bias_to_se"] < 0.25  # a mean is unbiased
+
+
+@pytest.mark.slow
+def test_the_coverage_study_measures_each_sub_pool_against_its_own_truth():
+    """Four quarters with different means (1, 2, 3, 4): each quarter's draws cover its own
+    mean, which they could not if the whole population's (2.5) were taken as their truth."""
+    values = np.concatenate([population(40, mean=m, seed=int(m)) for m in (1.0, 2.0, 3.0, 4.0)])
+    rows = pop.coverage_study({"toy": MeanOf(values)}, [8], 100, 300, parts=4)
+    parts = [r for r in rows if r["pool"] != "all" and r["method"] == "expanded"]
+    assert len(parts) == 4
+    for row, mean in zip(parts, (1.0, 2.0, 3.0, 4.0), strict=True):
+        assert abs(row["truth"] - mean) < 0.5 and row["coverage"] >= 0.85
+        assert row["lower"] == pytest.approx(pop.lower_bound(row["covered"], row["draws"]))
+        assert row["certified"] == pop.certified(row["coverage"], row["lower"])
+    whole = [r for r in rows if r["pool"] == "all" and r["method"] == "expanded"]
+    assert whole[0]["truth"] == pytest.approx(float(values.mean()))
+    assert "| toy | `mean` | 8 | 100 |" in pop.study_table(rows)
+
+
+def test_the_compare_study_counts_false_differences_between_halves_of_one_population():
+    """Two runs from disjoint halves of one population differ in no number: compare's
+    family-wise error over the draws stays near 0.05 or below."""
+    result = MeanOf(population(200))
+    [row] = pop.compare_study({"toy": result}, [(8, 16)], 40, 400)
+    assert row["draws"] == 40 and row["numbers"] == 1
+    assert row["family_wise_error"] <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 40)
+    assert row["upper_95"] >= row["family_wise_error"]
+    assert row["not_comparable_per_draw"] == 0  # an unbiased mean is compared across counts
+    json.dumps(row)
+
+
+def test_a_subset_bootstrapped_whole_gives_the_replicates_of_its_documents():
+    """`subset(result, docs)` with a plain bootstrap = the whole result with
+    `Bootstrap(documents=docs)` (what makes a draw cost its own size, not the pool's): bit
+    for bit on float32 records, whose weighted sums are exact in float64 in any order."""
+    from cw_lens.core.bootstrap import Bootstrap
+
+    result = MeanOf(population(100).astype(np.float32))  # float32 records, as the analyses'
+    docs = [5, 70, 3, 41, 99, 0, 12, 64]
+    whole = result.replicates(Bootstrap(resamples=300, seed=4, documents=docs))["mean"]
+    part = pop.subset(result, docs)
+    assert part.per_document.shape[0] == 8 and result.per_document.shape[0] == 100
+    assert torch.equal(part.replicates(Bootstrap(resamples=300, seed=4))["mean"], whole)
+    with pytest.raises(ValueError, match="distinct"):
+        pop.subset(result, [1, 1, 2])
