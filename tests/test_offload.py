@@ -87,6 +87,27 @@ def test_an_offloaded_model_gives_the_resident_results_bit_for_bit(pair):
     assert on_meta(offloaded), "the weights read outside the forward passes stayed in memory"
 
 
+def test_device_map_auto_with_max_memory_offloads_and_gives_the_resident_results(tmp_path):
+    # how users fit a model: device_map="auto" under a max_memory too small for it, so that
+    # accelerate itself decides what goes to disk
+    arch = next(a for a in ARCHS if a.name == "Qwen2")
+    hf = hf_model(arch, seed=1, dtype=torch.float32)
+    hf.save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    size = sum(p.numel() * 4 for p in hf.parameters())
+    resident = cw_lens.load_model(str(tmp_path))
+    offloaded = cw_lens.load_model(
+        str(tmp_path),
+        device_map="auto",
+        max_memory={"cpu": size // 3},
+        offload_folder=str(tmp_path / "offload"),
+    )
+    assert on_meta(offloaded), "accelerate offloaded nothing: the test would prove nothing"
+    expected, got = analyses(resident, WEIGHT_READERS), analyses(offloaded, WEIGHT_READERS)
+    for analysis in expected:
+        assert_same(got[analysis], expected[analysis], analysis)
+
+
 def test_read_weights_copies_offloaded_weights_that_outlive_the_context(pair):
     _, resident, offloaded = pair
     attn = offloaded.blocks[-1].attn

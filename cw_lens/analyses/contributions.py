@@ -57,7 +57,14 @@ from cw_lens.core.memory import check_memory, pair_field_bytes
 from cw_lens.core.results import Result, check_batch_row, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
-from cw_lens.models.access import Model, hook_name, model_access, resolve_heads, resolve_layers
+from cw_lens.models.access import (
+    Model,
+    hook_name,
+    model_access,
+    model_device,
+    resolve_heads,
+    resolve_layers,
+)
 from cw_lens.models.capture import LayerActivations, check_consistent
 from cw_lens.models.layer_contributions import Kind, LayerContributionsResult, check_kind
 from cw_lens.models.verify import require_verified
@@ -495,7 +502,7 @@ def check_result_memory(
     runs = f" x {copies} runs" if copies > 1 else ""
     check_memory(
         copies * size,
-        device=model.cfg.device or "cpu",
+        device=model_device(model),
         budget=budget,
         what=f"contribution weights of {n_batch} texts x {n_layers} layers x {n_heads} heads x "
         f"{n_pos}² positions{runs} (with the fields derived on access)",
@@ -582,7 +589,7 @@ def contribution_weights(
     )
     if extra and on_block is None:
         raise InputError("block_layers needs on_block (the function that gets those blocks).")
-    device = torch.device(model.cfg.device or "cpu")
+    device = model_device(model)
     filler = _ResultFiller(
         batch.tokens.shape[0], batch.tokens.shape[1], layer_list, len(head_list), kind, device
     )

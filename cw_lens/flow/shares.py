@@ -51,7 +51,7 @@ from cw_lens.core.memory import check_memory, pair_field_bytes
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, run_batches
-from cw_lens.models.access import Model
+from cw_lens.models.access import Model, model_device
 from cw_lens.models.blocks import CHECK_RTOL, BlockActivations, arch_name, run_blocks
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import Workspace
@@ -696,7 +696,7 @@ def residual_shares(
     check_memory(
         pair_field_bytes(n_docs, len(layer_list), n_heads, n_pos, pair_fields=1)
         + 4 * n_docs * len(layer_list) * n_pos * len(PIECES),
-        device=model.cfg.device or "cpu",
+        device=model_device(model),
         budget=memory_budget,
         what=f"residual shares of {n_docs} texts x {len(layer_list)} layers x {n_heads} heads x "
         f"{n_pos}² positions",
@@ -708,9 +708,7 @@ def residual_shares(
         ],
     )
     require_flow(model)
-    filler = _SharesFiller(
-        n_docs, n_pos, model.cfg.n_heads, layer_list, torch.device(model.cfg.device or "cpu")
-    )
+    filler = _SharesFiller(n_docs, n_pos, model.cfg.n_heads, layer_list, model_device(model))
     stream_shares(
         model,
         batch.tokens,

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
 from cw_lens.core.geometry import head_gram
-from cw_lens.models.offload import is_offloaded, read_weights
+from cw_lens.models.offload import execution_device, is_offloaded, read_weights
 
 HOOK_TEMPLATES = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
@@ -250,7 +250,7 @@ class ModelAccess:
 
     @property
     def device(self) -> torch.device:
-        return torch.device(getattr(self.model.cfg, "device", None) or "cpu")
+        return model_device(self.model)
 
     @cached_property
     def hf_config(self) -> Any:
@@ -601,4 +601,16 @@ def resolve_heads(model: Any, heads: Any) -> list[int]:
 
 
 def model_device(model: Any) -> torch.device:
-    return torch.device(getattr(model.cfg, "device", None) or "cpu")
+    """The device a model's inputs go to.
+
+    Args:
+        model: A TransformerLens model.
+
+    Returns:
+        `cfg.device`, or, where TransformerLens read `meta` from an offloaded first weight, the
+        device `accelerate`'s hooks compute on.
+    """
+    device = torch.device(getattr(model.cfg, "device", None) or "cpu")
+    if device.type == "meta":
+        return execution_device(model)
+    return device

@@ -227,3 +227,35 @@ def read_weights(
     """
     with resident_weights(module, root=root) as keep:
         return {name: keep(getattr(module, name, None)) for name in names}
+
+
+def execution_device(model: torch.nn.Module) -> torch.device:
+    """The device an `accelerate`-dispatched model computes on: its hooks' execution device.
+
+    TransformerLens takes `cfg.device` from the model's first weight, which is `meta` when that
+    weight is offloaded (`device_map="auto"` with a small `max_memory` can put the whole model
+    on disk); inputs must then go where the hooks bring the weights, not to `meta`.
+
+    Args:
+        model: The model (a `TransformerBridge`, or any module with `accelerate` hooks).
+
+    Returns:
+        The first execution device among the model's hooks, the CPU when it has none.
+
+    Examples:
+        >>> from cw_lens.models.offload import execution_device
+        >>> from cw_lens.models.testing import tiny_llama
+        >>> execution_device(tiny_llama())
+        device(type='cpu')
+    """
+    for module in model.modules():
+        hook = getattr(module, "_hf_hook", None)
+        for inner in getattr(hook, "hooks", None) or (hook,):
+            device = getattr(inner, "execution_device", None)
+            if device is not None:
+                return (
+                    torch.device("cuda", device)
+                    if isinstance(device, int)
+                    else torch.device(device)
+                )
+    return torch.device("cpu")

@@ -201,4 +201,6 @@ def random_tokens(model: Any, batch: int, seq: int, *, seed: int = 0) -> torch.T
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, BYTE_VOCAB, (batch, seq), generator=gen, device="cpu")
     tokens[:, 0] = BYTE_VOCAB
-    return tokens.to(model.cfg.device)
+    from cw_lens.models.access import model_device
+
+    return tokens.to(model_device(model))
