@@ -84,6 +84,7 @@ class GGUFWeights(Mapping):
         )
 
         self.path = Path(path)
+        self._model = model
         self.reader = open_gguf(self.path)
         arch = str(self.reader.fields["general.architecture"].contents())
         config = model.config.to_dict()

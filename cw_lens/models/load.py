@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from importlib.metadata import PackageNotFoundError, distribution
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +81,44 @@ def embedded_gguf_path() -> Path:
     )
 
 
+# `from_pretrained` options for big-model inference that TransformerLens 4.x's
+# `boot_transformers` passes on and 3.x's refuses: cw_lens then loads the Hugging Face model
+# with them itself and hands it over (`hf_model=`), which every version accepts
+_DISPATCH_OPTIONS = ("device_map", "max_memory", "offload_folder", "offload_state_dict")
+
+
+def _with_dispatched_model(boot: Any, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    dispatch = {k: kwargs[k] for k in _DISPATCH_OPTIONS if k in kwargs}
+    params = inspect.signature(boot).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if not dispatch or "hf_model" in kwargs or all(k in params for k in dispatch) or takes_all:
+        return kwargs
+    from transformers import AutoModelForCausalLM
+
+    dtype = kwargs.get("dtype") or torch.float32
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **dispatch)
+    except OSError as exc:
+        raise ModelLoadError(f"Model {name!r} could not be loaded with {dispatch}: {exc}") from exc
+    rest = {k: v for k, v in kwargs.items() if k not in dispatch and k != "device"}
+    return {**rest, "hf_model": hf.eval()}
+
+
 def _boot(name: str, **kwargs: Any) -> Any:
     TransformerBridge = bridge_class()
+    kwargs = _with_dispatched_model(TransformerBridge.boot_transformers, name, kwargs)
     try:
         bridge = TransformerBridge.boot_transformers(name, **kwargs)
     except ValueError as exc:
+        if "unsupported offload targets" in str(exc):
+            raise UnsupportedModelError(
+                f"TransformerLens {version('transformer-lens')}'s bridge refuses this "
+                f"device_map ({exc}). Keep every module on a GPU or the CPU (no 'disk'), or use "
+                "TransformerLens 4.x, whose bridge runs disk-offloaded models (cw_lens reads "
+                "their weights through accelerate's hooks), or a GGUF file with layer streaming."
+            ) from exc
         if "Unsupported architecture" in str(exc) or "architecture" in str(exc).lower():
             raise UnsupportedModelError(
                 f"TransformerLens cannot bridge {name!r}: {exc}. cw_lens needs a decoder-only "
@@ -232,6 +265,12 @@ def load_model(
                 "Layer streaming of a GGUF file needs the TransformerBridge (api='bridge'): a "
                 "HookedTransformer copies every weight into its own modules. Pass "
                 "layer_streaming=False for a resident HookedTransformer."
+            )
+        if lm_head == "streamed" and int(version("transformer-lens").split(".")[0]) < 4:
+            raise UnsupportedModelError(
+                f"lm_head='streamed' needs TransformerLens 4.x; {version('transformer-lens')} "
+                "gives the output head a bias (lm_head.bias) that is in no GGUF file, so a "
+                "streamed head has no value for it. Use lm_head='resident' (the default)."
             )
         hf_model, tokenizer, weights = load_streamed_gguf(gguf, device=device, lm_head=lm_head)
         model = _boot(hf_id, hf_model=hf_model, tokenizer=tokenizer, dtype=dtype, **boot_kwargs)
