@@ -155,12 +155,11 @@ def draw_documents(n_pool: int, n: int, gen: torch.Generator, replace: bool = Tr
 
 
 def bias_to_se(reps: torch.Tensor, resamples: int) -> float:
-    """``|mean(t*) - t| / sd(t*)`` of one number's replicates (``t`` the corpus row)."""
-    boot = reps[:resamples].double()
-    boot = boot[~boot.isnan()]
-    if len(boot) < 2 or float(boot.std()) == 0.0 or math.isnan(float(reps[resamples])):
-        return math.nan
-    return abs(float(boot.mean()) - float(reps[resamples])) / float(boot.std())
+    """``|mean(t*) - t| / sd(t*)`` of one number's replicates (``t`` the corpus row): the
+    library's ``cw_lens.core.bootstrap.bias_to_se``."""
+    from cw_lens.core.bootstrap import bias_to_se as library_bias_to_se
+
+    return library_bias_to_se(float(reps[resamples]), reps[:resamples])
 
 
 def study(
@@ -175,14 +174,20 @@ def study(
     pool: list[int] | None = None,
     seed_offset: int = 0,
     subset: object = None,
+    draw: object = None,
 ) -> list[dict[str, object]]:
     """Coverage per (analysis, number, n, method) over ``draws`` draws of ``n`` documents
     from the pool (``pool``: these record rows only, e.g. a quarter of a population; the
     truth is then the sub-pool's value), with or without ``replace``-ment; the draws' seeds
     are ``10000 n + draw + seed_offset``. ``subset(result, docs)`` (draws without replacement
     only): a result holding only those rows, bootstrapped as a whole — the same replicates as
-    ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool."""
-    from cw_lens.core.bootstrap import Bootstrap, interval
+    ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool.
+    ``draw(n_pool, n, gen)``: another design of the draws (default ``draw_documents``).
+
+    Besides every method of :data:`METHODS`, the method ``shipped`` is the library's rule
+    applied draw by draw: the biased method where ``needs_bias_correction`` says so for that
+    draw's replicates, else the default method."""
+    from cw_lens.core.bootstrap import Bootstrap, interval, needs_bias_correction
 
     rows = []
     for name, result in results.items():
@@ -195,11 +200,16 @@ def study(
         }
         for n in sizes:
             start, cpu = time.perf_counter(), time.process_time()
-            hits = {(k, m): [0, 0] for k in truth for m in METHODS}  # covered, missing
+            hits = {(k, m): [0, 0] for k in truth for m in (*METHODS, "shipped")}
             bias = {k: [] for k in truth}
             for d in range(draws):
                 gen = torch.Generator().manual_seed(10_000 * n + d + seed_offset)
-                docs = [members[i] for i in draw_documents(len(members), n, gen, replace)]
+                picks = (
+                    draw_documents(len(members), n, gen, replace)
+                    if draw is None
+                    else draw(len(members), n, gen)
+                )
+                docs = [members[i] for i in picks]
                 # a random control (pruning's draws) is part of the population too: as many
                 # draws as the pool has, drawn from them with replacement
                 n_draws = getattr(result, "n_random_draws", 0) or 0
@@ -216,8 +226,11 @@ def study(
                     if k not in truth:
                         continue
                     bias[k].append(bias_to_se(reps, resamples))
-                    for m in METHODS:
-                        low, high = interval(reps, resamples, boot.level, m).tolist()
+                    corrected = needs_bias_correction(k, bias[k][-1])
+                    shipped = boot.biased_method if corrected else boot.method
+                    for m in (*METHODS, "shipped"):
+                        used = shipped if m == "shipped" else m
+                        low, high = interval(reps, resamples, boot.level, used).tolist()
                         if math.isnan(low) or math.isnan(high):
                             hits[(k, m)][1] += 1
                         elif low <= truth[k] <= high:

@@ -391,7 +391,10 @@ def run(folder: Path, shards: list[int] | None, max_shards: int | None) -> None:
         todo = todo[:max_shards]
     print(f"[population] {len(corpus)} windows, {world} shards, {len(todo)} to do", flush=True)
     for k in todo:
-        meta = run_shard(model, corpus, k, world, folder, digest)
+        with claimed(shard_path(folder, k, world)) as mine:
+            if not mine:  # written or being written by another process since the plan
+                continue
+            meta = run_shard(model, corpus, k, world, folder, digest)
         size = shard_path(folder, k, world).stat().st_size
         print(
             f"[population] shard {k}/{world}: {meta['n_documents']} documents, "
@@ -399,6 +402,46 @@ def run(folder: Path, shards: list[int] | None, max_shards: int | None) -> None:
             + " ".join(f"{n}={s[0]:.0f}s" for n, s in meta["seconds"].items()),
             flush=True,
         )
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Whether this process may compute the shard ``path``: not written yet, and no live
+    process holds its claim (``<path>.claim``, created exclusively, holding the owner's
+    PID; a dead owner's claim is taken over). Several ``run`` processes with different
+    shard orders (``--shards``) then share the work without computing a shard twice."""
+    claim = path.with_name(path.name + ".claim")
+    for _ in range(2):
+        if path.exists():
+            yield False
+            return
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            owner = claim.read_text().strip() if claim.exists() else ""
+            if owner.isdigit() and _alive(int(owner)):
+                yield False
+                return
+            claim.unlink(missing_ok=True)  # a dead owner's claim
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(str(os.getpid()))
+        try:
+            yield not path.exists()
+        finally:
+            claim.unlink(missing_ok=True)
+        return
+    yield False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --------------------------------------------------------------------------- loading
@@ -582,12 +625,39 @@ def sub_pools(n_rows: int, parts: int = 4) -> list[list[int]]:
 
 
 def shipped_method(number: str) -> str:
-    """The interval method the library ships for ``number``."""
-    from cw_lens.core.bootstrap import Bootstrap
-    from cw_lens.core.resampled import is_biased_plugin
+    """The study's name for the interval the library ships for ``number``: ``shipped``, the
+    library's rule (``cw_lens.core.bootstrap.needs_bias_correction``) applied in each draw:
+    the biased method for a plug-in known to be biased or a draw whose bootstrap |bias| / SE
+    exceeds the limit, else the default method."""
+    return "shipped"
 
-    boot = Bootstrap()
-    return boot.biased_method if is_biased_plugin(number) else boot.method
+
+# --------------------------------------------------------------------------- designs
+
+
+def adjacent_pairs(n_pool: int, n: int, gen: torch.Generator) -> list[int]:
+    """A draw made of ``n // 2`` pairs of adjacent windows (window ``w`` and ``w + 1`` of the
+    text; record rows are pool windows in order): the pool cut into consecutive pairs from a
+    random phase (0 or 1), ``n // 2`` of them drawn without replacement, both windows of each
+    taken. The most dependent draw of that size: per-window resampling treats each pair as
+    two independent documents."""
+    if n % 2:
+        raise ValueError(f"a draw of adjacent pairs needs an even size, got {n}.")
+    phase = int(torch.randint(2, (1,), generator=gen))
+    starts = list(range(phase, n_pool - 1, 2))
+    if n // 2 > len(starts):
+        raise ValueError(f"{n // 2} adjacent pairs do not fit a pool of {n_pool}.")
+    chosen = torch.randperm(len(starts), generator=gen)[: n // 2].tolist()
+    return [w for i in chosen for w in (starts[i], starts[i] + 1)]
+
+
+def adjacent_in(docs: Sequence[int]) -> int:
+    """How many pairs of a draw's windows are neighbours in the text."""
+    held = set(docs)
+    return sum(1 for d in held if d + 1 in held)
+
+
+DESIGNS = {"random": None, "adjacent": adjacent_pairs}
 
 
 def with_bounds(rows: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
@@ -622,22 +692,35 @@ def coverage_study(
     numbers: list[str] | None = None,
     parts: int = 4,
     part_draws: int | None = None,
+    part_sizes: Sequence[int] | None = None,
+    design: str = "random",
 ) -> list[dict[str, Any]]:
     """SPEC §6's certification study: ``draws`` draws of each count *without* replacement
     from the population (the truth: the population's value), then the same in each of
     ``parts`` disjoint sub-pools (the truth: the sub-pool's value; ``part_draws`` draws,
-    default ``draws``) for the spread from pool to pool. Rows as ``coverage.py``'s with
-    ``lower`` (one-sided Clopper-Pearson 95%), ``certified`` and ``pool``."""
+    default ``draws``; ``part_sizes``, default ``sizes``) for the spread from pool to pool.
+    ``design``: ``random`` (a run's own design: distinct windows at random) or ``adjacent``
+    (pairs of neighbouring windows, ``adjacent_pairs``). Rows as ``coverage.py``'s with
+    ``lower`` (one-sided Clopper-Pearson 95%), ``certified``, ``pool`` and ``design``."""
     cov = _load_benchmark("coverage")
+    draw = DESIGNS[design]
     rows = with_bounds(
         cov.study(
-            results, list(sizes), draws, resamples, drivers, numbers, replace=False, subset=subset
+            results,
+            list(sizes),
+            draws,
+            resamples,
+            drivers,
+            numbers,
+            replace=False,
+            subset=subset,
+            draw=draw,
         ),
         "all",
     )
     n_rows = cov.n_records(next(iter(results.values())))
     for q, members in enumerate(sub_pools(n_rows, parts) if parts > 1 else []):
-        fits = [n for n in sizes if n <= len(members)]
+        fits = [n for n in (part_sizes or sizes) if n <= len(members)]
         part = cov.study(
             results,
             fits,
@@ -649,8 +732,49 @@ def coverage_study(
             pool=members,
             seed_offset=1_000_000 * (q + 1),
             subset=subset,
+            draw=draw,
         )
         rows += with_bounds(part, f"part {q + 1} of {parts}")
+    for row in rows:
+        row["design"] = design
+    return rows
+
+
+def optimism_study(
+    results: dict[str, Any],
+    pool_size: int,
+    n: int,
+    pools: int,
+    draws: int,
+    resamples: int,
+    numbers: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """How optimistic the single-pool double bootstrap (``coverage.py`` without a
+    population: ``n`` documents drawn *with* replacement from one pool of ``pool_size``
+    windows, the pool's value taken as the truth) is, on numbers whose population coverage
+    is known: ``pools`` pools drawn without replacement from the population, ``draws``
+    draws each. Rows per (number, pool): the pool's estimate of the shipped interval's
+    coverage. Compare their mean and spread with the population study's coverage at ``n``."""
+    cov = _load_benchmark("coverage")
+    n_rows = cov.n_records(next(iter(results.values())))
+    rows = []
+    for p in range(pools):
+        gen = torch.Generator().manual_seed(9_000_000 + 1_000 * pool_size + p)
+        members = sorted(torch.randperm(n_rows, generator=gen)[:pool_size].tolist())
+        part = cov.study(
+            results,
+            [n],
+            draws,
+            resamples,
+            False,
+            numbers,
+            replace=True,
+            pool=members,
+            seed_offset=3_000_000 + 100_000 * p,
+        )
+        for row in part:
+            if row["method"] == "shipped":
+                rows.append({**row, "pool": p, "pool_size": pool_size})
     return rows
 
 
@@ -676,6 +800,24 @@ def study_table(rows: list[dict[str, Any]]) -> str:
             f" | {spread} | {row['mean_bias_to_se']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One study from several run on the same population with the same settings (one process
+    per analysis): their rows, and ``certified_from`` over all of them; the metas must agree
+    except in wall time."""
+
+    def settings(meta: dict[str, Any]) -> dict[str, Any]:  # reservoir_exact: with sinks only
+        return {k: v for k, v in meta.items() if k not in ("wall_s", "reservoir_exact")}
+
+    first = settings(studies[0]["meta"])
+    if any(settings(s["meta"]) != first for s in studies[1:]):
+        raise SystemExit("merge: the studies were run with different settings or populations.")
+    rows = [row for s in studies for row in s["rows"]]
+    meta = {**first, "wall_s": [s["meta"].get("wall_s") for s in studies]}
+    exact = [s["meta"]["reservoir_exact"] for s in studies if s["meta"].get("reservoir_exact")]
+    meta["reservoir_exact"] = exact[0] if exact else None
+    return {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
 
 
 # --------------------------------------------------------------------------- the compare study
@@ -908,7 +1050,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_status.add_argument("--out", type=Path, default=OUT)
     p_study = sub.add_parser("study", help="coverage drawn without replacement (SPEC §6)")
     p_compare = sub.add_parser("compare-study", help="compare's family-wise error (SPEC §6)")
-    for p in (p_study, p_compare):
+    p_optimism = sub.add_parser(
+        "optimism", help="the single-pool double bootstrap's coverage on pools of the population"
+    )
+    p_merge = sub.add_parser(
+        "merge", help="one study file from several (e.g. one process per analysis)"
+    )
+    p_merge.add_argument("parts", type=Path, nargs="+")
+    p_merge.add_argument("--result", type=Path, required=True)
+    for p in (p_study, p_compare, p_optimism):
         p.add_argument("--out", type=Path, default=OUT)
         p.add_argument("--draws", type=int, default=400)
         p.add_argument("--resamples", type=int, default=2000)
@@ -917,11 +1067,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_study.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 256])
     p_study.add_argument("--parts", type=int, default=4, help="disjoint sub-pools for the spread")
     p_study.add_argument("--part-draws", type=int, help="draws per sub-pool (default --draws)")
+    p_study.add_argument("--part-sizes", type=int, nargs="+", help="sizes in the sub-pools")
+    p_study.add_argument("--design", choices=sorted(DESIGNS), default="random")
     p_study.add_argument("--numbers", nargs="+", help="only these claim numbers")
     p_study.add_argument(
         "--without-drivers", action="store_true", help="leave out median_abs_rho_* (slow)"
     )
-    p_study.add_argument("--result", type=Path, default=STUDY_OUT)
+    p_study.add_argument("--result", type=Path, help=f"default {STUDY_OUT.name} (random design)")
+    p_optimism.add_argument("--pool-size", type=int, default=32)
+    p_optimism.add_argument("--n", type=int, default=32)
+    p_optimism.add_argument("--pools", type=int, default=20)
+    p_optimism.add_argument("--numbers", nargs="+", help="only these claim numbers")
+    p_optimism.add_argument("--result", type=Path)
     p_compare.add_argument(
         "--pairs", nargs="+", default=["8,8", "32,32", "256,256", "8,32", "32,256"]
     )
@@ -933,6 +1090,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command == "run":
         torch.set_num_threads(args.threads)
         run(args.out, args.shards, args.max_shards)
+    elif args.command == "merge":
+        merged = merge_studies([json.loads(path.read_text()) for path in args.parts])
+        atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
+        print(study_table(merged["rows"]))
     elif args.command == "status":
         status(args.out)
     else:
@@ -949,6 +1110,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         start = time.perf_counter()
         if args.command == "study":
+            meta["design"] = args.design
+            args.result = args.result or (
+                STUDY_OUT
+                if args.design == "random"
+                else STUDY_OUT.with_name(f"coverage_population_{args.design}.json")
+            )
             rows = coverage_study(
                 results,
                 args.sizes,
@@ -958,9 +1125,26 @@ def main(argv: Sequence[str] | None = None) -> None:
                 numbers=args.numbers,
                 parts=args.parts,
                 part_draws=args.part_draws,
+                part_sizes=args.part_sizes,
+                design=args.design,
             )
             body = {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
             print(study_table(rows))
+        elif args.command == "optimism":
+            meta.update(pool_size=args.pool_size, n=args.n, pools=args.pools)
+            args.result = args.result or STUDY_OUT.with_name(
+                f"coverage_optimism_{args.pool_size}.json"
+            )
+            rows = optimism_study(
+                results,
+                args.pool_size,
+                args.n,
+                args.pools,
+                args.draws,
+                args.resamples,
+                args.numbers,
+            )
+            body = {"meta": meta, "rows": rows}
         else:
             pairs = [tuple(int(x) for x in p.split(",")) for p in args.pairs]
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import cw_lens
 from cw_lens.analyses import pruning
 from cw_lens.core.accumulate import PerDocument, SampleReservoir, state_bytes
-from cw_lens.core.bootstrap import Bootstrap, masked_median
+from cw_lens.core.bootstrap import BIAS_SE_LIMIT, Bootstrap, bias_to_se, masked_median
 from cw_lens.core.claims import Check, Claim, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import pruning_numbers, weighted_spearman
@@ -75,6 +75,7 @@ def test_same_seed_same_intervals_other_seed_other_intervals():
 def test_interval_leaves_out_undefined_replicates_up_to_the_tail_share():
     boot = Bootstrap(resamples=100, level=0.9, method="percentile")
     x = torch.cat([torch.arange(100.0), torch.zeros(1 + 5)]).double()  # + corpus, 5 left out
+    x[100] = 52.0  # the corpus: the defined replicates' mean (no bias, no bias correction)
     x[:5] = math.nan  # 5% undefined: within the 5% tail, left out
     low, high = boot.pair(x)
     assert low == pytest.approx(np.quantile(np.arange(5, 100), 0.05))
@@ -124,6 +125,7 @@ def test_bca_and_expanded_intervals_match_their_definitions():
     assert mine == pytest.approx(tuple(ref.confidence_interval), rel=0.02)
     assert expanded_tail(0.95, 8) == pytest.approx(0.00573, abs=5e-5)
     reps = torch.cat([torch.arange(2000.0), torch.zeros(9)]).double()
+    reps[2000] = 999.5  # the corpus at the replicates' mean: unbiased, so not bias-corrected
     low, high = Bootstrap(2000, method="expanded").pair(reps)
     assert (low, high) == pytest.approx(
         tuple(np.quantile(np.arange(2000.0), [0.00573, 0.99427])), abs=0.2
@@ -140,23 +142,29 @@ def test_biased_numbers_get_an_interval_that_covers_where_the_percentile_ones_do
     Gamma(8) / 16, equal means: truth 1). The plug-in is biased upwards by several of its
     own standard errors, so the expanded interval covers about 0.13; the shipped method for
     such numbers (Bootstrap.biased_method) about 0.93 (300 samples: fails below 0.88, three
-    binomial SEs under 0.93)."""
+    binomial SEs under 0.93), whether the number is named as a biased plug-in or only its
+    bootstrap |bias| / SE (above BIAS_SE_LIMIT) shows it."""
     from cw_lens.core.resampled import is_biased_plugin
 
     assert is_biased_plugin("geomean_head_ratio_n2") and not is_biased_plugin("delta_ppl")
     gen = torch.Generator().manual_seed(0)
     heads, n_docs, samples = 200, 32, 300
-    hits = {"biased": 0, "plain": 0}
+    hits = {"named": 0, "measured": 0, "plain": 0}
     for s in range(samples):
         x = torch._standard_gamma(torch.full((n_docs, heads), 0.5).double(), generator=gen)
         y = torch._standard_gamma(torch.full((n_docs, heads), 8.0).double(), generator=gen) / 16
         boot = Bootstrap(2000, seed=s)
         sums = boot.resample(torch.cat([x, y], 1))
         geomean = torch.exp(torch.log(sums[:, :heads] / sums[:, heads:]).mean(1))
-        for key, biased in (("biased", True), ("plain", False)):
-            low, high = boot.pair(geomean, biased=biased)
+        intervals = {
+            "named": boot.pair(geomean, number="geomean_head_ratio_n2"),
+            "measured": boot.pair(geomean, number="an_unnamed_ratio"),
+            "plain": Bootstrap(2000, seed=s, biased_method="expanded").pair(geomean),
+        }
+        for key, (low, high) in intervals.items():
             hits[key] += low <= 1.0 <= high
-    assert hits["biased"] / samples >= 0.93 - 3 * math.sqrt(0.93 * 0.07 / samples)
+    floor = 0.93 - 3 * math.sqrt(0.93 * 0.07 / samples)
+    assert hits["named"] / samples >= floor and hits["measured"] / samples >= floor
     assert hits["plain"] / samples < 0.5
 
 
@@ -364,8 +372,8 @@ def _check_against_reruns(texts, run, claims_of, skip=(), rtol=2e-5):
     captured: list[tuple[tuple[float, float], torch.Tensor]] = []
 
     class Capture(Bootstrap):
-        def pair(self, replicates, biased=False):
-            interval = super().pair(replicates, biased)
+        def pair(self, replicates, biased=False, number=None):
+            interval = super().pair(replicates, biased, number)
             captured.append((interval, replicates.clone()))
             return interval
 
@@ -495,18 +503,28 @@ def test_selection_intervals_are_the_statistics_of_the_resampled_corpora(llama):
         skip=("min_over_n_f_top_minus_random", "largest_gap_n2_n4_minus_larger_n"),
     )
     assert "min_over_n_f_top_minus_random" in reps
-    # sink_lowers_fn's geometric means read the biased-plug-in interval, the others the default
+    # sink_lowers_fn's geometric means always read the biased-plug-in interval; the others
+    # read it only where their bootstrap |bias| / SE in this run exceeds BIAS_SE_LIMIT
     texts = _texts(8, 10, 14)
     result, boot = run(texts), Bootstrap(200, seed=1)
+    plain = Bootstrap(200, seed=1, biased_method="expanded")  # every number expanded
     numbers, seen = result.replicates(boot), 0
     for claim in result.claims(boot).values():
         for check in claim["checks"]:
-            biased = check["number"].startswith("geomean_head_ratio")
-            want = boot.pair(numbers[check["number"]], biased=biased)
-            assert check["interval"] == pytest.approx(list(want), nan_ok=True), check["number"]
-            if biased:
+            number, reps = check["number"], numbers[check["number"]]
+            ratio = bias_to_se(float(reps[200]), reps[:200])
+            biased = number.startswith("geomean_head_ratio") or ratio > BIAS_SE_LIMIT
+            method = "bias_corrected" if biased else "expanded"
+            assert check["interval_method"] == method, number
+            if math.isnan(ratio):
+                assert check["bias_to_se"] is None, number
+            else:
+                assert check["bias_to_se"] == pytest.approx(ratio), number
+            want = boot.interval(reps, method == "bias_corrected")
+            assert check["interval"] == pytest.approx(want.tolist(), nan_ok=True), number
+            if number.startswith("geomean_head_ratio"):
                 seen += 1
-                assert check["interval"] != pytest.approx(list(boot.pair(numbers[check["number"]])))
+                assert check["interval"] != pytest.approx(list(plain.pair(reps)))
     assert seen == 2  # N = 2 and N = 4
 
 

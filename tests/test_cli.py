@@ -79,11 +79,12 @@ def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
     assert (config.faithfulness_docs, config.lone_docs) == (2, 1)
     assert (config.bootstrap_seed, config.n_resamples, config.seed) == (7, 3000, 0)
     args = ["figures", "--pruning-draws", "20", "--no-global-ranking", "--quiet"]
-    args += ["--faithfulness-granularity", "pairs", "--pruning-docs", "4"]
+    args += ["--faithfulness-granularity", "pairs", "--pruning-docs", "4", "--causal-seed", "3"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     config = seen["config"]
     assert (config.pruning_draws, config.global_ranking, config.pruning_docs) == (20, False, 4)
+    assert config.causal_seed == 3
     assert config.faithfulness_granularity == ("pairs",)
     result = CliRunner().invoke(app, ["figures", "--faithfulness-granularity", "pair"])
     assert result.exit_code == 2 and "give pairs, tokens or both" in result.output

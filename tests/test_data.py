@@ -34,6 +34,21 @@ def test_pydoc_windows_have_exactly_max_tokens_and_are_seeded():
     assert list(corpus.to_dataframe().columns[:3]) == ["doc", "text", "answer"]
 
 
+def test_corpus_subset_takes_documents_by_position_and_keeps_the_corpus_record():
+    import numpy as np
+
+    tok = byte_tokenizer()
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=32, model=tok, seed=2)
+    part = corpus.subset([4, 1, np.int64(5)])
+    assert part.documents == [corpus[4], corpus[1], corpus[5]]
+    assert (part.name, part.max_tokens, part.seed) == (corpus.name, 32, 2)
+    assert part.tokenizer_fingerprint == corpus.tokenizer_fingerprint
+    assert len(corpus.subset([])) == 0 and corpus.subset([-1]).documents == [corpus[5]]
+    for bad in ([6], [1.0], [True], "12", 3):
+        with pytest.raises(InputError, match=r"Corpus\.subset"):
+            corpus.subset(bad)
+
+
 def test_stdlib_corpora_are_docstrings_parsed_not_imported():
     """'stdlib' is the standard library's docstrings, read without importing a module; with
     pydoc's topics it holds the windows a 512-document run needs, where 'pydoc' alone does not."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,20 +179,39 @@ def test_certification_needs_coverage_0_93_and_a_lower_bound_of_0_91():
 
 
 def test_certified_from_is_the_smallest_certified_count_of_the_shipped_method():
-    def row(number, n, certified, method="expanded", pool="all"):
+    def row(number, n, certified, method="shipped", pool="all"):
         return {"number": number, "n": n, "certified": certified, "method": method, "pool": pool}
 
     rows = [
         row("x", 8, False),
         row("x", 32, True),
         row("x", 256, True),
-        row("x", 8, True, method="percentile"),  # not the shipped method
+        row("x", 8, True, method="percentile"),  # not the shipped rule
+        row("x", 8, True, method="expanded"),  # the default method alone is not the rule either
         row("x", 8, True, pool="part 1 of 4"),  # a sub-pool
         row("y", 8, False),
         row("y", 256, False),
-        row("geomean_head_ratio_n2", 8, True, method="bias_corrected"),
+        row("geomean_head_ratio_n2", 8, True),
     ]
     assert pop.certified_from(rows) == {"x": 32, "y": None, "geomean_head_ratio_n2": 8}
+
+
+def test_a_draw_of_adjacent_pairs_holds_neighbouring_windows_only():
+    gen = torch.Generator().manual_seed(1)
+    docs = pop.adjacent_pairs(101, 40, gen)
+    assert len(docs) == 40 and len(set(docs)) == 40 and all(0 <= d < 101 for d in docs)
+    pairs = list(zip(docs[::2], docs[1::2], strict=True))
+    assert all(b == a + 1 for a, b in pairs)
+    assert pop.adjacent_in(docs) >= 20  # every pair is adjacent (pairs may also touch)
+    assert pop.adjacent_pairs(101, 40, torch.Generator().manual_seed(1)) == docs
+    for seed in range(4):  # either phase fits 5 pairs in 11 windows
+        assert len(set(pop.adjacent_pairs(11, 10, torch.Generator().manual_seed(seed)))) == 10
+    with pytest.raises(ValueError, match="even"):
+        pop.adjacent_pairs(100, 7, gen)
+    with pytest.raises(ValueError, match="do not fit"):
+        pop.adjacent_pairs(10, 12, gen)
+    assert pop.adjacent_in([3, 9, 4, 10, 20]) == 2
+    assert pop.adjacent_in([1, 3, 5]) == 0
 
 
 # --------------------------------------------------------------------------- the studies
@@ -232,6 +253,44 @@ def test_the_coverage_study_measures_each_sub_pool_against_its_own_truth():
     assert "| toy | `mean` | 8 | 100 |" in pop.study_table(rows)
 
 
+class MeanAndMax(MeanOf):
+    """Two numbers: the mean (unbiased) and the largest document value (its bootstrap
+    replicates sit well below it: |bias| / SE far above 0.25 in every draw)."""
+
+    def replicates(self, bootstrap, drivers: bool = True) -> dict[str, torch.Tensor]:
+        out = super().replicates(bootstrap)
+        values = self.per_document[:, 0]
+        weights = bootstrap.weights(len(values))  # every row: resamples, corpus, leave-one-out
+        drawn = torch.where(weights > 0, values[None, :], torch.full_like(weights, -math.inf))
+        out["largest"] = drawn.max(1).values
+        return out
+
+
+@pytest.mark.slow
+def test_the_shipped_rule_is_applied_draw_by_draw():
+    """`shipped` is the bias-corrected interval where a draw's |bias| / SE exceeds 0.25 (the
+    largest value, every draw) and the default expanded interval where it does not (the
+    mean): its coverage equals theirs."""
+    result = MeanAndMax(population(60))
+    rows = cov.study({"toy": result}, [8], 60, 300, replace=False, subset=pop.subset)
+    cover = {(r["number"], r["method"]): r["coverage"] for r in rows}
+    assert cover["mean", "shipped"] == cover["mean", "expanded"]
+    assert cover["largest", "shipped"] == cover["largest", "bias_corrected"]
+    assert cover["largest", "bias_corrected"] != cover["largest", "expanded"]
+
+
+def test_the_optimism_study_draws_with_replacement_from_pools_of_the_population():
+    result = MeanOf(population(120))
+    rows = pop.optimism_study({"toy": result}, 16, 16, 3, 20, 200)
+    assert [r["pool"] for r in rows] == [0, 1, 2]
+    assert all(r["method"] == "shipped" and r["pool_size"] == 16 for r in rows)
+    asked = [docs for docs in result.asked if len(docs) == 16]
+    assert any(len(set(docs)) < 16 for docs in asked)  # with replacement
+    pools = {tuple(sorted(set(docs))) for docs in asked[:1]}
+    assert all(len(p) <= 16 for p in pools)
+    assert len({r["truth"] for r in rows}) == 3  # each pool's own value is its truth
+
+
 def test_the_compare_study_counts_false_differences_between_halves_of_one_population():
     """Two runs from disjoint halves of one population differ in no number: compare's
     family-wise error over the draws stays near 0.05 or below."""
@@ -258,3 +317,40 @@ def test_a_subset_bootstrapped_whole_gives_the_replicates_of_its_documents():
     assert torch.equal(part.replicates(Bootstrap(resamples=300, seed=4))["mean"], whole)
     with pytest.raises(ValueError, match="distinct"):
         pop.subset(result, [1, 1, 2])
+
+
+def test_a_shard_is_claimed_by_one_process_and_a_dead_owners_claim_is_taken_over(tmp_path):
+    shard = tmp_path / "shard_003_of_042.npz"
+    with pop.claimed(shard) as mine:
+        assert mine and (tmp_path / "shard_003_of_042.npz.claim").read_text() == str(os.getpid())
+        with pop.claimed(shard) as again:  # a live owner holds it
+            assert not again
+    assert not (tmp_path / "shard_003_of_042.npz.claim").exists()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (tmp_path / "shard_003_of_042.npz.claim").write_text(dead)
+    with pop.claimed(shard) as mine:
+        assert mine
+    shard.write_bytes(b"written")
+    with pop.claimed(shard) as mine:
+        assert not mine
+
+
+def test_studies_of_one_population_merge_and_others_are_refused():
+    def study(analysis, certified, wall):
+        meta = {"documents": 1324, "draws": 400, "design": "random", "wall_s": wall}
+        row = {"analysis": analysis, "number": f"{analysis}_x", "n": 8, "pool": "all"}
+        return {"meta": meta, "rows": [{**row, "method": "shipped", "certified": certified}]}
+
+    merged = pop.merge_studies([study("sinks", True, 10.0), study("selection", False, 20.0)])
+    assert [r["analysis"] for r in merged["rows"]] == ["sinks", "selection"]
+    assert merged["certified_from"] == {"sinks_x": 8, "selection_x": None}
+    assert merged["meta"]["wall_s"] == [10.0, 20.0]
+    other = study("taxonomy", True, 1.0)
+    other["meta"]["draws"] = 100
+    with pytest.raises(SystemExit, match="different settings"):
+        pop.merge_studies([study("sinks", True, 10.0), other])

@@ -72,7 +72,8 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
         if cid in layered:  # tidy rows, one per layer of the tiny model, the claim's number
             rows = claim["per_layer"]
             assert [r["layer"] for r in rows] == [0, 1], cid
-            assert all(set(r) == {"layer", "number", "value", "low", "high"} for r in rows)
+            keys = {"layer", "number", "value", "low", "high", "bias_to_se", "interval_method"}
+            assert all(set(r) == keys for r in rows)
             assert {r["number"] for r in rows} == {layered[cid]}
     taxonomy = summary["claims"]["retriever_share"]
     # the tiny model's per-layer Retriever shares average to the overall share (equal layers)
@@ -84,8 +85,22 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
         assert claim["holds"] == combine(c["holds"] for c in claim["checks"]), cid
         for check in claim["checks"]:  # every headline number is in measured
             assert claim["measured"][check["number"]] == check["value"], (cid, check)
-            assert set(check) == {"number", "value", "op", "threshold", "interval", "holds"}
+            assert set(check) == {
+                "number", "value", "op", "threshold", "interval", "bias_to_se",
+                "interval_method", "holds",
+            }  # fmt: skip
             assert check["holds"] in VERDICTS, (cid, check)
+            # methods § Intervals: bias-corrected exactly for the known biased plug-ins and
+            # the numbers whose bootstrap |bias| / SE exceeds 0.25 in this run
+            ratio = check["bias_to_se"]
+            biased = check["number"].startswith("geomean_head_ratio_n") or (
+                ratio is not None and ratio > 0.25
+            )
+            want = "bias_corrected" if biased else "expanded"
+            if check["interval_method"] is None:  # no bootstrap interval (pruning's 3 orders)
+                assert check["interval"] == [None, None] and ratio is None, (cid, check)
+            else:
+                assert check["interval_method"] == want, (cid, check)
             low, high = check["interval"]
             if low is not None:  # None: undefined (e.g. no sink head in the tiny model)
                 assert low <= high, (cid, check)
@@ -101,6 +116,14 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     assert weights["fingerprint"] == "weights not fingerprinted"  # the tiny test model
     assert (corpus["n_documents"], corpus["tokens_per_window"]) == (4, 24)
     assert "## Provenance" in report and corpus["token_ids_sha256"] in report
+    # no causal count set: faithfulness and pruning on every window, the lone-head costs on
+    # lone_docs of them drawn at random (tests/test_causal_sample.py: the sampled counts)
+    causal = summary["causal_sample"]
+    assert (causal["seed"], causal["corpus_documents"]) == (0, 4)
+    for part in ("faithfulness", "pruning"):
+        assert causal[part]["corpus_indices"] == [0, 1, 2, 3]
+    assert causal["lone_costs"]["n_documents"] == 2
+    assert "The causal claims rest on windows drawn at random (causal seed 0)" in report
     # the claims' replicates beside the summary: one float32 vector per number with an interval
     from cw_lens.core.replicates import unpack
 

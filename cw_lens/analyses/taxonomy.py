@@ -319,9 +319,10 @@ class HeadTaxonomyResult(Result):
                 layers,
                 "retriever_share",
                 torch.tensor(point.loc[layers].to_numpy(), device="cpu"),
-                bootstrap.interval(reps["retriever_share_per_layer"]),
+                *bootstrap.judged(reps["retriever_share_per_layer"], number="retriever_share"),
             )
-            intervals = {"retriever_share": bootstrap.pair(reps["retriever_share"])}
+            share = bootstrap.pair(reps["retriever_share"], number="retriever_share")
+            intervals = {"retriever_share": share}
             claims = with_intervals(claims, intervals, {"retriever_share": rows})
         return claims_dict(claims)
 

@@ -38,6 +38,15 @@ Interval methods (`method`), for a level `1 - a` (`a = 0.05`) and the `R` replic
   mean over heads on few documents), the percentile interval is centred `2 b` too high and
   widening does not help; this centres it on `t - b`, keeping its shape.
 
+Which method a number gets (`needs_bias_correction`, the one rule): `Bootstrap.biased_method`
+(`"bias_corrected"`) when its plug-in is known to be biased on few documents
+(`is_biased_plugin`: `sink_lowers_fn`'s geometric means) or when, in this run, its bootstrap
+bias is more than `BIAS_SE_LIMIT` (a quarter) of its standard error (`bias_to_se`:
+`|mean(t*) - t| / sd(t*)`); `Bootstrap.method` (`"expanded"`) otherwise. A bias/SE that
+cannot be computed (no point value, fewer than two defined replicates, or replicates that are
+all equal) counts as unbiased. `Bootstrap.pair` returns the interval with its bias/SE and the
+method used, which each check writes into `summary.json`.
+
 `benchmarks/coverage.py` measures each method's coverage on the embedded model
 (`docs/coverage.md`); the default is the one that covers. Quantiles interpolate linearly (as
 `numpy.quantile`). Replicates where the number is undefined (e.g. a resample without any sink
@@ -65,6 +74,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from jaxtyping import Bool, Float
 from scipy import stats
@@ -81,21 +91,95 @@ METHOD_TEXT = {
     "basic": "basic (reverse percentile) at the expanded tail",
     "bias_corrected": "expanded percentile shifted by twice the bootstrap bias",
 }
+BIAS_SE_LIMIT = 0.25  # |bootstrap bias| / bootstrap SE above which a number counts as biased
+
+
+def is_biased_plugin(number: str | None) -> bool:
+    """Whether a claim number's plug-in estimate is known to be biased on few documents.
+
+    These are the geometric means of per-head ratios of sums (`sink_lowers_fn`), which sit
+    above the truth by about as much again as their bootstrap replicates sit above them
+    (docs/coverage.md); their interval is always `Bootstrap.biased_method`'s.
+
+    Args:
+        number: A claim number's name (None: an unnamed number, not known to be biased).
+
+    Returns:
+        True for the `geomean_head_ratio_n*` numbers.
+
+    Examples:
+        >>> is_biased_plugin("geomean_head_ratio_n2"), is_biased_plugin("delta_ppl")
+        (True, False)
+    """
+    return number is not None and number.startswith("geomean_head_ratio_n")
+
+
+def bias_to_se(value: float, replicates: Any) -> float:
+    """The bootstrap's bias estimate of a number in units of its standard error.
+
+    Args:
+        value: The number's point value `t`.
+        replicates: Its bootstrap replicates `t*` (array or tensor; undefined ones, NaN,
+            left out).
+
+    Returns:
+        `|mean(t*) - t| / sd(t*)` (`sd` with `n - 1`); NaN without replicates (fewer than
+        two defined), point or spread.
+
+    Examples:
+        >>> import numpy as np
+        >>> round(bias_to_se(1.0, np.array([1.1, 1.3, 1.2, 1.4])), 2)
+        1.94
+    """
+    if replicates is None or math.isnan(value):
+        return math.nan
+    if isinstance(replicates, Tensor):
+        replicates = replicates.detach().cpu().double().numpy()
+    x = np.asarray(replicates, np.float64).reshape(-1)
+    x = x[~np.isnan(x)]
+    if len(x) < 2 or float(x.std()) == 0.0:
+        return math.nan
+    return abs(float(x.mean()) - value) / float(x.std(ddof=1))
+
+
+def needs_bias_correction(number: str | None, bias_se: float, *, biased: bool = False) -> bool:
+    """Whether a number's interval is the bias-corrected one (`Bootstrap.biased_method`).
+
+    The one rule every claim interval follows (docs/methods.md#intervals).
+
+    Args:
+        number: The number's name (None: unnamed).
+        bias_se: Its bootstrap `|bias| / SE` in this run (`bias_to_se`; NaN when it could
+            not be computed, which counts as unbiased).
+        biased: The caller knows the plug-in to be biased (as `is_biased_plugin`).
+
+    Returns:
+        True when the plug-in is known to be biased or `|bias_se|` exceeds `BIAS_SE_LIMIT`.
+
+    Examples:
+        >>> needs_bias_correction("delta_ppl", 0.3), needs_bias_correction("delta_ppl", 0.1)
+        (True, False)
+        >>> needs_bias_correction("geomean_head_ratio_n2", float("nan"))
+        True
+    """
+    measured = not math.isnan(bias_se) and abs(bias_se) > BIAS_SE_LIMIT
+    return biased or is_biased_plugin(number) or measured
 
 
 @dataclass(frozen=True)
 class Bootstrap:
     """Settings of a seeded document-level bootstrap: `resamples`, `level`, `seed`, the
-    interval `method` (`METHODS`) and, optionally, `documents`: the rows of the
-    records to use (with repeats; the coverage study draws sub-corpora of a pool this way),
-    and `draws`: likewise the random-control draws to use (`draw_weights`). `None` =
+    interval `method` (`METHODS`), the `biased_method` of the numbers `needs_bias_correction`
+    picks (set it to `method` for one method for all) and, optionally, `documents`: the rows
+    of the records to use (with repeats; the coverage study draws sub-corpora of a pool this
+    way), and `draws`: likewise the random-control draws to use (`draw_weights`). `None` =
     every document (draw) once."""
 
     resamples: int = 2000
     level: float = 0.95
     seed: int = 0
     method: str = "expanded"
-    biased_method: str = "bias_corrected"  # for numbers whose plug-in is biased (pair(biased=))
+    biased_method: str = "bias_corrected"  # for the numbers needs_bias_correction picks
     documents: Sequence[int] | None = None
     draws: Sequence[int] | None = None
 
@@ -198,23 +282,71 @@ class Bootstrap:
             out[key] = _weighted_sums(w, t)
         return out
 
-    def interval(
-        self, replicates: Float[Tensor, "row ..."], biased: bool = False
-    ) -> Float[Tensor, "2 ..."]:
-        """The `method`'s interval `[low, high]` of a number from its values in every row
-        of `weights` (NaN replicates left out; NaN where more of them are NaN than the
-        tail it reads); `biased`: `biased_method`'s, for a number whose plug-in is biased
-        on few documents (`cw_lens.core.resampled.is_biased_plugin`)."""
-        method = self.biased_method if biased else self.method
-        return interval(replicates, self.resamples, self.level, method)
+    def judged(
+        self, replicates: Float[Tensor, "row ..."], biased: bool = False, number: str | None = None
+    ) -> tuple[Float[Tensor, "2 ..."], Float[Tensor, "..."], list[str]]:
+        """Each number's interval by the method `needs_bias_correction` picks for it.
 
-    def pair(self, replicates: Tensor, biased: bool = False) -> Interval:
-        """`interval` of one number from its values in every row of `weights`, as
-        two floats (an `Interval`, which keeps the `[resamples]` bootstrap replicates,
-        not the corpus and leave-one-out rows)."""
-        low, high = self.interval(replicates, biased).tolist()
+        Args:
+            replicates: The numbers' values in every row of `weights` (NaN where undefined).
+            biased: Their plug-in is known to be biased (`biased_method` for all of them).
+            number: Their name (one name for all: e.g. one number per layer).
+
+        Returns:
+            The intervals `[2, ...]` (NaN where more replicates are NaN than the tail the
+            method reads), each number's bootstrap `|bias| / SE` `[...]` (NaN where not
+            computable) and the method each read (flat, in the numbers' order).
+        """
+        x = to_tensor(replicates).double()
+        plain = interval(x, self.resamples, self.level, self.method)
+        boot = x[: self.resamples].reshape(self.resamples, -1).cpu()
+        point = x[self.resamples].reshape(-1).tolist() if len(x) > self.resamples else []
+        ratios = [bias_to_se(p, boot[:, i]) for i, p in enumerate(point)]
+        use = [needs_bias_correction(number, r, biased=biased) for r in ratios]
+        shape = x.shape[1:]
+        ratio = torch.tensor(ratios, dtype=torch.float64, device=x.device).reshape(shape)
+        chosen = torch.tensor(use, dtype=torch.bool, device=x.device).reshape(shape)
+        methods = [self.biased_method if u else self.method for u in use]
+        if self.biased_method == self.method or not any(use):
+            return plain, ratio, methods
+        corrected = interval(x, self.resamples, self.level, self.biased_method)
+        return torch.where(chosen, corrected, plain), ratio, methods
+
+    def interval(
+        self, replicates: Float[Tensor, "row ..."], biased: bool = False, number: str | None = None
+    ) -> Float[Tensor, "2 ..."]:
+        """The interval of each number, by `method` or, where `needs_bias_correction` says
+        so, `biased_method`.
+
+        Args:
+            replicates: The numbers' values in every row of `weights` (NaN where undefined:
+                left out).
+            biased: Their plug-in is known to be biased (`biased_method` for all of them).
+            number: Their name (one name for all).
+
+        Returns:
+            `[low, high]` per number (`[2, ...]`); NaN where more replicates are NaN than the
+            tail the method reads.
+        """
+        return self.judged(replicates, biased, number)[0]
+
+    def pair(self, replicates: Tensor, biased: bool = False, number: str | None = None) -> Interval:
+        """`interval` of one number, as two floats that remember where they came from.
+
+        Args:
+            replicates: The number's values in every row of `weights`.
+            biased: Its plug-in is known to be biased (`biased_method` whatever its bias).
+            number: Its name (`is_biased_plugin` reads it).
+
+        Returns:
+            An `Interval` `(low, high)` keeping the `[resamples]` bootstrap replicates (not
+            the corpus and leave-one-out rows), the number's bootstrap `bias_to_se` and the
+            `method` used.
+        """
+        bounds, ratio, [method] = self.judged(replicates, biased, number)
+        low, high = bounds.tolist()
         kept = to_tensor(replicates).detach()[: self.resamples]
-        return Interval(low, high, kept)
+        return Interval(low, high, kept, float(ratio), method)
 
     def to_dict(self) -> dict[str, Any]:
         """The `bootstrap` block of `summary.json`."""
@@ -225,8 +357,9 @@ class Bootstrap:
             "unit": "document",
             "method": (
                 f"{METHOD_TEXT[self.method]}, {METHOD_TEXT[self.biased_method]} for the "
-                "numbers whose plug-in is biased on few documents (sink_lowers_fn's geometric "
-                "means); documents resampled with replacement"
+                f"numbers whose bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT:g} in the run or "
+                "whose plug-in is biased on few documents (sink_lowers_fn's geometric means); "
+                "documents resampled with replacement"
             ),
         }
 
@@ -241,13 +374,26 @@ def _weighted_sums(
 class Interval(tuple):
     """`(low, high)` as `Bootstrap.pair` returns it — a plain pair to every reader —
     carrying `replicates`, the number's bootstrap replicates it was read from, so that a run
-    can keep them for tests of differences between runs (`cw_lens.replicates`)."""
+    can keep them for tests of differences between runs (`cw_lens.replicates`), its
+    bootstrap `bias_to_se` (NaN when not computable) and the interval `method` used (None
+    when not known)."""
 
     replicates: Tensor | None
+    bias_to_se: float
+    method: str | None
 
-    def __new__(cls, low: float, high: float, replicates: Tensor | None = None) -> Interval:
+    def __new__(
+        cls,
+        low: float,
+        high: float,
+        replicates: Tensor | None = None,
+        bias_to_se: float = math.nan,
+        method: str | None = None,
+    ) -> Interval:
         interval = super().__new__(cls, (low, high))
         interval.replicates = replicates
+        interval.bias_to_se = bias_to_se
+        interval.method = method
         return interval
 
 

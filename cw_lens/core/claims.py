@@ -94,6 +94,11 @@ class Check:
         interval: `(low, high)` around `value` (a bootstrap interval), `(nan, nan)` when
             a bootstrap was run but could not give one (the check is then inconclusive), or
             None when no bootstrap was asked for (the point verdict).
+        replicates: The bootstrap replicates the interval was read from (None: not kept).
+        bias_to_se: The number's bootstrap `|bias| / SE` in this run
+            (`cw_lens.core.bootstrap.bias_to_se`; NaN when not computable or unknown).
+        interval_method: The interval method used (`cw_lens.core.bootstrap.METHODS`; None
+            when unknown or no bootstrap was asked for).
     """
 
     number: str
@@ -102,6 +107,8 @@ class Check:
     threshold: float | tuple[float, float]
     interval: tuple[float, float] | None = None
     replicates: Any = field(default=None, compare=False, repr=False)
+    bias_to_se: float | None = math.nan
+    interval_method: str | None = None
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -109,6 +116,8 @@ class Check:
         if (self.op == "in") != isinstance(self.threshold, tuple):
             raise ValueError("op 'in' takes a (low, high) threshold; '<' and '>' take a number")
         object.__setattr__(self, "value", float(self.value))
+        ratio = self.bias_to_se
+        object.__setattr__(self, "bias_to_se", math.nan if ratio is None else float(ratio))
         if self.interval is not None:
             low, high = (float(x) for x in self.interval)
             if low > high:
@@ -170,15 +179,27 @@ class Check:
         return f"{self.number} {self.op} {self.threshold:g}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The check as `summary.json` writes it.
+
+        Returns:
+            `number`, `value`, `op`, `threshold`, `interval` and, for a check with a
+            bootstrap interval, `bias_to_se` (None when not computable) and
+            `interval_method` (None when unknown), then `holds`.
+        """
         threshold = list(self.threshold) if isinstance(self.threshold, tuple) else self.threshold
-        return {
+        out = {
             "number": self.number,
             "value": self.value,
             "op": self.op,
             "threshold": threshold,
             "interval": None if self.interval is None else list(self.interval),
-            "holds": self.holds,
         }
+        if self.interval is not None:
+            ratio = self.bias_to_se
+            out["bias_to_se"] = None if math.isnan(ratio) else ratio
+            out["interval_method"] = self.interval_method
+        out["holds"] = self.holds
+        return out
 
 
 @dataclass
@@ -186,7 +207,8 @@ class Claim:
     """A reference claim (docs/methods.md#claims): what the paper says, the criterion, its checks
     and the other measured numbers reported beside them. `holds`: `combine` of the checks'
     verdicts. `per_layer` (claims about layers): tidy rows `{"layer", "number", "value", "low",
-    "high"}`, the claim's number computed within each layer, with its interval."""
+    "high"}` (from a bootstrap, also `"bias_to_se"` and `"interval_method"`), the claim's
+    number computed within each layer, with its interval."""
 
     id: str
     paper: str
@@ -201,8 +223,9 @@ class Claim:
 
     def to_dict(self) -> dict[str, Any]:
         """`paper`, `measured` (the checks' numbers first), `holds`, `criterion`,
-        `checks` (each check's number, value, op, threshold, interval and verdict) and, for
-        claims about layers, `per_layer`."""
+        `checks` (each check's number, value, op, threshold, interval and verdict; with an
+        interval, its bootstrap bias/SE and method) and, for claims about layers,
+        `per_layer`."""
         out = {
             "paper": self.paper,
             "measured": {**{c.number: c.value for c in self.checks}, **self.measured},
@@ -253,15 +276,24 @@ def with_intervals(
     """The claims with `intervals[number]` set on each of their checks and `per_layer[claim
     id]` attached. `intervals` comes from a bootstrap, so a check whose number it lacks gets
     `(nan, nan)`: a check that should have an interval and has none is inconclusive, never
-    judged on its point value alone."""
+    judged on its point value alone. An interval from `Bootstrap.pair` also gives the check
+    its replicates, its bootstrap `bias_to_se` and the `interval_method` used."""
     per_layer = per_layer or {}
     out = []
     for claim in claims:
         checks = []
         for c in claim.checks:
             interval = intervals.get(c.number, NO_INTERVAL)
-            reps = getattr(interval, "replicates", None)  # kept by Bootstrap.pair's Interval
-            checks.append(replace(c, interval=interval, replicates=reps))
+            # kept by Bootstrap.pair's Interval; a plain pair knows none of them
+            checks.append(
+                replace(
+                    c,
+                    interval=interval,
+                    replicates=getattr(interval, "replicates", None),
+                    bias_to_se=getattr(interval, "bias_to_se", math.nan),
+                    interval_method=getattr(interval, "method", None),
+                )
+            )
         out.append(
             replace(claim, checks=checks, per_layer=per_layer.get(claim.id, claim.per_layer))
         )

@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from cw_lens.core.bootstrap import BIAS_SE_LIMIT as BIAS_SE_LIMIT  # re-exported
+from cw_lens.core.bootstrap import bias_to_se as bias_to_se  # re-exported
 from cw_lens.core.bootstrap import expanded_tail, quantiles
 from cw_lens.core.errors import InputError
 
@@ -61,14 +63,33 @@ class RunReplicates:
     Attributes:
         numbers: `{(claim, number): float32 [R]}`, NaN where a resample left it undefined.
         documents: Each document's token-id hash, in the run's order.
-        documents_per_claim: How many of the first documents each claim resampled.
+        documents_per_claim: How many documents each claim resampled.
         bootstrap: The bootstrap's `resamples` and `seed`.
+        claim_documents: For a claim resampling a sample of the documents (the causal
+            claims), the positions in `documents` of that sample, in order; a claim not
+            listed (and every claim of a file written without this record) resampled the
+            first `documents_per_claim[claim]` documents.
     """
 
     numbers: dict[tuple[str, str], np.ndarray]
     documents: list[str]
     documents_per_claim: dict[str, int]
     bootstrap: dict[str, Any] = field(default_factory=dict)
+    claim_documents: dict[str, list[int]] = field(default_factory=dict)
+
+    def resampled(self, claim: str) -> list[str]:
+        """The token-id hashes of the documents `claim` resampled, in order.
+
+        Args:
+            claim: A claim id.
+
+        Returns:
+            Their hashes (empty when the file records no count for `claim`).
+        """
+        positions = self.claim_documents.get(claim)
+        if positions is not None:
+            return [self.documents[i] for i in positions]
+        return self.documents[: self.documents_per_claim.get(claim) or 0]
 
     def pairs_with(self, other: RunReplicates, claim: str) -> bool:
         """True when replicate r of `claim`'s numbers resampled the same documents in both
@@ -78,7 +99,7 @@ class RunReplicates:
             self.bootstrap.get(k) == other.bootstrap.get(k) is not None
             for k in ("seed", "resamples")
         )
-        return bool(n and n == m and same_boot and self.documents[:n] == other.documents[:n])
+        return bool(n and n == m and same_boot and self.resampled(claim) == other.resampled(claim))
 
 
 def pack(
@@ -86,14 +107,29 @@ def pack(
     documents: list[str],
     documents_per_claim: Mapping[str, int],
     bootstrap: Mapping[str, Any],
+    claim_documents: Mapping[str, list[int]] | None = None,
 ) -> bytes:
-    """`replicates.npz`'s bytes (compressed, no pickled objects)."""
+    """`replicates.npz`'s bytes (compressed, no pickled objects).
+
+    Args:
+        numbers: `{(claim, number): replicates}`.
+        documents: Each document's token-id hash, in the run's order.
+        documents_per_claim: How many documents each claim resampled.
+        bootstrap: The bootstrap's record (its `resamples` and `seed` are kept).
+        claim_documents: The positions in `documents` of the sample a claim resampled, for
+            the claims that resampled a sample rather than the first documents.
+
+    Returns:
+        The file's bytes.
+    """
     meta = {
         "format": FORMAT,
         "numbers": [list(key) for key in numbers],
         "documents_per_claim": dict(documents_per_claim),
         "bootstrap": {k: bootstrap[k] for k in ("resamples", "seed")},
     }
+    if claim_documents:
+        meta["claim_documents"] = {c: [int(i) for i in p] for c, p in claim_documents.items()}
     arrays = {
         f"n{i}": np.asarray(v, dtype=np.float32).reshape(-1) for i, v in enumerate(numbers.values())
     }
@@ -121,7 +157,13 @@ def unpack(path: Path, sha256: str | None) -> RunReplicates:
     except (ValueError, KeyError, OSError) as exc:
         raise InputError(f"{path} is not a cw_lens replicates file ({exc}).") from None
     numbers = {(c, n): a for (c, n), a in zip(meta["numbers"], arrays, strict=True)}
-    return RunReplicates(numbers, documents, meta["documents_per_claim"], meta["bootstrap"])
+    return RunReplicates(
+        numbers,
+        documents,
+        meta["documents_per_claim"],
+        meta["bootstrap"],
+        meta.get("claim_documents", {}),  # absent from files written before it was recorded
+    )
 
 
 @dataclass(frozen=True)
@@ -137,33 +179,6 @@ class Difference:
     reason: str
     p_value: float = math.nan
     bias_corrected: bool = False
-
-
-BIAS_SE_LIMIT = 0.25  # |bootstrap bias| / bootstrap SE above which a number counts as biased
-
-
-def bias_to_se(value: float, replicates: np.ndarray | None) -> float:
-    """The bootstrap's bias estimate of a number in units of its standard error.
-
-    Args:
-        value: The number's point value `t`.
-        replicates: Its bootstrap replicates `t*` (undefined ones, NaN, left out).
-
-    Returns:
-        `|mean(t*) - t| / sd(t*)`; NaN without replicates, point or spread.
-
-    Examples:
-        >>> import numpy as np
-        >>> round(bias_to_se(1.0, np.array([1.1, 1.3, 1.2, 1.4])), 2)
-        1.94
-    """
-    if replicates is None or math.isnan(value):
-        return math.nan
-    x = np.asarray(replicates, np.float64)
-    x = x[~np.isnan(x)]
-    if len(x) < 2 or float(x.std()) == 0.0:
-        return math.nan
-    return abs(float(x.mean()) - value) / float(x.std(ddof=1))
 
 
 def bias_corrected(value: float, replicates: np.ndarray) -> tuple[float, np.ndarray]:

@@ -31,7 +31,7 @@ Example:
     boot = Bootstrap(1000, seed=0)
     counts = boot.resample(per_doc_counts)        # [R, layer, head, 3]
     reps = taxonomy_numbers(counts)["retriever_share"]
-    boot.pair(reps)                              # (low, high)
+    boot.pair(reps, number="retriever_share")   # (low, high), with .bias_to_se, .method
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens.core.accumulate import Histogram
+from cw_lens.core.bootstrap import is_biased_plugin as is_biased_plugin  # re-exported
 from cw_lens.core.bootstrap import masked_mean, masked_median, ratio
 
 Tables = dict[str, Tensor]
@@ -240,20 +241,45 @@ def taxonomy_numbers(counts: Float[Tensor, "R layer head 3"]) -> dict[str, Tenso
 
 
 def per_layer_rows(
-    layers: list[int], number: str, value: Tensor, interval: Tensor
+    layers: list[int],
+    number: str,
+    value: Tensor,
+    interval: Tensor,
+    bias_se: Tensor | None = None,
+    methods: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Tidy rows `{"layer", "number", "value", "low", "high"}` from per-layer point values
-    `[L]` and intervals `[2, L]`."""
-    return [
-        {
+    """Tidy rows, one per layer, of a number computed within each layer.
+
+    Args:
+        layers: The layers, in the order of the values.
+        number: The number's name.
+        value: Its point value per layer `[L]`.
+        interval: Its interval per layer `[2, L]`.
+        bias_se: Its bootstrap `|bias| / SE` per layer `[L]` (NaN: not computable), as
+            `cw_lens.core.bootstrap.Bootstrap.judged` gives it; None: not recorded.
+        methods: The interval method of each layer (`Bootstrap.judged`'s); None: not
+            recorded.
+
+    Returns:
+        `{"layer", "number", "value", "low", "high"}` per layer, with `"bias_to_se"` (None
+        where not computable) and `"interval_method"` when given.
+    """
+    rows = []
+    for i, layer in enumerate(layers):
+        row = {
             "layer": int(layer),
             "number": number,
             "value": float(value[i]),
             "low": float(interval[0, i]),
             "high": float(interval[1, i]),
         }
-        for i, layer in enumerate(layers)
-    ]
+        if bias_se is not None:
+            ratio = float(bias_se[i])
+            row["bias_to_se"] = None if math.isnan(ratio) else ratio
+        if methods is not None:
+            row["interval_method"] = methods[i]
+        rows.append(row)
+    return rows
 
 
 # --------------------------------------------------------------------------- selection
@@ -305,14 +331,6 @@ def selection_numbers(
                 without[..., k], with_sink[..., k]
             )
     return out
-
-
-def is_biased_plugin(number: str) -> bool:
-    """Whether a claim number's plug-in estimate is biased on few documents, so that its
-    interval is `cw_lens.core.bootstrap.Bootstrap.biased_method`'s: the geometric means
-    of per-head ratios of sums (`sink_lowers_fn`), which sit above the truth by about as much
-    again as their bootstrap replicates sit above them (docs/coverage.md)."""
-    return number.startswith("geomean_head_ratio_n")
 
 
 F_EPS = 0.01  # added to both F's of a head in sink_lowers_fn's ratio (F_N is in [0, 1])

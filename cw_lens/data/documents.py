@@ -45,6 +45,7 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import operator
 import random
 import sysconfig
 from collections.abc import Iterator, Sequence
@@ -100,6 +101,44 @@ class Corpus(Sequence):
                 self.tokenizer_fingerprint,
             )
         return self.documents[index]
+
+    def subset(self, indices: Sequence[int]) -> Corpus:
+        """The documents at `indices`, in that order, as a corpus with this one's name,
+        window size, seed and tokenizer.
+
+        Args:
+            indices: Positions in this corpus (a position may repeat; negative ones count
+                from the end, as in a list).
+
+        Returns:
+            A new [`Corpus`][cw_lens.Corpus]; the documents are shared, not copied.
+
+        Examples:
+            >>> from cw_lens.data.documents import Corpus, Document
+            >>> corpus = Corpus("texts", [Document(t) for t in ("a", "b", "c", "d")])
+            >>> corpus.subset([3, 1]).texts
+            ['d', 'b']
+        """
+        if isinstance(indices, (str, bytes)) or not isinstance(indices, Sequence):
+            raise InputError(
+                "Corpus.subset takes a sequence of document positions; got "
+                f"{type(indices).__name__}."
+            )
+        n = len(self.documents)
+        positions = [_position(i, n) for i in indices]
+        bad = [i for i, p in zip(indices, positions, strict=True) if p is None]
+        if bad:
+            raise InputError(
+                f"Corpus.subset: position(s) {bad[:5]} are not integers in [-{n}, {n}) for a "
+                f"corpus of {n} documents."
+            )
+        return Corpus(
+            self.name,
+            [self.documents[p] for p in positions],
+            self.max_tokens,
+            self.seed,
+            self.tokenizer_fingerprint,
+        )
 
     def __iter__(self) -> Iterator[Document]:
         return iter(self.documents)
@@ -173,6 +212,18 @@ class Corpus(Sequence):
                 }
             )
         return pd.DataFrame(rows)
+
+
+def _position(index: Any, n: int) -> int | None:
+    """`index` as a list position in a sequence of `n` (numpy integers included), or None when it
+    is not an integer (a bool is not) or out of range."""
+    if isinstance(index, bool):
+        return None
+    try:
+        position = operator.index(index)
+    except TypeError:
+        return None
+    return position if -n <= position < n else None
 
 
 def as_corpus(corpus: Any) -> Corpus:

@@ -167,8 +167,8 @@ def figures(
     preset: str = typer.Option(
         "quick",
         help="Sizes: quick (8 x 128 tokens of pydoc, minutes) or paper (256 x 256 tokens of "
-        "pydoc+stdlib, causal analyses on 32 of them, 20 random pruning orders; under an hour "
-        "on two cores). The options below override it.",
+        "pydoc+stdlib, causal analyses on 32 of them drawn at random, 20 random pruning orders; "
+        "under an hour on two cores). The options below override it.",
     ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
@@ -198,7 +198,9 @@ def figures(
     task: str = typer.Option("ioi", help="Task set for task faithfulness ('none' to skip)."),
     task_docs: int = typer.Option(24, help="Task items (kept only if answered correctly)."),
     faithfulness_docs: int | None = typer.Option(
-        None, help="Documents the faithfulness step uses (default: all; it is the slow step)."
+        None,
+        help="Documents the faithfulness step uses, drawn at random from the corpus (default: "
+        "all; paper 32; it is the slow step).",
     ),
     lone_docs: int | None = typer.Option(
         None, help="Documents for the lone-head costs of pruning (2)."
@@ -212,7 +214,13 @@ def figures(
         help="Faithfulness granularities: pairs, tokens or both (quick both; paper pairs).",
     ),
     pruning_docs: int | None = typer.Option(
-        None, help="Documents pruning runs on (default: all; paper 32)."
+        None,
+        help="Documents pruning runs on, drawn at random from the corpus (default: all; paper 32).",
+    ),
+    causal_seed: int = typer.Option(
+        0,
+        help="Seed of the random sample of documents faithfulness and pruning run on (equal "
+        "counts: the same documents).",
     ),
     pruning_draws: int | None = typer.Option(
         None, help="Random pruning orders (quick 3, paper 20; a verdict needs at least 20)."
@@ -256,6 +264,7 @@ def figures(
         pruning_draws=pruning_draws,
         pruning_draws_everywhere=pruning_draws_everywhere,
         global_ranking=global_ranking,
+        causal_seed=causal_seed,
     )
     if task.lower() == "none":
         config.task = None

@@ -4,8 +4,10 @@ run's report says about it.
 The coverage study (`benchmarks/coverage.py`, the table in docs/coverage.md) draws `n`
 documents from a pool of 256 windows of the embedded model a few hundred times and counts how
 often each claim number's shipped interval (the expanded percentile bootstrap; bias-corrected
-for the numbers `cw_lens.core.resampled.is_biased_plugin` names) contains the pool's
-value. Its results for the shipped methods are committed next to this module
+for the numbers `cw_lens.core.bootstrap.is_biased_plugin` names, the table's `biased_method`)
+contains the pool's value. A run also bias-corrects a number whose bootstrap |bias| / SE
+exceeds 0.25 in that run (`cw_lens.core.bootstrap.needs_bias_correction`; its check records
+`interval_method`). Its results for the shipped methods are committed next to this module
 (`interval_coverage.json`, written by `benchmarks/coverage.py --write-package-table`), so a
 report can say, for each number, whether its interval was shown to cover at the run's
 document count:

@@ -3,7 +3,7 @@
 `cw-lens figures` (`make figures`) calls `run_figures`. Each step stores its result
 atomically (`<out>/.state/<fingerprint>/<step>.pkl`, written to a temporary file and renamed)
 and a rerun skips the finished steps, so an interrupted job resumes where it stopped;
-`force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seed and
+`force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seeds and
 cw_lens version, so changing any of them starts afresh. The figures (one PNG and one PDF each),
 `summary.json` and `REPORT.md` are rebuilt from the stored results on every run, also
 atomically. With the same seed two runs give identical numbers in `summary.json` (floats are
@@ -32,6 +32,7 @@ from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.data.distributed import barrier, init_from_env, is_main_process
 from cw_lens.reporting.markdown import build_report
 from cw_lens.reporting.state import (
+    CAUSAL_PARTS,
     MIN_RESAMPLES,
     PRESETS,
     TIMINGS_FILE,
@@ -39,6 +40,7 @@ from cw_lens.reporting.state import (
     JobConfig,
     atomic_write_bytes,
     atomic_write_text,
+    causal_samples,
     claim_documents,
 )
 from cw_lens.reporting.steps import STEP_NAMES, STEP_NEEDS, STEPS, select_steps
@@ -64,7 +66,9 @@ __all__ = [
 # summary.json's layout: 2 = three-valued verdicts ("yes" / "no" / "inconclusive"), an interval
 # per check, a top-level "bootstrap" block and "per_layer" rows for the claims about layers;
 # 3 = four verdicts (+ "not measured"), the bootstrap's own seed, a "provenance" block (weights
-# and corpus windows) and the claim numbers' bootstrap replicates in replicates.npz
+# and corpus windows) and the claim numbers' bootstrap replicates in replicates.npz; a schema-3
+# summary may have a "causal_sample" block (the windows the causal analyses ran on), optional
+# when read
 SCHEMA = 3
 
 CLAIM_ORDER = (
@@ -246,16 +250,24 @@ def collect_claims(job: Job) -> ClaimsDict:
     return ordered
 
 
+# the causal claims and the sample (`causal_samples`) each resamples
+CAUSAL_CLAIMS = {"faithfulness_order": "faithfulness", "pruning_signal": "pruning"}
+
+
 def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
     """`replicates.npz` of the run (`cw_lens.core.replicates`): the claims' replicates, the
-    documents' token-id hashes and how many documents each claim resampled (faithfulness: its
-    first `faithfulness_docs`)."""
+    documents' token-id hashes, how many documents each claim resampled and which ones for
+    the causal claims (their random samples), so that a comparison pairs two runs' causal
+    claims only when both resampled the same documents."""
     from cw_lens.core.replicates import pack
     from cw_lens.reporting.provenance import document_hashes
 
     per_claim = claim_documents(job, claims)
+    samples = causal_samples(job)
+    sampled = {cid: samples[part] for cid, part in CAUSAL_CLAIMS.items() if cid in claims}
     documents = document_hashes(job.corpus, job.model.tokenizer)
-    return pack(claims.replicates, documents, per_claim, job_bootstrap(job.config).to_dict())
+    boot = job_bootstrap(job.config).to_dict()
+    return pack(claims.replicates, documents, per_claim, boot, claim_documents=sampled)
 
 
 def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
@@ -263,13 +275,21 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
     SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
     from cw_lens.reporting.interval_coverage import settle_by_coverage
-    from cw_lens.reporting.provenance import corpus_provenance, versions, weights_provenance
+    from cw_lens.reporting.provenance import (
+        causal_sample_record,
+        corpus_provenance,
+        versions,
+        weights_provenance,
+    )
 
     cfg = job.config
     corpus = job.corpus
     n_tokens = sum(len(d.tokens) for d in corpus if d.tokens is not None)
     claims = collect_claims(job)
     replicates = replicates_file(job, claims)
+    # the causal steps that ran: which windows they ran on (`causal_samples`)
+    ran = {p: ix for p, ix in causal_samples(job).items() if CAUSAL_PARTS[p] in job.steps}
+    causal = {"causal_sample": causal_sample_record(corpus, ran, cfg.causal_seed)} if ran else {}
     summary = {
         "schema": SCHEMA,
         "model": model_name(job.model),
@@ -285,6 +305,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
             "weights": weights_provenance(cfg.model, job.model, cfg.dtype),
             "corpus": corpus_provenance(corpus, job.model.tokenizer),
         },
+        **causal,
         "bootstrap": job_bootstrap(cfg).to_dict(),
         "replicates": {
             "file": REPLICATES_FILE,

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from cw_lens.core.bootstrap import BIAS_SE_LIMIT
+
 if TYPE_CHECKING:
     from cw_lens.reporting.state import Job, JobConfig
 
@@ -30,7 +32,7 @@ def _fmt(value: Any, depth: int = 0) -> str:
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
     """REPORT.md: the claims table, the provenance block and every figure with a one-line
     reading."""
-    from cw_lens.reporting.provenance import provenance_markdown
+    from cw_lens.reporting.provenance import causal_sample_markdown, provenance_markdown
     from cw_lens.reporting.state import claim_documents
 
     lines = [
@@ -43,6 +45,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         + ".",
         "",
         *provenance_markdown(summary.get("provenance")),
+        *causal_sample_markdown(summary.get("causal_sample")),
         "## Claims",
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
@@ -53,6 +56,7 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         claims_markdown(summary),
         "",
+        *bias_note(summary),
         *size_limits(job.config, summary, claim_documents(job, summary["claims"])),
         "Criteria (docs/methods.md#claims) and the other measured numbers:",
         "",
@@ -175,8 +179,8 @@ def claims_markdown(summary: dict[str, Any]) -> str:
     ]
     for cid, claim in summary["claims"].items():
         checks = "<br>".join(
-            f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))} "
-            f"({_check_text(c)}: {c['holds']}"
+            f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))}"
+            f"{_corrected_mark(c)} ({_check_text(c)}: {c['holds']}"
             + (f"; {c['undecided_because']}" if c.get("undecided_because") else "")
             + ")"
             for c in claim.get("checks", [])
@@ -184,6 +188,40 @@ def claims_markdown(summary: dict[str, Any]) -> str:
         mark = VERDICT_MARK.get(claim["holds"], str(claim["holds"]))
         lines.append(f"| `{cid}` | {claim['paper']} | {checks} | {mark} |")
     return "\n".join(lines)
+
+
+BIAS_MARK = "†"  # after an interval that is bias-corrected (`interval_method`)
+
+
+def _corrected_mark(check: dict[str, Any]) -> str:
+    """` †` and the number's bootstrap bias/SE after a bias-corrected interval; empty for any
+    other (and for a summary written before checks recorded their interval method)."""
+    if check.get("interval_method") != "bias_corrected":
+        return ""
+    ratio = check.get("bias_to_se")
+    return f" {BIAS_MARK}" + ("" if ratio is None else f" bias/SE {ratio:.2f}")
+
+
+def bias_note(summary: dict[str, Any]) -> list[str]:
+    """The line under the claims table that explains its bias-corrected intervals (none: no
+    line).
+
+    Args:
+        summary: A run's `summary.json` content.
+
+    Returns:
+        The note and a blank line, or nothing when no check's interval is bias-corrected.
+    """
+    checks = [c for claim in summary["claims"].values() for c in claim.get("checks", [])]
+    if not any(_corrected_mark(c) for c in checks):
+        return []
+    return [
+        f"{BIAS_MARK} bias-corrected interval (the expanded one shifted by twice the bootstrap "
+        f"bias, `t* - 2b`): the number's bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT:g} in this "
+        "run, or its plug-in is known to be biased on few documents (a geometric mean over "
+        "heads). summary.json records each interval's `bias_to_se` and `interval_method`.",
+        "",
+    ]
 
 
 def _check_text(check: dict[str, Any]) -> str:

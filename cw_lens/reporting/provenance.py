@@ -12,6 +12,9 @@
   ids (`token_ids_sha256`) and the tokenizer's fingerprint. Two runs with the same hash
   read the same token ids in the same order.
 
+`summary.json`'s `causal_sample` block (`causal_sample_record`) says which corpus windows the
+causal analyses ran on: a seeded random sample per analysis, never the corpus's first windows.
+
 `document_hashes` gives one short hash per document (the run's replicates file keeps
 them, so that a comparison can tell whether two runs resampled the same documents).
 
@@ -163,6 +166,82 @@ def provenance_markdown(provenance: dict[str, Any] | None) -> list[str]:
         f"{tok['class']}, {tok['vocabulary']} tokens, SHA-256 `{tok['sha256']}`."
     )
     return ["## Provenance", "", weights, "", corpus, ""]
+
+
+# how `cw_lens.reporting.state.causal_indices` draws the samples, recorded beside them
+CAUSAL_SAMPLE_METHOD = (
+    "without replacement: the first n of one seeded random permutation of the corpus positions "
+    "(a smaller sample within a larger one, equal counts the same documents), sorted"
+)
+
+
+def causal_sample_record(
+    corpus: Corpus, samples: dict[str, list[int]], seed: int
+) -> dict[str, Any]:
+    """`summary.json`'s `causal_sample` block: the causal samples' seed and method, the corpus
+    size and, per sample, its size, its positions in the corpus and (windowed corpora) the
+    windows' token offsets in the text.
+
+    Args:
+        corpus: The run's corpus.
+        samples: `{part: sorted positions}` (`cw_lens.reporting.state.causal_samples`).
+        seed: The samples' seed (`causal_seed`).
+
+    Returns:
+        The block, one entry per part of `samples`.
+    """
+    record: dict[str, Any] = {
+        "seed": seed,
+        "method": CAUSAL_SAMPLE_METHOD,
+        "corpus_documents": len(corpus),
+    }
+    for part, positions in samples.items():
+        entry: dict[str, Any] = {"n_documents": len(positions), "corpus_indices": list(positions)}
+        offsets = [corpus[i].meta.get("offset") for i in positions]
+        if all(o is not None for o in offsets):
+            entry["offsets"] = offsets
+        record[part] = entry
+    return record
+
+
+def causal_sample_markdown(record: dict[str, Any] | None) -> list[str]:
+    """REPORT.md's line on the documents the causal claims rest on (none without the record:
+    older summaries, runs without a causal step).
+
+    Args:
+        record: `summary.json`'s `causal_sample` block, or None.
+
+    Returns:
+        The line and a blank line, or nothing.
+    """
+    if not record:
+        return []
+    n_corpus = record["corpus_documents"]
+    labels = {
+        "faithfulness": "`faithfulness_order` on ",
+        "pruning": "`pruning_signal` on ",
+        "lone_costs": "pruning's lone-head costs on ",
+    }
+    parts = [p for p in labels if p in record]
+    if not parts:
+        return []
+    counts = [record[p]["n_documents"] for p in parts]
+    items = [
+        labels[p] + ("all" if n == n_corpus else str(n)) for p, n in zip(parts, counts, strict=True)
+    ]
+    if "lone_costs" in parts:
+        items[-1] += " of pruning's"
+    listed = ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1]
+    if all(n == n_corpus for n in counts):
+        head = f"The causal claims rest on the whole corpus, {n_corpus} windows: {listed}."
+    else:
+        head = (
+            f"The causal claims rest on windows drawn at random (causal seed {record['seed']}) "
+            f"from the corpus's {n_corpus} windows, not its first ones (the start of the text): "
+            f"{listed}; drawn without replacement, a smaller sample lies within a larger one and "
+            "equal counts share their windows."
+        )
+    return [f"{head} Positions and offsets: `causal_sample` in summary.json.", ""]
 
 
 def versions() -> dict[str, str]:

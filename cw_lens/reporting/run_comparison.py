@@ -31,12 +31,14 @@ change", which is a family-wise question (a false discovery rate would allow som
 adjusted p-value.
 
 Biased numbers: the numbers whose plug-in the code knows to be biased on few documents
-(`cw_lens.core.resampled.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any whose
+(`cw_lens.core.bootstrap.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any whose
 bootstrap bias is more than a quarter of its standard error in either run (`|mean(t*) - t| / sd(t*)
-> 0.25`, `cw_lens.core.replicates.bias_to_se`: e.g. the Retriever share, a median of |rho| on
-few documents). Their bias depends on the document count, so runs of different counts are not
-compared on them (`"not comparable"`, the reason says why); runs of equal counts are compared from
-bias-corrected replicates (`t* - 2b`, point `t - b`, as the `bias_corrected` interval).
+> 0.25`, `cw_lens.core.bootstrap.bias_to_se`: e.g. the Retriever share, a median of |rho| on
+few documents) — the numbers whose interval in that run is the bias-corrected one
+(`cw_lens.core.bootstrap.needs_bias_correction`). Their bias depends on the document count, so
+runs of different counts are not compared on them (`"not comparable"`, the reason says why);
+runs of equal counts are compared from bias-corrected replicates (`t* - 2b`, point `t - b`, as
+the `bias_corrected` interval).
 
 Reads summary schema 3 (four verdicts, a `replicates` record), schema 2 (three verdicts,
 intervals) and schema 1 (no `"schema"` key: `holds` a bool, mapped to `"yes"` / `"no"`,
@@ -61,23 +63,26 @@ from typing import Any
 
 import pandas as pd
 
+from cw_lens.core.bootstrap import (
+    BIAS_SE_LIMIT,
+    bias_to_se,
+    is_biased_plugin,
+    needs_bias_correction,
+)
 from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.deprecation import keyword_only, renamed_classes
 from cw_lens.core.errors import InputError
 from cw_lens.core.replicates import (
-    BIAS_SE_LIMIT,
     DIFFER,
     NOT_COMPARABLE,
     SAME,
     Difference,
     RunReplicates,
     bias_corrected,
-    bias_to_se,
     difference_test,
     holm,
     unpack,
 )
-from cw_lens.core.resampled import is_biased_plugin
 from cw_lens.core.results import Result
 
 SCHEMAS = (1, 2, 3)
@@ -678,12 +683,18 @@ def _documents(reference: Run, run: Run, claim: str) -> int | None:
 def _bias(
     runs: tuple[Run, Run], claim: str, number: str, values: list[float], reps: list[Any]
 ) -> str | None:
-    """Why `number` counts as biased (None when it does not): the code knows its plug-in to
-    be biased, or its bootstrap bias exceeds `BIAS_SE_LIMIT` standard errors in a run."""
+    """Why `number` counts as biased (None when it does not): in either run, the rule of the
+    claims' intervals (`needs_bias_correction`: the code knows its plug-in to be biased, or
+    its bootstrap bias exceeds `BIAS_SE_LIMIT` standard errors) gives it the bias-corrected
+    interval."""
     if is_biased_plugin(number):
         return "its plug-in is biased on few documents (a geometric mean over heads)"
     ratios = [bias_to_se(v, r) for v, r in zip(values, reps, strict=True)]
-    over = [f"{r.label} {x:.2f}" for r, x in zip(runs, ratios, strict=True) if x > BIAS_SE_LIMIT]
+    over = [
+        f"{r.label} {x:.2f}"
+        for r, x in zip(runs, ratios, strict=True)
+        if needs_bias_correction(number, x)
+    ]
     if over:
         return f"its bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT} ({', '.join(over)})"
     return None

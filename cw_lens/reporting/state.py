@@ -1,6 +1,6 @@
 """The main job's settings and state: `JobConfig` (and its presets) and `Job`, which stores each
-step's result atomically and loads it again on a rerun; the atomic writes; how many documents
-each claim's numbers come from.
+step's result atomically and loads it again on a rerun; the atomic writes; which documents the
+causal analyses run on (`causal_indices`) and how many documents each claim's numbers come from.
 
 The lowest of the reporting modules: `job` (which runs the job), `steps` (the analyses it runs)
 and `markdown` (REPORT.md) all read a `Job`, and this module imports none of them.
@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pickle
+import random
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -36,8 +37,8 @@ class JobConfig:
     batch_size: int = 8
     task: str | None = "ioi"
     task_docs: int = 24
-    faithfulness_docs: int | None = None
-    lone_docs: int = 2
+    faithfulness_docs: int | None = None  # documents faithfulness runs on (None: all)
+    lone_docs: int = 2  # pruning's lone-head costs: this many of pruning's documents, at random
     device: str | None = None
     dtype: str = "float32"
     api: str = "auto"
@@ -45,10 +46,13 @@ class JobConfig:
     n_resamples: int = 2000  # resamples of the claims' intervals (methods § Claims: at least 2,000)
     bootstrap_seed: int = 0  # the bootstrap's own seed, independent of `seed`
     faithfulness_granularity: tuple[str, ...] = ("pairs", "tokens")
-    pruning_docs: int | None = None  # the first documents pruning runs on (None: all)
+    pruning_docs: int | None = None  # documents pruning runs on (None: all)
     pruning_draws: int = 3  # random orders; pruning_signal's verdict needs >= 20
     pruning_draws_everywhere: int | None = None  # draws at 50% and 25% too (None: all)
     global_ranking: bool = True  # also prune with one global ranking (the variant)
+    # seed of the random sample of corpus windows the causal analyses (faithfulness, pruning and
+    # its lone-head costs) run on: `causal_indices`
+    causal_seed: int = 0
 
     def __post_init__(self) -> None:
         from cw_lens.core.errors import InputError
@@ -75,7 +79,10 @@ class JobConfig:
         """The stored steps' key: every setting that changes what a step computes. The
         bootstrap (`n_resamples`, `bootstrap_seed`) resamples the stored per-document
         records when the summary is built, so it is not part of it: a rerun with another
-        bootstrap seed reuses the forward passes."""
+        bootstrap seed reuses the forward passes. `causal_seed` is always part of it: it
+        decides which documents the causal steps run on (pruning's lone-head costs sample
+        `lone_docs` of them in every run), and with it a run never resumes steps stored
+        before the causal analyses sampled their documents (they ran on the first ones)."""
         from cw_lens.models.hooked import resolve_api
         from cw_lens.version import __version__
 
@@ -93,9 +100,10 @@ class JobConfig:
 # The main job's sizes. `quick` (the default, `make figures`): 8 windows of 128 tokens of
 # pydoc for every analysis — its intervals are wide and pruning_signal has too few random draws
 # for a verdict. `paper`: the non-causal analyses (sinks, ablation, selection, taxonomy) on
-# 256 windows of 256 tokens of pydoc+stdlib; the causal ones on the first 32 of them:
-# faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of them at
-# 50% and 25% too) and no global variant; the IOI task on 24 items.
+# 256 windows of 256 tokens of pydoc+stdlib; the causal ones on 32 of them drawn at random
+# (`causal_seed`; the same 32 for both, never the first 32, which would be the start of the
+# text): faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of
+# them at 50% and 25% too) and no global variant; the IOI task on 24 items.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
     "paper": {
@@ -207,12 +215,91 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def causal_indices(n_corpus: int, n: int | None, seed: int) -> list[int]:
+    """The positions in a corpus of `n_corpus` documents that a causal analysis asking for `n`
+    of them runs on: the first `n` of one seeded random permutation of the positions, sorted
+    (the batches keep the corpus's order). The corpus windows are sorted by their offset in
+    the text, so its first `n` would be the start of the text, never a sample of it.
+
+    One permutation per seed and corpus size serves every count, so the samples are nested:
+    two analyses asking for the same count run on the same documents, a smaller count on part
+    of a larger one's.
+
+    Args:
+        n_corpus: Documents in the corpus.
+        n: Documents wanted; `None` or 0 (not set), or `n_corpus` and more: every position.
+        seed: The permutation's seed (`JobConfig.causal_seed`).
+
+    Returns:
+        Sorted positions, `min(n, n_corpus)` of them.
+
+    Examples:
+        >>> causal_indices(20, 5, seed=0)
+        [4, 5, 8, 14, 19]
+        >>> causal_indices(20, 8, seed=0)  # the 5 and 3 more
+        [4, 5, 8, 9, 11, 13, 14, 19]
+        >>> causal_indices(20, 5, seed=1)
+        [2, 3, 5, 13, 18]
+        >>> causal_indices(5, None, seed=0)
+        [0, 1, 2, 3, 4]
+    """
+    if not n or n >= n_corpus:
+        return list(range(n_corpus))
+    # A string seed is hashed (SHA-512, the same on every platform and Python version), which
+    # keeps this draw apart from the corpus's own window draw, `random.Random(seed)` with the
+    # run's seed: the two would otherwise read the same random bits.
+    permutation = random.Random(f"cw_lens causal sample {seed}").sample(range(n_corpus), n_corpus)
+    return sorted(permutation[:n])
+
+
+CAUSAL_PARTS = {  # the step that runs each causal sample
+    "faithfulness": "faithfulness",
+    "pruning": "pruning",
+    "lone_costs": "pruning",
+}
+
+
+def causal_samples(job: Job) -> dict[str, list[int]]:
+    """The corpus positions each causal part of the job runs on (`causal_indices`):
+    `faithfulness` its `faithfulness_docs`, `pruning` its `pruning_docs`, and `lone_costs`
+    (pruning's lone-head costs) `lone_docs` of pruning's documents.
+
+    Args:
+        job: The running job (its corpus loaded).
+
+    Returns:
+        `{part: sorted positions}` for every part of `CAUSAL_PARTS`.
+    """
+    cfg, n_corpus = job.config, len(job.corpus)
+    pruning = causal_indices(n_corpus, cfg.pruning_docs, cfg.causal_seed)
+    lone = min(cfg.lone_docs or len(pruning), len(pruning))  # nested: within pruning's
+    return {
+        "faithfulness": causal_indices(n_corpus, cfg.faithfulness_docs, cfg.causal_seed),
+        "pruning": pruning,
+        "lone_costs": causal_indices(n_corpus, lone, cfg.causal_seed),
+    }
+
+
+def causal_corpus(job: Job, part: str) -> Any:
+    """The documents causal part `part` of the job runs on (`causal_samples`), as a corpus.
+
+    Args:
+        job: The running job (its corpus loaded).
+        part: `"faithfulness"`, `"pruning"` or `"lone_costs"`.
+
+    Returns:
+        A [`Corpus`][cw_lens.Corpus] of those documents, in corpus order.
+    """
+    return job.corpus.subset(causal_samples(job)[part])
+
+
 def claim_documents(job: Job, claims: Iterable[str]) -> dict[str, int]:
-    """How many documents each claim's numbers come from: faithfulness its first
-    `faithfulness_docs`, pruning its first `pruning_docs`, every other claim the corpus."""
+    """How many documents each claim's numbers come from: faithfulness its random sample of
+    `faithfulness_docs`, pruning its sample of `pruning_docs` (`causal_samples`), every
+    other claim the corpus."""
     n_docs = len(job.corpus)
-    first = {
+    wanted = {
         "faithfulness_order": job.config.faithfulness_docs,
         "pruning_signal": job.config.pruning_docs,
     }
-    return {cid: min(first.get(cid) or n_docs, n_docs) for cid in claims}
+    return {cid: min(wanted.get(cid) or n_docs, n_docs) for cid in claims}

@@ -1,6 +1,11 @@
 """The main job's steps: one function per analysis, each computing its result from a
 `Job` (the model, the corpus, the settings) and returning what the
-job stores; the order in which the job runs them, and which step needs another."""
+job stores; the order in which the job runs them, and which step needs another.
+
+The causal steps (faithfulness, pruning) run on a seeded random sample of the corpus windows
+when their document counts are smaller than the corpus (`cw_lens.reporting.state.causal_corpus`),
+never on its first windows, which are the start of the text; the others on the whole corpus.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cw_lens.core.errors import InputError
+from cw_lens.reporting.state import causal_corpus
 
 if TYPE_CHECKING:
     from cw_lens.reporting.state import Job
@@ -67,13 +73,10 @@ def step_ablation(job: Job) -> dict[str, Any]:
 def step_faithfulness(job: Job) -> dict[str, Any]:
     from cw_lens.analyses.faithfulness import faithfulness
 
-    corpus = job.corpus
-    if job.config.faithfulness_docs:
-        corpus = corpus[: job.config.faithfulness_docs]
     result = on_corpus(
         job,
         faithfulness,
-        corpus,
+        causal_corpus(job, "faithfulness"),
         granularity=job.config.faithfulness_granularity,
         seed=job.config.seed,
         n_random=job.config.random_draws,
@@ -121,11 +124,14 @@ def step_taxonomy(job: Job) -> dict[str, Any]:
 def step_pruning(job: Job) -> dict[str, Any]:
     """P2 pruning ranked within each layer (the methods page's reading, with the lone-head
     costs; the taxonomy and entropy rankings cross-fitted) and, as the variant, with one global
-    ranking (3 random draws)."""
+    ranking (3 random draws). Both on the random sample of `pruning_docs` windows (its two
+    cross-fitting halves are that sample's even and odd documents), the lone-head costs on
+    `lone_docs` of them."""
     from cw_lens.analyses.pruning import prune_heads
 
     cfg = job.config
-    corpus = job.corpus[: cfg.pruning_docs] if cfg.pruning_docs else job.corpus
+    corpus = causal_corpus(job, "pruning")
+    lone_corpus = causal_corpus(job, "lone_costs")
     orders = ("taxonomy", "magnitude", "entropy", "random")
     result = on_corpus(
         job,
@@ -136,7 +142,8 @@ def step_pruning(job: Job) -> dict[str, Any]:
         scope="layer",
         n_draws=cfg.pruning_draws,
         draws_everywhere=cfg.pruning_draws_everywhere,
-        lone_docs=cfg.lone_docs,
+        lone_corpus=lone_corpus,
+        lone_docs=len(lone_corpus),
     )
     global_ranking = None
     if cfg.global_ranking:

@@ -235,9 +235,10 @@ class FaithfulnessResult(Result):
         aopc = self._aopc_replicates(bootstrap)
         for (g, mode, metric), reps in aopc.items():
             key = f"aopc_interval_{mode}_{g}"
-            claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps))
+            claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps, number=key))
         numbers = faithfulness_numbers(aopc, METRICS)
-        claim = with_intervals([claim], {k: bootstrap.pair(v) for k, v in numbers.items()})[0]
+        intervals = {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
+        claim = with_intervals([claim], intervals)[0]
         return claims_dict([claim])
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:

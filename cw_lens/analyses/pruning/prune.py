@@ -257,7 +257,7 @@ class PruningResult(Result):
             reps = main.replicates(bootstrap)
             enough = main.n_random_draws >= MIN_RANDOM_DRAWS
             nan = (math.nan, math.nan)
-            intervals = {k: bootstrap.pair(v) if enough else nan for k, v in reps.items()}
+            intervals = {k: bootstrap.pair(v, number=k) if enough else nan for k, v in reps.items()}
             claims = with_intervals(claims, intervals)
         return claims_dict(claims)
 

@@ -41,7 +41,6 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.resampled import (
     F_EPS,
     geometric_mean_ratio,
-    is_biased_plugin,
     selection_numbers,
 )
 from cw_lens.core.results import Result
@@ -565,7 +564,7 @@ class SelectionGeometryResult(Result):
         claims = selection_claims(self.to_dataframe())
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
-            intervals = {k: bootstrap.pair(v, is_biased_plugin(k)) for k, v in reps.items()}
+            intervals = {k: bootstrap.pair(v, number=k) for k, v in reps.items()}
             claims = with_intervals(claims, intervals)
         return claims_dict(claims)
 

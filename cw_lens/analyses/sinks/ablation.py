@@ -327,7 +327,9 @@ class SinkAblationResult(Result):
         claims = [self._claim()]
         if bootstrap is not None:
             reps = self.replicates(bootstrap)
-            claims = with_intervals(claims, {k: bootstrap.pair(v) for k, v in reps.items()})
+            claims = with_intervals(
+                claims, {k: bootstrap.pair(v, number=k) for k, v in reps.items()}
+            )
         return claims_dict(claims)
 
     def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:

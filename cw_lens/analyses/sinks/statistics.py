@@ -507,7 +507,7 @@ class SinkStatisticsResult(Result):
         """
         numbers, fields = self.replicates(bootstrap)
         hist = self.acc.share_hist
-        intervals = {k: bootstrap.pair(v) for k, v in numbers.items()}
+        intervals = {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
         exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
         counts = self.acc.s_star.counts[None].double()
         exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
@@ -518,7 +518,10 @@ class SinkStatisticsResult(Result):
         rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
         per_layer = {
             cid: per_layer_rows(
-                self.layers, number, point_layers[number][0], bootstrap.interval(rep_layers[number])
+                self.layers,
+                number,
+                point_layers[number][0],
+                *bootstrap.judged(rep_layers[number], number=number),
             )
             for cid, number in LAYER_NUMBERS.items()
         }
