@@ -182,12 +182,8 @@ def study(
     are ``10000 n + draw + seed_offset``. ``subset(result, docs)`` (draws without replacement
     only): a result holding only those rows, bootstrapped as a whole — the same replicates as
     ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool.
-    ``draw(n_pool, n, gen)``: another design of the draws (default ``draw_documents``).
-
-    Besides every method of :data:`METHODS`, the method ``shipped`` is the library's rule
-    applied draw by draw: the biased method where ``needs_bias_correction`` says so for that
-    draw's replicates, else the default method."""
-    from cw_lens.core.bootstrap import Bootstrap, interval, needs_bias_correction
+    ``draw(n_pool, n, gen)``: another design of the draws (default ``draw_documents``)."""
+    from cw_lens.core.bootstrap import Bootstrap, interval
 
     rows = []
     for name, result in results.items():
@@ -200,7 +196,7 @@ def study(
         }
         for n in sizes:
             start, cpu = time.perf_counter(), time.process_time()
-            hits = {(k, m): [0, 0] for k in truth for m in (*METHODS, "shipped")}
+            hits = {(k, m): [0, 0] for k in truth for m in METHODS}
             bias = {k: [] for k in truth}
             for d in range(draws):
                 gen = torch.Generator().manual_seed(10_000 * n + d + seed_offset)
@@ -226,11 +222,8 @@ def study(
                     if k not in truth:
                         continue
                     bias[k].append(bias_to_se(reps, resamples))
-                    corrected = needs_bias_correction(k, bias[k][-1])
-                    shipped = boot.biased_method if corrected else boot.method
-                    for m in (*METHODS, "shipped"):
-                        used = shipped if m == "shipped" else m
-                        low, high = interval(reps, resamples, boot.level, used).tolist()
+                    for m in METHODS:
+                        low, high = interval(reps, resamples, boot.level, m).tolist()
                         if math.isnan(low) or math.isnan(high):
                             hits[(k, m)][1] += 1
                         elif low <= truth[k] <= high:

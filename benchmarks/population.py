@@ -625,11 +625,13 @@ def sub_pools(n_rows: int, parts: int = 4) -> list[list[int]]:
 
 
 def shipped_method(number: str) -> str:
-    """The study's name for the interval the library ships for ``number``: ``shipped``, the
-    library's rule (``cw_lens.core.bootstrap.needs_bias_correction``) applied in each draw:
-    the biased method for a plug-in known to be biased or a draw whose bootstrap |bias| / SE
-    exceeds the limit, else the default method."""
-    return "shipped"
+    """The interval method the library ships for ``number``
+    (``cw_lens.core.bootstrap.needs_bias_correction``): the bias-corrected interval for a
+    plug-in known to be biased (the geometric means), the expanded one otherwise."""
+    from cw_lens.core.bootstrap import Bootstrap, needs_bias_correction
+
+    boot = Bootstrap()
+    return boot.biased_method if needs_bias_correction(number) else boot.method
 
 
 # --------------------------------------------------------------------------- designs
@@ -670,15 +672,21 @@ def with_bounds(rows: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
 
 
 def certified_from(rows: list[dict[str, Any]]) -> dict[str, int | None]:
-    """Per number: the smallest document count the shipped method certifies on the whole
-    population (None: none)."""
-    out: dict[str, int | None] = {}
+    """Per number: the smallest document count ``n`` from which the shipped method certifies
+    on the whole population at ``n`` and at every larger studied count (None: not even at the
+    largest). A count that certifies below one that does not (e.g. 8 certified, 32 not)
+    certifies nothing: a run of 8 documents would be trusted more than one of 32."""
+    counts: dict[str, dict[int, bool]] = {}
     for row in rows:
-        if row["pool"] != "all" or row["method"] != shipped_method(row["number"]):
-            continue
-        out.setdefault(row["number"], None)
-        if row["certified"] and (out[row["number"]] is None or row["n"] < out[row["number"]]):
-            out[row["number"]] = int(row["n"])
+        if row["pool"] == "all" and row["method"] == shipped_method(row["number"]):
+            counts.setdefault(row["number"], {})[int(row["n"])] = bool(row["certified"])
+    out: dict[str, int | None] = {}
+    for number, certified_at in counts.items():
+        out[number] = None
+        for n in sorted(certified_at, reverse=True):
+            if not certified_at[n]:
+                break
+            out[number] = n
     return out
 
 
@@ -773,7 +781,7 @@ def optimism_study(
             seed_offset=3_000_000 + 100_000 * p,
         )
         for row in part:
-            if row["method"] == "shipped":
+            if row["method"] == shipped_method(row["number"]):
                 rows.append({**row, "pool": p, "pool_size": pool_size})
     return rows
 
@@ -818,6 +826,44 @@ def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
     exact = [s["meta"]["reservoir_exact"] for s in studies if s["meta"].get("reservoir_exact")]
     meta["reservoir_exact"] = exact[0] if exact else None
     return {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
+
+
+PACKAGE_TABLE = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
+
+
+def package_table(study: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The table the reports read (``cw_lens/reporting/interval_coverage.json``): the
+    population study's rows of the shipped method (whole population, ``source``
+    ``"population"``) and, for the numbers it does not measure (the causal analyses,
+    ``median_abs_rho_*``), the rows of the single-pool study already in the table
+    (``"single_pool"``), each with its lower 95% bound and certificate."""
+    keep = ("analysis", "number", "n", "coverage", "covered", "se", "missing", "draws", "method")
+    rows = [
+        {**{k: r[k] for k in keep}, "lower": r["lower"], "source": "population"}
+        for r in study["rows"]
+        if r["pool"] == "all" and r["method"] == shipped_method(r["number"])
+    ]
+    done = {r["number"] for r in rows}
+    for r in current["rows"]:
+        if r["number"] in done:
+            continue
+        covered = int(r.get("covered", round(float(r["coverage"]) * int(r["draws"]))))
+        rows.append(
+            {
+                **{k: r[k] for k in keep if k != "covered"},
+                "covered": covered,
+                "lower": lower_bound(covered, int(r["draws"])),
+                "source": "single_pool",
+            }
+        )
+    for r in rows:
+        r["certified"] = certified(float(r["coverage"]), r["lower"])
+    sources = {
+        "population": f"{study['meta']['documents']} windows, drawn without replacement",
+        "single_pool": "the paper preset's windows, drawn with replacement (optimistic)",
+    }
+    head = {k: current[k] for k in ("method", "biased_method", "resamples")}
+    return {**head, "source": "population and single_pool", "sources": sources, "rows": rows}
 
 
 # --------------------------------------------------------------------------- the compare study
@@ -1057,6 +1103,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "merge", help="one study file from several (e.g. one process per analysis)"
     )
     p_merge.add_argument("parts", type=Path, nargs="+")
+    sub.add_parser(
+        "package-table",
+        help=f"write {PACKAGE_TABLE.name} from {STUDY_OUT.name} and the single-pool rows",
+    )
     p_merge.add_argument("--result", type=Path, required=True)
     for p in (p_study, p_compare, p_optimism):
         p.add_argument("--out", type=Path, default=OUT)
@@ -1094,6 +1144,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         merged = merge_studies([json.loads(path.read_text()) for path in args.parts])
         atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
         print(study_table(merged["rows"]))
+    elif args.command == "package-table":
+        body = package_table(
+            json.loads(STUDY_OUT.read_text()), json.loads(PACKAGE_TABLE.read_text())
+        )
+        atomic_write(PACKAGE_TABLE, (json.dumps(body, indent=1) + "\n").encode())
     elif args.command == "status":
         status(args.out)
     else:

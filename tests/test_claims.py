@@ -760,6 +760,7 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     coverage was certified (>= 0.93) is inconclusive, and says why; at or above that count
     (and for a number the study never measured) the verdict stands."""
     from cw_lens.reporting.interval_coverage import (
+        LOWER_TARGET,
         STUDIED_MODEL,
         TARGET,
         below_certified,
@@ -771,11 +772,14 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     from cw_lens.reporting.markdown import size_limits
 
     share = "retriever_share"
-    # the committed table: measured at 8, 32, 48 (< 0.93) and 256 (>= 0.93)
-    assert certified_from(share) == 256 and coverage_at(share, 2) is None
-    assert below_certified(share, 2) and below_certified(share, 255)
-    assert not below_certified(share, 256) and not below_certified("not_a_number", 2)
-    assert certified_from("delta_ppl") == 32 and below_certified("delta_ppl", 20)
+    # the committed table: the population study certifies it from 8 documents; the sink-tail
+    # cosine only at 256 (0.905 at 8 and 0.855 at 32)
+    assert certified_from(share) == 8 and coverage_at(share, 2) is None
+    assert below_certified(share, 2) and below_certified(share, 7)
+    assert not below_certified(share, 8) and not below_certified("not_a_number", 2)
+    cosine = "median_cos_sink_tail_mixture"
+    assert certified_from(cosine) == 256 and below_certified(cosine, 255)
+    assert certified_from("delta_ppl") == 8 and below_certified("delta_ppl", 4)
 
     def run(n: int, value: float = 0.07, interval=(0.06, 0.08), number: str = share) -> dict:
         check = {"number": number, "value": value, "interval": list(interval), "holds": "yes"}
@@ -793,8 +797,8 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     [check] = two["claims"]["retriever_share"]["checks"]
     assert two["claims"]["retriever_share"]["holds"] == check["holds"] == "inconclusive"
     assert check["undecided_because"] == (
-        f"was yes, but its interval's coverage was certified (>= {TARGET}) only from 256 "
-        "documents; this run has 2 (docs/coverage.md)"
+        f"was yes, but its interval's coverage was certified (coverage >= {TARGET}, lower "
+        f"bound >= {LOWER_TARGET}) only from 8 documents; this run has 2 (docs/coverage.md)"
     )
     lines = "\n".join(size_limits(JobConfig(), two, {"retriever_share": 2}))
     assert "certified only at more documents than this run has" in lines
@@ -808,8 +812,43 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     at_paper_size = run(256)
     assert settle_by_coverage(at_paper_size, {}) == []
     assert at_paper_size["claims"]["retriever_share"]["holds"] == "yes"
+    at_quick_size = run(8)
+    assert settle_by_coverage(at_quick_size, {}) == []
     unstudied = run(2, number="a_number_never_studied")
     assert settle_by_coverage(unstudied, {}) == []
+    # between certified counts: the cosine at 32 documents covers 0.855, not certified
+    between = run(32, number=cosine)
+    assert settle_by_coverage(between, {}) == ["retriever_share"]
+    reason = between["claims"]["retriever_share"]["checks"][0]["undecided_because"]
+    assert "covers 0.85 (lower 95% bound 0.82) at 32 documents" in reason, reason
+
+
+def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify():
+    """SPEC §6: the certificate needs the coverage's lower 95% bound >= 0.91 too. The
+    faithfulness sufficiency number covers 0.933 at 32 documents in 300 draws (bound 0.905):
+    a 32-document run's decisive check on it is inconclusive."""
+    from cw_lens.reporting.interval_coverage import (
+        STUDIED_MODEL,
+        certified_at,
+        coverage_at,
+        settle_by_coverage,
+    )
+
+    number = "sufficiency_lowest_other_minus_contribution"
+    assert coverage_at(number, 32) >= 0.93 and certified_at(number, 32) is False
+    check = {"number": number, "value": 0.2, "interval": [0.1, 0.3], "holds": "yes"}
+    check.update(op=">", threshold=0.0)
+    summary = {
+        "model": STUDIED_MODEL,
+        "corpus": "pydoc+stdlib",
+        "max_tokens": 256,
+        "n_documents": 256,
+        "claims": {"faithfulness_order": {"holds": "yes", "paper": "P1", "checks": [check]}},
+    }
+    assert settle_by_coverage(summary, {"faithfulness_order": 32}) == ["faithfulness_order"]
+    assert "lower 95% bound 0.91)" in check["undecided_because"] or (
+        "lower 95% bound 0.90" in check["undecided_because"]
+    )
 
 
 def test_the_committed_gallery_verdicts_follow_from_its_numbers_under_the_current_rules():

@@ -1,7 +1,7 @@
 """Which interval a claim number gets (methods § Intervals): the bias-corrected one when its
-plug-in is known to be biased or its bootstrap |bias| / SE exceeds 0.25 in the run, the
-expanded one otherwise; each check records its bias/SE and the method used in summary.json,
-and REPORT.md marks the bias-corrected intervals."""
+plug-in is known to be biased (the geometric means), the expanded one otherwise, whatever the
+run's bootstrap bias; each check records its bias/SE and the method used in summary.json, and
+REPORT.md marks the bias-corrected intervals and flags a bias/SE above 0.25."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ import torch
 from cw_lens.core.bootstrap import (
     BIAS_SE_LIMIT,
     Bootstrap,
+    bias_flagged,
     bias_to_se,
     expanded_tail,
+    interval,
     needs_bias_correction,
 )
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.resampled import per_layer_rows
-from cw_lens.reporting.markdown import BIAS_MARK, bias_note, claims_markdown
+from cw_lens.reporting.markdown import BIAS_MARK, FLAG_MARK, bias_note, claims_markdown
 
 R, DOCS = 2000, 8
 GEOMEAN = "geomean_head_ratio_n2"
@@ -53,34 +55,26 @@ def _check_json(interval, number: str = "x", value: float = 1.0) -> dict:
     return claims_dict(with_intervals([claim], {number: interval}))["c"]["checks"][0]
 
 
-def test_a_number_whose_replicates_sit_above_its_point_gets_the_bias_corrected_interval():
-    reps = _replicates(0.6)
-    interval = Bootstrap(R).pair(_rows(reps, 1.0), number="x")
-    assert interval.method == "bias_corrected"
-    assert interval.bias_to_se == pytest.approx(0.6)
-    bias = float(reps.mean()) - 1.0
-    low, high = _expanded(reps)
-    assert tuple(interval) == pytest.approx((low - 2 * bias, high - 2 * bias))
-    check = _check_json(interval)
-    assert abs(check["bias_to_se"]) > BIAS_SE_LIMIT
-    assert check["bias_to_se"] == pytest.approx(bias_to_se(1.0, reps))
-    assert check["interval_method"] == "bias_corrected"
-    assert check["interval"] == pytest.approx([low - 2 * bias, high - 2 * bias])
-    json.dumps(check, allow_nan=False)  # JSON-ready
-
-
-def test_an_unbiased_number_keeps_the_expanded_interval():
-    for shift in (0.0, 0.2, -0.2):  # at most 0.25 standard errors either way
+def test_a_number_whose_replicates_sit_above_its_point_keeps_the_expanded_interval():
+    """A run's bias/SE is recorded and flagged but does not switch the method (the
+    population study measured the switch lowering the coverage of medians and shares)."""
+    for shift in (0.6, -0.6, 0.2, 0.0):
         reps = _replicates(shift)
-        interval = Bootstrap(R).pair(_rows(reps, 1.0), number="x")
-        assert interval.method == "expanded", shift
-        assert tuple(interval) == pytest.approx(_expanded(reps)), shift
-        check = _check_json(interval)
+        interval_ = Bootstrap(R).pair(_rows(reps, 1.0), number="x")
+        assert interval_.method == "expanded", shift
+        assert interval_.bias_to_se == pytest.approx(abs(shift), abs=1e-9), shift
+        assert tuple(interval_) == pytest.approx(_expanded(reps)), shift
+        check = _check_json(interval_)
         assert check["interval_method"] == "expanded"
-        assert check["bias_to_se"] == pytest.approx(abs(shift), abs=1e-9)
-    # below the point counts as much as above it (|bias|)
-    below = Bootstrap(R).pair(_rows(_replicates(-0.6), 1.0), number="x")
-    assert below.method == "bias_corrected" and below.bias_to_se == pytest.approx(0.6)
+        assert check["bias_to_se"] == pytest.approx(bias_to_se(1.0, reps))
+        assert bias_flagged(check["bias_to_se"]) == (abs(shift) > BIAS_SE_LIMIT)
+        json.dumps(check, allow_nan=False)  # JSON-ready
+    # the bias-corrected interval it does not get: twice the bias away from the expanded one
+    reps = _replicates(0.6)
+    bias = float(reps.mean()) - 1.0
+    corrected = interval(torch.as_tensor(_rows(reps, 1.0)), R, 0.95, "bias_corrected").tolist()
+    low, high = _expanded(reps)
+    assert corrected == pytest.approx([low - 2 * bias, high - 2 * bias])
 
 
 def test_a_geometric_mean_is_always_bias_corrected():
@@ -90,17 +84,18 @@ def test_a_geometric_mean_is_always_bias_corrected():
     check = _check_json(interval, number=GEOMEAN)
     assert check["interval_method"] == "bias_corrected"
     assert check["bias_to_se"] == pytest.approx(0.0, abs=1e-9)
-    assert needs_bias_correction(GEOMEAN, math.nan) and needs_bias_correction(GEOMEAN, 0.0)
+    assert needs_bias_correction(GEOMEAN)
     # the caller's `biased` says the same of an unnamed number
     assert Bootstrap(R).pair(_rows(reps, 1.0), biased=True).method == "bias_corrected"
 
 
-def test_the_rule_reads_bias_over_se_against_the_limit():
+def test_the_rule_reads_the_name_and_the_flag_reads_bias_over_se_against_the_limit():
     assert BIAS_SE_LIMIT == 0.25
-    assert not needs_bias_correction("x", 0.25)  # strictly above the limit
-    assert needs_bias_correction("x", 0.26) and needs_bias_correction("x", -0.26)
-    assert not needs_bias_correction(None, 0.1) and needs_bias_correction(None, 0.3)
-    assert not needs_bias_correction("x", math.nan)  # not computable: not biased
+    assert needs_bias_correction("geomean_head_ratio_n4") and not needs_bias_correction("x")
+    assert not needs_bias_correction(None) and needs_bias_correction(None, biased=True)
+    assert not bias_flagged(0.25)  # strictly above the limit
+    assert bias_flagged(0.26) and bias_flagged(-0.26)
+    assert not bias_flagged(math.nan) and not bias_flagged(None)  # not computable: no flag
 
 
 def test_nan_bias_keeps_the_expanded_method_and_nan_intervals_stay_nan():
@@ -118,7 +113,7 @@ def test_nan_bias_keeps_the_expanded_method_and_nan_intervals_stay_nan():
     # too many undefined replicates for the bias-corrected interval's tail: NaN, as before
     reps = _rows(_replicates(0.6), 1.0)
     reps[: R // 10] = math.nan
-    corrected = boot.pair(reps, number="x")
+    corrected = boot.pair(reps, number=GEOMEAN)
     assert corrected.method == "bias_corrected" and all(math.isnan(v) for v in corrected)
     assert bias_to_se(1.0, None) != bias_to_se(1.0, None)  # NaN without replicates
 
@@ -129,7 +124,7 @@ def test_each_number_of_a_vector_gets_its_own_method_as_each_layer_does():
     biased, plain = _rows(_replicates(0.6), 1.0), _rows(_replicates(0.0, seed=1), 1.0)
     boot = Bootstrap(R)
     bounds, ratio, methods = boot.judged(torch.stack([biased, plain], 1), number="share")
-    assert methods == ["bias_corrected", "expanded"]
+    assert methods == ["expanded", "expanded"]  # one rule for one name, whatever the bias
     assert ratio.tolist() == pytest.approx([0.6, 0.0], abs=1e-9)
     assert bounds[:, 0].tolist() == pytest.approx(list(boot.pair(biased)))
     assert bounds[:, 1].tolist() == pytest.approx(list(boot.pair(plain)))
@@ -166,13 +161,21 @@ def _summary(checks: list[dict]) -> dict:
 
 
 def test_report_marks_the_bias_corrected_intervals_and_reads_older_summaries():
-    corrected = _check_json(Bootstrap(R).pair(_rows(_replicates(0.6), 1.0), number="x"))
+    corrected = _check_json(
+        Bootstrap(R).pair(_rows(_replicates(0.4), 1.0), number=GEOMEAN), number=GEOMEAN
+    )
+    flagged = _check_json(Bootstrap(R).pair(_rows(_replicates(0.6), 1.0), number="x"))
     plain = _check_json(Bootstrap(R).pair(_rows(_replicates(0.0), 1.0), number="z"), number="z")
-    summary = _summary([corrected, plain])
+    summary = _summary([corrected, flagged, plain])
     table = claims_markdown(summary)
-    assert table.count(BIAS_MARK) == 1 and f"{BIAS_MARK} bias/SE 0.60" in table
-    note = bias_note(summary)
-    assert note and "0.25" in note[0] and "interval_method" in note[0]
+    assert table.count(BIAS_MARK) == 1 and f"{BIAS_MARK} bias/SE 0.40" in table
+    assert table.count(FLAG_MARK) == 1 and f"{FLAG_MARK} bias/SE 0.60" in table
+    [note, _] = bias_note(summary)
+    assert BIAS_MARK in note and FLAG_MARK in note and "0.25" in note
+    assert "interval_method" in note
+    assert bias_note(_summary([plain])) == []
+    only_flag = bias_note(_summary([flagged, plain]))[0]
+    assert FLAG_MARK in only_flag and BIAS_MARK not in only_flag
     # a summary written before checks recorded their method: no mark, no note
     old = {k: v for k, v in plain.items() if k not in ("bias_to_se", "interval_method")}
     older = _summary([old, {**old, "number": "w"}])

@@ -178,22 +178,71 @@ def test_certification_needs_coverage_0_93_and_a_lower_bound_of_0_91():
     assert pop.certified(374 / 400, pop.lower_bound(374, 400))
 
 
-def test_certified_from_is_the_smallest_certified_count_of_the_shipped_method():
-    def row(number, n, certified, method="shipped", pool="all"):
+def test_certified_from_is_the_smallest_count_certified_with_every_larger_one():
+    def row(number, n, certified, method=None, pool="all"):
+        method = method or pop.shipped_method(number)
         return {"number": number, "n": n, "certified": certified, "method": method, "pool": pool}
 
     rows = [
         row("x", 8, False),
         row("x", 32, True),
         row("x", 256, True),
-        row("x", 8, True, method="percentile"),  # not the shipped rule
-        row("x", 8, True, method="expanded"),  # the default method alone is not the rule either
+        row("x", 8, True, method="percentile"),  # not the shipped method
+        row("x", 8, True, method="per_run_bias_rule"),  # a stored rule that is not shipped
         row("x", 8, True, pool="part 1 of 4"),  # a sub-pool
         row("y", 8, False),
         row("y", 256, False),
         row("geomean_head_ratio_n2", 8, True),
+        row("geomean_head_ratio_n2", 8, False, method="expanded"),  # not its method
+        row("z", 8, True),  # certified at 8 but not at 32: certified only from 256
+        row("z", 32, False),
+        row("z", 256, True),
     ]
-    assert pop.certified_from(rows) == {"x": 32, "y": None, "geomean_head_ratio_n2": 8}
+    assert pop.certified_from(rows) == {
+        "x": 32, "y": None, "geomean_head_ratio_n2": 8, "z": 256,
+    }  # fmt: skip
+
+
+def test_the_shipped_method_is_bias_corrected_for_the_geometric_means_only():
+    assert pop.shipped_method("geomean_head_ratio_n2") == "bias_corrected"
+    assert pop.shipped_method("retriever_share") == "expanded"
+    assert pop.shipped_method("median_cancelled_share") == "expanded"
+
+
+def test_the_package_table_takes_population_rows_and_keeps_the_others_with_bounds():
+    def row(number, n, coverage, method="expanded", pool="all", draws=400):
+        covered = round(coverage * draws)
+        return {
+            "analysis": "a", "number": number, "n": n, "coverage": coverage, "covered": covered,
+            "se": 0.01, "missing": 0, "draws": draws, "method": method, "pool": pool,
+            "lower": pop.lower_bound(covered, draws),
+        }  # fmt: skip
+
+    study = {
+        "meta": {"documents": 1324},
+        "rows": [
+            row("x", 8, 0.95),
+            row("x", 8, 0.99, method="percentile"),  # not shipped
+            row("x", 8, 0.5, pool="part 1 of 4"),  # a sub-pool
+            row("geomean_head_ratio_n2", 8, 0.96, method="bias_corrected"),
+        ],
+    }
+    old = [
+        {k: v for k, v in row("x", 8, 0.80, draws=300).items() if k not in ("covered", "lower")},
+        {k: v for k, v in row("causal", 32, 0.93, draws=300).items() if k != "covered"},
+    ]
+    current = {"method": "expanded", "biased_method": "bias_corrected", "resamples": 2000}
+    table = pop.package_table(study, {**current, "rows": old})
+    by = {(r["number"], r["n"]): r for r in table["rows"]}
+    assert set(by) == {("x", 8), ("geomean_head_ratio_n2", 8), ("causal", 32)}
+    assert by["x", 8]["coverage"] == 0.95 and by["x", 8]["source"] == "population"
+    assert by["geomean_head_ratio_n2", 8]["method"] == "bias_corrected"
+    causal = by["causal", 32]
+    assert causal["source"] == "single_pool" and causal["covered"] == 279
+    assert causal["lower"] == pytest.approx(pop.lower_bound(279, 300))
+    assert not causal["certified"]  # 0.93 of 300 draws: its lower bound is below 0.91
+    assert by["x", 8]["certified"]
+    assert table["method"] == "expanded" and "population" in table["sources"]
 
 
 def test_a_draw_of_adjacent_pairs_holds_neighbouring_windows_only():
@@ -267,15 +316,16 @@ class MeanAndMax(MeanOf):
 
 
 @pytest.mark.slow
-def test_the_shipped_rule_is_applied_draw_by_draw():
-    """`shipped` is the bias-corrected interval where a draw's |bias| / SE exceeds 0.25 (the
-    largest value, every draw) and the default expanded interval where it does not (the
-    mean): its coverage equals theirs."""
+def test_the_study_measures_every_interval_method_on_the_same_draws():
+    """Every method of `METHODS` is measured on the same draws (the shipped one is read from
+    them), and the bias-corrected interval differs from the expanded one where the plug-in
+    is biased (the largest value)."""
+    from cw_lens.core.bootstrap import METHODS
+
     result = MeanAndMax(population(60))
     rows = cov.study({"toy": result}, [8], 60, 300, replace=False, subset=pop.subset)
     cover = {(r["number"], r["method"]): r["coverage"] for r in rows}
-    assert cover["mean", "shipped"] == cover["mean", "expanded"]
-    assert cover["largest", "shipped"] == cover["largest", "bias_corrected"]
+    assert set(cover) == {(k, m) for k in ("mean", "largest") for m in METHODS}
     assert cover["largest", "bias_corrected"] != cover["largest", "expanded"]
 
 
@@ -283,7 +333,7 @@ def test_the_optimism_study_draws_with_replacement_from_pools_of_the_population(
     result = MeanOf(population(120))
     rows = pop.optimism_study({"toy": result}, 16, 16, 3, 20, 200)
     assert [r["pool"] for r in rows] == [0, 1, 2]
-    assert all(r["method"] == "shipped" and r["pool_size"] == 16 for r in rows)
+    assert all(r["method"] == "expanded" and r["pool_size"] == 16 for r in rows)
     asked = [docs for docs in result.asked if len(docs) == 16]
     assert any(len(set(docs)) < 16 for docs in asked)  # with replacement
     first_pool = asked[:21]  # the pool's truth (its 16 windows), then its 20 draws
@@ -345,7 +395,7 @@ def test_studies_of_one_population_merge_and_others_are_refused():
     def study(analysis, certified, wall):
         meta = {"documents": 1324, "draws": 400, "design": "random", "wall_s": wall}
         row = {"analysis": analysis, "number": f"{analysis}_x", "n": 8, "pool": "all"}
-        return {"meta": meta, "rows": [{**row, "method": "shipped", "certified": certified}]}
+        return {"meta": meta, "rows": [{**row, "method": "expanded", "certified": certified}]}
 
     merged = pop.merge_studies([study("sinks", True, 10.0), study("selection", False, 20.0)])
     assert [r["analysis"] for r in merged["rows"]] == ["sinks", "selection"]

@@ -51,19 +51,26 @@ STUDIED_CORPORA = ("pydoc", "pydoc+stdlib")
 STUDIED_POOL = ("pydoc+stdlib", 256)  # the study's pool: windows of this corpus and length
 
 
+LOWER_TARGET = 0.91  # the coverage's lower 95% bound a certificate needs besides TARGET
+
+
 @cache
+def _rows() -> dict[str, dict[int, dict[str, Any]]]:
+    """`{number: {document count: row of the table}}` of the shipped interval method."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in json.loads(TABLE.read_text())["rows"]:
+        out.setdefault(row["number"], {})[int(row["n"])] = row
+    return out
+
+
 def measured() -> dict[str, dict[int, float]]:
     """`{number: {document count: coverage}}` of the shipped interval method."""
-    rows = json.loads(TABLE.read_text())["rows"]
-    out: dict[str, dict[int, float]] = {}
-    for row in rows:
-        out.setdefault(row["number"], {})[int(row["n"])] = float(row["coverage"])
-    return out
+    return {k: {n: float(r["coverage"]) for n, r in v.items()} for k, v in _rows().items()}
 
 
 def _studied_count(number: str, n_documents: int) -> int | None:
     """The largest studied document count `<= n_documents` for `number` (None if none)."""
-    counts = [k for k in measured().get(number, {}) if k <= n_documents]
+    counts = [k for k in _rows().get(number, {}) if k <= n_documents]
     return max(counts) if counts else None
 
 
@@ -72,25 +79,54 @@ def coverage_at(number: str, n_documents: int) -> float | None:
     `<= n_documents` (more documents only bring the bootstrap closer to its asymptotics),
     or None when none was studied."""
     count = _studied_count(number, n_documents)
-    return None if count is None else measured()[number][count]
+    return None if count is None else float(_rows()[number][count]["coverage"])
+
+
+def _certified(row: dict[str, Any]) -> bool:
+    """A row's certificate: coverage `>= TARGET` and its lower 95% bound `>= LOWER_TARGET`."""
+    return float(row["coverage"]) >= TARGET and float(row["lower"]) >= LOWER_TARGET
+
+
+def certified_at(number: str, n_documents: int) -> bool | None:
+    """Whether a number's interval was certified at the largest studied count up to a run's.
+
+    Args:
+        number: A claim number.
+        n_documents: The run's (the claim's) document count.
+
+    Returns:
+        Whether the row at the largest studied count `<= n_documents` certifies (coverage
+        `>= TARGET`, lower bound `>= LOWER_TARGET`); None when no count was studied.
+
+    Examples:
+        >>> certified_at("median_cos_sink_tail_mixture", 100), certified_at("delta_ppl", 2)
+        (False, None)
+    """
+    count = _studied_count(number, n_documents)
+    return None if count is None else _certified(_rows()[number][count])
 
 
 def certified_from(number: str) -> int | None:
-    """The smallest studied document count at which a number's interval was certified.
+    """The smallest studied document count from which a number's interval was certified.
 
     Args:
         number: A claim number (`retriever_share`, ...).
 
     Returns:
-        The smallest count whose measured coverage is at least `TARGET`, or None when none
-        is (or the number was not studied).
+        The smallest count `n` such that the coverage at `n` and at every larger studied
+        count is at least `TARGET` with a lower 95% bound of at least `LOWER_TARGET`, or None
+        when even the largest is not certified (or the number was not studied).
 
     Examples:
-        >>> certified_from("retriever_share")
-        256
+        >>> certified_from("retriever_share"), certified_from("median_cancelled_share")
+        (8, None)
     """
-    counts = [k for k, cover in measured().get(number, {}).items() if cover >= TARGET]
-    return min(counts) if counts else None
+    out = None
+    for n, row in sorted(_rows().get(number, {}).items(), reverse=True):
+        if not _certified(row):
+            break
+        out = n
+    return out
 
 
 def below_certified(number: str, n_documents: int) -> bool:
@@ -105,10 +141,10 @@ def below_certified(number: str, n_documents: int) -> bool:
         count); False at or above it, and for a number the study did not measure.
 
     Examples:
-        >>> below_certified("retriever_share", 2), below_certified("retriever_share", 256)
+        >>> below_certified("retriever_share", 2), below_certified("retriever_share", 8)
         (True, False)
     """
-    if number not in measured():
+    if number not in _rows():
         return False
     smallest = certified_from(number)
     return smallest is None or n_documents < smallest
@@ -121,17 +157,39 @@ def certified_text(number: str) -> str:
         number: A claim number.
 
     Returns:
-        `"certified (>= 0.93) only from N documents"`, or that it was certified at no
-        studied count.
+        `"certified (coverage >= 0.93, lower bound >= 0.91) only from N documents"`, or that
+        it was certified at no studied count.
 
     Examples:
-        >>> certified_text("retriever_share")
-        'certified (>= 0.93) only from 256 documents'
+        >>> certified_text("median_cos_sink_tail_mixture")
+        'certified (coverage >= 0.93, lower bound >= 0.91) only from 256 documents'
     """
     smallest = certified_from(number)
+    rule = f"coverage >= {TARGET}, lower bound >= {LOWER_TARGET}"
     if smallest is None:
-        return f"not certified (>= {TARGET}) at any studied document count"
-    return f"certified (>= {TARGET}) only from {smallest} documents"
+        return f"not certified ({rule}) at any studied document count"
+    return f"certified ({rule}) only from {smallest} documents"
+
+
+def coverage_text(number: str, n_documents: int) -> str:
+    """What the studied row `coverage_at` reads says, in words.
+
+    Args:
+        number: A claim number the study measured.
+        n_documents: The run's (the claim's) document count (at least the smallest studied).
+
+    Returns:
+        `"covers 0.90 (lower 95% bound 0.87) at N documents"`.
+
+    Examples:
+        >>> coverage_text("median_cos_sink_tail_mixture", 8)
+        'covers 0.91 (lower 95% bound 0.88) at 8 documents'
+    """
+    row = _rows()[number][_studied_count(number, n_documents)]
+    return (
+        f"covers {float(row['coverage']):.2f} (lower 95% bound {float(row['lower']):.2f}) "
+        f"{where_measured(number, n_documents)}"
+    )
 
 
 def where_measured(number: str, n_documents: int) -> str:
@@ -175,10 +233,11 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") not in ("yes", "no"):
             continue
-        if cover is not None and cover < TARGET:
+        if cover is not None and not certified_at(check["number"], n):
             check["undecided_because"] = (
-                f"was {check['holds']}, but its interval covers {cover:.2f} (below {TARGET}) "
-                f"{where_measured(check['number'], n)} (docs/coverage.md)"
+                f"was {check['holds']}, but its interval {coverage_text(check['number'], n)}, "
+                f"short of a certificate (coverage >= {TARGET}, lower bound >= "
+                f"{LOWER_TARGET}) (docs/coverage.md)"
             )
             check["coverage"] = round(cover, 3)
             check["holds"] = "inconclusive"
@@ -211,9 +270,8 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
     below: list[str] = []
     unmeasured: dict[str, list[str]] = {}
     for cid, check, n, cover in _interval_checks(summary, documents):
-        if cover is not None and cover < TARGET:
-            where = where_measured(check["number"], n)
-            short.append(f"`{cid}`: {check['number']} covers {cover:.2f} {where}")
+        if cover is not None and not certified_at(check["number"], n):
+            short.append(f"`{cid}`: {check['number']} {coverage_text(check['number'], n)}")
         elif below_certified(check["number"], n):
             below.append(
                 f"`{cid}` at {n} documents ({check['number']}: {certified_text(check['number'])})"
@@ -230,10 +288,9 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
         )
     if short:
         lines.append(
-            f"- Intervals shown to cover less than {TARGET} at this size (docs/coverage.md), so "
-            "too narrow to decide: their checks are inconclusive whatever the numbers: "
-            + "; ".join(short)
-            + "."
+            f"- Intervals not certified at this size (coverage >= {TARGET} with a lower 95% "
+            f"bound >= {LOWER_TARGET}; docs/coverage.md), so they cannot decide: their checks "
+            "are inconclusive whatever the numbers: " + "; ".join(short) + "."
         )
     if below:
         lines.append(

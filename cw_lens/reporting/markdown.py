@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from cw_lens.core.bootstrap import BIAS_SE_LIMIT
+from cw_lens.core.bootstrap import BIAS_SE_LIMIT, bias_flagged
 
 if TYPE_CHECKING:
     from cw_lens.reporting.state import Job, JobConfig
@@ -191,37 +191,49 @@ def claims_markdown(summary: dict[str, Any]) -> str:
 
 
 BIAS_MARK = "†"  # after an interval that is bias-corrected (`interval_method`)
+FLAG_MARK = "‡"  # after an interval whose number's bootstrap |bias| / SE is over the limit
 
 
 def _corrected_mark(check: dict[str, Any]) -> str:
-    """` †` and the number's bootstrap bias/SE after a bias-corrected interval; empty for any
-    other (and for a summary written before checks recorded their interval method)."""
-    if check.get("interval_method") != "bias_corrected":
-        return ""
+    """` †` after a bias-corrected interval, ` ‡` after another whose bootstrap bias/SE
+    exceeds the limit, each with the bias/SE; empty otherwise (and for a summary written
+    before checks recorded their interval method)."""
     ratio = check.get("bias_to_se")
-    return f" {BIAS_MARK}" + ("" if ratio is None else f" bias/SE {ratio:.2f}")
+    if check.get("interval_method") == "bias_corrected":
+        return f" {BIAS_MARK}" + ("" if ratio is None else f" bias/SE {ratio:.2f}")
+    if check.get("interval_method") is not None and bias_flagged(ratio):
+        return f" {FLAG_MARK} bias/SE {ratio:.2f}"
+    return ""
 
 
 def bias_note(summary: dict[str, Any]) -> list[str]:
-    """The line under the claims table that explains its bias-corrected intervals (none: no
-    line).
+    """The lines under the claims table that explain its bias marks (none: no line).
 
     Args:
         summary: A run's `summary.json` content.
 
     Returns:
-        The note and a blank line, or nothing when no check's interval is bias-corrected.
+        The notes and a blank line, or nothing when no check's interval carries a mark.
     """
     checks = [c for claim in summary["claims"].values() for c in claim.get("checks", [])]
-    if not any(_corrected_mark(c) for c in checks):
+    marks = {_corrected_mark(c).split(" ")[1] for c in checks if _corrected_mark(c)}
+    lines = []
+    if BIAS_MARK in marks:
+        lines.append(
+            f"{BIAS_MARK} bias-corrected interval (the expanded one shifted by twice the "
+            "bootstrap bias, `t* - 2b`): the number's plug-in is known to be biased on few "
+            "documents (a geometric mean over heads)."
+        )
+    if FLAG_MARK in marks:
+        lines.append(
+            f"{FLAG_MARK} the number's bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT:g} in this "
+            "run. Its interval stays the expanded one: on the population of windows, the "
+            "bias-corrected interval covered these numbers less often (docs/coverage.md)."
+        )
+    if not lines:
         return []
-    return [
-        f"{BIAS_MARK} bias-corrected interval (the expanded one shifted by twice the bootstrap "
-        f"bias, `t* - 2b`): the number's bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT:g} in this "
-        "run, or its plug-in is known to be biased on few documents (a geometric mean over "
-        "heads). summary.json records each interval's `bias_to_se` and `interval_method`.",
-        "",
-    ]
+    lines.append("summary.json records each interval's `bias_to_se` and `interval_method`.")
+    return [" ".join(lines), ""]
 
 
 def _check_text(check: dict[str, Any]) -> str:

@@ -33,9 +33,8 @@ adjusted p-value.
 Biased numbers: the numbers whose plug-in the code knows to be biased on few documents
 (`cw_lens.core.bootstrap.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any whose
 bootstrap bias is more than a quarter of its standard error in either run (`|mean(t*) - t| / sd(t*)
-> 0.25`, `cw_lens.core.bootstrap.bias_to_se`: e.g. the Retriever share, a median of |rho| on
-few documents) — the numbers whose interval in that run is the bias-corrected one
-(`cw_lens.core.bootstrap.needs_bias_correction`). Their bias depends on the document count, so
+> 0.25`, `cw_lens.core.bootstrap.bias_to_se`, `cw_lens.core.bootstrap.bias_flagged`: e.g. the
+Retriever share, a median of |rho| on few documents). Their bias depends on the document count, so
 runs of different counts are not compared on them (`"not comparable"`, the reason says why);
 runs of equal counts are compared from bias-corrected replicates (`t* - 2b`, point `t - b`, as
 the `bias_corrected` interval).
@@ -65,9 +64,9 @@ import pandas as pd
 
 from cw_lens.core.bootstrap import (
     BIAS_SE_LIMIT,
+    bias_flagged,
     bias_to_se,
     is_biased_plugin,
-    needs_bias_correction,
 )
 from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.deprecation import keyword_only, renamed_classes
@@ -683,18 +682,13 @@ def _documents(reference: Run, run: Run, claim: str) -> int | None:
 def _bias(
     runs: tuple[Run, Run], claim: str, number: str, values: list[float], reps: list[Any]
 ) -> str | None:
-    """Why `number` counts as biased (None when it does not): in either run, the rule of the
-    claims' intervals (`needs_bias_correction`: the code knows its plug-in to be biased, or
-    its bootstrap bias exceeds `BIAS_SE_LIMIT` standard errors) gives it the bias-corrected
-    interval."""
+    """Why `number` counts as biased (None when it does not): the code knows its plug-in to
+    be biased (`is_biased_plugin`), or in either run its bootstrap bias exceeds
+    `BIAS_SE_LIMIT` standard errors (`bias_flagged`)."""
     if is_biased_plugin(number):
         return "its plug-in is biased on few documents (a geometric mean over heads)"
     ratios = [bias_to_se(v, r) for v, r in zip(values, reps, strict=True)]
-    over = [
-        f"{r.label} {x:.2f}"
-        for r, x in zip(runs, ratios, strict=True)
-        if needs_bias_correction(number, x)
-    ]
+    over = [f"{r.label} {x:.2f}" for r, x in zip(runs, ratios, strict=True) if bias_flagged(x)]
     if over:
         return f"its bootstrap |bias| / SE exceeds {BIAS_SE_LIMIT} ({', '.join(over)})"
     return None
