@@ -25,10 +25,11 @@ standard error. Results go to ``benchmarks/results/coverage.json``.
 ``--run RUN`` takes the pool from a finished main-job run instead of step 1: the per-document
 records its non-causal steps stored (``cw-lens figures --preset paper --out RUN``: 256 windows
 of 256 tokens of pydoc+stdlib, the same corpus as step 1 with more windows). Only from a run:
-the causal analyses (``faithfulness``, ``pruning``), whose pool is the run's first 32 windows
-(``--sizes 8 16 32``); pruning's random orders are part of the population too, so each draw
-also takes as many orders as the run has from its orders, with replacement. Their rankings
-(the taxonomy's, cross-fitted) stay the run's: the study measures the intervals given them.
+the causal analyses (``faithfulness``, ``pruning``), whose pool is the run's causal sample (32
+windows drawn at random in the paper preset; ``--sizes 8 16 32``); pruning's random orders are
+part of the population too, so each draw also takes as many orders as the run has from its
+orders, with replacement. Their rankings (the taxonomy's, cross-fitted) stay the run's: the
+study measures the intervals given them.
 """
 
 from __future__ import annotations
@@ -270,34 +271,9 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def write_package_table(rows: list[dict[str, object]], meta: dict[str, object]) -> None:
-    """The shipped interval method's coverage per (number, n), for the reports
-    (:mod:`cw_lens.reporting.interval_coverage`)."""
-    from cw_lens.core.bootstrap import Bootstrap
-    from cw_lens.core.resampled import is_biased_plugin
-
-    boot = Bootstrap()
-
-    def shipped(number: str) -> str:
-        return boot.biased_method if is_biased_plugin(number) else boot.method
-
-    keep = ("analysis", "number", "n", "coverage", "se", "missing", "draws", "method")
-    table = [{k: r[k] for k in keep} for r in rows if r["method"] == shipped(r["number"])]
-    path = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
-    methods = {"method": boot.method, "biased_method": boot.biased_method}
-    body = {**methods, "source": meta["source"], "resamples": meta["resamples"]}
-    path.write_text(json.dumps({**body, "rows": table}, indent=1) + "\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", type=int, default=128)
-    parser.add_argument(
-        "--write-package-table",
-        action="store_true",
-        help="also write the shipped method's rows of every study so far to "
-        "cw_lens/reporting/interval_coverage.json (what the reports read)",
-    )
     parser.add_argument(
         "--run",
         type=Path,
@@ -344,8 +320,8 @@ def main() -> None:
     meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
     out.write_text(json.dumps({"meta": meta, "rows": kept + rows}, indent=1))
     print(table(kept + rows))
-    if args.write_package_table:
-        write_package_table(kept + rows, meta)
+    # the reports' table is written by `population.py package-table --single-pool`, which
+    # keeps the population study's rows for the numbers it measures
     print(json.dumps(meta))
 
 

@@ -831,12 +831,17 @@ def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
 PACKAGE_TABLE = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
 
 
-def package_table(study: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+def package_table(
+    study: dict[str, Any],
+    current: dict[str, Any],
+    single_pool: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The table the reports read (``cw_lens/reporting/interval_coverage.json``): the
     population study's rows of the shipped method (whole population, ``source``
     ``"population"``) and, for the numbers it does not measure (the causal analyses,
-    ``median_abs_rho_*``), the rows of the single-pool study already in the table
-    (``"single_pool"``), each with its lower 95% bound and certificate."""
+    ``median_abs_rho_*``), single-pool rows (``"single_pool"``): those of ``single_pool``
+    (``coverage.py``'s study, its shipped method) where it has the number, else the ones
+    already in the table; each with its lower 95% bound and certificate."""
     keep = ("analysis", "number", "n", "coverage", "covered", "se", "missing", "draws", "method")
     rows = [
         {**{k: r[k] for k in keep}, "lower": r["lower"], "source": "population"}
@@ -844,9 +849,11 @@ def package_table(study: dict[str, Any], current: dict[str, Any]) -> dict[str, A
         if r["pool"] == "all" and r["method"] == shipped_method(r["number"])
     ]
     done = {r["number"] for r in rows}
-    for r in current["rows"]:
-        if r["number"] in done:
-            continue
+    fresh = [r for r in single_pool or [] if r["method"] == shipped_method(r["number"])]
+    fresh = [r for r in fresh if r["number"] not in done]
+    renewed = {r["number"] for r in fresh}
+    old = [r for r in current["rows"] if r["number"] not in done | renewed]
+    for r in fresh + old:
         covered = int(r.get("covered", round(float(r["coverage"]) * int(r["draws"]))))
         rows.append(
             {
@@ -1103,9 +1110,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "merge", help="one study file from several (e.g. one process per analysis)"
     )
     p_merge.add_argument("parts", type=Path, nargs="+")
-    sub.add_parser(
+    p_table = sub.add_parser(
         "package-table",
         help=f"write {PACKAGE_TABLE.name} from {STUDY_OUT.name} and the single-pool rows",
+    )
+    p_table.add_argument(
+        "--single-pool",
+        type=Path,
+        help="coverage.py's results (benchmarks/results/coverage.json): their rows replace the "
+        "table's single-pool rows of the numbers they measure",
     )
     p_merge.add_argument("--result", type=Path, required=True)
     for p in (p_study, p_compare, p_optimism):
@@ -1145,8 +1158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
         print(study_table(merged["rows"]))
     elif args.command == "package-table":
+        single = json.loads(args.single_pool.read_text())["rows"] if args.single_pool else None
         body = package_table(
-            json.loads(STUDY_OUT.read_text()), json.loads(PACKAGE_TABLE.read_text())
+            json.loads(STUDY_OUT.read_text()), json.loads(PACKAGE_TABLE.read_text()), single
         )
         atomic_write(PACKAGE_TABLE, (json.dumps(body, indent=1) + "\n").encode())
     elif args.command == "status":

@@ -820,72 +820,71 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     between = run(32, number=cosine)
     assert settle_by_coverage(between, {}) == ["retriever_share"]
     reason = between["claims"]["retriever_share"]["checks"][0]["undecided_because"]
-    assert "covers 0.85 (lower 95% bound 0.82) at 32 documents" in reason, reason
+    assert "covers 0.855 (lower 95% bound 0.823) at 32 documents" in reason, reason
 
 
-def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify():
-    """SPEC §6: the certificate needs the coverage's lower 95% bound >= 0.91 too. The
-    faithfulness sufficiency number covers 0.933 at 32 documents in 300 draws (bound 0.905):
-    a 32-document run's decisive check on it is inconclusive."""
-    from cw_lens.reporting.interval_coverage import (
-        STUDIED_MODEL,
-        certified_at,
-        coverage_at,
-        settle_by_coverage,
-    )
+def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify(monkeypatch):
+    """SPEC §6: the certificate needs the coverage's lower 95% bound >= 0.91 too. A number
+    covering 0.933 in 300 draws (bound 0.905) at 32 documents is not certified there: a
+    32-document run's decisive check on it is inconclusive; at 16, where it covers 0.95
+    (bound 0.924), it would be certified were it not for 32 above it."""
+    from scipy.stats import beta
 
-    number = "sufficiency_lowest_other_minus_contribution"
-    assert coverage_at(number, 32) >= 0.93 and certified_at(number, 32) is False
+    from cw_lens.reporting import interval_coverage as ic
+
+    def row(n, covered, draws=300):  # the one-sided Clopper-Pearson bound, as the study's
+        lower = float(beta.ppf(0.05, covered, draws - covered + 1))
+        return {"n": n, "coverage": covered / draws, "lower": lower, "draws": draws}
+
+    number = "a_causal_number"
+    table = {number: {16: row(16, 285), 32: row(32, 280)}}
+    monkeypatch.setattr(ic, "_rows", lambda: table)
+    assert ic.coverage_at(number, 32) >= 0.93 and ic.certified_at(number, 32) is False
+    assert ic.certified_at(number, 16) is True and ic.certified_from(number) is None
     check = {"number": number, "value": 0.2, "interval": [0.1, 0.3], "holds": "yes"}
     check.update(op=">", threshold=0.0)
     summary = {
-        "model": STUDIED_MODEL,
+        "model": ic.STUDIED_MODEL,
         "corpus": "pydoc+stdlib",
         "max_tokens": 256,
         "n_documents": 256,
         "claims": {"faithfulness_order": {"holds": "yes", "paper": "P1", "checks": [check]}},
     }
-    assert settle_by_coverage(summary, {"faithfulness_order": 32}) == ["faithfulness_order"]
-    assert "lower 95% bound 0.91)" in check["undecided_because"] or (
-        "lower 95% bound 0.90" in check["undecided_because"]
+    assert ic.settle_by_coverage(summary, {"faithfulness_order": 32}) == ["faithfulness_order"]
+    assert "covers 0.933 (lower 95% bound 0.905) at 32 documents" in check["undecided_because"]
+
+
+def test_a_run_on_another_model_below_every_studied_count_is_inconclusive():
+    """No study shows an interval covers at fewer than 8 documents on any model: a 2-document
+    run of another model is inconclusive and its report says why; at 8 documents its
+    verdict stands (indicative: the report says its coverage was not measured)."""
+    from cw_lens.reporting.interval_coverage import (
+        coverage_limits,
+        settle_by_coverage,
+        smallest_studied,
     )
 
+    assert smallest_studied() == 8
 
-def test_the_committed_gallery_verdicts_follow_from_its_numbers_under_the_current_rules():
-    """Each check of the committed paper-preset gallery (figures/summary.json), re-judged from
-    its value and interval (`Check.holds`) and settled by coverage at its claim's document
-    count (`settle_by_coverage`, with the counts replicates.npz records), gives the verdict
-    committed: the rules of SPEC §6 (`in` checks judged on both sides of the band, runs below
-    the smallest certified count inconclusive) change none of the gallery's verdicts."""
-    import copy
-    import json
-    from pathlib import Path
+    def run(n: int) -> dict:
+        check = {"number": "retriever_share", "value": 0.07, "interval": [0.06, 0.08]}
+        check.update(op="in", threshold=[0.058, 0.172], holds="yes")
+        return {
+            "model": "gpt2",
+            "corpus": "pydoc",
+            "max_tokens": 128,
+            "n_documents": n,
+            "claims": {"retriever_share": {"holds": "yes", "paper": "P2", "checks": [check]}},
+        }
 
-    from cw_lens.core.claims import Check, combine
-    from cw_lens.core.replicates import unpack
-    from cw_lens.reporting.interval_coverage import settle_by_coverage
-
-    folder = Path(__file__).parents[1] / "figures"
-    committed = json.loads((folder / "summary.json").read_text())
-    block = committed["replicates"]
-    documents = unpack(folder / block["file"], block["sha256"]).documents_per_claim
-    again = copy.deepcopy(committed)
-    for claim in again["claims"].values():
-        for check in claim["checks"]:
-            threshold = check["threshold"]
-            interval = check["interval"]
-            check["holds"] = Check(
-                check["number"],
-                math.nan if check["value"] is None else check["value"],
-                check["op"],
-                tuple(threshold) if check["op"] == "in" else threshold,
-                interval=None if interval is None else tuple(interval),
-            ).holds
-            check.pop("undecided_because", None)
-            check.pop("coverage", None)
-        claim["holds"] = combine(c["holds"] for c in claim["checks"])
-    settle_by_coverage(again, documents)
-    for cid, claim in committed["claims"].items():
-        assert again["claims"][cid]["holds"] == claim["holds"], cid
-        for mine, theirs in zip(again["claims"][cid]["checks"], claim["checks"], strict=True):
-            assert mine["holds"] == theirs["holds"], (cid, mine["number"])
+    two = run(2)
+    assert settle_by_coverage(two, {}) == ["retriever_share"]
+    [check] = two["claims"]["retriever_share"]["checks"]
+    assert check["holds"] == two["claims"]["retriever_share"]["holds"] == "inconclusive"
+    assert "fewer than 8 documents, on any model; this run has 2" in check["undecided_because"]
+    lines = "\n".join(coverage_limits(run(2), {}))
+    assert "indicative" in lines and "`retriever_share` at 2" in lines
+    eight = run(8)
+    assert settle_by_coverage(eight, {}) == []
+    assert eight["claims"]["retriever_share"]["holds"] == "yes"
+    assert "fewer than 8" not in "\n".join(coverage_limits(eight, {}))

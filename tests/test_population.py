@@ -243,6 +243,13 @@ def test_the_package_table_takes_population_rows_and_keeps_the_others_with_bound
     assert not causal["certified"]  # 0.93 of 300 draws: its lower bound is below 0.91
     assert by["x", 8]["certified"]
     assert table["method"] == "expanded" and "population" in table["sources"]
+    # a new single-pool study replaces the old rows of the numbers it measures, only those
+    new = [row("causal", 16, 0.96, draws=400), row("x", 8, 0.5, draws=400)]
+    renewed = pop.package_table(study, {**current, "rows": old}, new)
+    by = {(r["number"], r["n"]): r for r in renewed["rows"]}
+    assert set(by) == {("x", 8), ("geomean_head_ratio_n2", 8), ("causal", 16)}
+    assert by["x", 8]["coverage"] == 0.95  # the population's row stays
+    assert by["causal", 16]["certified"] and by["causal", 16]["source"] == "single_pool"
 
 
 def test_a_draw_of_adjacent_pairs_holds_neighbouring_windows_only():

@@ -179,15 +179,15 @@ def coverage_text(number: str, n_documents: int) -> str:
         n_documents: The run's (the claim's) document count (at least the smallest studied).
 
     Returns:
-        `"covers 0.90 (lower 95% bound 0.87) at N documents"`.
+        `"covers 0.905 (lower 95% bound 0.877) at N documents"`.
 
     Examples:
         >>> coverage_text("median_cos_sink_tail_mixture", 8)
-        'covers 0.91 (lower 95% bound 0.88) at 8 documents'
+        'covers 0.905 (lower 95% bound 0.877) at 8 documents'
     """
     row = _rows()[number][_studied_count(number, n_documents)]
     return (
-        f"covers {float(row['coverage']):.2f} (lower 95% bound {float(row['lower']):.2f}) "
+        f"covers {float(row['coverage']):.3f} (lower 95% bound {float(row['lower']):.3f}) "
         f"{where_measured(number, n_documents)}"
     )
 
@@ -218,20 +218,44 @@ def _interval_checks(
                 yield cid, check, n, coverage_at(check["number"], n)
 
 
+def smallest_studied() -> int:
+    """The fewest documents at which any interval's coverage was studied.
+
+    Below it no study shows that an interval covers, on any model.
+
+    Returns:
+        The smallest document count of the coverage table (8).
+
+    Examples:
+        >>> smallest_studied()
+        8
+    """
+    return min(n for counts in _rows().values() for n in counts)
+
+
 def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
-    """Make every decisive check (`yes` / `no`) whose interval was measured to cover less
-    than `TARGET` at the claim's document count (`documents`) `inconclusive` — an
-    interval that misses the truth that often cannot settle a criterion — recording
-    `coverage` and `undecided_because` in the check, and recombine the claims' verdicts
-    (`cw_lens.core.claims.combine`). Changes `summary["claims"]` in place; returns
-    the changed claims. Runs the study does not speak for are left as they are (their report
-    says that the coverage was not measured)."""
+    """Make every decisive check (`yes` / `no`) whose interval is not certified at the
+    claim's document count (`documents`) `inconclusive` — an interval not shown to cover
+    cannot settle a criterion — recording `undecided_because` (and `coverage`, where
+    measured) in the check, and recombine the claims' verdicts
+    (`cw_lens.core.claims.combine`). Changes `summary["claims"]` in place; returns the
+    changed claims. For a run the study does not speak for (another model or corpus), only
+    the checks run on fewer documents than `smallest_studied` are made inconclusive; its
+    report says that the coverage was not measured for it."""
     from cw_lens.core.claims import combine
 
-    if not studied(summary):
-        return []
+    speaks = studied(summary)
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") not in ("yes", "no"):
+            continue
+        if not speaks:
+            if n < smallest_studied():
+                check["undecided_because"] = (
+                    f"was {check['holds']}, but no interval's coverage was studied at fewer "
+                    f"than {smallest_studied()} documents, on any model; this run has {n} "
+                    "(docs/coverage.md)"
+                )
+                check["holds"] = "inconclusive"
             continue
         if cover is not None and not certified_at(check["number"], n):
             check["undecided_because"] = (
@@ -261,11 +285,25 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
     """REPORT.md lines on the claim numbers whose interval was not shown to cover at the run's
     size (`documents`: each claim's document count); none when all were."""
     if not studied(summary):
+        few = sorted(
+            {
+                f"`{cid}` at {n}"
+                for cid, _, n, _ in _interval_checks(summary, documents)
+                if n < smallest_studied()
+            }
+        )
         return [
             "- Every interval: the coverage study (docs/coverage.md) measured the embedded "
             "model on pydoc+stdlib only; for this model or corpus the intervals' coverage is "
             "not measured, so the verdicts are indicative."
-        ]
+        ] + (
+            [
+                f"- Checks run on fewer than {smallest_studied()} documents, where no study "
+                "shows an interval covers, are inconclusive: " + "; ".join(few) + "."
+            ]
+            if few
+            else []
+        )
     short: list[str] = []
     below: list[str] = []
     unmeasured: dict[str, list[str]] = {}
