@@ -197,25 +197,6 @@ def test_replicates_of_another_run_are_refused_and_a_missing_file_is_said(tmp_pa
     assert row["result"] == NOT_COMPARABLE and "replicates.npz is missing" in row["reason"]
 
 
-def test_the_committed_schema_2_gallery_still_reads(tmp_path):
-    from cw_lens.reporting.markdown import claims_markdown, figure_readings
-    from cw_lens.reporting.provenance import provenance_markdown
-
-    gallery = json.loads((FIGURES / "summary.json").read_text())
-    if gallery.get("schema") != 2:
-        pytest.skip("the gallery has been regenerated")
-    assert "| `retriever_share` |" in claims_markdown(gallery)
-    assert figure_readings(gallery)["retriever_share"]
-    assert provenance_markdown(gallery.get("provenance"))[0].startswith("Provenance: not recorded")
-    value = gallery["claims"]["sink_value_norm_ratio"]["checks"][0]["value"]
-    new = run_of({"median_ratio_sink_heads": np.full(8, value)}, docs("a", 8))
-    new[0]["claims"] = {"sink_value_norm_ratio": new[0]["claims"]["c"]}
-    comparison = compare_runs([FIGURES, write(tmp_path / "new", *new)], labels=["gallery", "new"])
-    table = comparison.differences()
-    assert table["result"].tolist() == [NOT_COMPARABLE]
-    assert "gallery: a summary of schema 1 or 2" in table["reason"].iloc[0]
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.floats(-5, 5), min_size=50, max_size=50),
