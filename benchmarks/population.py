@@ -596,7 +596,6 @@ def _sinks(
 
 # --------------------------------------------------------------------------- the coverage study
 
-CERTIFY_COVERAGE, CERTIFY_LOWER = 0.93, 0.91  # SPEC §6: coverage and its lower 95% bound
 STUDY_OUT = Path(__file__).parent / "records" / "coverage_population.json"
 
 
@@ -613,8 +612,11 @@ def lower_bound(covered: int, draws: int, confidence: float = 0.95) -> float:
 
 def certified(coverage: float, lower: float) -> bool:
     """SPEC §6: an interval certifies a document count when its coverage is at least 0.93
-    and the coverage's lower 95% bound at least 0.91."""
-    return coverage >= CERTIFY_COVERAGE and lower >= CERTIFY_LOWER
+    and the coverage's lower 95% bound at least 0.91 (the library's rule,
+    ``cw_lens.reporting.interval_coverage.certifies``)."""
+    from cw_lens.reporting.interval_coverage import certifies
+
+    return certifies(coverage, lower)
 
 
 def sub_pools(n_rows: int, parts: int = 4) -> list[list[int]]:
@@ -674,20 +676,14 @@ def with_bounds(rows: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
 def certified_from(rows: list[dict[str, Any]]) -> dict[str, int | None]:
     """Per number: the smallest document count ``n`` from which the shipped method certifies
     on the whole population at ``n`` and at every larger studied count (None: not even at the
-    largest). A count that certifies below one that does not (e.g. 8 certified, 32 not)
-    certifies nothing: a run of 8 documents would be trusted more than one of 32."""
+    largest; ``cw_lens.reporting.interval_coverage.smallest_certified``)."""
+    from cw_lens.reporting.interval_coverage import smallest_certified
+
     counts: dict[str, dict[int, bool]] = {}
     for row in rows:
         if row["pool"] == "all" and row["method"] == shipped_method(row["number"]):
             counts.setdefault(row["number"], {})[int(row["n"])] = bool(row["certified"])
-    out: dict[str, int | None] = {}
-    for number, certified_at in counts.items():
-        out[number] = None
-        for n in sorted(certified_at, reverse=True):
-            if not certified_at[n]:
-                break
-            out[number] = n
-    return out
+    return {number: smallest_certified(by_count) for number, by_count in counts.items()}
 
 
 def coverage_study(

@@ -306,7 +306,7 @@ class Bootstrap:
     def judged(
         self, replicates: Float[Tensor, "row ..."], biased: bool = False, number: str | None = None
     ) -> tuple[Float[Tensor, "2 ..."], Float[Tensor, "..."], list[str]]:
-        """Each number's interval by the method `needs_bias_correction` picks for it.
+        """The numbers' intervals by the method `needs_bias_correction` picks for their name.
 
         Args:
             replicates: The numbers' values in every row of `weights` (NaN where undefined).
@@ -319,19 +319,17 @@ class Bootstrap:
             computable) and the method each read (flat, in the numbers' order).
         """
         x = to_tensor(replicates).double()
-        plain = interval(x, self.resamples, self.level, self.method)
+        has_point = len(x) > self.resamples
+        # one name, one method: every number of the call gets the same one; the interval
+        # first, which refuses replicates without their corpus and leave-one-out rows
+        corrected = has_point and needs_bias_correction(number, biased=biased)
+        method = self.biased_method if corrected else self.method
+        bounds = interval(x, self.resamples, self.level, method)
         boot = x[: self.resamples].reshape(self.resamples, -1).cpu()
-        point = x[self.resamples].reshape(-1).tolist() if len(x) > self.resamples else []
+        point = x[self.resamples].reshape(-1).tolist() if has_point else []
         ratios = [bias_to_se(p, boot[:, i]) for i, p in enumerate(point)]
-        use = [needs_bias_correction(number, biased=biased)] * len(ratios)
-        shape = x.shape[1:]
-        ratio = torch.tensor(ratios, dtype=torch.float64, device=x.device).reshape(shape)
-        chosen = torch.tensor(use, dtype=torch.bool, device=x.device).reshape(shape)
-        methods = [self.biased_method if u else self.method for u in use]
-        if self.biased_method == self.method or not any(use):
-            return plain, ratio, methods
-        corrected = interval(x, self.resamples, self.level, self.biased_method)
-        return torch.where(chosen, corrected, plain), ratio, methods
+        ratio = torch.tensor(ratios, dtype=torch.float64, device=x.device).reshape(x.shape[1:])
+        return bounds, ratio, [method] * len(ratios)
 
     def interval(
         self, replicates: Float[Tensor, "row ..."], biased: bool = False, number: str | None = None

@@ -82,9 +82,52 @@ def coverage_at(number: str, n_documents: int) -> float | None:
     return None if count is None else float(_rows()[number][count]["coverage"])
 
 
+def certifies(coverage: float, lower: float) -> bool:
+    """SPEC §6's certificate of one document count: the coverage and its lower bound.
+
+    Args:
+        coverage: The interval's measured coverage at that count.
+        lower: The coverage's one-sided lower 95% bound.
+
+    Returns:
+        True when the coverage is at least `TARGET` and the bound at least `LOWER_TARGET`.
+
+    Examples:
+        >>> certifies(0.94, 0.915), certifies(0.932, 0.908)
+        (True, False)
+    """
+    return coverage >= TARGET and lower >= LOWER_TARGET
+
+
+def smallest_certified(certified_by_count: dict[int, bool]) -> int | None:
+    """The smallest document count from which every larger studied count certifies too.
+
+    A count that certifies below one that does not certifies nothing: a run of 8 documents
+    would otherwise be trusted more than one of 32.
+
+    Args:
+        certified_by_count: Whether each studied document count certifies.
+
+    Returns:
+        That count, or None when even the largest does not certify (or none was studied).
+
+    Examples:
+        >>> smallest_certified({8: True, 32: False, 256: True})
+        256
+        >>> smallest_certified({8: True, 32: True}), smallest_certified({8: True, 32: False})
+        (8, None)
+    """
+    out = None
+    for n in sorted(certified_by_count, reverse=True):
+        if not certified_by_count[n]:
+            break
+        out = n
+    return out
+
+
 def _certified(row: dict[str, Any]) -> bool:
-    """A row's certificate: coverage `>= TARGET` and its lower 95% bound `>= LOWER_TARGET`."""
-    return float(row["coverage"]) >= TARGET and float(row["lower"]) >= LOWER_TARGET
+    """A row of the table's certificate (`certifies`)."""
+    return certifies(float(row["coverage"]), float(row["lower"]))
 
 
 def certified_at(number: str, n_documents: int) -> bool | None:
@@ -121,12 +164,8 @@ def certified_from(number: str) -> int | None:
         >>> certified_from("retriever_share"), certified_from("median_cancelled_share")
         (8, None)
     """
-    out = None
-    for n, row in sorted(_rows().get(number, {}).items(), reverse=True):
-        if not _certified(row):
-            break
-        out = n
-    return out
+    rows = _rows().get(number, {})
+    return smallest_certified({n: _certified(row) for n, row in rows.items()})
 
 
 def below_certified(number: str, n_documents: int) -> bool:
@@ -244,15 +283,15 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     report says that the coverage was not measured for it."""
     from cw_lens.core.claims import combine
 
-    speaks = studied(summary)
+    speaks, fewest = studied(summary), smallest_studied()
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") not in ("yes", "no"):
             continue
         if not speaks:
-            if n < smallest_studied():
+            if n < fewest:
                 check["undecided_because"] = (
                     f"was {check['holds']}, but no interval's coverage was studied at fewer "
-                    f"than {smallest_studied()} documents, on any model; this run has {n} "
+                    f"than {fewest} documents, on any model; this run has {n} "
                     "(docs/coverage.md)"
                 )
                 check["holds"] = "inconclusive"

@@ -194,16 +194,25 @@ BIAS_MARK = "†"  # after an interval that is bias-corrected (`interval_method`
 FLAG_MARK = "‡"  # after an interval whose number's bootstrap |bias| / SE is over the limit
 
 
-def _corrected_mark(check: dict[str, Any]) -> str:
-    """` †` after a bias-corrected interval, ` ‡` after another whose bootstrap bias/SE
-    exceeds the limit, each with the bias/SE; empty otherwise (and for a summary written
-    before checks recorded their interval method)."""
-    ratio = check.get("bias_to_se")
+def _bias_mark(check: dict[str, Any]) -> str | None:
+    """`BIAS_MARK` for a bias-corrected interval, `FLAG_MARK` for another whose bootstrap
+    bias/SE exceeds the limit, None otherwise (and for a summary written before checks
+    recorded their interval method)."""
     if check.get("interval_method") == "bias_corrected":
-        return f" {BIAS_MARK}" + ("" if ratio is None else f" bias/SE {ratio:.2f}")
-    if check.get("interval_method") is not None and bias_flagged(ratio):
-        return f" {FLAG_MARK} bias/SE {ratio:.2f}"
-    return ""
+        return BIAS_MARK
+    if check.get("interval_method") is not None and bias_flagged(check.get("bias_to_se")):
+        return FLAG_MARK
+    return None
+
+
+def _corrected_mark(check: dict[str, Any]) -> str:
+    """` †` or ` ‡` (`_bias_mark`) with the number's bootstrap bias/SE; empty without a
+    mark."""
+    mark = _bias_mark(check)
+    if mark is None:
+        return ""
+    ratio = check.get("bias_to_se")
+    return f" {mark}" + ("" if ratio is None else f" bias/SE {ratio:.2f}")
 
 
 def bias_note(summary: dict[str, Any]) -> list[str]:
@@ -216,7 +225,7 @@ def bias_note(summary: dict[str, Any]) -> list[str]:
         The notes and a blank line, or nothing when no check's interval carries a mark.
     """
     checks = [c for claim in summary["claims"].values() for c in claim.get("checks", [])]
-    marks = {_corrected_mark(c).split(" ")[1] for c in checks if _corrected_mark(c)}
+    marks = {_bias_mark(c) for c in checks}
     lines = []
     if BIAS_MARK in marks:
         lines.append(
