@@ -14,6 +14,9 @@ PIP     = $(PY) -m pip --disable-pip-version-check -q
 STAMP   = $(VENV)/.cw_lens-installed
 FIGURE_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers (`auto`: one per core; each test process gets the cores shared out)
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist worksteal
 MUTANT_ARGS ?=
 BENCH_ARGS ?=
 WHEEL_VENV ?= .venv-wheel
@@ -52,7 +55,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 test: lint docs browser-deps
-	HF_HUB_OFFLINE=1 $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest $(PYTEST_PARALLEL) --durations=15 $(PYTEST_ARGS)
 
 # the package as a user installs it (.ci/run; about 2 minutes): sdist and wheel (built from the
 # sdist) into dist/, their metadata and contents checked; then a fresh $(WHEEL_VENV) gets torch,
@@ -141,7 +144,8 @@ test-compat: $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS))
 	@for v in $(COMPAT_VENVS); do \
 	  echo "[test-compat] $$v: $$($$v/bin/python -c 'import importlib.metadata as m; \
 	    print("transformer-lens", m.version("transformer-lens"), "transformers", m.version("transformers"))')"; \
-	  HF_HUB_OFFLINE=1 $$v/bin/python -m pytest -p no:cacheprovider $(COMPAT_PYTEST) $(PYTEST_ARGS) \
+	  HF_HUB_OFFLINE=1 $$v/bin/python -m pytest -p no:cacheprovider $(PYTEST_PARALLEL) \
+	    $(COMPAT_PYTEST) $(PYTEST_ARGS) \
 	    || exit 1; \
 	done
 

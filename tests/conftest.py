@@ -18,7 +18,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# two threads per test process, or the cores shared out among pytest-xdist's workers
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(_THREADS)
+if _WORKERS > 1:  # the processes tests start (notebook kernels, the CLI) get the same share:
+    # more OpenMP threads than cores makes every thread wait at each barrier
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 
 
 @functools.cache

@@ -145,6 +145,38 @@ def test_corrupt_cache_is_detected_and_rebuilt(smollm, tmp_path, monkeypatch):
     assert model.cfg.n_layers == 30
 
 
+def test_concurrent_first_loads_build_the_cache_once(tmp_path, monkeypatch):
+    """Two processes (here threads) loading a GGUF file for the first time build its cache once:
+    the second waits for the first and then finds its cache valid, instead of replacing the
+    folder the first is reading."""
+    import threading
+    import time
+
+    built = []
+    state = {"valid": False}
+
+    def slow_build(gguf, folder, digest):
+        built.append(threading.get_ident())
+        time.sleep(0.3)
+        state["valid"] = True
+
+    monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path))
+    monkeypatch.setattr(gguf_cache, "gguf_digest", lambda gguf: "0" * 64)
+    monkeypatch.setattr(gguf_cache, "cache_is_valid", lambda folder, digest: state["valid"])
+    monkeypatch.setattr(gguf_cache, "build_gguf_cache", slow_build)
+    loads = [
+        threading.Thread(
+            target=gguf_cache.gguf_cache_dir, args=(tmp_path / "m.gguf",), kwargs={"build": True}
+        )
+        for _ in range(2)
+    ]
+    for load in loads:
+        load.start()
+    for load in loads:
+        load.join()
+    assert len(built) == 1
+
+
 def test_corrupt_gguf_file_raises_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CW_LENS_CACHE", str(tmp_path / "cache"))
     bad = tmp_path / "broken.gguf"

@@ -73,7 +73,14 @@ def gguf_cache_dir(gguf: Path, *, build: bool = False) -> Path:
     digest = gguf_digest(gguf)
     folder = _cache_folder(gguf, digest)
     if build and not cache_is_valid(folder, digest):
-        build_gguf_cache(gguf, folder, digest)
+        from filelock import FileLock
+
+        # two processes loading the model for the first time (two notebooks, test workers)
+        # build it once: the second waits, then finds the first's cache valid
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{folder}.lock"):
+            if not cache_is_valid(folder, digest):
+                build_gguf_cache(gguf, folder, digest)
     return folder
 
 

@@ -83,23 +83,50 @@ def _onloaded(module: torch.nn.Module, hook: Any, wrapped: bool) -> Iterator[Non
         hook.post_forward(module, None)
 
 
+def _submodules(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """`module` and every module below it, each once: what `module.modules()` yields, in one
+    linear walk (`modules()` re-yields each module through every generator above it, which
+    costs tens of milliseconds on a bridge, whose hook points are modules too)."""
+    found, seen, pending = [], set(), [module]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append(current)
+        children = [child for child in current._modules.values() if child is not None]
+        pending.extend(reversed(children))  # pre-order, as `modules()`
+    return found
+
+
 def _covering_hooks(
     module: torch.nn.Module, root: torch.nn.Module | None
 ) -> list[tuple[torch.nn.Module, Any, bool]]:
     """`(module, hook, wrapped)` for every offload hook that swaps tensors of `module`: on it
     or below it, and (given `root`) on an ancestor whose hook places its submodules."""
-    inside = list(module.modules())
+    # one walk finds every offload hook; a resident model has none, and needs no other walk
+    walked = _submodules(module if root is None else root)
+    if root is not None and all(m is not module for m in walked):  # a module from elsewhere
+        walked = _submodules(module) + walked
+    hooked_anywhere = [(m, hook, wrapped) for m in walked for hook, wrapped in _offload_hooks(m)]
+    if not hooked_anywhere:
+        return []
+    inside = _submodules(module)
     members = {id(m) for m in inside}
-    hooked = [(m, hook, wrapped) for m in inside for hook, wrapped in _offload_hooks(m)]
-    if root is not None:
-        for candidate in root.modules():
-            if id(candidate) in members:
-                continue
-            for hook, wrapped in _offload_hooks(candidate):
-                if getattr(hook, "place_submodules", False) and any(
-                    id(m) in members for m in candidate.modules()
-                ):
-                    hooked.append((candidate, hook, wrapped))
+    hooked_ids = {id(m) for m, _, _ in hooked_anywhere}
+    hooked = [
+        (m, hook, wrapped)
+        for m in inside
+        if id(m) in hooked_ids
+        for hook, wrapped in _offload_hooks(m)
+    ]
+    if root is None:
+        return hooked
+    for candidate, hook, wrapped in hooked_anywhere:
+        if id(candidate) in members or not getattr(hook, "place_submodules", False):
+            continue
+        if any(id(m) in members for m in _submodules(candidate)):
+            hooked.append((candidate, hook, wrapped))
     return hooked
 
 
