@@ -91,17 +91,21 @@ def _numbers(claims, prefix=""):
     return out
 
 
-def _assert_same_claims(ours, theirs, rtol=1e-4, atol=0.0):
+def _assert_same_claims(ours, theirs, rtol=1e-4, atol=0.0, loose=(), loose_atol=1e-3):
+    """Every number equal to `atol + rtol * scale`; those whose path starts with one of
+    `loose` to `loose_atol` (rank statistics, which move where float rounding reorders
+    near-tied samples)."""
     a, b = _numbers(ours), _numbers(theirs)
     assert a.keys() == b.keys()
     for path, x in a.items():
         y = b[path]
+        tol = loose_atol if path.startswith(tuple(loose)) else atol
         if isinstance(x, float) and math.isnan(x):
             assert isinstance(y, float) and math.isnan(y), path
         elif isinstance(x, (bool, int, str)) or x is None:
             assert x == y, path
         else:
-            assert abs(x - y) <= atol + rtol * max(abs(x), abs(y), 1e-3), (path, x, y)
+            assert abs(x - y) <= tol + rtol * max(abs(x), abs(y), 1e-3), (path, x, y)
 
 
 @needs_both
@@ -118,7 +122,11 @@ def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, p
         cw_lens.sink_statistics(smollm_hooked, prose),
         cw_lens.sink_statistics(smollm, prose),
     )
-    _assert_same_claims(ours.claims(), theirs.claims())
+    # the drivers are Spearman rho over each head's samples: float rounding reorders
+    # near-tied samples, so they move with the thread count. Measured on these 2 x 48 tokens
+    # (TL 3.9, transformers 5.25): median_abs_rho_cosine_minus_attention 0.02674 vs 0.02641
+    # with one torch thread (a pytest-xdist worker), equal to 1e-4 with two
+    _assert_same_claims(ours.claims(), theirs.claims(), loose=("sink_contribution_drivers.",))
     # P_N and R_N count keys on either side of a distance threshold, so a hook difference of
     # ~5e-6 (relative) flips a count wherever two keys are that close: attention tied at the
     # top-N boundary (L10H1 q44: a 3e-7 gap at alpha 0.15) or, for random selections, two
