@@ -85,8 +85,8 @@ def _onloaded(module: torch.nn.Module, hook: Any, wrapped: bool) -> Iterator[Non
 
 def _submodules(module: torch.nn.Module) -> list[torch.nn.Module]:
     """`module` and every module below it, each once: what `module.modules()` yields, in one
-    linear walk (`modules()` re-yields each module through every generator above it, which
-    costs tens of milliseconds on a bridge, whose hook points are modules too)."""
+    linear walk (`modules()` re-yields each module through every generator above it: 5.4 ms
+    against 4.5 ms on the embedded bridge's 2,002 modules)."""
     found, seen, pending = [], set(), [module]
     while pending:
         current = pending.pop()
