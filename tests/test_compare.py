@@ -347,7 +347,8 @@ def test_compare_reads_two_runs_of_the_main_job(tmp_path):
     licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
     text = tmp_path / "licence.txt"
     text.write_text(licence.read_text() if licence.is_file() else "Permission is granted. " * 400)
-    tiny = dict(model="testing:tiny-llama", n_docs=3, max_tokens=24, task=None, batch_size=3)
+    # 8 documents: the fewest at which any interval's coverage was studied (fewer: not compared)
+    tiny = dict(model="testing:tiny-llama", n_docs=8, max_tokens=24, task=None, batch_size=8)
     run_figures(JobConfig(**tiny), tmp_path / "pydoc", progress=False)
     run_figures(JobConfig(**tiny, corpus=str(text)), tmp_path / "licence", progress=False)
     result = CliRunner().invoke(
@@ -478,7 +479,9 @@ def test_results_are_decided_by_the_holm_adjusted_p_values():
     assert out["reason"].iloc[3] == "not measured in b"
 
 
-def _run_with(folder: Path, numbers: dict, documents: list[str]) -> Path:
+def _run_with(
+    folder: Path, numbers: dict, documents: list[str], model: str = "m", corpus: str | None = None
+) -> Path:
     """A schema-3 run of one claim `c` whose checks have the given `(value, replicates)`."""
     import hashlib
 
@@ -496,7 +499,8 @@ def _run_with(folder: Path, numbers: dict, documents: list[str]) -> Path:
     npz = pack(claims.replicates, documents, {"c": len(documents)}, boot)
     summary = {
         "schema": 3,
-        "model": "m",
+        "model": model,
+        "corpus": corpus,
         "claims": dict(claims),
         "replicates": {"file": FILE, "sha256": hashlib.sha256(npz).hexdigest()},
     }
@@ -561,3 +565,49 @@ def test_biased_numbers_are_bias_corrected_or_not_compared_across_document_count
     assert table.loc["x", "result"] != NOT_COMPARABLE
     assert table.loc["x", "difference"] == pytest.approx(1.2 - 1.0)
     assert "† bias-corrected" in compare_runs([a, b8]).to_markdown()
+
+
+def test_numbers_not_certified_at_a_runs_document_count_are_not_compared(tmp_path):
+    """As the verdicts do, compare refuses a number whose interval the coverage study did not
+    certify at either run's document count: on the studied model and corpus, the sink-tail
+    cosine (certified only from 256 documents) between runs of 32, but not between runs of
+    256; on another model only runs below the smallest studied count (8 documents)."""
+    import numpy as np
+
+    from cw_lens.core.replicates import NOT_COMPARABLE
+    from cw_lens.reporting.interval_coverage import STUDIED_MODEL, certified_from
+
+    cosine, share = "median_cos_sink_tail_mixture", "retriever_share"
+    assert certified_from(cosine) == 256 and certified_from(share) == 8
+    rng = np.random.default_rng(1)
+    numbers = {
+        cosine: (-0.1, rng.normal(-0.1, 0.01, 2000).astype(np.float32)),
+        share: (0.07, rng.normal(0.07, 0.01, 2000).astype(np.float32)),
+    }
+
+    def run(name: str, n: int, model: str = STUDIED_MODEL) -> Path:
+        docs = [f"{name}{i:015d}" for i in range(n)]
+        return _run_with(tmp_path / name, numbers, docs, model, "pydoc+stdlib")
+
+    table = compare_runs([run("a", 32), run("b", 32)]).differences().set_index("number")
+    assert table.loc[cosine, "result"] == NOT_COMPARABLE
+    reason = table.loc[cosine, "reason"]
+    assert "not certified at the run's document count" in reason
+    assert "a: its interval covers 0.855 (lower 95% bound" in reason and "; b: " in reason
+    assert table.loc[share, "result"] != NOT_COMPARABLE
+    table = compare_runs([run("c", 256), run("d", 256)]).differences().set_index("number")
+    assert (table["result"] != NOT_COMPARABLE).all(), table["reason"]
+    # one uncertified run is enough: 32 against 256
+    table = compare_runs([run("e", 256), run("f", 32)]).differences().set_index("number")
+    assert (
+        table.loc[cosine, "result"] == NOT_COMPARABLE and "e: " not in table.loc[cosine, "reason"]
+    )
+    # another model: the study says nothing about it, except that below 8 documents no
+    # interval was shown to cover
+    table = compare_runs([run("g", 4, "m"), run("h", 4, "m")]).differences()
+    assert (table["result"] == NOT_COMPARABLE).all()
+    assert (
+        table["reason"].str.contains("fewer than 8 documents, on any model; this run has 4").all()
+    )
+    table = compare_runs([run("i", 8, "m"), run("j", 8, "m")]).differences()
+    assert (table["result"] != NOT_COMPARABLE).all(), table["reason"]

@@ -5,13 +5,17 @@ store it before a slow rank 1 even looks) and "merged" (an all-gather). Rank 1 a
 each rank decided on its own whether to load a step, rank 1 would find "quick" on disk, skip
 its barrier and meet rank 0 in a different collective: a deadlock that, with PyTorch's
 30-minute default timeout, ended a CI run. Here the process group times out after 20 s instead.
+
+`run_figures` destroys the process group it created when the job ends, and outside a group
+`is_main_process` reads torchrun's `RANK`: the ranks still tell themselves apart afterwards.
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
-import socket
+import sys
 import time
 from pathlib import Path
 
@@ -38,11 +42,19 @@ def _merged(job: Job) -> int:
     return merge_across_ranks(_Count(dist.get_rank() + 1)).n
 
 
-def _run_two_steps(rank: int, port: int, out: str, delay: float, errors: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _run_two_steps(rank: int, store: str, out: str, delay: float, errors: str) -> None:
+    # a native abort (CI once saw rank 1 end with SIGABRT, "terminate called without an active
+    # exception") prints every thread's Python stack into the captured stderr
+    faulthandler.enable(all_threads=True)
     try:
+        # a file store: no TCP port to race other tests for, and no store server that lives
+        # in rank 0 and goes away with it
         dist.init_process_group(
-            "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=20)
+            "gloo",
+            init_method=f"file://{store}",
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=20),
         )
         job = Job(JobConfig(model="testing:tiny-llama"), Path(out), progress=False)
         if rank == 1:
@@ -57,12 +69,11 @@ def _run_two_steps(rank: int, port: int, out: str, delay: float, errors: str) ->
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # done and reported: leave without the interpreter's teardown, where gloo's threads are
+    # PyTorch's business and not what this test checks
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def test_a_late_rank_computes_the_step_rank_0_has_just_stored(tmp_path):
@@ -71,7 +82,7 @@ def test_a_late_rank_computes_the_step_rank_0_has_just_stored(tmp_path):
     for attempt in ("fresh", "resumed"):  # the second run loads both steps on both ranks
         mp.spawn(
             _run_two_steps,
-            args=(_free_port(), str(tmp_path / "out"), 2.0, str(errors)),
+            args=(str(tmp_path / f"store-{attempt}"), str(tmp_path / "out"), 2.0, str(errors)),
             nprocs=2,
             join=True,
         )

@@ -16,7 +16,9 @@ Example (2 CPU processes):
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +40,32 @@ def init_from_env(device: str | None = None) -> tuple[int, int] | None:
     return current_shard()
 
 
+@contextlib.contextmanager
+def process_group_from_env(device: str | None = None) -> Iterator[tuple[int, int] | None]:
+    """`init_from_env` for the length of a `with` block.
+
+    A process group this call creates is destroyed when the block ends, so that no gloo or
+    nccl thread is still running while the interpreter shuts down (PyTorch warns about a group
+    left alive, and gloo's threads can abort the process at exit). A group that was already
+    initialised, e.g. by the caller, is left as it was.
+
+    Args:
+        device: The job's device (`"cuda..."` picks nccl when CUDA is available).
+
+    Yields:
+        `(rank, world_size)` inside a process group of 2+ ranks, else None.
+    """
+    import torch.distributed as dist
+
+    existed = not dist.is_available() or dist.is_initialized()
+    shard = init_from_env(device)
+    try:
+        yield shard
+    finally:
+        if not existed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def current_shard() -> tuple[int, int] | None:
     """`(rank, world_size)` inside an initialised process group of 2+ ranks, else None."""
     import torch.distributed as dist
@@ -48,8 +76,17 @@ def current_shard() -> tuple[int, int] | None:
 
 
 def is_main_process() -> bool:
+    """Whether this process is rank 0: of the process group, or outside one, the rank torchrun
+    started it as (`RANK`), so a job's ranks still tell themselves apart once its group is
+    destroyed.
+
+    Returns:
+        True for rank 0 and for a process that no torchrun started.
+    """
     shard = current_shard()
-    return shard is None or shard[0] == 0
+    if shard is None:
+        return int(os.environ.get("RANK", "0")) == 0
+    return shard[0] == 0
 
 
 def merge_across_ranks(obj: Any) -> Any:

@@ -189,6 +189,50 @@ def below_certified(number: str, n_documents: int) -> bool:
     return smallest is None or n_documents < smallest
 
 
+def not_certified_because(number: str, n_documents: int, *, studied_run: bool = True) -> str | None:
+    """Why a number's interval is not certified at a run's document count, in words.
+
+    For a run the study speaks for (`studied`), the two ways SPEC §6 leaves an interval
+    uncertified: the studied row at the largest count up to the run's falls short
+    (`certified_at` is False), or the run is smaller than the smallest count from which the
+    number was certified (`below_certified`). For any other run, only a run smaller than
+    every studied count (`smallest_studied`): no study shows an interval covers there.
+
+    Args:
+        number: A claim number.
+        n_documents: The run's (the claim's) document count.
+        studied_run: Whether the coverage study speaks for the run (`studied`).
+
+    Returns:
+        The reason, or None when the interval is certified at that count, the study did not
+        measure the number, or (for another model or corpus) the run is large enough.
+
+    Examples:
+        >>> not_certified_because("median_cos_sink_tail_mixture", 32)[:40]
+        'its interval covers 0.855 (lower 95% bou'
+        >>> not_certified_because("retriever_share", 8) is None
+        True
+    """
+    if not studied_run:
+        fewest = smallest_studied()
+        if n_documents >= fewest:
+            return None
+        return (
+            f"no interval's coverage was studied at fewer than {fewest} documents, on any "
+            f"model; this run has {n_documents}"
+        )
+    if number not in _rows():
+        return None
+    if certified_at(number, n_documents) is False:
+        return (
+            f"its interval {coverage_text(number, n_documents)}, short of a certificate "
+            f"(coverage >= {TARGET}, lower bound >= {LOWER_TARGET})"
+        )
+    if below_certified(number, n_documents):
+        return f"its interval's coverage was {certified_text(number)}; this run has {n_documents}"
+    return None
+
+
 def certified_text(number: str) -> str:
     """From how many documents a number's interval was certified, in words.
 
@@ -283,33 +327,17 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     report says that the coverage was not measured for it."""
     from cw_lens.core.claims import combine
 
-    speaks, fewest = studied(summary), smallest_studied()
+    speaks = studied(summary)
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") not in ("yes", "no"):
             continue
-        if not speaks:
-            if n < fewest:
-                check["undecided_because"] = (
-                    f"was {check['holds']}, but no interval's coverage was studied at fewer "
-                    f"than {fewest} documents, on any model; this run has {n} "
-                    "(docs/coverage.md)"
-                )
-                check["holds"] = "inconclusive"
+        why = not_certified_because(check["number"], n, studied_run=speaks)
+        if why is None:
             continue
-        if cover is not None and not certified_at(check["number"], n):
-            check["undecided_because"] = (
-                f"was {check['holds']}, but its interval {coverage_text(check['number'], n)}, "
-                f"short of a certificate (coverage >= {TARGET}, lower bound >= "
-                f"{LOWER_TARGET}) (docs/coverage.md)"
-            )
+        check["undecided_because"] = f"was {check['holds']}, but {why} (docs/coverage.md)"
+        if speaks and certified_at(check["number"], n) is False:  # the studied row's figure
             check["coverage"] = round(cover, 3)
-            check["holds"] = "inconclusive"
-        elif below_certified(check["number"], n):
-            check["undecided_because"] = (
-                f"was {check['holds']}, but its interval's coverage was "
-                f"{certified_text(check['number'])}; this run has {n} (docs/coverage.md)"
-            )
-            check["holds"] = "inconclusive"
+        check["holds"] = "inconclusive"
     changed = []
     for cid, claim in summary["claims"].items():
         checks = claim.get("checks", [])

@@ -29,7 +29,7 @@ from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.core.claims import ClaimsDict
 from cw_lens.core.errors import InputError
 from cw_lens.core.replicates import FILE as REPLICATES_FILE
-from cw_lens.data.distributed import barrier, init_from_env, is_main_process
+from cw_lens.data.distributed import barrier, is_main_process, process_group_from_env
 from cw_lens.reporting.markdown import build_report
 from cw_lens.reporting.state import (
     CAUSAL_PARTS,
@@ -342,33 +342,33 @@ def run_figures(
     chosen = select_steps(steps, skip)
 
     out = Path(out)
-    init_from_env(config.device)
-    if is_main_process():
-        removed = clean_partial_files(out)
-        if removed and progress:
-            print(f"removed {removed} partial file(s) of an interrupted run", file=sys.stderr)
-    barrier()
-    torch.manual_seed(config.seed)
-    dtype = getattr(torch, config.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
-    job = Job(config, out, force=force, progress=progress, steps=chosen)
-    job.model = load_model(config.model, api=config.api, device=config.device, dtype=dtype)
-    job.corpus = load_corpus(
-        config.corpus,
-        n_docs=config.n_docs,
-        max_tokens=config.max_tokens,
-        tokenizer=job.model,
-        seed=config.seed,
-    )
-    for name, fn in STEPS:
-        if name in chosen:
-            job.step(name, fn)
-    summary, replicates = build_summary(job)
-    if is_main_process():
-        figures = make_figures(job, summary)
-        atomic_write_bytes(out / REPLICATES_FILE, replicates)
-        atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-        atomic_write_text(out / "REPORT.md", build_report(job, summary, figures))
-    barrier()
-    return summary
+    with process_group_from_env(config.device):
+        if is_main_process():
+            removed = clean_partial_files(out)
+            if removed and progress:
+                print(f"removed {removed} partial file(s) of an interrupted run", file=sys.stderr)
+        barrier()
+        torch.manual_seed(config.seed)
+        dtype = getattr(torch, config.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
+        job = Job(config, out, force=force, progress=progress, steps=chosen)
+        job.model = load_model(config.model, api=config.api, device=config.device, dtype=dtype)
+        job.corpus = load_corpus(
+            config.corpus,
+            n_docs=config.n_docs,
+            max_tokens=config.max_tokens,
+            tokenizer=job.model,
+            seed=config.seed,
+        )
+        for name, fn in STEPS:
+            if name in chosen:
+                job.step(name, fn)
+        summary, replicates = build_summary(job)
+        if is_main_process():
+            figures = make_figures(job, summary)
+            atomic_write_bytes(out / REPLICATES_FILE, replicates)
+            atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+            atomic_write_text(out / "REPORT.md", build_report(job, summary, figures))
+        barrier()
+        return summary

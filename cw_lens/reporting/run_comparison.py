@@ -22,7 +22,8 @@ smallest level at which its expanded percentile interval excludes 0), and the p-
 numbers compared — every number of every run against the first — are adjusted together by Holm's
 step-down method: `"differ"` when the adjusted p-value is below 0.05, `"same within
 uncertainty"` otherwise, `"not comparable"` when a number is missing or not measured, a run kept
-no replicates (schemas 1 and 2), or a biased number is compared across different document counts.
+no replicates (schemas 1 and 2), a biased number is compared across different document counts,
+or the number's interval is not certified at a run's document count.
 Holm controls the family-wise error — the chance that *any* number is called different when none
 is — at 0.05 in the strong sense and whatever the dependence between the numbers (they come from
 the same documents, so they are dependent); the question a comparison answers is "did any number
@@ -39,6 +40,12 @@ runs of different counts are not compared on them (`"not comparable"`, the reaso
 runs of equal counts are compared from their replicates, where the bias is the same in both;
 the geometric means from bias-corrected replicates (`t* - 2b`, point `t - b`, as their
 `bias_corrected` interval).
+
+Uncertified intervals: a difference is built from the replicates behind each run's interval,
+so where the coverage study (`cw_lens.reporting.interval_coverage`, docs/coverage.md) did not
+certify that interval at the run's document count, the difference is not trusted either: such a
+number is `"not comparable"` (`not_certified_because`: for the studied model and corpus the
+verdicts' certificate; for any other run, fewer documents than the smallest studied count).
 
 Reads summary schema 3 (four verdicts, a `replicates` record), schema 2 (three verdicts,
 intervals) and schema 1 (no `"schema"` key: `holds` a bool, mapped to `"yes"` / `"no"`,
@@ -84,6 +91,7 @@ from cw_lens.core.replicates import (
     unpack,
 )
 from cw_lens.core.results import Result
+from cw_lens.reporting.interval_coverage import not_certified_because, studied
 
 SCHEMAS = (1, 2, 3)
 # the verdicts each schema writes: 1 true/false, 2 three values, 3 four (docs/methods.md#claims)
@@ -695,6 +703,22 @@ def _bias(
     return None
 
 
+def _uncertified(runs: tuple[Run, Run], claim: str, number: str) -> str | None:
+    """Why `number` is refused because its interval is not certified at a run's document
+    count (`not_certified_because`; for another model or corpus only below the smallest
+    studied count), naming the runs; None when it is certified in both."""
+    reasons = []
+    for r in runs:
+        n = r.replicates.documents_per_claim.get(claim, r.n_documents) if r.replicates else None
+        if n is None:
+            continue
+        speaks = studied({"model": r.model, "corpus": r.corpus})
+        why = not_certified_because(number, int(n), studied_run=speaks)
+        if why is not None:
+            reasons.append(f"{r.label}: {why}")
+    return "; ".join(reasons) or None
+
+
 def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, value: float):
     """The difference test of one number (paired only when exact; biased numbers only between
     runs of equal document counts, the known-biased plug-ins from bias-corrected
@@ -706,6 +730,17 @@ def _test(reference: Run, run: Run, claim: str, number: str, ref_value: float, v
     missing = [r for r, rep in zip((reference, run), reps, strict=True) if rep is None]
     values, corrected = [ref_value, value], False
     if not missing and not any(math.isnan(v) for v in values):
+        uncertified = _uncertified((reference, run), claim, number)
+        if uncertified is not None:
+            return Difference(
+                value - ref_value,
+                math.nan,
+                math.nan,
+                False,
+                NOT_COMPARABLE,
+                f"an interval not certified at the run's document count ({uncertified}): "
+                "a test from its replicates would not hold its error rate",
+            )
         why = _bias((reference, run), claim, number, values, reps)
         if why is not None:
             counts = [r.replicates.documents_per_claim.get(claim) for r in (reference, run)]
