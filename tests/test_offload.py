@@ -30,7 +30,7 @@ import cw_lens.models.weight_processing
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.models.capture import run_layers
-from cw_lens.models.offload import read_weights, resident_weights
+from cw_lens.models.offload import is_offloaded, read_weights, resident_weights
 from cw_lens.models.testing import _wrap, byte_tokenizer, tiny_llama_hf
 
 pytest.importorskip("accelerate")
@@ -132,6 +132,23 @@ def test_read_weights_copies_offloaded_weights_that_outlive_the_context(pair):
         inside = attn.W_O
         kept = keep(inside)
         assert kept.data_ptr() != inside.data_ptr()
+
+
+def test_the_layer_weights_say_which_layers_are_offloaded(pair):
+    """`output_weights` learns whether a layer is offloaded from the walk that reads it (one
+    walk, not two): it agrees with `is_offloaded`, which is True for the layer on disk only,
+    and a copy is kept only for resident layers (`capture`)."""
+    from cw_lens.models.access import model_access
+
+    _, resident, offloaded = pair
+    flags = [
+        model_access(offloaded).output_weights(i).offloaded for i in range(len(offloaded.blocks))
+    ]
+    assert flags == [is_offloaded(b.attn, root=offloaded) for b in offloaded.blocks]
+    assert any(flags) and not all(flags), flags
+    assert not any(
+        model_access(resident).output_weights(i).offloaded for i in range(len(resident.blocks))
+    )
 
 
 def test_nested_reads_leave_the_outer_weights_in():

@@ -47,7 +47,11 @@ from torch import Tensor
 
 from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
 from cw_lens.core.geometry import head_gram
-from cw_lens.models.offload import execution_device, is_offloaded, read_weights
+from cw_lens.models.offload import (
+    execution_device,
+    read_weights,
+    read_weights_and_placement,
+)
 
 HOOK_TEMPLATES = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
@@ -317,8 +321,10 @@ class ModelAccess:
         """`W_O`, `b_O` and the Gram matrices of `layer` (float32, on the device the weights
         are on, or are brought to when offloaded:
         [`resident_weights`][cw_lens.models.offload.resident_weights])."""
+        attn = self.model.blocks[layer].attn
         try:
-            got = self.attention_weights(layer, ("W_O", "b_O"))
+            # one walk over the offload hooks both reads the weights and says if they move
+            got, offloaded = read_weights_and_placement(attn, ("W_O", "b_O"), root=self.model)
             W_O, b_O = got["W_O"], got["b_O"]
             if W_O is None:
                 raise AttributeError("the attention has no W_O")
@@ -336,8 +342,7 @@ class ModelAccess:
                 f"expected [{self.n_heads}, {self.d_head}, {self.d_model}] (head, d_head, "
                 "d_model); cw_lens cannot read this model's output projection per head."
             )
-        attn = self.model.blocks[layer].attn
-        return LayerWeights.from_weights(W_O, b_O, offloaded=is_offloaded(attn, root=self.model))
+        return LayerWeights.from_weights(W_O, b_O, offloaded=offloaded)
 
     def attention_weights(self, layer: int, names: Sequence[str]) -> dict[str, Tensor | None]:
         """The attention weights `names` of `layer` (`"W_V"`, `"W_O"`, `"b_V"`, ..., as

@@ -25,7 +25,7 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -156,7 +156,7 @@ def is_offloaded(module: torch.nn.Module, *, root: torch.nn.Module | None = None
 @contextmanager
 def resident_weights(
     module: torch.nn.Module, *, root: torch.nn.Module | None = None
-) -> Iterator[Callable[[Any], Any]]:
+) -> Iterator[WeightKeeper]:
     """Bring the offloaded weights of `module` in for the duration; yield `keep`.
 
     Every weight cw_lens reads outside a model's own forward computation (`W_O` and `b_O`
@@ -189,11 +189,12 @@ def resident_weights(
         root: The model `module` belongs to, to find hooks on `module`'s ancestors.
 
     Yields:
-        `keep(tensor)`: the tensor detached, as a copy when `module` is offloaded (so the
-        value outlives the context and never aliases the weights map), on the hook's execution
-        device; `None` for `None`. A tensor still on `meta` (offloaded by a mechanism
-        other than `accelerate`'s hooks) raises
-        [`UnsupportedModelError`][cw_lens.UnsupportedModelError].
+        `keep(tensor)` (a `WeightKeeper`): the tensor detached, as a copy when `module` is
+        offloaded (so the value outlives the context and never aliases the weights map), on
+        the hook's execution device; `None` for `None`. A tensor still on `meta` (offloaded
+        by a mechanism other than `accelerate`'s hooks) raises
+        [`UnsupportedModelError`][cw_lens.UnsupportedModelError]. `keep.offloaded` says
+        whether `module` is offloaded.
 
     Examples:
         >>> from cw_lens.models.offload import resident_weights
@@ -206,26 +207,41 @@ def resident_weights(
         (4, 16, 64)
     """
     hooked = _covering_hooks(module, root)
-    offloaded = bool(hooked)
+    with ExitStack() as stack, torch.no_grad():
+        for m, hook, wrapped in hooked:
+            if any(t.device.type == "meta" for t in _covered(m, hook)):
+                stack.enter_context(_onloaded(m, hook, wrapped))
+        yield WeightKeeper(type(module).__name__, bool(hooked))
 
-    def keep(tensor: Any) -> Any:
+
+class WeightKeeper:
+    """The `keep` that [`resident_weights`][cw_lens.models.offload.resident_weights] yields.
+
+    Calling it on a tensor gives the tensor detached, copied when the module is offloaded;
+    `offloaded` says whether it is, found by the same walk over the hooks that brought the
+    weights in (`is_offloaded` would walk again).
+
+    Args:
+        module_name: The module's class name, for the error on a `meta` tensor.
+        offloaded: Whether an `accelerate` hook swaps the module's weights in and out.
+    """
+
+    def __init__(self, module_name: str, offloaded: bool) -> None:
+        self.module_name = module_name
+        self.offloaded = offloaded
+
+    def __call__(self, tensor: Any) -> Any:
         if not isinstance(tensor, Tensor):
             return tensor
         if tensor.device.type == "meta":
             raise UnsupportedModelError(
-                f"A weight of {type(module).__name__} is on the meta device and no accelerate "
+                f"A weight of {self.module_name} is on the meta device and no accelerate "
                 "offload hook brings it in, so cw_lens cannot read it. Load the model with "
                 "real weights, or dispatch it with accelerate (device_map=..., "
                 "offload_folder=...)."
             )
         tensor = tensor.detach()
-        return tensor.clone() if offloaded else tensor
-
-    with ExitStack() as stack, torch.no_grad():
-        for m, hook, wrapped in hooked:
-            if any(t.device.type == "meta" for t in _covered(m, hook)):
-                stack.enter_context(_onloaded(m, hook, wrapped))
-        yield keep
+        return tensor.clone() if self.offloaded else tensor
 
 
 def read_weights(
@@ -252,8 +268,34 @@ def read_weights(
         >>> tuple(got["W_V"].shape), got["b_V"]
         ((2, 64, 16), None)
     """
+    return read_weights_and_placement(module, names, root=root)[0]
+
+
+def read_weights_and_placement(
+    module: torch.nn.Module, names: Sequence[str], *, root: torch.nn.Module | None = None
+) -> tuple[dict[str, Tensor | None], bool]:
+    """[`read_weights`][cw_lens.models.offload.read_weights] and
+    [`is_offloaded`][cw_lens.models.offload.is_offloaded] from one walk over the model's
+    offload hooks.
+
+    Args:
+        module: The module (an attention component, a norm).
+        names: Attribute names (`"W_O"`, `"b_O"`, `"weight"`, ...).
+        root: The model `module` belongs to.
+
+    Returns:
+        `({name: tensor or None}, offloaded)`.
+
+    Examples:
+        >>> from cw_lens.models.offload import read_weights_and_placement
+        >>> from cw_lens.models.testing import tiny_llama
+        >>> model = tiny_llama()
+        >>> got, offloaded = read_weights_and_placement(model.blocks[0].attn, ("W_O",), root=model)
+        >>> tuple(got["W_O"].shape), offloaded
+        ((4, 16, 64), False)
+    """
     with resident_weights(module, root=root) as keep:
-        return {name: keep(getattr(module, name, None)) for name in names}
+        return {name: keep(getattr(module, name, None)) for name in names}, keep.offloaded
 
 
 def execution_device(model: torch.nn.Module) -> torch.device:
