@@ -89,3 +89,19 @@ def test_a_late_rank_computes_the_step_rank_0_has_just_stored(tmp_path):
         assert not list(errors.iterdir()), (attempt, [p.read_text() for p in errors.iterdir()])
     stored = sorted(p.name for p in (tmp_path / "out" / ".state").rglob("*.pkl"))
     assert stored == ["merged.pkl", "quick.pkl"]
+
+
+def test_outside_a_group_only_torchrun_s_rank_makes_a_process_not_the_main_one(monkeypatch):
+    """After the job destroys its group, torchrun's `RANK` (with `WORLD_SIZE` > 1) tells rank 1
+    it is not the main process; a `RANK` without torchrun's `WORLD_SIZE` changes nothing, so a
+    stray variable never stops a single process from writing its files."""
+    from cw_lens.data.distributed import is_main_process
+
+    assert not dist.is_initialized()
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    assert is_main_process()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not is_main_process()
+    monkeypatch.setenv("RANK", "0")
+    assert is_main_process()

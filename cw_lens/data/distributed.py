@@ -45,9 +45,9 @@ def process_group_from_env(device: str | None = None) -> Iterator[tuple[int, int
     """`init_from_env` for the length of a `with` block.
 
     A process group this call creates is destroyed when the block ends, so that no gloo or
-    nccl thread is still running while the interpreter shuts down (PyTorch warns about a group
-    left alive, and gloo's threads can abort the process at exit). A group that was already
-    initialised, e.g. by the caller, is left as it was.
+    nccl thread is still running while the interpreter shuts down (a group left alive is torn
+    down with the interpreter, where gloo's threads can abort the process). A group that was
+    already initialised, e.g. by the caller, is left as it was.
 
     Args:
         device: The job's device (`"cuda..."` picks nccl when CUDA is available).
@@ -77,16 +77,19 @@ def current_shard() -> tuple[int, int] | None:
 
 def is_main_process() -> bool:
     """Whether this process is rank 0: of the process group, or outside one, the rank torchrun
-    started it as (`RANK`), so a job's ranks still tell themselves apart once its group is
-    destroyed.
+    started it as (`RANK`, read only when `WORLD_SIZE` > 1, as torchrun sets them), so a job's
+    ranks still tell themselves apart once its group is destroyed.
 
     Returns:
         True for rank 0 and for a process that no torchrun started.
     """
     shard = current_shard()
-    if shard is None:
-        return int(os.environ.get("RANK", "0")) == 0
-    return shard[0] == 0
+    if shard is not None:
+        return shard[0] == 0
+    # torchrun's environment (both variables, as `init_from_env` reads it), nothing else's
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return True
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def merge_across_ranks(obj: Any) -> Any:
