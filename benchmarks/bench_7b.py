@@ -20,8 +20,25 @@ Each measurement runs in its own subprocess (peak RSS is the process's own high-
    corpus (batches of 8 documents): time (after the model's verification, timed apart) and
    peak RSS, which must not grow from 8 to 32 documents.
 
-Results go to ``benchmarks/records/bench_7b.json`` (committed); ``docs/large-models.md`` shows
-them and their extrapolation to 28 layers.
+4. ``--scenario e2e-28``: the whole model, end to end, measured rather than extrapolated: a
+   28-layer file at Qwen2-7B's shapes (about 4.8 GB; written by a process of its own), then in
+   one fresh process ``load_model``, ``verify_model`` (with its layer de-quantisations: one per
+   layer), the first contribution weights of one 8 x 128 batch (``stream_contributions``, as in
+   ``ratio``) and the corpus analyses of 32 x 128 tokens (``cw_lens.corpus_analyses``, one fused
+   pass, where this cw_lens has it; ``sink_statistics`` otherwise), each with its time, layer
+   de-quantisations and peak RSS. ``--layers N`` runs the scenario at another depth (2 checks
+   the code path in a few minutes), ``--delete-gguf`` deletes its file afterwards. Run alone:
+   ``python benchmarks/bench_7b.py --scenario e2e-28`` (about an hour on 2 cores; the key
+   ``e2e_28_layers`` of the results file).
+
+The files live in ``$CW_LENS_CACHE/bench/`` (``~/.cache/cw_lens/bench/``; ``--cache-dir``
+elsewhere), each with a ``.json`` of the configuration it was written with: a file is reused
+when that configuration is this script's, written again otherwise. Every process the benchmark
+starts is watched from outside and killed above ``--max-rss-gb`` (16 GB) of resident memory;
+the writer keeps one tensor in memory at a time (``write_gguf``).
+
+Results go to ``benchmarks/records/bench_7b.json`` (committed; ``--results`` elsewhere);
+``docs/large-models.md`` shows them and their extrapolation to 28 layers.
 """
 
 from __future__ import annotations
@@ -32,6 +49,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,19 +76,57 @@ def tensor_types(name: str, shape: tuple[int, ...]) -> str:
     return "Q8_0" if name.startswith(("token_embd", "output")) else "Q4_0"
 
 
+# what a file's bytes depend on besides QWEN2_7B and the depth (change it with tensor_types or
+# the values): a cached file written otherwise is written again
+WRITTEN_AS = {
+    "tensor_types": "vectors F32, token embedding and output head Q8_0, other matrices Q4_0",
+    "values": "0.02 N(0, 1), norms 1 + 0.02 N(0, 1); numpy default_rng(0) in write order",
+    "writer": "cw_lens.models.gguf_writer.write_gguf, llama.cpp names, byte BPE vocabulary",
+}
+
+
+def cache_dir() -> Path:
+    """Where the benchmark's GGUF files are cached (`--cache-dir`, else the cw_lens cache)."""
+    from cw_lens.models.gguf_cache import cache_root
+
+    folder = os.environ.get("CW_LENS_BENCH_CACHE")
+    return Path(folder) if folder else cache_root() / "bench"
+
+
+def file_config(n_layers: int) -> dict:
+    return {"dimensions": QWEN2_7B, "num_hidden_layers": n_layers, **WRITTEN_AS}
+
+
 def gguf_path(n_layers: int) -> Path:
-    """The cached benchmark GGUF of `n_layers` decoder layers (written on first use)."""
+    """The cached benchmark GGUF of `n_layers` decoder layers (its `.json` says how it was
+    written; `write_file` writes it)."""
+    return cache_dir() / f"qwen2-7b-width-{n_layers}l-q4_0.gguf"
+
+
+def is_current(n_layers: int) -> bool:
+    """Whether the cached file exists and was written with this script's configuration."""
+    path = gguf_path(n_layers)
+    sidecar = path.with_suffix(".json")
+    if not (path.is_file() and sidecar.is_file()):
+        return False
+    try:
+        return json.loads(sidecar.read_text()) == json.loads(json.dumps(file_config(n_layers)))
+    except ValueError:
+        return False
+
+
+def write_file(n_layers: int) -> dict:
+    """Write the benchmark GGUF of `n_layers` layers (in the process that calls it)."""
     import numpy as np
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    from cw_lens.models.gguf_cache import cache_root
     from cw_lens.models.gguf_writer import tiny_config, write_gguf
 
-    path = cache_root() / "bench" / f"qwen2-7b-width-{n_layers}l-q4_0.gguf"
-    if path.is_file():
-        return path
+    path = gguf_path(n_layers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".json").unlink(missing_ok=True)  # a file without it is never reused
     config = tiny_config("qwen2", num_hidden_layers=n_layers, **QWEN2_7B)
     with init_empty_weights():
         skeleton = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -81,12 +137,26 @@ def gguf_path(n_layers: int) -> Path:
             return 1 + 0.02 * rng.standard_normal(shape, dtype=np.float32)
         return 0.02 * rng.standard_normal(shape, dtype=np.float32)
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tmp = path.with_suffix(".tmp")
     write_gguf(skeleton, tmp, tensor_types=tensor_types, values=values, name="qwen2-7b-width")
     os.replace(tmp, path)
-    print(f"[bench_7b] wrote {path} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return path
+    path.with_suffix(".json").write_text(json.dumps(file_config(n_layers), indent=1) + "\n")
+    seconds = time.perf_counter() - start
+    print(f"[bench_7b] wrote {path} in {seconds:.0f} s", file=sys.stderr)
+    return {
+        "write_s": seconds,
+        "write_cpu_s": time.process_time() - cpu,
+        "file_gb": path.stat().st_size / 1e9,
+    }
+
+
+def ensure_file(n_layers: int) -> dict | None:
+    """Write the file of `n_layers` layers in a process of its own unless it is current;
+    returns what writing it measured (`None`: reused)."""
+    if is_current(n_layers):
+        return None
+    return run_child("write", str(n_layers), "0", "0", "0")
 
 
 def status_mb(key: str) -> float:
@@ -123,7 +193,83 @@ def all_fields(lc) -> None:
         lc.relative_norm(kind)
 
 
+def reset_peak() -> bool:
+    """Reset the process's peak RSS (`VmHWM`) where Linux allows it (`clear_refs`)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def e2e(n_layers: int, docs: int, n_tok: int) -> dict:
+    """The end-to-end scenario in this (fresh) process: load, verify, the first contribution
+    weights of one 8 x 128 batch, the corpus analyses of `docs` x `n_tok` tokens."""
+    import cw_lens
+
+    out: dict = {"layers": n_layers, "docs_x_tokens": [docs, n_tok]}
+    start, cpu = time.perf_counter(), time.process_time()
+    model = load(n_layers)
+    out["load_s"] = time.perf_counter() - start
+    out["load_cpu_s"] = time.process_time() - cpu
+    out["rss_loaded_mb"] = status_mb("VmRSS")
+    out["peak_rss_load_mb"] = status_mb("VmHWM")
+    weights = model._cw_lens_gguf_weights
+    out["layer_f32_mb"] = weights.layer_bytes(0) / 2**20
+    out["resident_weights_mb"] = weights.resident_bytes() / 2**20
+    phases: dict[str, dict] = {}
+
+    def phase(name: str, fn):
+        out["peak_per_phase"] = reset_peak()
+        loads = weights.layer_loads
+        begin, cpu = time.perf_counter(), time.process_time()
+        value = fn()
+        phases[name] = {
+            "s": time.perf_counter() - begin,
+            "cpu_s": time.process_time() - cpu,  # all threads: less sensitive to a busy machine
+            "layer_loads": weights.layer_loads - loads,
+            "peak_rss_mb": status_mb("VmHWM"),
+            "rss_after_mb": status_mb("VmRSS"),
+        }
+        print(f"[bench_7b] e2e {name}: {phases[name]}", file=sys.stderr)
+        return value
+
+    report = phase("verify", lambda: cw_lens.verify_model(model))
+    out["verify_ok"] = report.ok
+    out["verify_layer_loads_per_layer"] = phases["verify"]["layer_loads"] / n_layers
+    batch = tokens(model, 8, 128)
+    phase(
+        "contributions_8x128",
+        lambda: cw_lens.stream_contributions(model, batch, all_fields, batch_size=None),
+    )
+    corpus = cw_lens.load_corpus(n_docs=docs, max_tokens=n_tok - 1, model=model)
+    fused = getattr(cw_lens, "corpus_analyses", None)  # the fused entry point, where it exists
+    key = f"corpus_{docs}x{n_tok}"
+    if fused is not None:
+        results = phase(key, lambda: fused(model, corpus, progress=False))
+        out["corpus_entry_point"] = "corpus_analyses"
+        out["corpus_seconds_by_analysis"] = dict(getattr(results, "seconds", {}) or {})
+    else:
+        phase(key, lambda: cw_lens.sink_statistics(model, corpus, progress=False))
+        out["corpus_entry_point"] = "sink_statistics"
+    out["phases"] = phases
+    out["first_contributions_s"] = (
+        out["load_s"] + phases["verify"]["s"] + phases["contributions_8x128"]["s"]
+    )
+    out["peak_rss_mb"] = max(
+        [out["peak_rss_load_mb"]] + [p["peak_rss_mb"] for p in phases.values()]
+    )
+    return out
+
+
 def child(job: str, n_layers: int, docs: int, n_tok: int, repeats: int) -> dict:
+    if job == "write":
+        out = write_file(n_layers)
+        out["peak_rss_mb"] = status_mb("VmHWM")
+        return out
+    if job == "e2e":
+        return e2e(n_layers, docs, n_tok)
     import torch
 
     import cw_lens
@@ -209,12 +355,68 @@ def child(job: str, n_layers: int, docs: int, n_tok: int, repeats: int) -> dict:
     return out
 
 
+MAX_RSS_MB = 16 * 1024  # `--max-rss-gb`: every child is killed above it
+
+
 def run_child(*args: str) -> dict:
+    """Run `--child args` in a new process, watched from here: killed when its resident memory
+    exceeds `MAX_RSS_MB` (the largest seen is reported as `watched_max_rss_mb`)."""
     cmd = [sys.executable, __file__, "--child", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        seen = 0.0
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    rss = next((int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:")), 0)
+            except OSError:  # it has just ended
+                rss = 0.0
+            seen = max(seen, rss)
+            if rss > MAX_RSS_MB:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(
+                    f"{' '.join(args)}: killed at {rss / 1024:.1f} GB of resident memory "
+                    f"(limit {MAX_RSS_MB / 1024:.0f} GB, --max-rss-gb)"
+                )
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    sys.stderr.write("".join(line for line in stderr.splitlines(True) if "[bench_7b]" in line))
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{stderr[-3000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["watched_max_rss_mb"] = seen
+    return result
+
+
+def run_e2e(args: argparse.Namespace, report: dict) -> None:
+    """The end-to-end scenario: the file (written by a process of its own unless current),
+    then the measurement in a fresh process, under `e2e_{layers}_layers`."""
+    n = args.layers
+    written = ensure_file(n)
+    try:
+        result = run_child("e2e", str(n), "32", "128", "1")
+    finally:
+        if args.delete_gguf:
+            for suffix in (".gguf", ".json"):
+                gguf_path(n).with_suffix(suffix).unlink(missing_ok=True)
+    result["file"] = {
+        "path": str(gguf_path(n)),
+        "reused": written is None,
+        **({} if written is None else written),
+        "deleted_after": bool(args.delete_gguf),
+    }
+    report[f"e2e_{n}_layers"] = result
+    verify = result["phases"]["verify"]
+    print(
+        f"e2e {n} layers: load {result['load_s']:.0f} s, verify {verify['s']:.0f} s "
+        f"({verify['layer_loads']} layer loads), first contribution weights after "
+        f"{result['first_contributions_s']:.0f} s, corpus ({result['corpus_entry_point']}) "
+        f"{result['phases']['corpus_32x128']['s']:.0f} s, peak RSS "
+        f"{result['peak_rss_mb'] / 1024:.1f} GB"
+    )
 
 
 def main() -> None:
@@ -227,19 +429,45 @@ def main() -> None:
         default=("load", "ratio", "sinks"),
         help="rerun only these measurements, keeping the others of bench_7b.json",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=("e2e-28",),
+        default=None,
+        help="run only this scenario (e2e-28: the whole model end to end, 28 layers by default)",
+    )
+    parser.add_argument("--layers", type=int, default=28, help="decoder layers of the scenario")
+    parser.add_argument(
+        "--delete-gguf", action="store_true", help="delete the scenario's GGUF file afterwards"
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, help="where GGUF files are cached")
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS / "bench_7b.json", help="the results file"
+    )
+    parser.add_argument(
+        "--max-rss-gb", type=float, default=16.0, help="kill a measurement above this RSS"
+    )
     parser.add_argument("--child", nargs=5, default=None, metavar=("JOB", "L", "D", "T", "R"))
     args = parser.parse_args()
+    if args.cache_dir is not None:  # children inherit it
+        os.environ["CW_LENS_BENCH_CACHE"] = str(args.cache_dir.resolve())
     if args.child:
         job, *numbers = args.child
         print(json.dumps(child(job, *map(int, numbers))))
         return
+    global MAX_RSS_MB
+    MAX_RSS_MB = int(args.max_rss_gb * 1024)
     import torch
 
-    for n in (2, 4):
-        gguf_path(n)
-    path = RESULTS / "bench_7b.json"
+    path = args.results
     report: dict = json.loads(path.read_text()) if path.is_file() else {}
     report.update({"torch_threads": 2, "torch": torch.__version__, "dimensions": QWEN2_7B})
+    if args.scenario == "e2e-28":
+        run_e2e(args, report)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        return
+    for n in (2, 4):
+        ensure_file(n)
     if "load" in args.jobs:
         for n in (2, 4):
             report[f"load_{n}_layers"] = run_child("load", str(n), "8", "128", "1")
@@ -255,7 +483,7 @@ def main() -> None:
             key = f"sinks_{docs}x{n_tok}"
             report[key] = run_child("sinks", "4", str(docs), str(n_tok), "1")
             print(f"[bench_7b] {key}: {report[key]}", file=sys.stderr)
-    RESULTS.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1) + "\n")
     two, four = report["load_2_layers"], report["load_4_layers"]
     print(

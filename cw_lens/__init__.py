@@ -16,6 +16,8 @@ Public API (re-exports only; each function's module docstring states its formula
 - sinks (P1): [`sink_statistics`][cw_lens.sink_statistics],
   [`sink_ablation`][cw_lens.sink_ablation], [`sink_rates`][cw_lens.sink_rates],
   [`detect_sinks`][cw_lens.detect_sinks]
+- several corpus analyses (sinks, selection, taxonomy, the sink ablation) from one pass:
+  [`corpus_analyses`][cw_lens.corpus_analyses]
 - faithfulness (P1): [`faithfulness`][cw_lens.faithfulness],
   [`FaithfulnessResult`][cw_lens.FaithfulnessResult]
 - selection (P2): [`geometric_prf`][cw_lens.geometric_prf],
@@ -38,10 +40,8 @@ Public API (re-exports only; each function's module docstring states its formula
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
-from cw_lens import _moved
 from cw_lens.version import __version__
 
 # The public names, imported on first use (PEP 562): `import cw_lens`, `cw-lens --help` and
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         contribution_weights,
         contribution_weights_from_cache,
     )
+    from cw_lens.analyses.corpus import corpus_analyses
     from cw_lens.analyses.faithfulness import FaithfulnessResult, faithfulness
     from cw_lens.analyses.pruning import PruningResult, lone_head_costs, prune_heads
     from cw_lens.analyses.selection import (
@@ -79,8 +80,7 @@ if TYPE_CHECKING:
         ModelLoadError,
         UnsupportedModelError,
     )
-    from cw_lens.core.results import ClaimsTable, Result
-    from cw_lens.core.saving import load_result
+    from cw_lens.core.results import ClaimsTable, Result, load_result
     from cw_lens.data.corpora import load_corpus
     from cw_lens.data.documents import Corpus, Document
     from cw_lens.data.streaming import stream_contributions
@@ -111,8 +111,6 @@ if TYPE_CHECKING:
     from cw_lens.models.load import load_model
     from cw_lens.models.verify import ModelVerificationResult, verify_model
     from cw_lens.reporting.run_comparison import RunComparisonResult, compare_runs
-
-_moved.install(sys.modules[__name__])
 
 __all__ = [
     "ClaimsTable",
@@ -153,6 +151,7 @@ __all__ = [
     "contribution_rollout",
     "contribution_weights",
     "contribution_weights_from_cache",
+    "corpus_analyses",
     "detect_sinks",
     "faithfulness",
     "geometric_prf",
@@ -204,28 +203,17 @@ _EXPORTS: dict[str, str] | None = None
 def __getattr__(name: str):
     """A public name (`cw_lens.load_model`), imported from its module on first use; the widget
     (`cw_lens.sink_patcher`) needs the optional `anywidget` (`pip install
-    'cw_lens[widget]'`); `cw_lens.sinks` and the other module paths of 0.2 are deprecated
-    aliases of their new homes, and `cw_lens.SinkStatistics` and the other result classes
-    renamed to end in `Result` deprecated names of the new classes (`cw_lens._moved`)."""
+    'cw_lens[widget]'`)."""
     global _EXPORTS
     if _EXPORTS is None:
         _EXPORTS = _exports()
     module = _EXPORTS.get(name)
-    if module is not None:  # before the old module paths: `faithfulness`, `routes` are both
+    if module is not None:
         import importlib
 
         value = getattr(importlib.import_module(module), name)
         globals()[name] = value
         return value
-    renamed = _moved.RENAMED.get(name)
-    if renamed is not None:  # not cached: every use of the old name warns
-        from cw_lens.core.deprecation import deprecated
-
-        deprecated(f"cw_lens.{name} is now cw_lens.{renamed}")
-        return __getattr__(renamed)
-    old = _moved.moved_attribute(sys.modules[__name__], name)
-    if old is not None:
-        return old
     raise AttributeError(f"module 'cw_lens' has no attribute {name!r}")
 
 

@@ -44,7 +44,7 @@ weighted projected value, and it factors into attention, relative norm and cosin
 import cw_lens
 
 QUICK = os.environ.get("CW_LENS_QUICK") == "1"   # the test suite runs the notebooks small
-model = cw_lens.load_model()                      # ~2 s once the weights are cached
+model = cw_lens.load_model()                      # 10–14 s on two idle cores once the weights are cached
 model.cfg.n_layers, model.cfg.n_heads, model.cfg.n_key_value_heads"""),
 ("md", "## Contribution weights of one sentence\n\n`kind=\"intra\"` projects on each head's output; `kind=\"inter\"` on the whole layer's."),
 ("code", """text = "The capital of France is Paris. The capital of Germany is"
@@ -169,11 +169,11 @@ summary["claims"]["faithfulness_order"]["measured"]["aopc_comprehensiveness_pair
     display(Image(filename=str(out / f"{name}.png")))"""),
 ("md", "The full report with a one-line reading of every figure:"),
 ("code", """Markdown((out / "REPORT.md").read_text().split("## Figures")[0])"""),
-("md", """## Two corpora side by side: `compare_runs`
+("md", """## Two corpora side by side
 
 The same job on a second kind of English text — the CPython licence (`LICENSE.txt` ships with
 CPython's standard library; where a distribution moved it, the built-in `"stdlib"` corpus of
-the standard library's own docstrings stands in) — then both runs' claims side by side: every
+the standard library's own docstrings stands in) — then both runs' claims side by side (`compare_runs`): every
 headline number with its interval and the verdict per run, then each number's difference from
 the first run with the 95% bootstrap interval of the difference. `cw-lens compare DIR DIR`
 prints the same tables and writes the figure."""),

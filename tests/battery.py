@@ -15,8 +15,8 @@ from cw_lens.analyses.pruning import head_magnitudes
 
 TEXTS = ["The quick brown fox jumps.", "Heads look at BOS."]
 NAMES = (
-    "verify", "intra", "inter", "sinks", "ablation", "selection", "taxonomy", "pruning",
-    "magnitudes", "faithfulness", "shares", "rollout", "routes", "patch",
+    "verify", "intra", "inter", "sinks", "ablation", "selection", "taxonomy", "corpus",
+    "pruning", "magnitudes", "faithfulness", "shares", "rollout", "routes", "patch",
 )  # fmt: skip
 
 
@@ -30,6 +30,17 @@ def analyses(model, names: tuple[str, ...] | None = None) -> dict[str, object]:
         "ablation": lambda: cw_lens.sink_ablation(model, TEXTS, layers=[1], progress=False),
         "selection": lambda: cw_lens.selection_geometry(model, TEXTS, n_random=2, progress=False),
         "taxonomy": lambda: cw_lens.head_taxonomy(model, TEXTS, progress=False),
+        "corpus": lambda: cw_lens.corpus_analyses(  # the four above from one pass
+            model,
+            TEXTS,
+            analyses={
+                "sinks": {"min_query": 2},
+                "ablation": {"layers": [1]},
+                "selection": {"n_random": 2},
+                "taxonomy": {},
+            },
+            progress=False,
+        ),
         "pruning": lambda: cw_lens.prune_heads(
             model, TEXTS, retention=(1.0, 0.5), n_random=1, lone=False, progress=False
         ),

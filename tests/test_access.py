@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from apis import needs_bridge
 from reference import dense_contributions
 
 import cw_lens
@@ -42,6 +43,39 @@ def test_verify_model_reports_identities_routes_and_interventions(tiny):
     assert all(v.startswith("exact") for v in report.interventions.values())
     assert cw_lens.verify_model(tiny) is report  # cached per model
     assert "verified" in str(report)
+
+
+def _reruns_equal_passes_of_their_own(model):
+    from cw_lens.models.access import probe_tokens
+    from cw_lens.models.verify import _attention_under
+    from cw_lens.models.verify_probe import edit_hooks, probe_pass
+
+    access = model_access(model)
+    tokens = probe_tokens(access, 2, 16)
+    probe = probe_pass(access, tokens, flow=True).probe
+    assert probe.interventions_read and probe.route == access.route
+    clean = probe.clean[probe.layer]["attention"]
+    for name, edit in probe.edits.items():
+        hook_set, _ = edit_hooks(access, name, edit, access.route)
+        alone = _attention_under(access, tokens, hook_set, probe.layer)
+        assert torch.equal(probe.intervened[name], alone), name
+        assert not torch.equal(probe.intervened[name], clean), name  # the edit changed it
+
+
+def test_the_probe_pass_reruns_equal_intervened_passes_of_their_own(tiny):
+    """verify_model reads each intervention's effect from the checked layer's attention module
+    run again inside its one probe pass (cw_lens.models.verify_probe): its output under each
+    edit is bit for bit that of a pass of its own under the edit."""
+    _reruns_equal_passes_of_their_own(tiny)
+
+
+@needs_bridge
+def test_the_probe_pass_reruns_equal_passes_of_their_own_on_the_attention_output_route():
+    from arch_checks import built
+
+    model = built("GPT-J").bridge
+    _reruns_equal_passes_of_their_own(model)
+    assert model_access(model).route == "attention output"
 
 
 def test_not_a_transformerlens_model_is_refused():

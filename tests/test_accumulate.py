@@ -108,6 +108,36 @@ def test_exact_sums_rows_names_and_errors():
         sums.total("c")
 
 
+def test_add_many_is_add_rows_item_by_item_in_one_copy():
+    """Several sums (or per-document statistics) of one batch at once: the same slots, in the
+    same order, the same totals and records as one `add_rows` each; a batch larger than the
+    buffer is folded directly, also the same."""
+    gen = torch.Generator().manual_seed(0)
+    rows = [
+        ("x", torch.randn(3, 4, generator=gen)),
+        ("count", torch.arange(3)),  # integers, cast to float64 on the copy
+        ("y", torch.randn(3, 2, 2, generator=gen).double()),
+    ]
+    for buffer in (1 << 16, 8):
+        many, one = ExactSums(buffer=buffer), ExactSums(buffer=buffer)
+        for _ in range(3):
+            many.add_many([0, 1, 2], rows)
+            for name, values in rows:
+                one.add_rows([0, 1, 2], name, values)
+        assert many.names == one.names == ["x", "count", "y"]
+        for name in many.names:
+            assert torch.equal(many.total(name), one.total(name))
+    many, one = PerDocument(["x", "z"], 5, (4,)), PerDocument(["x", "z"], 5, (4,))
+    record = [("z", torch.randn(2, 4, generator=gen)), ("x", torch.randn(2, 4, generator=gen))]
+    for _ in range(2):
+        many.add_many([3, 1], record)
+        for name, values in record:
+            one.add_rows([3, 1], name, values)
+    assert torch.equal(many.values, one.values) and torch.equal(many.seen, one.seen)
+    with pytest.raises(InputError, match="Unknown statistic"):
+        many.add_many([0], [("x", torch.zeros(1, 4)), ("w", torch.zeros(1, 4))])
+
+
 def test_exact_sums_state_does_not_grow_with_additions():
     small, large = ExactSums(), ExactSums()
     for sums, n_docs in ((small, 8), (large, 512)):

@@ -22,7 +22,7 @@ from cw_lens.core.claims import VERDICTS, Check, Claim, claims_dict, combine, wi
 from cw_lens.core.errors import InputError
 
 # methods § Claims's criterion column, verbatim
-SPEC_CRITERIA = {
+CRITERIA = {
     "sink_attention_vs_contribution": "over sink heads, mean intra contribution of the sink < ½ × "
     "its mean attention (the ratio is the number)",
     "faithfulness_order": "pairs granularity: strict AOPC comprehensiveness order attention < "
@@ -217,9 +217,10 @@ def test_verdict_properties(check):
     ],
 )
 def test_in_check_judges_the_point_and_the_interval_each(value, interval, holds):
-    """SPEC §6: no = the point and the whole interval fail the check. For an `in` band the
-    failing values lie on two sides, so a point below the band and an interval wholly above
-    it both fail: "no" (their hull, which reaches across the band, would say inconclusive)."""
+    """docs/methods.md#verdicts: no = the point and the whole interval fail the check. For an
+    `in` band the failing values lie on two sides, so a point below the band and an interval
+    wholly above it both fail: "no" (their hull, which reaches across the band, would say
+    inconclusive)."""
     assert Check("retriever_share", value, "in", (0.058, 0.172), interval=interval).holds == holds
 
 
@@ -355,7 +356,7 @@ def test_every_sink_claim_holds_on_its_fixture_and_reads_the_spec_numbers():
     assert m["sink_cancels_drift"]["median_cancelled_share"] == 0.1
     assert m["sink_cancels_drift"]["n_sink_heads_median_share_beyond_2"] == 2
     for cid, claim in claims.items():
-        assert claim["criterion"] == SPEC_CRITERIA[cid]
+        assert claim["criterion"] == CRITERIA[cid]
 
 
 @pytest.mark.parametrize(
@@ -475,7 +476,7 @@ def ablation(low=(0.2, 0.5), other=(0.5, 0.6), clean=3.0, patched=3.5):
 def test_sink_ablation_cone_on_both_sides():
     # low-norm heads rise 0.3, others 0.1, PPL up: holds (although low-norm heads end lower)
     claim = ablation().claims()["sink_ablation_cone"]
-    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["sink_ablation_cone"]
+    assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["sink_ablation_cone"]
     assert claim["measured"]["cone_rise_low_norm_minus_other"] == pytest.approx(0.2)
     assert claim["measured"]["delta_ppl"] == pytest.approx(math.exp(3.5) - math.exp(3.0))
     assert ablation(patched=2.9).claims()["sink_ablation_cone"]["holds"] == "no"  # PPL down
@@ -519,7 +520,7 @@ def test_topn_beats_random_on_both_sides():
     # the largest ratio is at N = 16 (4x) but the largest difference at N = 2: holds
     assert holds["topn_beats_random"]
     claim = claims["topn_beats_random"]
-    assert claim["criterion"] == SPEC_CRITERIA["topn_beats_random"]
+    assert claim["criterion"] == CRITERIA["topn_beats_random"]
     assert claim["measured"]["min_over_n_f_top_minus_random"] == pytest.approx(0.2)
     assert claim["measured"]["largest_gap_n2_n4_minus_larger_n"] == pytest.approx(0.2)
     # the largest difference at N = 8
@@ -546,7 +547,7 @@ def test_sink_lowers_fn_reads_the_geometric_mean_of_per_head_ratios_at_n2_and_n4
     holds, claims = selection_verdicts(selection_table(f_top, 0.05, f_no_sink))
     assert not holds["sink_lowers_fn"]
     claim = claims["sink_lowers_fn"]
-    assert claim["criterion"] == SPEC_CRITERIA["sink_lowers_fn"]
+    assert claim["criterion"] == CRITERIA["sink_lowers_fn"]
     geomean = float(np.prod(ratios) ** 0.25)
     assert claim["measured"]["geomean_head_ratio_n2"] == pytest.approx(geomean)
     assert claim["measured"]["geomean_head_ratio_n4"] == pytest.approx(geomean)
@@ -597,7 +598,7 @@ def test_retriever_share_range_is_closed(n_retrievers, holds):
     claim = HeadTaxonomyResult(table, (0,), 1).claims()["retriever_share"]
     assert claim["holds"] == ("yes" if holds else "no")
     assert claim["measured"]["retriever_share"] == n_retrievers / 1000
-    assert claim["criterion"] == SPEC_CRITERIA["retriever_share"]
+    assert claim["criterion"] == CRITERIA["retriever_share"]
 
 
 # =========================================================================== pruning
@@ -638,7 +639,7 @@ RANDOM = ((0.5, 4.0, 4.5), (5.0, 5.0, 8.0), (20.0, 20.0, 20.0), (40.0, 40.0, 40.
 def test_pruning_signal_on_both_sides():
     result = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)  # beats the mean draw (3, 6), not the min
     claim = result.claims()["pruning_signal"]
-    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["pruning_signal"]
+    assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["pruning_signal"]
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.9"] == pytest.approx(2.0)
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.75"] == pytest.approx(4.0)
     assert claim["measured"]["best_order"] == {"0.5": "magnitude", "0.25": "magnitude"}
@@ -699,7 +700,7 @@ HOLDS_SUFF = (0.5, 0.4, 0.3, 0.2, 0.05)  # random (a control) lower still: not c
 
 def test_faithfulness_order_on_both_sides():
     claim = faithfulness_result(HOLDS_COMP, HOLDS_SUFF).claims()["faithfulness_order"]
-    assert claim["holds"] == "yes" and claim["criterion"] == SPEC_CRITERIA["faithfulness_order"]
+    assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["faithfulness_order"]
     values = {c["number"]: c["value"] for c in claim["checks"]}
     assert values == pytest.approx(
         {
@@ -756,9 +757,9 @@ def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
 
 # =========================================================================== coverage rules
 def test_a_run_below_the_smallest_certified_count_is_inconclusive():
-    """SPEC §6: a check run at fewer documents than the smallest count at which its interval's
-    coverage was certified (>= 0.93) is inconclusive, and says why; at or above that count
-    (and for a number the study never measured) the verdict stands."""
+    """docs/methods.md#verdicts: a check run at fewer documents than the smallest count at
+    which its interval's coverage was certified (>= 0.93) is inconclusive, and says why; at or
+    above that count (and for a number the study never measured) the verdict stands."""
     from cw_lens.reporting.interval_coverage import (
         LOWER_TARGET,
         STUDIED_MODEL,
@@ -802,7 +803,7 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     )
     lines = "\n".join(size_limits(JobConfig(), two, {"retriever_share": 2}))
     assert "certified only at more documents than this run has" in lines
-    assert "`retriever_share` at 2 documents (retriever_share: certified" in lines
+    assert "`retriever_share` at 2 documents (share of Retriever heads: certified" in lines
     # a "no" is undecided the same way; "inconclusive" and "not measured" are left alone
     no = run(2, value=0.3, interval=(0.25, 0.35))
     no["claims"]["retriever_share"]["checks"][0]["holds"] = "no"
@@ -816,18 +817,18 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     assert settle_by_coverage(at_quick_size, {}) == []
     unstudied = run(2, number="a_number_never_studied")
     assert settle_by_coverage(unstudied, {}) == []
-    # between certified counts: the cosine at 32 documents covers 0.855, not certified
+    # between certified counts: the cosine at 32 documents has coverage 0.855, not certified
     between = run(32, number=cosine)
     assert settle_by_coverage(between, {}) == ["retriever_share"]
     reason = between["claims"]["retriever_share"]["checks"][0]["undecided_because"]
-    assert "covers 0.855 (lower 95% bound 0.823) at 32 documents" in reason, reason
+    assert "coverage 0.855 at this size (32 documents; lower 95% bound 0.823)" in reason, reason
 
 
 def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify(monkeypatch):
-    """SPEC §6: the certificate needs the coverage's lower 95% bound >= 0.91 too. A number
-    covering 0.933 in 300 draws (bound 0.905) at 32 documents is not certified there: a
-    32-document run's decisive check on it is inconclusive; at 16, where it covers 0.95
-    (bound 0.924), it would be certified were it not for 32 above it."""
+    """docs/coverage.md#the-population: the certificate needs the coverage's lower 95% bound
+    >= 0.91 too. A number covering 0.933 in 300 draws (bound 0.905) at 32 documents is not
+    certified there: a 32-document run's decisive check on it is inconclusive; at 16, where it
+    covers 0.95 (bound 0.924), it would be certified were it not for 32 above it."""
     from scipy.stats import beta
 
     from cw_lens.reporting import interval_coverage as ic
@@ -851,7 +852,10 @@ def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify(mon
         "claims": {"faithfulness_order": {"holds": "yes", "paper": "P1", "checks": [check]}},
     }
     assert ic.settle_by_coverage(summary, {"faithfulness_order": 32}) == ["faithfulness_order"]
-    assert "covers 0.933 (lower 95% bound 0.905) at 32 documents" in check["undecided_because"]
+    assert (
+        "coverage 0.933 at this size (32 documents; lower 95% bound 0.905)"
+        in check["undecided_because"]
+    )
 
 
 def test_a_run_on_another_model_below_every_studied_count_is_inconclusive():
@@ -888,3 +892,30 @@ def test_a_run_on_another_model_below_every_studied_count_is_inconclusive():
     assert settle_by_coverage(eight, {}) == []
     assert eight["claims"]["retriever_share"]["holds"] == "yes"
     assert "fewer than 8" not in "\n".join(coverage_limits(eight, {}))
+
+
+def test_the_cancelled_share_value_is_the_number_its_interval_is_of(llama):
+    """The median cancelled share's interval reads the coarse per-document histograms
+    (`cw_lens.core.resampled`): its value must be the same formula on the whole corpus (the
+    replicates' corpus row), not the fine histogram's median (the gallery once showed 0.1799
+    against an interval of the coarse 0.1788), in `claims()` with and without a bootstrap."""
+    import cw_lens
+    from cw_lens.core.bootstrap import Bootstrap
+
+    words = "the a sink head token drift value norm cosine share query key".split()
+    texts = [" ".join(words[(i * 5 + k) % len(words)] for k in range(20 + 3 * i)) for i in range(6)]
+    stats = cw_lens.sink_statistics(llama, texts, min_query=4, per_document=True, progress=False)
+    stats.threshold = 0.025  # the tiny model has no sink head at 0.3: make some
+    boot = Bootstrap(200, seed=1)
+    numbers, _ = stats.replicates(boot, drivers=False)
+    corpus_row = float(numbers["median_cancelled_share"][boot.resamples])
+    assert not math.isnan(corpus_row)
+    [check] = [
+        c
+        for c in stats.claims(boot)["sink_cancels_drift"]["checks"]
+        if c["number"] == "median_cancelled_share"
+    ]
+    assert check["value"] == pytest.approx(corpus_row, rel=1e-9, abs=1e-12)
+    assert check["interval"] == pytest.approx(list(boot.pair(numbers["median_cancelled_share"])))
+    plain = stats.claims()["sink_cancels_drift"]["measured"]["median_cancelled_share"]
+    assert plain == check["value"]

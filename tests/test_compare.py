@@ -120,7 +120,7 @@ def test_schema_1_bools_map_to_yes_no_and_have_no_interval(comparison):
 
 
 def test_reads_what_the_claims_module_writes():
-    """Claims as cw_lens.claims writes them (no intervals asked for) read back unchanged."""
+    """Claims as cw_lens.core.claims writes them (no intervals asked for) read back unchanged."""
     claims = claims_dict(
         [
             Claim("c1", "p", "crit", [Check("x", 0.25, "<", 0.5), Check("y", 2.0, ">", 3.0)]),
@@ -593,7 +593,7 @@ def test_numbers_not_certified_at_a_runs_document_count_are_not_compared(tmp_pat
     assert table.loc[cosine, "result"] == NOT_COMPARABLE
     reason = table.loc[cosine, "reason"]
     assert "not certified at the run's document count" in reason
-    assert "a: its interval covers 0.855 (lower 95% bound" in reason and "; b: " in reason
+    assert "a: its interval has coverage 0.855 at this size" in reason and "; b: " in reason
     assert table.loc[share, "result"] != NOT_COMPARABLE
     table = compare_runs([run("c", 256), run("d", 256)]).differences().set_index("number")
     assert (table["result"] != NOT_COMPARABLE).all(), table["reason"]
@@ -611,3 +611,40 @@ def test_numbers_not_certified_at_a_runs_document_count_are_not_compared(tmp_pat
     )
     table = compare_runs([run("i", 8, "m"), run("j", 8, "m")]).differences()
     assert (table["result"] != NOT_COMPARABLE).all(), table["reason"]
+
+
+def test_the_compare_study_judges_its_family_wise_error_by_the_certificates_rule():
+    """`benchmarks/population.py compare-study`'s `within_target` is the coverage certificate
+    (`cw_lens.reporting.interval_coverage.certifies`) read on the share of draws with no false
+    `differ`: at least 0.93 with a one-sided Clopper-Pearson lower 95% bound of at least 0.91,
+    i.e. a family-wise error <= 0.07 with an upper bound <= 0.09. The rule it replaces (the rate
+    within 0.05 plus two Monte Carlo standard errors, no bound) passed 12 false `differ` in 200
+    draws (0.060, upper bound 0.095); every stored record agrees with the rule."""
+    import importlib.util
+
+    from scipy.stats import beta
+
+    from cw_lens.reporting.interval_coverage import certifies
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    spec = importlib.util.spec_from_file_location(
+        "cw_lens_bench_pop_compare", root / "population.py"
+    )
+    pop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pop)
+
+    def upper(k: int, n: int) -> float:  # as compare_study records it
+        return 1.0 if k == n else float(beta.ppf(0.95, k + 1, n - k))
+
+    for k, n in ((0, 200), (2, 200), (6, 200), (12, 200), (14, 200), (3, 40), (30, 400)):
+        rate = k / n
+        assert pop.within_target(k, n) == certifies(1 - rate, 1 - upper(k, n)), (k, n)
+        assert pop.within_target(k, n) == (rate <= 0.07 and upper(k, n) <= 0.09 + 1e-12), (k, n)
+    # the old rule accepted 12 of 200, 0.060 <= 0.05 + 2 * 0.0154; its bound 0.095 > 0.09
+    assert 12 / 200 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 200) and not pop.within_target(12, 200)
+    assert pop.within_target(6, 200)  # 32 vs 256 documents: 0.030, bound 0.058
+    for path in sorted((root / "records").glob("compare_population*.json")):
+        for row in json.loads(path.read_text())["rows"]:
+            k = round(row["family_wise_error"] * row["draws"])
+            assert row["upper_95"] == pytest.approx(upper(k, row["draws"]))
+            assert row["within_target"] == pop.within_target(k, row["draws"]), path.name

@@ -87,8 +87,8 @@ def test_a_late_rank_computes_the_step_rank_0_has_just_stored(tmp_path):
             join=True,
         )
         assert not list(errors.iterdir()), (attempt, [p.read_text() for p in errors.iterdir()])
-    stored = sorted(p.name for p in (tmp_path / "out" / ".state").rglob("*.pkl"))
-    assert stored == ["merged.pkl", "quick.pkl"]
+    stored = sorted(p.name for p in (tmp_path / "out" / ".state").rglob("*.safetensors"))
+    assert stored == ["merged.safetensors", "quick.safetensors"]
 
 
 def test_outside_a_group_only_torchrun_s_rank_makes_a_process_not_the_main_one(monkeypatch):

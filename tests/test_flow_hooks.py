@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 from apis import needs_bridge
-from cw_lens.access import model_access
-from cw_lens.errors import UnsupportedModelError
-from cw_lens.inputs import prepare_inputs
-from cw_lens.testing import random_tokens
 
 import cw_lens
+from cw_lens.core.errors import UnsupportedModelError
+from cw_lens.data.inputs import prepare_inputs
+from cw_lens.models.access import model_access
 from cw_lens.models.blocks import run_blocks
+from cw_lens.models.testing import random_tokens
 
 SILENT_POST = r"layer 1: the hook blocks\.1\.hook_resid_post never fired"
 SILENT_Z = r"layer 1: the hook blocks\.1\.attn\.hook_z never fired"

@@ -109,6 +109,73 @@ def test_one_layer_at_a_time(pair):
     assert sum(t.numel() for t in weights._cache.values()) * 4 <= weights.layer_bytes(0)
 
 
+@pytest.mark.parametrize("n_layers", [2, 4])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_verification_de_quantises_each_layer_once(tmp_path, monkeypatch, arch, n_layers):
+    """`verify_model` reads every check in one probe pass (`cw_lens.models.verify_probe`), with
+    the unbridged Hugging Face forward in lockstep with it: each decoder layer is de-quantised
+    once, in order (the passes of 0.4.0 de-quantised 12 layers at 2 layers, 21 at 4). Gemma 2's
+    post-attention norm, which the flow checks read, is read inside the pass too."""
+    from cw_lens.models.gguf_stream import streamed_weights
+
+    hf = random_hf_model(tiny_config(arch, num_hidden_layers=n_layers), seed=3)
+    model = cw_lens.load_model(write_gguf(hf, tmp_path / f"{arch}.gguf"), layer_streaming=True)
+    weights = streamed_weights(model)
+    loaded = []
+    layer_weights = weights.layer_weights
+
+    def spy(layer):
+        before = weights.layer_loads
+        got = layer_weights(layer)
+        if weights.layer_loads != before:
+            loaded.append(layer)
+        return got
+
+    monkeypatch.setattr(weights, "layer_weights", spy)
+    before = weights.layer_loads
+    report = cw_lens.verify_model(model)
+    assert weights.layer_loads - before == n_layers
+    assert loaded == list(range(n_layers))
+    # every check ran, and passed
+    assert report.ok and report.flow.startswith("exact"), report.summary_text()
+    assert all(verdict.startswith("exact") for verdict in report.interventions.values())
+    assert report.logits_vs_hf is not None and report.logits_vs_hf < 1e-5
+    assert len(report.layers) == n_layers
+
+
+def test_a_refusal_inside_the_probe_pass_leaves_the_streamed_bridge_whole(tmp_path):
+    """A planted edit of `z` refuses the streamed model: its probe pass ends at the edited layer
+    and the Hugging Face forward keeping step with it is stopped. No thread is left running, the
+    bridge's components are back in the Hugging Face model and its logits are unchanged."""
+    import threading
+
+    hf = random_hf_model(tiny_config("llama"), seed=3)
+    model = cw_lens.load_model(write_gguf(hf, tmp_path / "l.gguf"), layer_streaming=True)
+
+    def bridged() -> int:
+        return sum("transformer_lens" in type(m).__module__ for m in model.original_model.modules())
+
+    components = bridged()
+    with torch.inference_mode():
+        clean = model(TEXT)
+    threads = threading.active_count()
+
+    def halve_z(z, hook):
+        z = z.clone()
+        z[:, 6:, 1] *= 0.5
+        return z
+
+    with model.hooks(fwd_hooks=[("blocks.1.attn.hook_z", halve_z)]):
+        report = cw_lens.verify_model(model, force=True)
+    assert not report.ok and "pattern @ v != z" in report.problems[0]
+    assert report.flow == "refused: the model failed verification"
+    assert threading.active_count() == threads
+    assert bridged() == components
+    with torch.inference_mode():
+        assert torch.equal(model(TEXT), clean)
+    assert cw_lens.verify_model(model, force=True).ok
+
+
 def test_streamed_analyses_equal_reference(pair):
     reference, streamed = pair
     for kind in ("intra", "inter"):

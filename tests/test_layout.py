@@ -1,6 +1,6 @@
-"""The layout of 0.3 keeps the API of 0.2: every public name of ``cw_lens`` as before, and every
-old module path (``cw_lens.sinks``, ``cw_lens.report``, ...) for one minor version, with a
-``DeprecationWarning`` naming the new path."""
+"""The layout of the package: every public name of ``cw_lens`` 0.2 still there (under its
+0.3 name), the module paths and class names of 0.2 and 0.3.0 gone since 0.4.1 (CHANGELOG.md
+lists each with its new name), and the layout's own rules (module size, weight reads, devices)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ import importlib
 import importlib.util
 import inspect
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
 import cw_lens
-from cw_lens import _moved
 
 # cw_lens.__all__ at e018d9b (0.2.1, the last flat layout)
 PUBLIC_0_2 = [
@@ -37,7 +34,7 @@ PUBLIC_0_2 = [
 ]  # fmt: skip
 
 # the modules of cw_lens/ at e018d9b; `data`, `models`, `version` (and plots/, viz/) are still
-# there under the same name, the others are deprecated aliases
+# there under the same name, the others moved into subpackages in 0.3 (docs/architecture.md)
 FLAT_0_2 = [
     "access", "accumulate", "bootstrap", "capture", "claims", "cli", "compare", "contributions",
     "corpora", "data", "distributed", "edits", "errors", "exact", "faithfulness", "flow_capture",
@@ -60,10 +57,12 @@ RENAMED_0_3 = {
 
 def test_public_names_are_those_of_0_2():
     # the result protocol (0.3), the model type, the memory budget's error, loading saved results
+    # and several corpus analyses from one pass (0.4.1)
     added = {"Result", "ClaimsTable", "Model", "MemoryBudgetError", "load_result"}
+    added |= {"corpus_analyses"}
     now = sorted({RENAMED_0_3.get(name, name) for name in PUBLIC_0_2} | added)
     assert sorted(cw_lens.__all__) == now
-    for name in sorted(set(PUBLIC_0_2) - set(RENAMED_0_3)):
+    for name in now:
         if name == "sink_patcher" and importlib.util.find_spec("anywidget") is None:
             continue  # the optional widget extra
         with warnings.catch_warnings():
@@ -72,68 +71,29 @@ def test_public_names_are_those_of_0_2():
             exec(f"from cw_lens import {name}", {})
 
 
-@pytest.mark.parametrize("old", sorted(RENAMED_0_3))
-def test_renamed_result_classes_keep_their_old_name_with_a_warning(old):
-    new = getattr(cw_lens, RENAMED_0_3[old])
-    with pytest.warns(DeprecationWarning, match=f"cw_lens.{old} is now cw_lens.{new.__name__}"):
-        assert getattr(cw_lens, old) is new
-    with pytest.warns(DeprecationWarning, match=new.__name__):
-        namespace: dict = {}
-        exec(f"from cw_lens import {old}", namespace)
-    assert namespace[old] is new
-    assert old not in dir(cw_lens)
-    # the module that defines the class still has the old name (pickles name it there)
-    module = importlib.import_module(new.__module__)
-    with pytest.warns(DeprecationWarning, match=f"{module.__name__}.{old} is now {new.__name__}"):
-        assert getattr(module, old) is new
+def test_the_result_class_names_of_0_2_are_gone():
+    """Removed in 0.4.1 (kept with a DeprecationWarning until then): neither `cw_lens` nor the
+    module that defines the class has the old name, so a pickle that names it no longer loads."""
+    for old, new in RENAMED_0_3.items():
+        assert not hasattr(cw_lens, old), old
+        with pytest.raises(ImportError):
+            exec(f"from cw_lens import {old}", {})
+        cls = getattr(cw_lens, new)
+        assert cls.__name__ == new and not hasattr(importlib.import_module(cls.__module__), old)
+    sinks = importlib.import_module("cw_lens.analyses.sinks")  # re-exports two of the classes
+    assert not any(hasattr(sinks, old) for old in RENAMED_0_3)
 
 
-def test_every_old_module_has_a_new_home():
-    assert set(_moved.MOVED) == set(FLAT_0_2) - KEPT
-    for old in _moved.MOVED:
-        for new in _moved.homes(old):
-            importlib.import_module(new)
-
-
-def _public_object(module) -> str:
-    """A function or class defined in ``module`` (or its subpackage) and not private."""
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
-            continue
-        if getattr(obj, "__module__", "").startswith(module.__name__):
-            return name
-    raise AssertionError(f"{module.__name__} defines no public function or class")
-
-
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_old_module_path_warns_and_forwards(old):
-    new = importlib.import_module(_moved.homes(old)[0])
-    name = _public_object(new)
-    with pytest.warns(DeprecationWarning, match=rf"cw_lens\.{old} .*{new.__name__}"):
-        namespace: dict = {}
-        exec(f"from cw_lens.{old} import {name}", namespace)
-    assert namespace[name] is getattr(new, name)
-    with pytest.warns(DeprecationWarning, match=new.__name__):
-        module = importlib.import_module(f"cw_lens.{old}")
-        assert getattr(module, name) is getattr(new, name)
-
-
-def test_old_paths_do_not_hide_the_functions_of_the_same_name():
-    import cw_lens.faithfulness
-    import cw_lens.routes
-
-    assert inspect.isfunction(cw_lens.routes)
-    assert inspect.isfunction(cw_lens.faithfulness)
-    with pytest.warns(DeprecationWarning, match="cw_lens.analyses.sinks"):
-        assert cw_lens.sinks.sink_statistics is cw_lens.sink_statistics
-    # a module split in two: each name from where it lives now
-    with pytest.warns(DeprecationWarning, match="cw_lens.reporting.markdown"):
-        from cw_lens.report import claims_markdown
-    with pytest.warns(DeprecationWarning, match="cw_lens.reporting.job"):
-        from cw_lens.report import run_figures
-    from cw_lens.reporting import job, markdown
-
-    assert claims_markdown is markdown.claims_markdown and run_figures is job.run_figures
+def test_the_module_paths_of_0_2_are_gone():
+    """Removed in 0.4.1: `cw_lens.sinks`, `cw_lens.report`, `python -m cw_lens.cli` and the
+    other flat module paths of 0.2 no longer import; `cw_lens.faithfulness` and
+    `cw_lens.routes` are the functions of those names."""
+    for old in sorted(set(FLAT_0_2) - KEPT):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(f"cw_lens.{old}")
+        assert not inspect.ismodule(getattr(cw_lens, old, None)), old
+    assert inspect.isfunction(cw_lens.routes) and inspect.isfunction(cw_lens.faithfulness)
+    assert not (Path(cw_lens.__file__).parent / "_moved.py").exists()
 
 
 def test_data_and_models_keep_their_names_without_a_warning():
@@ -143,18 +103,6 @@ def test_data_and_models_keep_their_names_without_a_warning():
         from cw_lens.models import EMBEDDED_NAME, embedded_tokenizer, load_model  # noqa: F401
 
     assert load_model is cw_lens.load_model and Corpus is cw_lens.Corpus
-
-
-def test_python_m_old_cli_runs_the_new_one():
-    out = subprocess.run(
-        [sys.executable, "-W", "ignore::RuntimeWarning", "-m", "cw_lens.cli", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "figures" in out.stdout
-    assert "deprecated" in out.stderr
 
 
 PACKAGE = Path(cw_lens.__file__).parent

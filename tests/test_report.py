@@ -186,7 +186,7 @@ def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
     deadline = time.time() + 300
     state = None
     while time.time() < deadline:
-        found = list(out.glob(".state/*/*.pkl"))
+        found = list(out.glob(".state/*/*.safetensors"))
         if found:
             state = found
             break
@@ -199,6 +199,28 @@ def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert not list(out.rglob(".*.tmp*"))
     assert claims_of(out)["claims"] == claims_of(tiny_run[0])["claims"]
+    _console_agrees_with_the_report(done.stdout, out)
+
+
+def _console_agrees_with_the_report(stdout: str, out: Path) -> None:
+    """The console's count line and per-claim verdicts say what REPORT.md and summary.json
+    say, in the report's words, and the counts add up to the claims."""
+    from cw_lens.reporting.markdown import VERDICT_MARK
+
+    claims = claims_of(out)["claims"]
+    lines = stdout.strip().splitlines()
+    counts = dict(
+        reversed(part.split(" ", 1)) for part in lines[0].split(";")[0].split(": ")[1].split(", ")
+    )
+    assert lines[0].startswith(f"{len(claims)} claims: ")
+    assert sum(map(int, counts.values())) == len(claims)
+    assert counts == {v: str([c["holds"] for c in claims.values()].count(v)) for v in VERDICTS}
+    printed = {line.split()[-1]: line.rsplit(" ", 1)[0].strip() for line in lines[1:]}
+    assert printed == {cid: claim["holds"] for cid, claim in claims.items()}
+    report = (out / "REPORT.md").read_text(encoding="utf-8")
+    for cid, claim in claims.items():
+        row = next(line for line in report.splitlines() if line.startswith(f"| `{cid}`"))
+        assert VERDICT_MARK[claim["holds"]] in row, (cid, row)
 
 
 def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
@@ -226,7 +248,7 @@ def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
     rank0 = "\n".join(line for line in double.stderr.splitlines() if "[rank0]" in line)
     assert double.returncode == 0, rank0[-3000:] + "\n...\n" + double.stderr[-3000:]
     # the job destroys its process group at the end; rank 0 alone still prints the verdicts
-    assert double.stdout.count("claims hold") == 1, double.stdout
+    assert double.stdout.count(" claims: ") == 1, double.stdout
     one, two = claims_of(tmp_path / "one"), claims_of(tmp_path / "two")
     assert one["claims"] == two["claims"]
     assert one["n_documents"] == two["n_documents"] == 4
@@ -285,6 +307,7 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     random pruning orders; the quick default's report names the verdicts its size cannot
     settle (its intervals, pruning's 3 random orders), the paper run's only the intervals'."""
     from cw_lens.core.errors import InputError
+    from cw_lens.reporting.markdown import number_name
 
     paper = JobConfig.preset("paper")
     assert (paper.corpus, paper.n_docs, paper.max_tokens) == ("pydoc+stdlib", 256, 256)
@@ -316,15 +339,17 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     quick = "\n".join(size_limits(JobConfig(), summary, docs))
     assert "`pruning_signal`: 3 random orders" in quick
     # the measured coverage decides (cw_lens/reporting/interval_coverage.json)
-    assert (f"{lowers} covers" in quick) == (not certified_at(lowers, 8))
-    assert (f"{pruning} covers" in quick) == (not certified_at(pruning, 8))
+    assert (f"{number_name(lowers)}, coverage" in quick) == (not certified_at(lowers, 8))
+    assert (f"{number_name(pruning)}, coverage" in quick) == (not certified_at(pruning, 8))
     # below the smallest certified count (8 here): inconclusive, and the report says from when
-    assert coverage_at(pruning, 7) is None and f"`pruning_signal` at 7 documents ({pruning}: " in (
-        "\n".join(size_limits(JobConfig(), summary, {"pruning_signal": 7}))
+    assert coverage_at(pruning, 7) is None and (
+        f"`pruning_signal` at 7 documents ({number_name(pruning)}: "
+        in "\n".join(size_limits(JobConfig(), summary, {"pruning_signal": 7}))
     )
-    assert "retriever_share" not in quick  # no interval: the verdict says inconclusive already
+    # no interval: the verdict says inconclusive already
+    assert "retriever_share" not in quick and number_name("retriever_share") not in quick
     rule = f"certified (coverage >= {TARGET}, lower bound >= {LOWER_TARGET}) only from 256"
-    assert coverage_at(lowers, 7) is None and f"{lowers}: {rule}" in (
+    assert coverage_at(lowers, 7) is None and f"{number_name(lowers)}: {rule}" in (
         "\n".join(size_limits(JobConfig(), summary, {"sink_lowers_fn": 7}))
     )
     assert "3 random orders" not in "\n".join(size_limits(paper, summary, docs))
@@ -375,10 +400,10 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     [check] = quick["claims"]["retriever_share"]["checks"]
     assert quick["claims"]["retriever_share"]["holds"] == check["holds"] == "inconclusive"
     assert check["coverage"] == pytest.approx(coverage_at(share, 8), abs=1e-3)
-    assert "was yes, but its interval covers" in check["undecided_because"]
+    assert "was yes, but its interval has coverage" in check["undecided_because"]
     assert (
-        "covers 0.905 (lower 95% bound 0.877) at 8 documents, short of a certificate"
-        in (check["undecided_because"])
+        "has coverage 0.905 at this size (8 documents; lower 95% bound 0.877), short of a "
+        "certificate" in (check["undecided_because"])
     )
     # a count between two studied ones reads the smaller, and says so
     assert where_measured(share, 100) == (
@@ -394,23 +419,84 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     assert elsewhere["claims"]["retriever_share"]["holds"] == "yes"
 
 
-def test_the_committed_gallery_report_lists_its_numbers_as_the_renderer_writes_them():
-    """figures/REPORT.md's line per claim (criterion, verdict, the other measured numbers) is
-    what `criteria_lines` writes from the committed figures/summary.json: whole `name = value`
-    items, never one cut off mid-name (the 0.3.3 gallery ended faithfulness's with "; a."),
-    and the names of those left out."""
-    from cw_lens.reporting.markdown import MEASURED_CHARS, criteria_lines
+def _render_committed_gallery(folder: Path) -> tuple[str, str]:
+    """The committed REPORT.md and what `build_report` writes from the committed summary.json,
+    given what summary.json does not keep: the job's configuration (the paper preset), its
+    step timings and its figures (the report's own Run line and figure headings)."""
+    import re
+
+    from cw_lens.reporting.markdown import build_report
+    from cw_lens.reporting.state import Job
+
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    committed = (folder / "REPORT.md").read_text(encoding="utf-8")
+    job = Job(JobConfig.preset("paper"), folder)
+    job.corpus = [None] * summary["n_documents"]  # claim_documents reads only its length
+    (run_line,) = [line for line in committed.splitlines() if line.startswith("Step timings")]
+    for part in run_line.split(": ", 1)[1].split(", "):
+        step, seconds = part.rsplit(" ", 1)
+        job.timings[step] = float(seconds)
+    shown = committed.split("## Figures")[1].split("## Run")[0]
+    figures = {n: [folder / f"{n}.png"] for n in re.findall(r"^### (\S+)$", shown, re.M)}
+    return committed, build_report(job, summary, figures)
+
+
+def test_the_committed_gallery_report_is_what_the_renderer_writes():
+    """figures/REPORT.md is what the renderer writes from the committed figures/summary.json,
+    character for character: every other measured number in a small table (nothing elided:
+    the 0.4.0 report wrote pruning's ΔPPL as `{0.9: {...}, ...}`), each interval's coverage in
+    words that cannot be read as the interval containing a value, every check under a plain
+    name with its key in the glossary at the end, and a caption under every figure."""
+    from cw_lens.reporting.markdown import FIGURE_CAPTIONS, number_name
 
     folder = Path(__file__).parents[1] / "figures"
-    summary = json.loads((folder / "summary.json").read_text())
-    report = (folder / "REPORT.md").read_text().splitlines()
-    lines = criteria_lines(summary)
-    assert len(lines) == len(summary["claims"])
-    for line in lines:
-        assert line in report
-        assert not line.endswith("; a.")
-    long = {"x": {"measured": {f"n{i}": "v" * 50 for i in range(20)}, "holds": "yes"}}
-    (line,) = criteria_lines({"claims": long})
-    shown = line.split("Also measured: ")[1].split("; more in summary.json: ")[0]
-    assert len(shown) <= MEASURED_CHARS and shown.endswith("v" * 50)
-    assert line.endswith(", n19.")
+    committed, rendered = _render_committed_gallery(folder)
+    assert rendered == committed
+    assert "{...}" not in committed and "interval covers" not in committed
+    assert "coverage 0.932 at this size (256 documents; lower 95% bound 0.908)" in committed
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    glossary = committed.split("## Glossary")[1]
+    table = committed.split("## Claims")[1].split("## Criteria")[0]
+    for cid, claim in summary["claims"].items():
+        for check in claim["checks"]:
+            name, key = number_name(check["number"]), check["number"]
+            assert name != key and f"| {name} | `{key}` | `{cid}` |" in glossary, key
+            assert f"{name} = " in table and f"{key} = " not in table, key
+    figures = committed.split("## Figures")[1].split("## Run")[0]
+    for name in [n for n in FIGURE_CAPTIONS if f"### {name}\n" in figures]:
+        assert f"*{FIGURE_CAPTIONS[name]}*" in figures, name
+    assert figures.count("### ") == sum(f"### {n}\n" in figures for n in FIGURE_CAPTIONS)
+    pruning = committed.split("### `pruning_signal`")[1].split("## Figures")[0]
+    assert "| `delta_ppl` | taxonomy | magnitude | entropy | random |" in pruning
+    assert "| 0.9 | 3.83 | 16.2 | 18.7 | 11.1 |" in pruning
+
+
+def test_the_report_shows_nested_numbers_as_small_tables():
+    """A claim's other numbers: single values in one table, mappings with the same keys one
+    row each in a table whose columns are the keys, a mapping of mappings and a list of
+    records each as their own table, a mapping holding mappings as its own block; every value
+    is written (none cut off), a run of layers as its first and last."""
+    from cw_lens.reporting.markdown import criteria_sections, measured_tables
+
+    measured = {
+        "n": 3,
+        "layers": list(range(30)),
+        "f_top": {"2": 0.5, "4": 0.25},
+        "f_random": {"2": 0.125, "4": 1 / 3},
+        "delta_ppl": {"0.9": {"taxonomy": 1.0, "random": 12345.6}},
+        "top": [{"layer": 1, "head": 2}],
+        "task": {"n_items": 4, "aopc": {"a": 1.5}},
+    }
+    lines = measured_tables(measured)
+    text = "\n".join(lines)
+    assert "| `n` | 3 |" in text and "| `layers` | 0–29 |" in text
+    assert "| number | 2 | 4 |\n|---|---|---|\n| `f_top` | 0.5 | 0.25 |" in text
+    assert "| `f_random` | 0.125 | 0.333 |" in text
+    assert "| `delta_ppl` | taxonomy | random |\n|---|---|---|\n| 0.9 | 1 | 12,346 |" in text
+    assert "| `top` | layer | head |\n|---|---|---|\n| 1 | 1 | 2 |" in text
+    assert "`task`:\n\n| number | value |\n|---|---|\n| `n_items` | 4 |" in text
+    assert "| number | a |\n|---|---|\n| `aopc` | 1.5 |" in text
+    claim = {"criterion": "c", "holds": "yes", "checks": [{"number": "n"}], "measured": measured}
+    sections = criteria_sections({"claims": {"x": claim}})
+    assert sections[:3] == ["### `x`", "", "Criterion: c. Verdict: yes."]
+    assert "| `n` | 3 |" not in "\n".join(sections)  # a check's own number is in the table

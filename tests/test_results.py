@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -239,52 +238,6 @@ def test_every_result_class_is_public_covered_here_and_named_result(results):
     assert {c.__name__ for c in defined} == set(RESULT_NAMES)
     badly_named = sorted(c.__qualname__ for c in defined if not c.__name__.endswith("Result"))
     assert not badly_named, f"result classes whose name does not end in 'Result': {badly_named}"
-
-
-# the names these classes had in 0.3.0, as pickles written by 0.3.0 name them
-OLD_NAMES = {
-    name.removesuffix("Result"): name
-    for name in RESULT_NAMES
-    if name not in {"ContributionResult", "SelectionGeometryResult", "HeadTaxonomyResult",
-                    "PruningResult", "FaithfulnessResult", "RolloutResult"}
-}  # fmt: skip
-
-
-def _pickled_under(obj, name: str) -> bytes:
-    """``pickle.dumps(obj)`` as cw_lens 0.3.0 wrote it: naming the class ``name`` in its module."""
-    cls = type(obj)
-    new = cls.__qualname__
-    cls.__qualname__ = cls.__name__ = name
-    try:
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    finally:
-        cls.__qualname__ = cls.__name__ = new
-    return data
-
-
-@pytest.mark.parametrize("old", sorted(OLD_NAMES))
-def test_a_pickle_naming_the_old_class_loads_into_the_new_one(results, old):
-    new = OLD_NAMES[old]
-    obj = results[new]
-    data = _pickled_under(obj, old)
-    module = type(obj).__module__.encode()
-    assert module in data and old.encode() in data and new.encode() not in data
-    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
-        loaded = pickle.loads(data)
-    assert type(loaded) is type(obj) and type(loaded).__name__ == new
-    assert repr(loaded) == repr(obj)
-    pd.testing.assert_frame_equal(loaded.summary(), obj.summary())
-    assert vars(loaded).keys() == vars(obj).keys()
-    for name, before in vars(obj).items():
-        after = getattr(loaded, name)
-        if isinstance(before, torch.Tensor):
-            torch.testing.assert_close(after, before, equal_nan=True, rtol=0, atol=0)
-        elif isinstance(before, pd.DataFrame):
-            pd.testing.assert_frame_equal(after, before)
-    assert new.encode() in pickle.dumps(loaded)  # pickled again: under the new name
-    with warnings.catch_warnings():  # a test run's filters (pyproject) do not turn it into an error
-        warnings.simplefilter("ignore", DeprecationWarning)
-        assert type(pickle.loads(data)) is type(obj)
 
 
 def test_protocol_is_public():

@@ -54,6 +54,7 @@ from torch import Tensor
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.core.memory import check_memory, pair_field_bytes
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, check_batch_row, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
@@ -70,6 +71,7 @@ from cw_lens.models.layer_contributions import Kind, LayerContributionsResult, c
 from cw_lens.models.verify import require_verified
 
 
+@saveable
 @dataclass(repr=False)
 class ContributionResult(Result):
     """Contribution weights and their decomposition, `[batch, layer, head, query, key]`.
@@ -313,7 +315,9 @@ class ContributionResult(Result):
             df = df.drop(columns="head")
         return df.reset_index(drop=True)
 
-    def plot(self, layer: int | None = None, head: int = 0, *, batch: int = 0, **kwargs: Any):
+    def plot(
+        self, layer: int | None = None, head: int = 0, *, batch: int = 0, **kwargs: Any
+    ) -> Any:
         """Attention next to contribution weights for one head (P1, Fig. 1).
 
         Args:

@@ -33,11 +33,19 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict, stream_layer_sums
+from cw_lens.analyses.common import (
+    CorpusPlan,
+    check_sinks,
+    kv_of_heads,
+    layer_sums,
+    rounded_dict,
+    run_plan,
+)
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
@@ -65,10 +73,20 @@ def source_winners(
 def winner_categories(
     winners: Int[Tensor, "*rows query"],
     query_positions: Int[Tensor, " query"],
-    sink_positions: Sequence[int],
+    sink_positions: Sequence[int] | Tensor,
 ) -> Int[Tensor, "*rows query"]:
-    """0 = `current` (`j* = i`), 1 = `sink` (`j*` a sink position), 2 = `other`."""
-    sinks = torch.tensor(list(sink_positions), device=winners.device)
+    """Each winner's category: 0 = `current` (`j* = i`), 1 = `sink` (`j*` a sink position),
+    2 = `other`.
+
+    Args:
+        winners: The source winner `j*` of every query (`source_winners`).
+        query_positions: The position `i` of each query.
+        sink_positions: The sink positions (a tensor on the winners' device is used as is).
+
+    Returns:
+        The categories, shaped like `winners`.
+    """
+    sinks = torch.as_tensor(sink_positions, dtype=torch.long, device=winners.device)
     current = winners == query_positions
     sink = torch.isin(winners, sinks) & ~current
     return torch.where(current, 0, torch.where(sink, 1, 2))
@@ -105,15 +123,24 @@ class _TaxonomyAccumulator:
         if self.per_doc is not None:
             self.per_doc.merge(other.per_doc)
 
+    def to_host(self) -> None:
+        """After a pass: what was accumulated on the model's device, to the host (once)."""
+        self.sums.to_host()
+        if self.per_doc is not None:
+            self.per_doc.to_host()
+        self.__dict__.pop("_sinks", None)
+
     def update(self, lc: Any) -> None:
         acts = lc.acts
         positions = lc.query_positions
         kv = kv_of_heads(acts.n_heads, acts.values.shape[2], positions.device)
         norms = einops.rearrange(acts.values[:, lc.keys].norm(dim=-1)[..., kv], "b k h -> b h k")
+        sinks = self.__dict__.get("_sinks")  # uploaded once per pass
+        if sinks is None or sinks.device != positions.device:
+            sinks = self._sinks = torch.tensor(self.sinks, device=positions.device)
         categories = winner_categories(
-            source_winners(lc.attention, norms, positions), positions, self.sinks
+            source_winners(lc.attention, norms, positions), positions, sinks
         )
-        sinks = torch.tensor(self.sinks, device=positions.device)
         counted = (lc.query_mask & ~torch.isin(positions, sinks))[:, None, :]
         counted = counted.expand(-1, acts.n_heads, -1)
         per_category = torch.nn.functional.one_hot(categories, len(CATEGORIES)) * counted[..., None]
@@ -132,6 +159,7 @@ class _TaxonomyAccumulator:
             )
 
 
+@saveable
 @dataclass(repr=False)
 class HeadTaxonomyResult(Result):
     """P2's source-winner taxonomy: one row per (layer, head) in `table`.
@@ -437,29 +465,51 @@ def head_taxonomy(
         tax.heads("Retriever")
         ```
     """
+    plan = _plan_head_taxonomy(
+        model,
+        corpus,
+        sink_positions=sink_positions,
+        layers=layers,
+        prepend_bos=prepend_bos,
+        per_document=per_document,
+    )
+    label = "head taxonomy" if progress else False
+    return run_plan(
+        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    )
+
+
+def _plan_head_taxonomy(
+    model: Model,
+    corpus: Any,
+    *,
+    sink_positions: Sequence[int],
+    layers: int | Sequence[int] | None,
+    prepend_bos: bool,
+    per_document: bool,
+    **_: Any,
+) -> CorpusPlan:
+    """[`head_taxonomy`][cw_lens.head_taxonomy]'s checks and accumulator, as a `CorpusPlan`
+    (its other arguments, the pass's, are ignored here)."""
     require_verified(model)
     docs = as_corpus(corpus)
     sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
     layer_list = resolve_layers(model, layers)
-    sums, record, n_documents = stream_layer_sums(
-        model,
-        docs,
-        _TaxonomyAccumulator(
-            sinks, layer_list, model.cfg.n_heads, len(docs) if per_document else None
-        ),
-        layer_list,
-        record="winners",
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        progress="head taxonomy" if progress else False,
-    )
-    return HeadTaxonomyResult(
-        table=_taxonomy_table(sums, layer_list),
-        sink_positions=sinks,
-        n_documents=n_documents,
-        model_name=str(getattr(model.cfg, "model_name", "")),
-        per_document=record,
-    )
+    n_documents = len(docs) if per_document else None
+    accumulator = _TaxonomyAccumulator(sinks, layer_list, model.cfg.n_heads, n_documents)
+    model_name = str(getattr(model.cfg, "model_name", ""))
+
+    def finish(accumulator: _TaxonomyAccumulator, stats: Any) -> HeadTaxonomyResult:
+        sums, record = layer_sums(accumulator, layer_list, "winners")
+        return HeadTaxonomyResult(
+            table=_taxonomy_table(sums, layer_list),
+            sink_positions=sinks,
+            n_documents=stats.n_documents,
+            model_name=model_name,
+            per_document=record,
+        )
+
+    return CorpusPlan("taxonomy", accumulator, layer_list, finish)
 
 
 def _taxonomy_table(sums: Float[Tensor, "layer head 6"], layers: list[int]) -> pd.DataFrame:

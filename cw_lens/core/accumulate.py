@@ -18,16 +18,15 @@ hold a fixed amount of memory whatever the number of documents:
   per-document state; `BootstrapSums` is the fixed-size alternative (seeded Poisson
   bootstrap replicates of exact sums).
 
-All have `merge(other)`; `cw_lens.data.distributed.merge_across_ranks` gathers and merges
-any
+All have `merge(other)`; `cw_lens.data.distributed.merge_across_ranks` gathers and merges any
 object with a `merge` method. `state_bytes` measures what an accumulator holds.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sys
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -36,7 +35,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from cw_lens.core import exact
+from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
+from cw_lens.core.memory import state_bytes  # noqa: F401  (re-exported: the tests read it here)
+from cw_lens.core.registry import saveable
+from cw_lens.core.row_hash import _hash_rows, _start_key, row_keys
+
+# Numbers an `ExactSums` buffers on a device other than the CPU before they travel to the host
+# (and into its limbs): one transfer per 2^20 numbers, 16 MB of buffer with their indices.
+DEVICE_BUFFER = 1 << 20
 
 
 def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
@@ -46,6 +53,7 @@ def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
     return torch.as_tensor(values, dtype=torch.float64, device="cpu")
 
 
+@saveable
 class ExactSums:
     """Named float64 sums, exact and independent of the order of addition and merging.
 
@@ -92,30 +100,54 @@ class ExactSums:
 
     def add_rows(self, docs: Sequence[int], name: str, values: Tensor) -> None:
         """Add `values[r]` (the numbers of document `docs[r]`) to `name` for every row."""
-        values = _float64(values).detach()
-        if values.ndim == 0 or values.shape[0] != len(docs):
-            raise InputError(
-                f"values must have one row per document ({len(docs)}), got {tuple(values.shape)}."
-            )
-        offset = self._slot(name, tuple(values.shape[1:]))
-        numel = values[0].numel()
-        self._totals.pop(name, None)
-        n = len(docs) * numel
-        if n > self.buffer:  # too large to buffer: fold it in directly
-            index = torch.arange(offset, offset + numel, device="cpu").repeat(len(docs))
-            self._fold(values.to("cpu", torch.float64).reshape(-1), index)
+        self.add_many(docs, [(name, values)])
+
+    def add_many(self, docs: Sequence[int], items: Sequence[tuple[str, Tensor]]) -> None:
+        """`add_rows(docs, name, values)` for every `(name, values)` of `items`, in one copy
+        into the buffer, which lives on the values' device: the numbers reach the host (and
+        the limbs) only when the buffer is full or a total is read.
+
+        Args:
+            docs: The documents of the rows.
+            items: `(name, values)` pairs, `values` with one row per document.
+        """
+        parts, slots = [], []
+        for name, values in items:
+            values = _float64(values).detach()
+            if values.ndim == 0 or values.shape[0] != len(docs):
+                got = f"{len(docs)}), got {tuple(values.shape)}"
+                raise InputError(f"values must have one row per document ({got}.")
+            slots.append((self._slot(name, tuple(values.shape[1:])), values[0].numel()))
+            parts.append(values.reshape(len(docs), slots[-1][1]))
+            self._totals.pop(name, None)
+        width = sum(numel for _, numel in slots)
+        device, n = parts[0].device if parts else None, len(docs) * width
+        if n == 0:
             return
-        if self._values is None:
+        cache = self.__dict__.setdefault("_index_rows", {})  # each layout's slot indices
+        if (tuple(slots), device) not in cache:
             with torch.inference_mode(False):
-                self._values = torch.empty(self.buffer, dtype=torch.float64, device="cpu")
-                self._index = torch.empty(self.buffer, dtype=torch.int64, device="cpu")
-        if self._n_buffered + n > self.buffer:
+                ranges = [torch.arange(o, o + k, device=device) for o, k in slots]
+                cache[tuple(slots), device] = torch.cat(ranges)
+        index = cache[tuple(slots), device]
+        capacity = self.buffer if device.type == "cpu" else max(self.buffer, DEVICE_BUFFER)
+        if n > capacity:  # too large to buffer: fold it in directly
+            rows = torch.cat([p.to("cpu", torch.float64) for p in parts], dim=1).reshape(-1)
+            self._fold(rows, index.to("cpu").repeat(len(docs)))
+            return
+        if self._values is None or self._values.device != device:
+            self._flush()
+            with torch.inference_mode(False):  # state outlives the (inference-mode) passes
+                self._values = torch.empty(capacity, dtype=torch.float64, device=device)
+                self._index = torch.empty(capacity, dtype=torch.int64, device=device)
+        if self._n_buffered + n > self._values.numel():
             self._flush()
         rows = slice(self._n_buffered, self._n_buffered + n)
-        self._values[rows].view(len(docs), numel).copy_(values.reshape(len(docs), numel))
-        self._index[rows].view(len(docs), numel).copy_(
-            torch.arange(offset, offset + numel, device="cpu")
-        )
+        buffered, start = self._values[rows].view(len(docs), width), 0
+        for part in parts:  # each cast to float64 as it is copied (exact)
+            buffered[:, start : start + part.shape[1]].copy_(part)
+            start += part.shape[1]
+        self._index[rows].view(len(docs), width).copy_(index)
         self._n_buffered += n
 
     def _fold(self, values: Tensor, index: Tensor) -> None:
@@ -128,7 +160,13 @@ class ExactSums:
     def _flush(self) -> None:
         if self._n_buffered:
             n, self._n_buffered = self._n_buffered, 0
-            self._fold(self._values[:n], self._index[:n])
+            self._fold(self._values[:n].to("cpu"), self._index[:n].to("cpu"))
+
+    def to_host(self) -> None:
+        """Fold the buffer into the limbs (on the host); release a buffer off the CPU."""
+        self._flush()
+        if self._values is not None and self._values.device.type != "cpu":
+            self._values = self._index = None
 
     def merge(self, other: ExactSums) -> None:
         self._flush()
@@ -168,35 +206,11 @@ class ExactSums:
         self._flush()  # what travels between ranks is the limbs alone, not the buffer
         state = dict(self.__dict__)
         state.update(_totals={}, _values=None, _index=None)
+        state.pop("_index_rows", None)  # a cache of the buffer's index rows
         return state
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (uint64 arithmetic wraps around)."""
-    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-def _start_key(seed: int, doc: int, group: str) -> int:
-    digest = hashlib.sha1(f"{seed}/{doc}/{group}".encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-def row_keys(seed: int, doc: int, group: str, rows: np.ndarray) -> np.ndarray:
-    """A uint64 hash per row of float32 `rows` `[n, c]`, seeded by `(seed, doc, group)`:
-    a function of the row and its document only."""
-    return _hash_rows(np.full(rows.shape[0], _start_key(seed, doc, group), np.uint64), rows)
-
-
-def _hash_rows(h: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Fold each row's float32 bits, column by column, into its start key `h`."""
-    bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    for c in range(rows.shape[1]):
-        h = _mix(h ^ (bits[:, c] | np.uint64(c << 32)))
-    return h
-
-
+@saveable
 class SampleReservoir:
     """At most `capacity` sample rows (`[n, n_columns]` float32) per named group.
 
@@ -364,6 +378,7 @@ class SampleReservoir:
             self._offer(group, rows, keys, docs)
 
 
+@saveable
 class Histogram:
     """Counts of values over `n_bins` bins on `(lo, hi)` per group, plus two edge bins:
     values `<= lo` and values `>= hi` (so clamped values are counted exactly).
@@ -429,20 +444,30 @@ class Histogram:
 
         `values` has the group axes of `counts[index]` followed by one axis of samples.
         """
+        # counted on the values' device, but asinh bins on the host's asinh (others round apart)
+        device = values.device if self.scale == "linear" else torch.device("cpu")
+        self.counts = self.counts.to(device)
         target = self.counts if index is None else self.counts[index]
         shape = target.shape[:-1]
-        values = values.detach().to("cpu").reshape(*shape, -1)
-        ok = ~values.isnan()
+        values = values.detach().to(device).reshape(*shape, -1)
+        ok, width = ~values.isnan(), self.n_bins + 2
         bins = self.bin_index(values.nan_to_num(self.lo))
-        n_groups = int(torch.tensor(shape, device="cpu").prod()) if len(shape) else 1
-        offsets = torch.arange(n_groups, device="cpu").reshape(*shape, 1) * (self.n_bins + 2)
-        flat = (bins + offsets)[ok]
-        target += torch.bincount(flat, minlength=n_groups * (self.n_bins + 2)).reshape(target.shape)
+        bins += torch.arange(math.prod(shape), device=device).reshape(*shape, 1) * width
+        # a NaN adds 0 (no selection of the valid values: that would wait for the device)
+        target.view(-1).index_add_(0, bins.masked_fill_(~ok, 0).reshape(-1), ok.reshape(-1).long())
+
+    def to_host(self) -> None:
+        """Bring the counts to the CPU (they follow the values' device while counting)."""
+        self.counts = self.counts.to("cpu")
+
+    def __getstate__(self) -> dict:
+        self.to_host()  # what is saved or travels between ranks is on the host
+        return dict(self.__dict__)
 
     def merge(self, other: Histogram) -> None:
         if other.counts.shape != self.counts.shape or other.binning != self.binning:
             raise InputError("Cannot merge histograms with different bins.")
-        self.counts += other.counts
+        self.counts += other.counts.to(self.counts.device)
 
     @property
     def total(self) -> Tensor:
@@ -473,30 +498,12 @@ class Histogram:
         lo, hi = self._axis()
         width = (hi - lo) / self.n_bins
         value = self._inverse(lo + (idx - 1).double() * width + frac * width)
-        value = torch.where(
-            idx == 0, torch.tensor(self.lo, dtype=torch.float64, device=value.device), value
-        )
-        value = torch.where(
-            idx == self.n_bins + 1,
-            torch.tensor(self.hi, dtype=torch.float64, device=value.device),
-            value,
-        )
-        return torch.where(
-            total[..., 0] > 0,
-            value,
-            torch.tensor(float("nan"), dtype=torch.float64, device=value.device),
-        )
+        value = torch.where(idx == 0, self.lo, value)  # float64 scalars: a float64 result
+        value = torch.where(idx == self.n_bins + 1, self.hi, value)
+        return torch.where(total[..., 0] > 0, value, math.nan)
 
 
-def merge_all(items: Iterable) -> object:
-    """Merge a sequence of accumulators of one type into the first (in order)."""
-    items = list(items)
-    first = items[0]
-    for other in items[1:]:
-        first.merge(other)
-    return first
-
-
+@saveable
 class PerDocument:
     """A few float32 numbers per document under named statistics (opt-in, for resampling).
 
@@ -527,24 +534,58 @@ class PerDocument:
     ) -> None:
         """Add `values[r]` to document `docs[r]`'s statistic `name` (to its part `at`,
         an index into `shape`, when given: e.g. one layer of a `(layer, head)` statistic)."""
-        if name not in self._column:
-            raise InputError(f"Unknown statistic {name!r}; this record keeps {self.names}.")
-        index = torch.as_tensor(list(docs), dtype=torch.long, device="cpu")
-        if len(index) and int(index.max()) >= self.values.shape[0]:
+        self.add_many(docs, [(name, values)], at=at)
+
+    def add_many(
+        self,
+        docs: Sequence[int],
+        items: Sequence[tuple[str, Tensor]],
+        at: int | tuple | None = None,
+    ) -> None:
+        """`add_rows(docs, name, values, at)` for every `(name, values)` of `items`, on the
+        values' device (the record follows it until `to_host`; each number is added in
+        float32 as on the host, in the same order).
+
+        Args:
+            docs: The documents of the rows.
+            items: `(name, values)` pairs, `values` with one row per document.
+            at: The part of `shape` the values go to (`None`: all of it).
+        """
+        unknown = [name for name, _ in items if name not in self._column]
+        if unknown:
+            raise InputError(f"Unknown statistic {unknown[0]!r}; this record keeps {self.names}.")
+        docs = [int(d) for d in docs]
+        if docs and max(docs) >= self.values.shape[0]:
             raise InputError(
-                f"Document {int(index.max())} is beyond the {self.values.shape[0]} documents "
+                f"Document {max(docs)} is beyond the {self.values.shape[0]} documents "
                 "this record was sized for."
             )
-        target = self.values[:, self._column[name]]
-        if at is not None:
-            target = target[(slice(None), *(at if isinstance(at, tuple) else (at,)))]
-        values = torch.as_tensor(values, device="cpu").detach().to("cpu", torch.float32)
-        target[index] += values.reshape(len(index), *target.shape[1:])
+        device = self.values.device  # off the CPU already, or to the first values' device
+        if items and device.type == "cpu" and to_tensor(items[0][1]).device.type != "cpu":
+            device = to_tensor(items[0][1]).device
+            self.values, self.seen = self.values.to(device), self.seen.to(device)
+        last = self.__dict__.get("_index")  # the batch's rows: one upload per batch
+        if last is None or last[0] != (docs, device):
+            last = self._index = (
+                (docs, device),
+                torch.tensor(docs, dtype=torch.long, device=device),
+            )
+        index = last[1]
+        part = (slice(None), *(() if at is None else at if isinstance(at, tuple) else (at,)))
+        for name, values in items:
+            target = self.values[:, self._column[name]][part]
+            values = to_tensor(values).detach().to(device, torch.float32)
+            target[index] += values.reshape(len(index), *target.shape[1:])
         self.seen[index] = True
+
+    def to_host(self) -> None:
+        """Bring the record to the CPU (it follows the values' device while recording)."""
+        self.values, self.seen, self._index = self.values.to("cpu"), self.seen.to("cpu"), None
 
     def merge(self, other: PerDocument) -> None:
         if other.names != self.names or other.values.shape != self.values.shape:
             raise InputError("Cannot merge per-document records of different statistics.")
+        self.to_host(), other.to_host()
         both = self.seen & other.seen
         if bool(both.any()):
             docs = both.nonzero().flatten()[:5].tolist()
@@ -555,11 +596,17 @@ class PerDocument:
 
     def table(self, name: str | None = None) -> Float[Tensor, "document ..."]:
         """The numbers of the documents seen, in document order: `[document, statistic,
-        *shape]`, or `[document, *shape]` for one statistic `name`."""
+        *shape]`, or `[document, *shape]` for one statistic `name` (on the host)."""
+        self.to_host()
         values = self.values[self.seen]
         return values if name is None else values[:, self._column[name]]
 
+    def __getstate__(self) -> dict:
+        self.to_host()  # what is saved or travels between ranks is on the host
+        return {k: v for k, v in self.__dict__.items() if k != "_index"}
 
+
+@saveable
 class BootstrapSums:
     """Seeded Poisson-bootstrap replicates of exact sums: a fixed-size alternative to
     `PerDocument`.
@@ -602,33 +649,3 @@ class BootstrapSums:
 
     def total(self, name: str) -> Tensor:
         return self.sums.total(name)
-
-
-def state_bytes(obj: object) -> int:
-    """Bytes an accumulator holds: tensors and arrays by their storage, other objects by
-    `sys.getsizeof`, followed through attributes and containers (each object counted once).
-
-    Used by the tests to check that accumulator state does not grow with the corpus."""
-    seen: set[int] = set()
-
-    def walk(x: object) -> int:
-        if isinstance(x, (str, bytes, int, float, bool)):  # shared singletons: count each use
-            return sys.getsizeof(x)
-        if id(x) in seen or x is None or isinstance(x, type):
-            return 0
-        seen.add(id(x))
-        if isinstance(x, Tensor):
-            return x.untyped_storage().nbytes()
-        if isinstance(x, np.ndarray):
-            return int(x.nbytes if x.base is None else walk(x.base))
-        if isinstance(x, dict):
-            return sys.getsizeof(x) + sum(walk(k) + walk(v) for k, v in x.items())
-        if isinstance(x, (list, tuple, set, frozenset)):
-            return sys.getsizeof(x) + sum(walk(v) for v in x)
-        if callable(x) and not hasattr(x, "__dict__"):
-            return 0
-        if hasattr(x, "__dict__"):  # attributes (an instance dict's size is CPython's detail)
-            return sys.getsizeof(x) + sum(walk(v) for v in vars(x).values())
-        return sys.getsizeof(x)
-
-    return walk(obj)

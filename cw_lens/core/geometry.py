@@ -192,13 +192,25 @@ def sink_term(
     attention: Float[Tensor, "batch head query key"],
     values: Float[Tensor, "batch key kv_head d_head"],
     sink_mask: Bool[Tensor, "batch key"],
+    cols: Tensor | None = None,
 ) -> Float[Tensor, "batch query head d_head"]:
     """`sum_{j in sinks} alpha[i,j] v_j` — the sink's share of `z_i` (value space).
 
     Only the (few) sink columns are read: the positions that are a sink in any row.
+
+    Args:
+        attention: The attention of a block of query rows.
+        values: The values of its keys.
+        sink_mask: True at the sink positions of each row.
+        cols: The positions that are a sink in some row, ascending, when the caller knows
+            them (found here from the mask, they cost a device synchronisation).
+
+    Returns:
+        The sink term `[batch, query, head, d_head]`.
     """
-    cols = sink_mask.any(0).nonzero().flatten()
-    cols = cols[cols < attention.shape[-1]]
+    if cols is None:
+        cols = sink_mask.any(0).nonzero().flatten()
+        cols = cols[cols < attention.shape[-1]]
     if cols.numel() == 0:
         b, h, q, _ = attention.shape
         return attention.new_zeros(b, q, h, values.shape[-1])

@@ -35,9 +35,12 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 from collections.abc import Sequence
 
+import numpy as np
 import torch
+from torch import Tensor
 
 from cw_lens.core.errors import InputError, MemoryBudgetError
 
@@ -245,3 +248,40 @@ def check_memory(
         + f". To allow it, pass memory_budget= (bytes or a size like '64GB', 'none' for no "
         f"limit) or set ${MEMORY_ENV}."
     )
+
+
+def state_bytes(obj: object) -> int:
+    """Bytes an accumulator holds: tensors and arrays by their storage, other objects by
+    `sys.getsizeof`, followed through attributes and containers (each object counted once).
+
+    Used by the tests to check that accumulator state does not grow with the corpus.
+
+    Args:
+        obj: The accumulator (any object).
+
+    Returns:
+        The bytes.
+    """
+    seen: set[int] = set()
+
+    def walk(x: object) -> int:
+        if isinstance(x, (str, bytes, int, float, bool)):  # shared singletons: count each use
+            return sys.getsizeof(x)
+        if id(x) in seen or x is None or isinstance(x, type):
+            return 0
+        seen.add(id(x))
+        if isinstance(x, Tensor):
+            return x.untyped_storage().nbytes()
+        if isinstance(x, np.ndarray):
+            return int(x.nbytes if x.base is None else walk(x.base))
+        if isinstance(x, dict):
+            return sys.getsizeof(x) + sum(walk(k) + walk(v) for k, v in x.items())
+        if isinstance(x, (list, tuple, set, frozenset)):
+            return sys.getsizeof(x) + sum(walk(v) for v in x)
+        if callable(x) and not hasattr(x, "__dict__"):
+            return 0
+        if hasattr(x, "__dict__"):  # attributes (an instance dict's size is CPython's detail)
+            return sys.getsizeof(x) + sum(walk(v) for v in vars(x).values())
+        return sys.getsizeof(x)
+
+    return walk(obj)

@@ -36,6 +36,8 @@ import hashlib
 import io
 import json
 import math
+import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,16 +156,47 @@ def unpack(path: Path, sha256: str | None) -> RunReplicates:
             meta = json.loads(str(npz["meta"]))
             arrays = [npz[f"n{i}"] for i in range(len(meta["numbers"]))]
             documents = [str(d) for d in npz["documents"]]
-    except (ValueError, KeyError, OSError) as exc:
+        return _checked(meta, arrays, documents)
+    except InputError as exc:
         raise InputError(f"{path} is not a cw_lens replicates file ({exc}).") from None
-    numbers = {(c, n): a for (c, n), a in zip(meta["numbers"], arrays, strict=True)}
-    return RunReplicates(
-        numbers,
-        documents,
-        meta["documents_per_claim"],
-        meta["bootstrap"],
-        meta.get("claim_documents", {}),  # absent from files written before it was recorded
-    )
+    except (ValueError, KeyError, OSError, EOFError, TypeError, IndexError, AttributeError,
+            RecursionError, zipfile.BadZipFile, zlib.error) as exc:  # fmt: skip
+        raise InputError(
+            f"{path} is not a cw_lens replicates file ({type(exc).__name__}: {str(exc)[:200]})."
+        ) from None
+
+
+def _checked(meta: Any, arrays: list[np.ndarray], documents: list[str]) -> RunReplicates:
+    """The file's contents, every entry of the kind `pack` writes (else an `InputError`)."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    if not isinstance(meta, dict):
+        raise InputError("its record is not an object")
+    keys = meta["numbers"]
+    if not all(
+        isinstance(k, list) and len(k) == 2 and all(isinstance(x, str) for x in k) for k in keys
+    ):
+        raise InputError("its numbers are not (claim, number) names")
+    if not all(a.ndim == 1 and a.dtype.kind == "f" for a in arrays):
+        raise InputError("its replicates are not one-dimensional float arrays")
+    per_claim = meta["documents_per_claim"]
+    if not isinstance(per_claim, dict) or not all(count(n) for n in per_claim.values()):
+        raise InputError("its document counts are not counts")
+    bootstrap = meta["bootstrap"]
+    if not isinstance(bootstrap, dict) or not all(
+        count(bootstrap[k]) for k in ("resamples", "seed")
+    ):
+        raise InputError("its bootstrap record is not a count of resamples and a seed")
+    claim_documents = meta.get("claim_documents", {})  # absent from files written before it
+    if not isinstance(claim_documents, dict) or not all(
+        isinstance(p, list) and all(count(i) and i < len(documents) for i in p)
+        for p in claim_documents.values()
+    ):
+        raise InputError("its documents per claim are not positions of its documents")
+    numbers = {(c, n): a for (c, n), a in zip(keys, arrays, strict=True)}
+    return RunReplicates(numbers, documents, per_claim, bootstrap, claim_documents)
 
 
 @dataclass(frozen=True)

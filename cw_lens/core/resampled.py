@@ -12,8 +12,10 @@ What each interval is of, where the exact number cannot be recomputed from per-d
 - `median_cancelled_share` (`sink_cancels_drift`): the median over sink heads of each
   head's median cancelled share read from per-document *coarse* histograms (24 bins equal in
   `asinh(v / 1e-3)` on `[-10, 10]`, an edge at 0, plus the two edge bins: the sign of a
-  head's median is exact, its size resolved to a factor of about 2.5) instead of the fine
-  histogram of the point value.
+  head's median is exact, its size resolved to a factor of about 2.5). The claim's value is
+  read from the same histograms summed over the corpus (`SinkStatisticsResult.claims`), not
+  from the fine histogram of `heads()`' `drift_cancelled_median`, so the value and its interval
+  are one number's (on the gallery's 256 windows: 0.1788, where the fine histogram reads 0.1799).
 - `median_abs_rho_*` (`sink_contribution_drivers`): per head, the Spearman rho over the
   kept factor samples, each counted as often as its document is drawn — the rho of the
   resampled corpus exactly when every entry was kept (the reservoirs' capacity not reached),

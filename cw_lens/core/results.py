@@ -31,6 +31,9 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from cw_lens.core.errors import InputError
+from cw_lens.core.loading import read_file
+from cw_lens.core.registry import class_name, saveable
+from cw_lens.core.saving import write_file
 
 _REPR_LIMIT = 380
 
@@ -202,7 +205,8 @@ class Result:
         The file is a safetensors file: the tensors (and numeric arrays and DataFrame
         columns) as its tensors, everything else as JSON in its metadata, with a format
         version (`cw_lens.core.saving` describes the format). No pickle: loading runs no code
-        from the file. The loaded result equals this one field by field.
+        from the file, and builds only classes cw_lens registered. The loaded result equals
+        this one field by field.
 
         Args:
             path: The file to write (conventionally `*.safetensors`); an existing file is
@@ -222,9 +226,73 @@ class Result:
             >>> cw_lens.load_result(path).top(k=2).equals(rollout.top(k=2))
             True
         """
-        from cw_lens.core.saving import save_result
-
         save_result(self, path)
+
+
+def save_result(result: Result, path: str | os.PathLike[str]) -> None:
+    """Write `result` (a [`Result`][cw_lens.Result]) to `path` (`cw_lens.core.saving` gives the
+    format).
+
+    Args:
+        result: Any public cw_lens result.
+        path: The file to write (conventionally ending in `.safetensors`); its folder must
+            exist, and an existing file is replaced.
+
+    Raises:
+        InputError: when a field holds a value the format cannot store (a function, an
+            object of another library); the message names the field.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> import cw_lens
+        >>> from cw_lens.core.results import save_result
+        >>> model = cw_lens.load_model("testing:tiny-llama")
+        >>> shares = cw_lens.residual_shares(model, "A short text.", layers=[0])
+        >>> save_result(shares, pathlib.Path(tempfile.mkdtemp()) / "shares.safetensors")
+    """
+    if not isinstance(result, Result):
+        raise InputError(f"save_result saves cw_lens results, got a {type(result).__name__}.")
+    write_file(result, path, **{"class": class_name(type(result))})
+
+
+def load_result(path: str | os.PathLike[str]) -> Result:
+    """Load a result written by `result.save(path)`.
+
+    The result comes back as the class that was saved, every field equal to the saved one;
+    tensors are on the CPU (move them with `.to(device)` where needed). No code is run from
+    the file: it holds tensors and JSON, never pickles, and the only classes it can name are
+    the ones cw_lens registered (its results and the values their fields hold), checked
+    before anything is built. A result file from someone else is safe to open.
+
+    Args:
+        path: A file written by [`Result.save`][cw_lens.Result.save].
+
+    Returns:
+        The result ([`ContributionResult`][cw_lens.ContributionResult],
+        [`SinkStatisticsResult`][cw_lens.SinkStatisticsResult], ...).
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        InputError: when the file is not a cw_lens result, was written by a later format
+            version (upgrade cw_lens), names a class this cw_lens does not read, or is
+            damaged.
+
+    Examples:
+        >>> import tempfile, pathlib
+        >>> import cw_lens
+        >>> model = cw_lens.load_model("testing:tiny-llama")
+        >>> stats = cw_lens.sink_statistics(model, ["A first text.", "And a second one."],
+        ...                                 min_query=2, progress=False)
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "stats.safetensors"
+        >>> stats.save(path)
+        >>> again = cw_lens.load_result(path)
+        >>> again.heads().equals(stats.heads())
+        True
+    """
+    value = read_file(path)
+    if not isinstance(value, Result):
+        raise InputError(f"{str(path)!r} holds a {type(value).__name__}, not a cw_lens result.")
+    return value
 
 
 def _take(value: Any, axis: int, index: int) -> Any:
@@ -259,6 +327,7 @@ def dict_frame(values: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame([{k: v for k, v in values.items()}])
 
 
+@saveable
 class ClaimsTable(dict):
     """The claims of a result: `{claim id: claim dict}` (`paper`, `measured`, `holds`,
     `criterion`, `checks`) that prints as a table.

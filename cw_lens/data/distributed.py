@@ -11,19 +11,17 @@ gloo on CPU, nccl on GPU.
 
 Example (2 CPU processes):
 
-    torchrun --nproc-per-node 2 -m cw_lens.cli figures --out figures-ddp
+    torchrun --nproc-per-node 2 -m cw_lens.reporting.cli figures --out figures-ddp
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-
-from cw_lens.core.accumulate import merge_all
 
 
 def init_from_env(device: str | None = None) -> tuple[int, int] | None:
@@ -125,3 +123,19 @@ def barrier() -> None:
         import torch.distributed as dist
 
         dist.barrier()
+
+
+def merge_all(items: Iterable) -> object:
+    """Merge a sequence of accumulators of one type into the first (in order).
+
+    Args:
+        items: Accumulators with a `merge` method (at least one).
+
+    Returns:
+        The first, with the others merged into it.
+    """
+    items = list(items)
+    first = items[0]
+    for other in items[1:]:
+        first.merge(other)
+    return first

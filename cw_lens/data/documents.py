@@ -19,8 +19,9 @@ Sources
     sorted file order — on Python 3.11, 1,510 docstrings, 226k SmolLM2 tokens (882 windows of 256
     tokens); parsing takes a few seconds, once per process. Windowed like `"pydoc"`.
 `"pydoc+stdlib"`
-    Both, pydoc's topics first (1,324 windows of 256 tokens on Python 3.11, where `"pydoc"`
-    alone holds 441): the offline corpus for paper-scale runs.
+    Both texts joined, pydoc's topics first, then windowed: 1,324 windows of 256 tokens on
+    Python 3.11, one more than `"pydoc"`'s 441 and `"stdlib"`'s 882, since the two texts'
+    leftover tokens join into a window. The offline corpus for paper-scale runs.
 `"ioi"`
     Indirect-object sentences ("When Mary and John went to the store, John gave a drink to"
     -> " Mary"), 10 templates x 40 names x places x objects, seeded.

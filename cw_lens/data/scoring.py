@@ -79,6 +79,9 @@ def keep_correct(model: Any, documents: Sequence[Document], limit: int) -> list[
     return [d for d, ok in zip(documents, scores.correct.tolist(), strict=False) if ok][:limit]
 
 
+# The per-document record of `corpus_nll` (`per_document=True`): each document's NLL sum and
+# the number of positions scored.
+NLL_SUMS = ("nll", "count")
 # Rows of the vocabulary-sized logits reduced at a time by `log_normalisers`.
 NLL_ROWS = 32
 
@@ -128,6 +131,25 @@ class NLLResult:
         if self.per_doc is not None:
             self.per_doc.merge(other.per_doc)
 
+    def add_batch(self, batch: TokenBatch, logits: Tensor) -> None:
+        """Add one document batch's next-token NLL sums and counts, from its logits.
+
+        Args:
+            batch: The document batch.
+            logits: Its logits `[batch, pos, vocab]`.
+        """
+        nll = token_nll(logits, batch.tokens, batch.mask)
+        rows = [("nll", nll.nansum(-1)), ("count", (~nll.isnan()).sum(-1))]
+        self.sums.add_many(batch.documents, rows)
+        if self.per_doc is not None:
+            self.per_doc.add_many(batch.documents, rows)
+
+    def to_host(self) -> None:
+        """Bring what was accumulated on the model's device to the host."""
+        self.sums.to_host()
+        if self.per_doc is not None:
+            self.per_doc.to_host()
+
 
 def run_logits(model: Any, batch: TokenBatch, hooks: HookSource = ()) -> Tensor:
     """Logits of one batch with interventions (a hook list, or a function of the batch)."""
@@ -153,12 +175,9 @@ def corpus_nll(
         batches = batches[shard[0] :: shard[1]]
     result = NLLResult(
         ExactSums(),
-        PerDocument(["nll", "count"], prepared.tokens.shape[0]) if per_document else None,
+        PerDocument(NLL_SUMS, prepared.tokens.shape[0]) if per_document else None,
     )
     for batch in batches:
-        nll = token_nll(run_logits(model, batch, hooks), batch.tokens, batch.mask)
-        for name, rows in (("nll", nll.nansum(-1)), ("count", (~nll.isnan()).sum(-1))):
-            result.sums.add_rows(batch.documents, name, rows)
-            if result.per_doc is not None:
-                result.per_doc.add_rows(batch.documents, name, rows)
+        result.add_batch(batch, run_logits(model, batch, hooks))
+    result.to_host()
     return merge_across_ranks(result)

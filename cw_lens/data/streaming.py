@@ -296,8 +296,9 @@ def stream_corpus(
     count_nan: Sequence[str] = (),
 ) -> tuple[object, object]:
     """Feed a corpus through [`stream_contributions`][cw_lens.stream_contributions] into an
-    accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`), sharded
-    over torchrun ranks when a process group is up; returns the merged accumulator and stats.
+    accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`, and
+    `to_host()`, called once after the pass), sharded over torchrun ranks when a process group
+    is up; returns the merged accumulator and stats.
     """
     shard = current_shard()
     stats = stream_contributions(
@@ -313,4 +314,6 @@ def stream_corpus(
         count_nan=count_nan,
         shard=shard,
     )
+    if callable(getattr(accumulator, "to_host", None)):
+        accumulator.to_host()  # what it kept on the model's device, to the host once per pass
     return merge_across_ranks(accumulator), merge_across_ranks(stats)

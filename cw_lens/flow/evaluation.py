@@ -37,8 +37,9 @@ import torch
 from torch import Tensor
 
 from cw_lens.analyses.faithfulness import rank_candidates
-from cw_lens.core.deprecation import keyword_only, renamed_classes
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
@@ -81,6 +82,7 @@ def _seed(*parts: Any) -> int:
 # --------------------------------------------------------------------------- deletion test
 
 
+@saveable
 @dataclass(repr=False)
 class RolloutDeletionResult(Result):
     """Outcome of the deletion test: one record per (item, ranking, draw, k).
@@ -199,7 +201,7 @@ class RolloutDeletionResult(Result):
         """
         return self.aopc().sort_values(ascending=False).head(k).rename("aopc").reset_index()
 
-    def plot(self, **kwargs: Any):
+    def plot(self, **kwargs: Any) -> Any:
         """The mean drop against k, per ranking.
 
         Args:
@@ -342,6 +344,7 @@ def word_positions(model: Any, text: str, word: str, prepend_bos: bool = True) -
     return out
 
 
+@saveable
 @dataclass(repr=False)
 class IOIRouteStatisticsResult(Result):
     """Routes from the answer position of IOI items.
@@ -561,10 +564,3 @@ def ioi_route_statistics(
     mlps = mr.groupby(["layer", "where"]).size().rename("io_embedding_items").reset_index()
     items = pd.DataFrame(rows).sort_values("item").reset_index(drop=True)
     return IOIRouteStatisticsResult(items, heads, threshold, mlps)
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(
-    __name__, RolloutDeletion=RolloutDeletionResult, IOIRouteStatistics=IOIRouteStatisticsResult
-)

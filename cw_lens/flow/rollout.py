@@ -38,6 +38,7 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.deprecation import deprecated
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
@@ -48,6 +49,7 @@ from cw_lens.models.verify import require_flow, require_verified
 METHODS = ("contribution", "attention")
 
 
+@saveable
 @dataclass(repr=False)
 class RolloutResult(Result):
     """Contribution and attention rollout of a few texts, `[batch, query, key]`.
@@ -164,7 +166,7 @@ class RolloutResult(Result):
         df = self.to_dataframe(batch=batch, query=self._row(batch, query)[1])
         return df.sort_values(by, ascending=False).head(k).reset_index(drop=True)
 
-    def plot(self, *, batch: int = 0, query: int | None = None, **kwargs: Any):
+    def plot(self, *, batch: int = 0, query: int | None = None, **kwargs: Any) -> Any:
         """Contribution rollout next to attention rollout (matrices and one query's row).
 
         Args:

@@ -30,8 +30,9 @@ import torch
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
-from cw_lens.core.deprecation import keyword_only, renamed_classes, renamed_kwargs
+from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
@@ -103,6 +104,7 @@ class RouteCollector:
         return edges, nodes, [bool(s) for s in self.sequential]
 
 
+@saveable
 @dataclass(repr=False)
 class RouteGraphResult(Result):
     """The routes to one target position.
@@ -282,7 +284,7 @@ class RouteGraphResult(Result):
             .reset_index()
         )
 
-    def plot(self, **kwargs: Any):
+    def plot(self, **kwargs: Any) -> Any:
         """The routes over layers x positions (matplotlib).
 
         Args:
@@ -523,8 +525,3 @@ def routes(
         batch.str_tokens(model)[0],
         str(getattr(model.cfg, "model_name", "")),
     )
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, RouteGraph=RouteGraphResult)

@@ -44,10 +44,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
-from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import projected_value_norms
 from cw_lens.core.memory import check_memory, pair_field_bytes
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, run_batches
@@ -60,6 +60,7 @@ from cw_lens.models.verify import require_flow
 PIECES = ("residual", "attention", "bias", "mlp")
 
 
+@saveable
 class LayerSharesResult(Result):
     """Residual shares of one block for one block of query rows (the streaming unit).
 
@@ -445,6 +446,7 @@ def stream_shares(
 # ---------------------------------------------------------------------------- the result
 
 
+@saveable
 @dataclass(repr=False)
 class ResidualSharesResult(Result):
     """Residual contribution shares of a few texts.
@@ -600,7 +602,7 @@ class ResidualSharesResult(Result):
         order = df["share"].abs() if absolute else df["share"]
         return df.loc[order.sort_values(ascending=False).index].head(k).reset_index(drop=True)
 
-    def plot(self, *, query: int | None = None, batch: int = 0, **kwargs: Any):
+    def plot(self, *, query: int | None = None, batch: int = 0, **kwargs: Any) -> Any:
         """Residual / attention / MLP / bias share per layer for one query.
 
         Args:
@@ -735,10 +737,3 @@ def residual_shares(
         layers=layer_list,
         model_name=str(getattr(model.cfg, "model_name", "")),
     )
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(
-    __name__, LayerShares=LayerSharesResult, ResidualShares=ResidualSharesResult
-)

@@ -17,7 +17,8 @@ side by side for the clean and the patched pass:
 Each pass is one forward pass (weights, logits and cone measures are read from the same run).
 The clean pass does not depend on the patch, so it can be computed once and passed back in
 (`clean=`); that is what the live widget ([`cw_lens.sink_patcher`][cw_lens.sink_patcher]) does on
-every change.
+every change. With the clean pass's residual stream (`stream=`, `cw_lens.interactive.resume`)
+the patched pass starts at the first patched layer instead of at the embedding.
 
 The public functions' docstrings have runnable examples.
 """
@@ -44,17 +45,20 @@ from cw_lens.analyses.contributions import (
     contribution_weights,
 )
 from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
-from cw_lens.core.deprecation import renamed_classes, renamed_kwargs
+from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.scoring import token_nll
+from cw_lens.interactive.resume import CleanStream, ResumePlan
 from cw_lens.models.access import Model, resolve_heads, resolve_layers
 from cw_lens.models.edits import HookSet
 from cw_lens.models.interventions import patch_sink
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
+@saveable
 @dataclass(frozen=True)
 class PatchControls:
     """What to patch: a range of layers, heads, `lambda`, mode and sink positions.
@@ -235,6 +239,7 @@ class PatchControls:
         )
 
 
+@saveable
 @dataclass
 class SinkRun:
     """One pass over one text (clean, or under a patch): what the views show.
@@ -371,6 +376,7 @@ def _k_first(top: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
     return wrapper
 
 
+@saveable
 @dataclass(repr=False)
 class SinkPatchComparisonResult(Result):
     """Result of [`compare_sink_patch`][cw_lens.compare_sink_patch]: the clean and the patched
@@ -506,6 +512,7 @@ def compare_sink_patch(
     top_k: int = 5,
     clean: SinkRun | None = None,
     memory_budget: float | str | None = None,
+    stream: CleanStream | None = None,
 ) -> SinkPatchComparisonResult:
     """Run `inputs` clean and with the sink patched; everything the views show, both ways.
 
@@ -526,6 +533,10 @@ def compare_sink_patch(
         memory_budget: Bytes the two runs' contribution weights may take together (as for
             [`contribution_weights`][cw_lens.contribution_weights]); over it,
             [`MemoryBudgetError`][cw_lens.MemoryBudgetError] is raised before any pass.
+        stream: The residual stream of the clean pass of `clean`
+            (`cw_lens.interactive.resume.CleanStream`, recorded by `clean_run(..., stream=)`):
+            the patched pass then starts at the first patched layer, bit-equal to the full
+            pass (where that cannot be vouched for it runs in full and says why: `stream.note`).
 
     Returns:
         A [`SinkPatchComparisonResult`][cw_lens.SinkPatchComparisonResult].
@@ -574,9 +585,13 @@ def compare_sink_patch(
                 "The clean run given does not match this text, sinks, kind and top_k or lacks "
                 f"layers {sorted(missing)}; compute it with run_text(...) for these settings."
             )
-    patched = run_text(
-        model, batch, layers=view, patch=controls, cone_layers=controls.layer_list, **kw
-    )
+    first = controls.layers[0]
+    plan = ResumePlan(view, view, 0) if stream is None else stream.plan(model, batch, first, view)
+    with plan.context(model):
+        patched = run_text(
+            model, batch, layers=plan.layers, patch=controls, cone_layers=controls.layer_list, **kw
+        )
+    patched.weights = plan.weights(clean.weights, patched.weights)
     ids = torch.cat([clean.top_ids.flatten(), patched.top_ids.flatten()])
     return SinkPatchComparisonResult(
         controls,
@@ -585,8 +600,3 @@ def compare_sink_patch(
         batch.str_tokens(model)[0],
         token_strings(model, ids),
     )
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, SinkPatchComparison=SinkPatchComparisonResult)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,7 @@ from cw_lens.interactive.comparison import (
     run_text,
     token_strings,
 )
+from cw_lens.interactive.resume import CleanStream
 from cw_lens.models.access import resolve_layers
 from cw_lens.viz.payload import initial_state, page_header, patched_payload, run_payload
 from cw_lens.viz.view import DEFAULT_MAX_MB, check_size, render_page, write
@@ -63,15 +65,41 @@ def default_view_layers(n_layers: int, k: int = 4) -> list[int]:
 
 
 def clean_run(
-    model: Any, text: str, *, sinks: Sequence[int] = (0,), kind: str = "intra", top_k: int = 5
+    model: Any,
+    text: str,
+    *,
+    sinks: Sequence[int] = (0,),
+    kind: str = "intra",
+    top_k: int = 5,
+    stream: CleanStream | None = None,
 ) -> SinkRun:
     """The clean run of `text` with every layer's maps and cone measures (what the widget
-    computes once per text and sink positions)."""
+    computes once per text and sink positions).
+
+    Args:
+        model: The model.
+        text: The one text.
+        sinks: The sink positions (for the cone measures).
+        kind: `"intra"` or `"inter"` contribution weights.
+        top_k: How many next tokens to keep per position.
+        stream: An empty [`CleanStream`][cw_lens.interactive.resume.CleanStream]: it records
+            the residual stream of the same pass, from which patched passes resume.
+
+    Returns:
+        The clean [`SinkRun`][cw_lens.interactive.comparison.SinkRun].
+    """
     batch = prepare_inputs(model, text)
     all_layers = list(range(model.cfg.n_layers))
-    return run_text(
-        model, batch, layers=all_layers, cone_layers=all_layers, sinks=sinks, kind=kind, top_k=top_k
-    )
+    with nullcontext() if stream is None else stream.recording(model, batch.tokens):
+        return run_text(
+            model,
+            batch,
+            layers=all_layers,
+            cone_layers=all_layers,
+            sinks=sinks,
+            kind=kind,
+            top_k=top_k,
+        )
 
 
 def _quiet(fn: Any, *args: Any, **kw: Any) -> Any:
@@ -92,12 +120,31 @@ def patch_state(
     kind: str = "intra",
     top_k: int = 5,
     clean: SinkRun | None = None,
+    stream: CleanStream | None = None,
+    with_data: bool = True,
 ) -> dict:
     """The widget's state for `controls`: `{"data": ..., "patched": ...}`.
 
     `data` is the static part and the clean run with the maps of `layer` (every head);
-    `patched` the run with the sink patched, with its changes from the clean run. `clean`
-    (from `clean_run`) skips the clean pass.
+    `patched` the run with the sink patched, with its changes from the clean run.
+
+    Args:
+        model: The model.
+        text: The one text.
+        controls: The patch (`PatchControls` or its JSON form).
+        layer: The viewed layer.
+        head: The initial head (`None`: the first; `"all"`).
+        query: The initial query (`None`: the last position).
+        kind: `"intra"` or `"inter"` contribution weights.
+        top_k: How many next tokens to keep per position.
+        clean: The clean run (from `clean_run`): skips the clean pass.
+        stream: The clean pass's residual stream (recorded with `clean`): the patched pass
+            starts at the first patched layer.
+        with_data: Build `data`; `False` gives `None` there (the widget resends `data` only
+            when the viewed layer or the sinks change).
+
+    Returns:
+        `{"data": ..., "patched": ...}`, plain JSON-ready data.
     """
     if not isinstance(controls, PatchControls):
         controls = PatchControls.from_dict(model, dict(controls))
@@ -115,7 +162,10 @@ def patch_state(
         kind=kind,
         top_k=top_k,
         clean=clean,
+        stream=stream,
     )
+    if not with_data:
+        return {"data": None, "patched": patched_payload(cmp, [layer])}
     heads = list(cmp.clean.weights.heads)
     data = page_header(cmp.clean.weights, 0, [layer], heads)
     data["choices"] = list(range(model.cfg.n_layers))
@@ -186,7 +236,9 @@ def sink_patch_data(
     n = batch.tokens.shape[1]
     check_size(n, len(view), model.cfg.n_heads, n_runs, max_mb, "fewer layers=[...] or ranges")
     kw = dict(sinks=sink_positions, kind=kind, top_k=top_k)
-    clean = _quiet(run_text, model, batch, layers=view, cone_layers=patched_layers, **kw)
+    stream = CleanStream()  # the sweep's patched passes resume from the clean pass's stream
+    with stream.recording(model, batch.tokens):
+        clean = _quiet(run_text, model, batch, layers=view, cone_layers=patched_layers, **kw)
     runs: dict[str, Any] = {}
     for (ri, si, mi), c in controls.items():
         cmp = _quiet(
@@ -199,6 +251,7 @@ def sink_patch_data(
             sink_positions=sink_positions,
             view_layers=view,
             clean=clean,
+            stream=stream,
             **{k: v for k, v in kw.items() if k != "sinks"},
         )
         runs[f"{ri},{si},{mi}"] = patched_payload(cmp, view)

@@ -5,10 +5,12 @@ layer, head and query, the factors on hover, the head grid) and the sink-norm ab
 methods § Attention sinks (docs/methods.md#sinks) ([`cw_lens.patch_sink`][cw_lens.patch_sink]:
 `pv_0^h -> lambda pv_0^h`) with live controls — the layer range, heads (all or a subset), `lambda`
 in [0, 2], the mode (`scale` / `norm_matched`) and the sink position(s). On every change the kernel
-re-runs the model with the patch (one forward pass; the clean pass is computed once per text and
-sink positions) and the front end shows, clean next to patched: the top-k next-token probabilities,
-the per-token NLL change, the chosen head's attention and contribution matrices, and the per-head
-output norms and cone alignment of the patched layers.
+re-runs the model with the patch — one pass that starts at the first patched layer from the clean
+pass's residual stream (`cw_lens.interactive.resume`; bit-equal to the full patched pass, which
+runs instead where resuming cannot be vouched for: `last_pass` says which), the clean pass being
+computed once per text and sink positions — and the front end shows, clean next to patched: the
+top-k next-token probabilities, the per-token NLL change, the chosen head's attention and
+contribution matrices, and the per-head output norms and cone alignment of the patched layers.
 
 The numbers come from `cw_lens.interactive.view_state.patch_state` (plain data); the front
 end is the
@@ -35,6 +37,7 @@ except ImportError as err:  # pragma: no cover - the optional extra is missing
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import CwLensError, InputError
 from cw_lens.interactive.comparison import PatchControls, SinkRun
+from cw_lens.interactive.resume import CleanStream
 from cw_lens.interactive.view_state import clean_run, patch_state, sink_patch_html
 from cw_lens.models.access import Model, resolve_layers
 
@@ -78,7 +81,10 @@ class SinkPatcher(anywidget.AnyWidget):
             model, layers=layers, heads=heads, scale=scale, mode=mode, sink_positions=sink_positions
         )
         layer = controls.layers[1] if layer is None else resolve_layers(model, [layer])[0]
-        self._clean: SinkRun = clean_run(model, text, sinks=controls.sinks, kind=kind, top_k=top_k)
+        self._stream = CleanStream()  # the clean pass's residual stream: patched passes resume
+        self._clean: SinkRun = clean_run(
+            model, text, sinks=controls.sinks, kind=kind, top_k=top_k, stream=self._stream
+        )
         state = self._state(controls, layer, head, query)
         with self.hold_sync():
             self.data, self.patched = state["data"], state["patched"]
@@ -87,11 +93,21 @@ class SinkPatcher(anywidget.AnyWidget):
         self.observe(self._changed, names=["controls", "view"])
 
     def _state(
-        self, controls: PatchControls, layer: int, head: Any = None, query: Any = None
+        self,
+        controls: PatchControls,
+        layer: int,
+        head: Any = None,
+        query: Any = None,
+        with_data: bool = True,
     ) -> dict:
         if controls.sinks != self._clean.sinks:
             self._clean = clean_run(
-                self._model, self._text, sinks=controls.sinks, kind=self._kind, top_k=self._top_k
+                self._model,
+                self._text,
+                sinks=controls.sinks,
+                kind=self._kind,
+                top_k=self._top_k,
+                stream=self._stream,
             )
         return patch_state(
             self._model,
@@ -103,20 +119,28 @@ class SinkPatcher(anywidget.AnyWidget):
             kind=self._kind,
             top_k=self._top_k,
             clean=self._clean,
+            stream=self._stream,
+            with_data=with_data,
         )
+
+    @property
+    def last_pass(self) -> str:
+        """What the last patched pass did: `"resumed at layer L"` (it started at the first
+        patched layer, from the clean pass's residual stream) or `"full pass: <why>"`."""
+        return self._stream.note
 
     def _changed(self, _: Any = None) -> None:
         """Re-run the model for the current controls and view; errors go to `status`."""
         try:
             controls = PatchControls.from_dict(self._model, self.controls)
             layer = int(self.view.get("layer", controls.layers[1]))
-            state = self._state(controls, layer)
+            key = (layer, controls.sinks)  # the clean maps shown change with these alone
+            state = self._state(controls, layer, with_data=key != self._data_key)
         except (CwLensError, TypeError, ValueError) as err:
             self.status = f"{type(err).__name__}: {err}"
             return
-        key = (layer, controls.sinks)
         with self.hold_sync():
-            if key != self._data_key:  # the clean maps shown change with the layer and sinks
+            if state["data"] is not None:
                 self.data, self._data_key = state["data"], key
             self.patched = state["patched"]
             self.status = ""

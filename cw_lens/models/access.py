@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
+from cw_lens.core.registry import saveable
+
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
     from transformer_lens.model_bridge import TransformerBridge
@@ -155,6 +157,7 @@ def api_of(model: Any) -> Api | None:
     return None
 
 
+@saveable
 @dataclass
 class LayerWeights:
     """The output projection of one layer, float32: `W_O` [head, d_head, d_model], `b_O`."""
@@ -222,9 +225,13 @@ class ModelAccess:
         self.d_model = int(cfg.d_model)
         self.n_ctx = int(getattr(cfg, "n_ctx", 0) or 0)
         self.d_vocab = int(getattr(cfg, "d_vocab", 0) or 0)
+        # hook names found on the model (a model's hook points do not go away)
+        self._known_hooks: set[str] = set()
         self._check_structure()
         # edits of the interventions currently entered (`with`) on this model, in order
         self.active_edits: list[AttentionEdit] = []
+        # layer weights kept across passes inside `weights_kept` (None: read in each pass)
+        self._kept_weights: dict[int, LayerWeights] | None = None
 
     # ----------------------------------------------------------------- identity
     @property
@@ -304,7 +311,13 @@ class ModelAccess:
             return {}
 
     def has_hook(self, name: str) -> bool:
-        return name in self.model.hook_dict or name in self._aliases
+        # a bridge's hook_dict is rebuilt (with its aliases) on every read: look up once
+        if name in self._known_hooks:
+            return True
+        found = name in self.model.hook_dict or name in self._aliases
+        if found:
+            self._known_hooks.add(name)
+        return found
 
     def hook_name(self, kind: str, layer: int) -> str:
         """The hook name of `kind` at `layer`; raises when this model lacks it."""
@@ -320,7 +333,11 @@ class ModelAccess:
     def output_weights(self, layer: int) -> LayerWeights:
         """`W_O`, `b_O` and the Gram matrices of `layer` (float32, on the device the weights
         are on, or are brought to when offloaded:
-        [`resident_weights`][cw_lens.models.offload.resident_weights])."""
+        [`resident_weights`][cw_lens.models.offload.resident_weights]); inside
+        `weights_kept`, the copy kept there."""
+        kept = self._kept_weights
+        if kept is not None and layer in kept:
+            return kept[layer]
         attn = self.model.blocks[layer].attn
         try:
             # one walk over the offload hooks both reads the weights and says if they move
@@ -342,7 +359,31 @@ class ModelAccess:
                 f"expected [{self.n_heads}, {self.d_head}, {self.d_model}] (head, d_head, "
                 "d_model); cw_lens cannot read this model's output projection per head."
             )
-        return LayerWeights.from_weights(W_O, b_O, offloaded=offloaded)
+        weights = LayerWeights.from_weights(W_O, b_O, offloaded=offloaded)
+        if kept is not None and not offloaded:  # an offloaded layer's copy is read again
+            kept[layer] = weights
+        return weights
+
+    @contextmanager
+    def weights_kept(self, store: dict[int, LayerWeights]) -> Iterator[None]:
+        """Within: `output_weights` serves the layers in `store` from it and keeps there
+        what it reads (not an offloaded layer's copy), so passes after the first skip reading
+        `W_O` and making the Gram matrices.
+
+        For a caller that holds the parameters fixed between its passes and checks that they
+        are (the live widget's `cw_lens.interactive.resume.CleanStream`).
+
+        Args:
+            store: `{layer: LayerWeights}`, kept by the caller.
+
+        Yields:
+            Nothing; the store is in use until the context ends.
+        """
+        previous, self._kept_weights = self._kept_weights, store
+        try:
+            yield
+        finally:
+            self._kept_weights = previous
 
     def attention_weights(self, layer: int, names: Sequence[str]) -> dict[str, Tensor | None]:
         """The attention weights `names` of `layer` (`"W_V"`, `"W_O"`, `"b_V"`, ..., as

@@ -12,7 +12,10 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Int
 
+from cw_lens.core.registry import saveable
 
+
+@saveable
 @dataclass
 class TokenBatch:
     """A right-padded batch of token ids with its mask.

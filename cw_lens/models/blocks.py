@@ -42,6 +42,7 @@ from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import UnsupportedModelError
+from cw_lens.core.registry import saveable
 from cw_lens.models.access import model_access, read_weights
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import (
@@ -79,22 +80,34 @@ class BlockWiring:
     sequential blocks, `resid_mid` (the stream the MLP reads) to hook names; `post_norm` is
     the post-attention norm (`None` on pre-norm blocks). `sequential` is False on parallel
     blocks (GPT-J, NeoX, Falcon, Phi, Cohere: the MLP reads `x_l`, there is no
-    `resid_mid`).
+    `resid_mid`). `norm` is the post-attention norm module while its parameters are still
+    to be read (`block_wiring(..., read_norm=False)`: `run_blocks` reads them inside its pass).
     """
 
     layer: int
     hooks: dict[str, str]
     post_norm: NormSpec | None
     sequential: bool = True
+    norm: Any = None
 
 
-def block_wiring(model: Any, layer: int) -> BlockWiring:
+def block_wiring(model: Any, layer: int, *, read_norm: bool = True) -> BlockWiring:
     """The hook names and the post-attention norm of one block (the only model look-ups here).
 
     Hook names come from the access layer (`cw_lens.models.access.model_access`); the
     post-attention norm is `blocks[layer].ln1_post` on `TransformerBridge` and
     `HookedTransformer` alike, and both route `hook_attn_out`/`hook_mlp_out` through the
     post-norms (verified on every pass by `check_block`).
+
+    Args:
+        model: A TransformerLens model.
+        layer: The block.
+        read_norm: Read the post-attention norm's parameters now. Without it they are left
+            to read later (`norm` holds the module, `post_norm` is `None`): on a
+            layer-streamed model a read before the pass would de-quantise every layer once more.
+
+    Returns:
+        The block's wiring.
     """
     access = model_access(model)
     sequential = not bool(getattr(model.cfg, "parallel_attn_mlp", False))
@@ -102,8 +115,9 @@ def block_wiring(model: Any, layer: int) -> BlockWiring:
     hooks = {kind: access.hook_name(kind, layer) for kind in kinds}
     block = model.blocks[layer]
     norm = getattr(block, "ln1_post", None)
-    post_norm = None if norm is None else norm_spec(model, norm, layer)
-    return BlockWiring(layer, hooks, post_norm, sequential)
+    if norm is None or not read_norm:
+        return BlockWiring(layer, hooks, None, sequential, norm)
+    return BlockWiring(layer, hooks, norm_spec(model, norm, layer), sequential)
 
 
 def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
@@ -134,6 +148,7 @@ def norm_spec(model: Any, module: Any, layer: int) -> NormSpec:
     return NormSpec(name, gain, bias, float(eps), centred=is_layer)
 
 
+@saveable
 @dataclass
 class AttentionMap:
     """The map `A` from the attention output to its residual piece, for one batch.
@@ -151,6 +166,7 @@ class AttentionMap:
         return fg.apply_linear_map(p, self.row_scale, self.gain, self.centred)
 
 
+@saveable
 @dataclass
 class BlockActivations:
     """One block's residual-stream pieces for one batch (float32, on the model's device).
@@ -285,7 +301,8 @@ def run_blocks(
     delivered (a hook the model lists never fired).
     """
     access = model_access(model)
-    wirings = {layer: block_wiring(model, layer) for layer in layers}
+    # the post-attention norms are read in the pass, while their layer is in (`finish`)
+    wirings = {layer: block_wiring(model, layer, read_norm=False) for layer in layers}
     last = max(layers)
     attention: dict[int, LayerActivations] = {}
     store: dict[int, dict[str, Tensor]] = {}
@@ -304,6 +321,8 @@ def run_blocks(
         if set(wiring.hooks) - set(got):  # a piece of the block never fired
             check_delivered(access, [layer], set(), {layer: set(got)}, wiring.hooks)
         acts = attention.pop(layer)
+        if wiring.norm is not None and wiring.post_norm is None:
+            wiring.post_norm = norm_spec(model, wiring.norm, layer)
         o, b_O = acts.layer_output, acts.weights.b_O
         block = BlockActivations(
             acts=acts,

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import InputError, UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.core.registry import saveable
 from cw_lens.models.access import (
     ATTENTION_HOOKS,
     LayerWeights,
@@ -68,6 +69,7 @@ CONSISTENCY_RTOL = {torch.float32: 1e-4, torch.float64: 1e-4}
 HALF_PRECISION_RTOL = 3e-2
 
 
+@saveable
 @dataclass
 class LayerActivations:
     """One attention layer's activations for one batch (float32, on the model's device).
@@ -165,14 +167,26 @@ def check_consistent(
     z: Tensor,
     mask: Tensor | None = None,
     raw_pattern: Tensor | None = None,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Raise unless `z == pattern @ v` (see `consistency_error`; `raw_pattern`: the
-    pattern before an entered edit, whose removed terms bound the rounding too).
+    """Raise unless `z == pattern @ v` (see `consistency_error`).
+
+    Args:
+        access: The model's access (its parameter dtype sets the tolerance).
+        layer: The layer (for the message).
+        pattern: `alpha` [batch, head, query, key] (after any entered edit).
+        values: `v` [batch, key, kv_head, d_head].
+        z: [batch, query, head, d_head].
+        mask: True at real tokens [batch, pos] (padding is not checked).
+        raw_pattern: The pattern before an entered edit, whose removed terms bound the
+            rounding too.
+        dtype: The model's parameter dtype, when the caller has read it (once a pass).
 
     One product over the pattern decides every pass (its error is an upper bound of the exact
     one); only an error above the tolerance is recomputed exactly, so the verdict is the exact
     error's."""
-    dtype = access.parameter_dtype()
+    dtype = access.parameter_dtype() if dtype is None else dtype
     rtol = CONSISTENCY_RTOL.get(dtype, HALF_PRECISION_RTOL)
     args = (pattern, values, z, mask)
     err = consistency_error(*args, raw_pattern=raw_pattern, upper_bound=True)
@@ -245,6 +259,7 @@ def run_layers(
     delivered: set[int] = set()
     hooks: list[tuple[str, Callable]] = []
     last = max(layers) if layers else -1
+    dtype: list[torch.dtype] = []  # the parameter dtype, read once a pass (for the check)
 
     def finish(layer: int) -> None:
         got = store.pop(layer)
@@ -263,7 +278,8 @@ def run_layers(
             pattern = edit.effective_pattern(pattern, values)
         if not _SKIP_CHECKS:
             raw = None if raw is pattern else raw
-            check_consistent(access, layer, pattern, values, z, mask, raw)
+            dtype[:] = dtype or [access.parameter_dtype()]
+            check_consistent(access, layer, pattern, values, z, mask, raw, dtype=dtype[0])
         on_layer(
             LayerActivations(
                 layer=layer,
@@ -294,7 +310,9 @@ def run_layers(
         # interventions first, so captured activations are the intervened ones
         # (hook sets are entered as themselves, plain pairs through model.hooks)
         hook_sets = [h for h in fwd_hooks if hasattr(h, "__enter__")]
-        stack.enter_context(access.hooks([h for h in fwd_hooks if not hasattr(h, "__enter__")]))
+        plain = [h for h in fwd_hooks if not hasattr(h, "__enter__")]
+        if plain:  # a bridge's hook context costs a walk of its hook points, empty or not
+            stack.enter_context(access.hooks(plain))
         for hook_set in hook_sets:
             stack.enter_context(hook_set)
         stack.enter_context(access.hooks(hooks))

@@ -74,11 +74,11 @@ class HookSet:
             for while the set is entered).
 
     Examples:
-        >>> import pickle
+        >>> import copy
         >>> import cw_lens
         >>> model = cw_lens.load_model("testing:tiny-llama")
         >>> patch = cw_lens.patch_sink(model, layers=[1], heads=[0])
-        >>> again = pickle.loads(pickle.dumps(patch))
+        >>> again = copy.deepcopy(patch)  # as a pickle moves it to a worker process
         >>> again.model is model, len(again) == len(patch)
         (True, True)
     """
@@ -398,13 +398,28 @@ class HeadRemoval:
 # --------------------------------------------------------------------------- realisation
 
 
-def realise(model: Any, edits: Sequence[_PatternEdit], description: str) -> HookSet:
-    """Turn pattern-dependent edits into the hooks that perform them on this model's route."""
+def realise(
+    model: Any, edits: Sequence[_PatternEdit], description: str, *, route: str | None = None
+) -> HookSet:
+    """Turn pattern-dependent edits into the hooks that perform them on this model's route.
+
+    Args:
+        model: The model.
+        edits: The pattern-dependent edits.
+        description: The hook set's description.
+        route: The route to realise them on, where it is known without
+            `ModelAccess.route`'s probe pass (verification's own pass, which measures it);
+            `None`: the model's route.
+
+    Returns:
+        The hook set.
+    """
     access = model_access(model)
+    route = access.route if route is None else route
     hooks: list[Hook] = []
     module_hooks: list[ModuleHook] = []
     for edit in edits:
-        if isinstance(edit, PairMask) and access.route == "hook_z":
+        if isinstance(edit, PairMask) and route == "hook_z":
             hooks.append((access.hook_name("pattern", edit.layer), _mask_pattern(edit)))
             continue
         store: dict[str, Tensor] = {}
@@ -412,7 +427,7 @@ def realise(model: Any, edits: Sequence[_PatternEdit], description: str) -> Hook
             (access.hook_name("pattern", edit.layer), _keep(store, "pattern")),
             (access.hook_name("values", edit.layer), _keep(store, "values")),
         ]
-        if access.route == "hook_z":
+        if route == "hook_z":
             hooks.append((access.hook_name("z", edit.layer), _edit_z(edit, store)))
         else:
             edit.on_output = True

@@ -160,12 +160,48 @@ def gguf_weights(gguf: Path) -> dict[str, Any]:
     return record
 
 
+def open_gguf(path: Path) -> Any:
+    """`gguf.GGUFReader` of `path` (memory-mapped), checked before anything reads its tensors.
+
+    The header is parsed whole (magic, version, counts, every key-value field and tensor
+    description, the alignment) and every tensor's data must lie inside the file, so a
+    truncated or damaged file is refused here, before any de-quantisation starts.
+
+    Args:
+        path: The `.gguf` file.
+
+    Returns:
+        The reader.
+
+    Raises:
+        ModelLoadError: The file is not a GGUF file gguf can read, or a tensor's data runs
+            past its end.
+    """
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        size = path.stat().st_size
+        beyond = [t.name for t in reader.tensors if int(t.data_offset) + int(t.n_bytes) > size]
+    except Exception as exc:  # gguf raises ValueError, IndexError, struct.error... on a bad file
+        raise ModelLoadError(
+            f"Could not read {path} as a GGUF file: {type(exc).__name__}: {str(exc)[:300]}. The "
+            "file is corrupt, truncated or not a GGUF file."
+        ) from None
+    if beyond:
+        raise ModelLoadError(
+            f"{path}: the data of tensor {beyond[0]!r} runs past the end of the file. The file "
+            "is corrupt, truncated or not a GGUF file."
+        )
+    return reader
+
+
 def gguf_quantisation(gguf: Path) -> str:
     """The GGUF header's file type without its ``MOSTLY_`` prefix (``"Q4_1"``, ``"F16"``), or
     ``"unknown (file_type N)"`` for a type the installed ``gguf`` package does not name."""
     import gguf as gguf_lib
 
-    field = gguf_lib.GGUFReader(str(gguf)).fields.get("general.file_type")
+    field = open_gguf(gguf).fields.get("general.file_type")
     if field is None:
         return "not recorded in the file"
     code = int(field.contents())
@@ -188,7 +224,7 @@ def gguf_bpe_tokenizer(gguf: Path) -> Any | None:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    fields = gguf_lib.GGUFReader(str(gguf)).fields
+    fields = open_gguf(gguf).fields
 
     def read(key: str) -> Any:
         field = fields.get(key)
@@ -284,6 +320,7 @@ def build_gguf_cache(gguf: Path, folder: Path, digest: str) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    open_gguf(gguf)  # a damaged file is refused before any de-quantisation starts
     log.warning("cw_lens: de-quantising %s once into %s (about 20 s)", gguf.name, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from cw_lens.core.errors import InputError, ModelLoadError
+from cw_lens.models.gguf_cache import open_gguf
 
 log = logging.getLogger(__name__)
 
@@ -243,29 +244,6 @@ def gguf_float32_bytes(path: Path) -> int:
     return sum(4 * int(t.n_elements) for t in open_gguf(path).tensors)
 
 
-def open_gguf(path: Path) -> Any:
-    """`gguf.GGUFReader` of `path` (memory-mapped), a file it cannot parse refused clearly.
-
-    Args:
-        path: The `.gguf` file.
-
-    Returns:
-        The reader.
-
-    Raises:
-        ModelLoadError: The file is not a GGUF file gguf can read.
-    """
-    import gguf
-
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as exc:  # gguf raises ValueError, IndexError, ... on a bad file
-        raise ModelLoadError(
-            f"Could not read {path} as a GGUF file: {type(exc).__name__}: {exc}. The file is "
-            "corrupt, truncated or not a GGUF file."
-        ) from exc
-
-
 def gguf_special_token_ids(path: Path) -> dict[str, int]:
     """The BOS, EOS, padding and unknown token ids a GGUF file's metadata declares.
 
@@ -368,6 +346,7 @@ def load_streamed_gguf(
 
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
+    open_gguf(path)  # a damaged header or a tensor past the end is refused here, clearly
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # gguf / transformers raise many types on a bad header

@@ -219,16 +219,37 @@ def write_gguf(
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
     to_gguf = {hf: g for g, hf in get_gguf_hf_weights_map(hf_model, processor).items()}
     rng = np.random.default_rng(seed)
-    state = hf_model.state_dict()
+    # the tensor infos first, then each tensor's data made, quantised and written in turn, so
+    # that at most one tensor is in memory (a 7B-width file holds GBs of quantised data)
+    planned: list[tuple[str, str, Any, str]] = []
     written = set()
     file_type = gguf.LlamaFileType.ALL_F32
-    for hf_name, tensor in state.items():
+    for hf_name, tensor in hf_model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         gguf_name = to_gguf.get(hf_name)
         if gguf_name is None or gguf_name in written:
             continue
         written.add(gguf_name)
+        shape = tuple(tensor.shape)
+        kind = tensor_types(gguf_name, shape)
+        qtype = gguf.GGMLQuantizationType[kind]
+        if len(shape) > 1:  # the header's file type: the type of the matrices
+            file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{kind}", file_type)
+        if kind in ("F32", "F16"):
+            dtype = np.float32 if kind == "F32" else np.float16
+            n_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            writer.add_tensor_info(gguf_name, shape, np.dtype(dtype), n_bytes)
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
+            n_bytes = int(np.prod(byte_shape))
+            writer.add_tensor_info(gguf_name, byte_shape, np.dtype(np.uint8), n_bytes, qtype)
+        planned.append((hf_name, gguf_name, tensor, kind))
+    writer.add_file_type(file_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for hf_name, gguf_name, tensor, kind in planned:
         if values is not None:
             data = np.ascontiguousarray(values(hf_name, tuple(tensor.shape)), dtype=np.float32)
         else:
@@ -242,24 +263,33 @@ def write_gguf(
             data = _permute_rotary(data, heads)
         if arch == "gemma2" and gguf_name.endswith("norm.weight"):
             data = data + 1  # the file stores the RMSNorm scale; transformers subtracts 1
-        kind = tensor_types(gguf_name, tuple(data.shape))
         qtype = gguf.GGMLQuantizationType[kind]
-        if len(data.shape) > 1:  # the header's file type: the type of the matrices
-            file_type = getattr(gguf.LlamaFileType, f"MOSTLY_{kind}", file_type)
-        if kind in ("F32",):
-            writer.add_tensor(gguf_name, data.astype(np.float32))
-        elif kind in ("F16",):
-            writer.add_tensor(gguf_name, data.astype(np.float16))
+        if kind == "F32":
+            writer.write_tensor_data(data.astype(np.float32))
+        elif kind == "F16":
+            writer.write_tensor_data(data.astype(np.float16))
         elif kind.endswith("_K"):
-            writer.add_tensor(gguf_name, random_k_quant(data.shape, qtype, rng), raw_dtype=qtype)
+            writer.write_tensor_data(random_k_quant(data.shape, qtype, rng))
         else:
-            writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    writer.add_file_type(file_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+            writer.write_tensor_data(_quantised(data, qtype))
+        del data
     writer.close()
     return path
+
+
+def _quantised(data: np.ndarray, qtype: Any) -> np.ndarray:
+    """`gguf.quants.quantize(data, qtype)`, a block of rows at a time: the blocks run along each
+    row, so the bytes are the same, and the temporaries of `gguf`'s numpy kernels stay at the
+    size of one block of rows (64 MB of float32) whatever the tensor's."""
+    import gguf
+
+    rows = max(1, (16 << 20) // max(1, int(np.prod(data.shape[1:]))))
+    if data.ndim < 2 or data.shape[0] <= rows:
+        return gguf.quants.quantize(data, qtype)
+    out = np.empty(gguf.quant_shape_to_byte_shape(data.shape, qtype), dtype=np.uint8)
+    for start in range(0, data.shape[0], rows):
+        out[start : start + rows] = gguf.quants.quantize(data[start : start + rows], qtype)
+    return out
 
 
 def _permute_rotary(weights: np.ndarray, n_head: int) -> np.ndarray:

@@ -29,8 +29,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core import geometry as geo
-from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import LayerActivations
@@ -46,6 +46,7 @@ def check_kind(kind: str) -> None:
         raise InputError(f"kind must be 'intra' or 'inter', got {kind!r}.")
 
 
+@saveable
 class Workspace:
     """Reusable float32 buffers for the streamed `[batch, head, query, key]` tensors.
 
@@ -69,6 +70,7 @@ class Workspace:
         return buf[:numel].view(tuple(shape))
 
 
+@saveable
 class LayerContributionsResult(Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
@@ -597,8 +599,3 @@ class LayerContributionsResult(Result):
         if name == "contribution":
             return self.weights(kind)
         raise InputError(f"Unknown metric {name!r}; choose one of {', '.join(METRICS)}.")
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, LayerContributions=LayerContributionsResult)

@@ -22,6 +22,12 @@ read (`cw_lens.models.blocks.run_blocks`: `hook_resid_pre`, `hook_attn_out`,
 contribution weights but its flow analyses are refused (`report.flow`,
 `require_flow`).
 
+All of this is read in one probe pass, each check while its layer is in
+(`cw_lens.models.verify_probe`): a layer-streamed model is verified with one de-quantisation
+of each decoder layer. A check the pass cannot settle runs in a pass of its own, as before:
+the others when the flow checks refuse the model, the interventions when a later layer's hook
+order changes the route they act on.
+
 Every analysis calls `require_verified` first (the result is cached per model), so a model
 that fails gets [`UnsupportedModelError`][cw_lens.UnsupportedModelError] naming the architecture,
 the layer, the failed identity and the size of the error — never a number.
@@ -32,8 +38,6 @@ The public functions' docstrings have runnable examples.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +45,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.models.access import (
     Model,
@@ -55,16 +59,24 @@ from cw_lens.models.access import (
 )
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.blocks import run_blocks
-from cw_lens.models.edits import HeadRemoval, PairMask, SinkPatch, head_removal_hooks, realise
+from cw_lens.models.verify_probe import (
+    INTERVENTIONS,
+    Probe,
+    edit_hooks,
+    first,
+    probe_edits,
+    probe_pass,
+    unbridged_logits,
+)
 
 # relative errors allowed: (identities, logits) by parameter dtype
 # (float64 models: the edits and checks of interventions run in float32 -> about 1e-7)
 TOLERANCES = {torch.float64: (1e-6, 1e-6), torch.float32: (1e-4, 1e-3)}
 HALF_PRECISION_TOLERANCES = (3e-2, 5e-2)
 PROBE_BATCH, PROBE_LENGTH = 2, 16
-INTERVENTIONS = ("patch_sink", "mask_attention", "remove_heads")
 
 
+@saveable
 @dataclass(repr=False)
 class ModelVerificationResult(Result):
     """What [`verify_model`][cw_lens.verify_model] found.
@@ -237,108 +249,27 @@ def _relative(a: Tensor, b: Tensor) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else float("inf"))
 
 
-def _first(output: Any) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
+def _attention_under(access: ModelAccess, tokens: Tensor, hook_set: Any, layer: int) -> Tensor:
+    """The output of `layer`'s attention module in a pass under `hook_set` that ends there
+    (the interventions' own pass, where the probe pass's re-run did not settle them)."""
+    got: dict[str, Tensor] = {}
 
+    def keep(module: Any, args: Any, output: Any) -> None:
+        got["attention"] = first(output).detach().clone()
+        raise StreamDone
 
-@contextmanager
-def unbridged(hf_model: torch.nn.Module) -> Iterator[int]:
-    """Swap every TransformerLens bridge component inside `hf_model` back for its original
-    Hugging Face module for the duration (restored on exit); yields how many were swapped."""
-    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
-
-    def walk(module: torch.nn.Module) -> None:
-        for name, child in list(module._modules.items()):
-            original = getattr(child, "original_component", None)
-            if (
-                isinstance(original, torch.nn.Module)
-                and "transformer_lens" in type(child).__module__
-            ):
-                swaps.append((module, name, child))
-                module._modules[name] = original
-                walk(original)
-            elif child is not None:
-                walk(child)
-
-    try:
-        walk(hf_model)
-        yield len(swaps)
-    finally:
-        for module, name, child in reversed(swaps):
-            module._modules[name] = child
-
-
-def _capture(
-    access: ModelAccess,
-    tokens: Tensor,
-    hooks: Any = (),
-    *,
-    clean: bool = False,
-    stop_after: int | None = None,
-) -> tuple[dict, Tensor | None]:
-    """One probe pass: per layer pattern, values, z (hooks) and the attention module's output.
-
-    `clean`: also read each layer's output weights and weight facts while the layer runs (a
-    layer-streamed model then de-quantises each layer once for all of them) and record the
-    order the hooks fire in. `stop_after`: end the pass after that layer's attention (the
-    logits are then None).
-    """
-    last = access.n_layers - 1 if stop_after is None else stop_after
-    got: dict[int, dict[str, Any]] = {layer: {} for layer in range(last + 1)}
-    order: dict[int, list[str]] = {layer: [] for layer in range(last + 1)}
-    tl_hooks = []
-    module_hooks = []
-    for layer in range(last + 1):
-        for kind in ("pattern", "values", "z"):
-
-            def keep(t: Tensor, hook: Any, layer: int = layer, kind: str = kind) -> None:
-                got[layer][kind] = t.detach().clone()
-                order[layer].append(kind)
-
-            tl_hooks.append((access.hook_name(kind, layer), keep))
-
-        def keeper(name: str, layer: int = layer) -> Any:
-            def keep_out(module: Any, args: Any, output: Any) -> None:
-                got[layer][name] = _first(output).detach().clone()
-                if clean and name == "out":
-                    from cw_lens.models.weight_processing import layer_facts
-
-                    got[layer]["weights"] = access.output_weights(layer)
-                    got[layer]["facts"] = layer_facts(access, layer)
-                if name == "attention" and layer == stop_after:
-                    raise StreamDone
-
-            return keep_out
-
-        module_hooks.append((access.output_projection(layer), keeper("out")))
-        module_hooks.append((access.attention_module(layer), keeper("attention")))
-    logits = None
-    with torch.inference_mode():
-        with _entered(hooks), access.hooks(tl_hooks), access.module_hooks(module_hooks):
+    with torch.inference_mode(), hook_set:
+        with access.module_hooks([(access.attention_module(layer), keep)]):
             try:
-                logits = access.probe_forward(tokens)
+                access.probe_forward(tokens)
             except StreamDone:
                 pass
-    missing = [
-        (layer, kind) for layer, g in got.items() for kind in ("out", "attention") if kind not in g
-    ]
-    if missing:
+    if "attention" not in got:
         raise UnsupportedModelError(
-            f"{access.architecture}: the attention module of layer {missing[0][0]} did not run "
+            f"{access.architecture}: the attention module of layer {layer} did not run "
             "in a forward pass; cw_lens cannot read this model's attention output."
         )
-    if clean:
-        access.note_hook_order(order)
-    return got, logits
-
-
-@contextmanager
-def _entered(hook_set: Any) -> Iterator[None]:
-    if hook_set:
-        with hook_set:
-            yield
-    else:
-        yield
+    return got["attention"]
 
 
 def _identities(access: ModelAccess, got: dict) -> pd.DataFrame:
@@ -362,36 +293,29 @@ def _identities(access: ModelAccess, got: dict) -> pd.DataFrame:
 
 
 def _check_interventions(
-    access: ModelAccess, tokens: Tensor, clean: dict, tol: float
+    access: ModelAccess, tokens: Tensor, probe: Probe, tol: float
 ) -> dict[str, str]:
     """Each intervention on one layer: the attention module's output under it must differ from
     the clean one by exactly `-delta W_O`, with `delta` computed independently from the
-    clean probe (the edit of `z` the intervention stands for)."""
-    model = access.model
-    layer = access.n_layers // 2
-    g = clean[layer]
+    clean probe (the edit of `z` the intervention stands for). The outputs under the edits
+    are the probe pass's re-runs of the layer (`cw_lens.models.verify_probe`), or, where
+    those did not settle them, read in a pass per intervention."""
+    layer = probe.layer
+    g = probe.clean[layer]
     pattern, values, z = g["pattern"].float(), g["values"].float(), g["z"].float()
     w = g["weights"].to(z.device)
-    gen = torch.Generator().manual_seed(1)
-    n = pattern.shape[-1]
-    causal = torch.ones(n, n, dtype=torch.bool, device="cpu").tril()
-    remove = (torch.rand(pattern.shape, generator=gen, device="cpu") < 0.25) & causal
-    all_heads = list(range(access.n_heads))
-    edits = {
-        "patch_sink": SinkPatch(layer, all_heads, access.n_heads, 0.0, "scale", [0], None, None),
-        "mask_attention": PairMask(layer, remove.to(pattern.device)),
-        "remove_heads": HeadRemoval(layer, [0]),
-    }
+    read = probe.interventions_read
+    edits = probe.edits if read else probe_edits(access, layer, pattern)
     verdicts: dict[str, str] = {}
     for name, edit in edits.items():
-        if isinstance(edit, HeadRemoval):
-            hook_set, route = head_removal_hooks(model, [edit], "probe"), "hook_z"
+        if read:
+            under, route = probe.intervened[name], probe.routes[name]
         else:
-            hook_set, route = realise(model, [edit], f"probe {name}"), access.route
-        got, _ = _capture(access, tokens, hook_set, stop_after=layer)
+            hook_set, route = edit_hooks(access, name, edit, access.route)
+            under = _attention_under(access, tokens, hook_set, layer)
         change = torch.einsum("bphd,hdm->bpm", edit.delta(pattern, values).double(), w.W_O.double())
         clean_out = g["attention"].double()
-        err = float((got[layer]["attention"].double() - clean_out + change).norm()) / max(
+        err = float((under.double() - clean_out + change).norm()) / max(
             float(clean_out.norm()), 1e-30
         )
         verdicts[name] = (
@@ -404,7 +328,8 @@ def _check_interventions(
 
 
 def _check_flow(access: ModelAccess, tokens: Tensor) -> str:
-    """The flow analyses' hooks on the probe: every block delivered and checked."""
+    """The flow analyses' hooks in a pass of their own, where they refused the probe pass:
+    every block delivered and checked."""
     n_batch, n_pos = tokens.shape
     mask = torch.ones(n_batch, n_pos, dtype=torch.bool, device=tokens.device)
     batch = TokenBatch(tokens, mask, False, None, list(range(n_batch)))
@@ -437,6 +362,26 @@ def _weight_warnings(access: ModelAccess, clean: dict) -> list[str]:
 
     facts = [clean[layer]["facts"] for layer in range(access.n_layers)]
     return list(processing_warnings(access.model, facts))
+
+
+def _identity_problems(layers: pd.DataFrame, tol: float) -> list[str]:
+    problems = []
+    for row in layers.itertuples():
+        if row.pattern_v_z > tol:
+            problems.append(
+                f"layer {row.layer}: pattern @ v != z (relative error {row.pattern_v_z:.2g}, "
+                f"tolerance {tol:g}) — hook_v is not the value the attention averages"
+            )
+            break
+    for row in layers.itertuples():
+        if row.output > tol:
+            problems.append(
+                f"layer {row.layer}: sum_h z W_O + b_O != the attention output (relative error "
+                f"{row.output:.2g}, tolerance {tol:g}) — W_O/b_O do not describe the attention's "
+                "output projection"
+            )
+            break
+    return problems
 
 
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -475,29 +420,22 @@ def verify_model(model: Model, *, force: bool = False) -> ModelVerificationResul
     problems = _config_problems(access)
     length = min(PROBE_LENGTH, access.n_ctx or PROBE_LENGTH)
     tokens = probe_tokens(access, PROBE_BATCH, length)
-    clean, logits = _capture(access, tokens, clean=True)
+    try:  # one pass for every check (a streamed layer is de-quantised once)
+        probed, flow_in_pass = probe_pass(access, tokens, flow=True), True
+    except Exception:  # the flow checks refused it (or the pass failed): the other checks
+        # in a pass of their own, which raises what they raise
+        probed, flow_in_pass = probe_pass(access, tokens, flow=False), False
+    clean = probed.probe.clean
     layers = _identities(access, clean)
-    for row in layers.itertuples():
-        if row.pattern_v_z > tol:
-            problems.append(
-                f"layer {row.layer}: pattern @ v != z (relative error {row.pattern_v_z:.2g}, "
-                f"tolerance {tol:g}) — hook_v is not the value the attention averages"
-            )
-            break
-    for row in layers.itertuples():
-        if row.output > tol:
-            problems.append(
-                f"layer {row.layer}: sum_h z W_O + b_O != the attention output (relative error "
-                f"{row.output:.2g}, tolerance {tol:g}) — W_O/b_O do not describe the attention's "
-                "output projection"
-            )
-            break
+    problems += _identity_problems(layers, tol)
     logits_vs_hf = None
     if access.api == "bridge":
-        hf_model = access.model.original_model
-        with torch.inference_mode(), unbridged(hf_model):
-            hf_logits = hf_model(tokens).logits
-        logits_vs_hf = _relative(logits.float(), hf_logits.float())
+        if probed.hf_error is not None:
+            raise probed.hf_error
+        hf_logits = probed.hf_logits
+        if hf_logits is None:
+            hf_logits = unbridged_logits(access, tokens)
+        logits_vs_hf = _relative(probed.logits.float(), hf_logits.float())
         if logits_vs_hf > tol_logits:
             problems.append(
                 f"the bridge's logits differ from the Hugging Face model's (relative error "
@@ -508,8 +446,11 @@ def verify_model(model: Model, *, force: bool = False) -> ModelVerificationResul
         interventions = {name: "refused: the model failed verification" for name in INTERVENTIONS}
         flow = "refused: the model failed verification"
     else:
-        interventions = _check_interventions(access, tokens, clean, tol)
-        flow = _check_flow(access, tokens)
+        interventions = _check_interventions(access, tokens, probed.probe, tol)
+        if flow_in_pass:
+            flow = f"exact ({', '.join(sorted(probed.flow_kinds or ()))} blocks)"
+        else:  # the verdict of a pass of their own (which raises what it raises)
+            flow = _check_flow(access, tokens)
     result = ModelVerificationResult(
         architecture=access.architecture,
         api=access.api,
@@ -550,8 +491,3 @@ def require_flow(model: Any) -> ModelVerificationResult:
             "analyses are unaffected."
         )
     return result
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, ModelVerification=ModelVerificationResult)

@@ -58,12 +58,28 @@ def main(
     """
 
 
-VERDICT_WORDS = {
-    "yes": "holds ",
-    "no": "FAILS ",
-    "inconclusive": "UNSURE",
-    "not measured": "N/A   ",
-}
+def verdict_line(claims: dict[str, dict]) -> str:
+    """The console's one-line count of a summary's verdicts, in the report's words; the
+    counts add up to the number of claims.
+
+    Args:
+        claims: The summary's `claims` (`{claim id: {"holds": verdict, ...}}`).
+
+    Returns:
+        E.g. `"11 claims: 3 yes, 2 no, 6 inconclusive, 0 not measured"`.
+
+    Examples:
+        >>> verdict_line({"a": {"holds": "yes"}, "b": {"holds": "no"}})
+        '2 claims: 1 yes, 1 no, 0 inconclusive, 0 not measured'
+    """
+    from cw_lens.core.claims import VERDICTS  # the report's own words (REPORT.md's column)
+
+    verdicts = [c["holds"] for c in claims.values()]
+    unknown = sorted(set(verdicts) - set(VERDICTS))
+    if unknown:  # never a claim left out of the count
+        raise ValueError(f"unknown verdicts {unknown}")
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS)
+    return f"{len(verdicts)} claims: {counts}"
 
 
 def _clean_errors(fn):
@@ -166,9 +182,9 @@ def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     preset: str = typer.Option(
         "quick",
-        help="Sizes: quick (8 x 128 tokens of pydoc, minutes) or paper (256 x 256 tokens of "
+        help="Sizes: quick (8 x 128 tokens of pydoc, about 7 min) or paper (256 x 256 tokens of "
         "pydoc+stdlib, causal analyses on 32 of them drawn at random, 20 random pruning orders; "
-        "under an hour on two cores). The options below override it.",
+        "59-75 min on two cores). The options below override it.",
     ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
@@ -274,16 +290,12 @@ def figures(
     from cw_lens.data.distributed import is_main_process
 
     if is_main_process():
-        verdicts = [c["holds"] for c in summary["claims"].values()]
         typer.echo(
-            f"{verdicts.count('yes')}/{len(verdicts)} claims hold, "
-            f"{verdicts.count('inconclusive')} inconclusive, "
-            f"{verdicts.count('not measured')} not measured; wrote {out}/REPORT.md, "
+            f"{verdict_line(summary['claims'])}; wrote {out}/REPORT.md, "
             f"{out}/summary.json and the figures"
         )
         for cid, claim in summary["claims"].items():
-            mark = VERDICT_WORDS[claim["holds"]]
-            typer.echo(f"  {mark} {cid}")
+            typer.echo(f"  {claim['holds']:<12}  {cid}")
 
 
 @app.command()

@@ -1,45 +1,62 @@
 """How often the claims' 95% intervals cover, as measured on the embedded model, and what a
 run's report says about it.
 
-The coverage study (`benchmarks/coverage.py`, the table in docs/coverage.md) draws `n`
-documents from a pool of 256 windows of the embedded model a few hundred times and counts how
-often each claim number's shipped interval (the expanded percentile bootstrap; bias-corrected
-for the numbers `cw_lens.core.bootstrap.is_biased_plugin` names, the table's `biased_method`)
-contains the pool's value. A run also bias-corrects a number whose bootstrap |bias| / SE
-exceeds 0.25 in that run (`cw_lens.core.bootstrap.needs_bias_correction`; its check records
-`interval_method`). Its results for the shipped methods are committed next to this module
-(`interval_coverage.json`, written by `benchmarks/coverage.py --write-package-table`), so a
-report can say, for each number, whether its interval was shown to cover at the run's
-document count:
+The table next to this module (`interval_coverage.json`, written by
+`python benchmarks/population.py package-table`; docs/coverage.md) gives, per claim number and
+studied document count, how often the number's shipped interval (the expanded percentile
+bootstrap; bias-corrected for the numbers `cw_lens.core.bootstrap.is_biased_plugin` names, the
+table's `biased_method`) contained the true value, and the coverage's one-sided
+Clopper-Pearson lower 95% bound (`lower`). Its rows come from two kinds of study (`source`):
 
-- measured coverage `>= 0.93` at the largest studied count `<= n`: nothing to say;
-- measured below 0.93: the interval is too narrow at this size, so it cannot decide: the
-  check's `yes` or `no` becomes `inconclusive` (`settle_by_coverage`, applied to
-  every run of the studied model and corpora) and the report says why;
-- a run smaller than the smallest count at which the number's coverage was *certified*
-  (measured `>= 0.93`; `certified_from`): the check is `inconclusive` too, and the report
-  says from how many documents the interval was certified. A run below every studied count
-  (e.g. 2 documents; the smallest studied is 8) is such a run: nothing shows its interval
-  covers. The Retriever share, certified only at 256 documents, is inconclusive in any
-  smaller run;
-- a number the study never measured: coverage not shown.
+- `population`: the 13 numbers of the corpus analyses, 400 runs of 8, 32 and 256 documents
+  drawn without replacement from all 1,324 windows of 256 tokens of `pydoc+stdlib` (the truth:
+  the population's value);
+- `single_pool`: the 8 numbers the population cannot give, from with-replacement studies of one
+  pool (the truth: the pool's value, so optimistic): the six causal numbers (400 draws at 8, 16
+  and 32 documents from the committed gallery's 32 causal windows) and the drivers' two |rho|
+  (300 draws at 8 and 48 documents, 100 at 32 and 256, from the paper preset's 256 windows).
 
-The measurement is about the embedded model and 256-token windows of `pydoc+stdlib`; a run
-on `pydoc` or on other window lengths (the quick preset: 128 tokens of `pydoc`) is told that
-the figures come from that related pool; for another model or corpus the report says that the
-coverage was not measured for it.
+The interval method never depends on the run: a run's bootstrap |bias| / SE is recorded (each
+check's `bias_to_se`) and flagged above 0.25 (`cw_lens.core.bootstrap.bias_flagged`), not acted
+on (`cw_lens.core.bootstrap.needs_bias_correction` reads only the number's name).
+
+A row *certifies* (`certifies`) when its coverage is at least `TARGET` (0.93) and its lower bound
+at least `LOWER_TARGET` (0.91). A number is certified from the smallest studied count from which
+it and every larger studied count certify (`smallest_certified`, `certified_from`): a count that
+certifies below one that does not counts for nothing. In a run the study speaks for (`studied`:
+the embedded model on pydoc text), a check with an interval on `n` documents is:
+
+- judged on its interval when `n` is at least the number's `certified_from`: nothing to say;
+- otherwise `inconclusive` (`settle_by_coverage`, its `yes` or `no` kept as
+  `undecided_because`), and the report says why: the coverage and bound of the row at the
+  largest studied count `<= n` when that row does not certify (`certified_at` is False), else
+  from how many documents the number was certified (`below_certified`: a run smaller than every
+  studied count, e.g. 2 documents, the smallest studied being 8). The sink-tail cosine,
+  certified only from 256 documents, is inconclusive in any smaller run; the median cancelled
+  share, certified at no count, in every run;
+- for a number the study never measured: judged on its interval, its coverage not shown.
+
+For another model or corpus only the floor applies: a check on fewer than `smallest_studied`
+(8) documents is inconclusive, and the report says the coverage was not measured for that run.
+The measurement is about 256-token windows of `pydoc+stdlib`; a run on `pydoc` or on other
+window lengths (the quick preset: 128 tokens of `pydoc`) is told that the figures come from
+that related pool.
 
 Example:
 
-    >>> from cw_lens.reporting.interval_coverage import coverage_at
+    >>> from cw_lens.reporting.interval_coverage import certified_from, coverage_at
     >>> coverage_at("delta_ppl", 32) >= 0.9
+    True
+    >>> [certified_from(k) for k in ("retriever_share", "median_cos_sink_tail_mixture")]
+    [8, 256]
+    >>> certified_from("median_cancelled_share") is None
     True
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -83,7 +100,8 @@ def coverage_at(number: str, n_documents: int) -> float | None:
 
 
 def certifies(coverage: float, lower: float) -> bool:
-    """SPEC §6's certificate of one document count: the coverage and its lower bound.
+    """The certificate of one document count (docs/coverage.md#the-population): the coverage
+    and its lower bound.
 
     Args:
         coverage: The interval's measured coverage at that count.
@@ -192,8 +210,8 @@ def below_certified(number: str, n_documents: int) -> bool:
 def not_certified_because(number: str, n_documents: int, *, studied_run: bool = True) -> str | None:
     """Why a number's interval is not certified at a run's document count, in words.
 
-    For a run the study speaks for (`studied`), the two ways SPEC §6 leaves an interval
-    uncertified: the studied row at the largest count up to the run's falls short
+    For a run the study speaks for (`studied`), the two ways an interval stays uncertified
+    (docs/methods.md#verdicts): the studied row at the largest count up to the run's falls short
     (`certified_at` is False), or the run is smaller than the smallest count from which the
     number was certified (`below_certified`). For any other run, only a run smaller than
     every studied count (`smallest_studied`): no study shows an interval covers there.
@@ -208,8 +226,8 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         measure the number, or (for another model or corpus) the run is large enough.
 
     Examples:
-        >>> not_certified_because("median_cos_sink_tail_mixture", 32)[:40]
-        'its interval covers 0.855 (lower 95% bou'
+        >>> not_certified_because("median_cos_sink_tail_mixture", 32)[:57]
+        'its interval has coverage 0.855 at this size (32 document'
         >>> not_certified_because("retriever_share", 8) is None
         True
     """
@@ -225,7 +243,7 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         return None
     if certified_at(number, n_documents) is False:
         return (
-            f"its interval {coverage_text(number, n_documents)}, short of a certificate "
+            f"its interval has {coverage_text(number, n_documents)}, short of a certificate "
             f"(coverage >= {TARGET}, lower bound >= {LOWER_TARGET})"
         )
     if below_certified(number, n_documents):
@@ -255,24 +273,30 @@ def certified_text(number: str) -> str:
 
 
 def coverage_text(number: str, n_documents: int) -> str:
-    """What the studied row `coverage_at` reads says, in words.
+    """What the studied row `coverage_at` reads says, in words: the interval's coverage (how
+    often it contained the true value), never "covers 0.905", which reads as if the interval
+    contained 0.905.
 
     Args:
         number: A claim number the study measured.
         n_documents: The run's (the claim's) document count (at least the smallest studied).
 
     Returns:
-        `"covers 0.905 (lower 95% bound 0.877) at N documents"`.
+        `"coverage 0.905 at this size (8 documents; lower 95% bound 0.877)"`, or, for a count
+        between two studied ones, the studied count it was measured at.
 
     Examples:
         >>> coverage_text("median_cos_sink_tail_mixture", 8)
-        'covers 0.905 (lower 95% bound 0.877) at 8 documents'
+        'coverage 0.905 at this size (8 documents; lower 95% bound 0.877)'
+        >>> coverage_text("median_cos_sink_tail_mixture", 100)[:60]
+        'coverage 0.855 at 32 documents, the largest count studied up'
     """
-    row = _rows()[number][_studied_count(number, n_documents)]
-    return (
-        f"covers {float(row['coverage']):.3f} (lower 95% bound {float(row['lower']):.3f}) "
-        f"{where_measured(number, n_documents)}"
-    )
+    count = _studied_count(number, n_documents)
+    row = _rows()[number][count]
+    coverage, bound = f"coverage {float(row['coverage']):.3f}", f"{float(row['lower']):.3f}"
+    if count == n_documents:
+        return f"{coverage} at this size ({n_documents} documents; lower 95% bound {bound})"
+    return f"{coverage} {where_measured(number, n_documents)} (lower 95% bound {bound})"
 
 
 def where_measured(number: str, n_documents: int) -> str:
@@ -348,9 +372,22 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     return changed
 
 
-def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
+def coverage_limits(
+    summary: dict[str, Any],
+    documents: dict[str, int],
+    name: Callable[[str], str] = str,
+) -> list[str]:
     """REPORT.md lines on the claim numbers whose interval was not shown to cover at the run's
-    size (`documents`: each claim's document count); none when all were."""
+    size.
+
+    Args:
+        summary: A run's `summary.json` content.
+        documents: Each claim's document count.
+        name: A number's name in the lines (default: its key).
+
+    Returns:
+        One Markdown list item per kind of limit; none when every interval was certified.
+    """
     if not studied(summary):
         few = sorted(
             {
@@ -376,13 +413,15 @@ def coverage_limits(summary: dict[str, Any], documents: dict[str, int]) -> list[
     unmeasured: dict[str, list[str]] = {}
     for cid, check, n, cover in _interval_checks(summary, documents):
         if cover is not None and not certified_at(check["number"], n):
-            short.append(f"`{cid}`: {check['number']} {coverage_text(check['number'], n)}")
+            number = check["number"]
+            short.append(f"`{cid}`: {name(number)}, {coverage_text(number, n)}")
         elif below_certified(check["number"], n):
             below.append(
-                f"`{cid}` at {n} documents ({check['number']}: {certified_text(check['number'])})"
+                f"`{cid}` at {n} documents "
+                f"({name(check['number'])}: {certified_text(check['number'])})"
             )
         elif cover is None:
-            unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(check["number"])
+            unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(name(check["number"]))
     lines = []
     if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(

@@ -1,8 +1,9 @@
 """The main job: run every analysis on one model and corpus, store, plot, summarise.
 
 `cw-lens figures` (`make figures`) calls `run_figures`. Each step stores its result
-atomically (`<out>/.state/<fingerprint>/<step>.pkl`, written to a temporary file and renamed)
-and a rerun skips the finished steps, so an interrupted job resumes where it stopped;
+atomically (`<out>/.state/<fingerprint>/<step>.safetensors`, in the format of `result.save`,
+written to a temporary file and renamed) and a rerun skips the finished steps, so an
+interrupted job resumes where it stopped;
 `force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seeds and
 cw_lens version, so changing any of them starts afresh. The figures (one PNG and one PDF each),
 `summary.json` and `REPORT.md` are rebuilt from the stored results on every run, also

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +30,146 @@ def _fmt(value: Any, depth: int = 0) -> str:
     return str(value)
 
 
+# The plain name of every check's number: the report writes these, and its glossary maps each
+# back to its key in summary.json (`claims.<claim>.checks[].number`; docs/methods.md#criteria).
+NUMBER_NAMES = {
+    "contribution_over_attention": "the sink's contribution over its attention",
+    "comprehensiveness_value_norm_minus_attention": (
+        "comprehensiveness AOPC, value norm − attention"
+    ),
+    "comprehensiveness_value_norm_output_minus_value_norm": (
+        "comprehensiveness AOPC, value norm over output − value norm"
+    ),
+    "comprehensiveness_contribution_minus_value_norm_output": (
+        "comprehensiveness AOPC, contribution − value norm over output"
+    ),
+    "sufficiency_lowest_other_minus_contribution": (
+        "sufficiency AOPC, the best other metric − contribution"
+    ),
+    "median_ratio_sink_heads": "median value-norm ratio, other tokens over the sink, sink heads",
+    "median_cos_sink_tail_mixture": "median cosine of the sink's value with the tail mixture",
+    "median_abs_rho_relative_norm_minus_attention": (
+        "median absolute Spearman ρ with the sink's contribution, relative norm − attention"
+    ),
+    "median_abs_rho_cosine_minus_attention": (
+        "median absolute Spearman ρ with the sink's contribution, cosine − attention"
+    ),
+    "share_judged_sink_heads_interior_median_s_star": "share of sink heads whose s* is interior",
+    "share_sink_heads_negative_cosine": "share of sink heads whose sink term opposes the drift",
+    "median_cancelled_share": "median cancelled share",
+    "cone_rise_low_norm_minus_other": "rise of the cone alignment, low-norm heads − the others",
+    "delta_ppl": "perplexity rise without the sink's norm (ΔPPL)",
+    "min_over_n_f_top_minus_random": "smallest F_N gap over N, top-N − random",
+    "largest_gap_n2_n4_minus_larger_n": "largest F_N gap at N ∈ {2, 4} − at larger N",
+    "geomean_head_ratio_n2": "F_N without the sink over F_N with it, geometric mean, N = 2",
+    "geomean_head_ratio_n4": "F_N without the sink over F_N with it, geometric mean, N = 4",
+    "retriever_share": "share of Retriever heads",
+    "random_minus_taxonomy_delta_ppl_at_0.9": "ΔPPL, random − taxonomy order, 90% of heads kept",
+    "random_minus_taxonomy_delta_ppl_at_0.75": "ΔPPL, random − taxonomy order, 75% of heads kept",
+}
+
+
+def number_name(number: str) -> str:
+    """A check's number in words (`NUMBER_NAMES`).
+
+    Args:
+        number: The number's key in summary.json.
+
+    Returns:
+        Its plain name, or the key when it has none.
+    """
+    return NUMBER_NAMES.get(number, number)
+
+
+def _cell(value: Any) -> str:
+    """One value in a report table: floats to 3 significant digits (from 1,000 on, whole with
+    thousands separators), a run of consecutive integers as its first and last (`0–29`), other
+    lists in full, None as n/a."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    if value is None:
+        return "n/a"
+    if isinstance(value, list):
+        whole = [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+        if (
+            len(value) > 2
+            and len(whole) == len(value)
+            and whole == list(range(whole[0], whole[0] + len(whole)))
+        ):
+            return f"{whole[0]}–{whole[-1]}"
+        return "[" + ", ".join(_cell(v) for v in value) + "]"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table, then a blank line."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+    ]
+
+
+def _is_records(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def measured_tables(measured: dict[str, Any]) -> list[str]:
+    """A claim's other measured numbers as small tables, every value shown (nothing elided):
+
+    - the single values (and lists of values) in one `number | value` table;
+    - mappings of values (e.g. per N, per metric) one row each, those with the same keys in one
+      table whose columns are the keys;
+    - a mapping of mappings (pruning's ΔPPL per retention and order) as its own table, a list
+      of records (the costliest lone heads) as its own table;
+    - a mapping holding mappings among its values (the task's numbers) as its own block.
+
+    Args:
+        measured: The numbers, `{name: value}`.
+
+    Returns:
+        Markdown lines (tables, each followed by a blank line).
+    """
+    single: list[list[str]] = []
+    grouped: dict[tuple[str, ...], list[list[str]]] = {}
+    after: list[str] = []
+    for name, value in measured.items():
+        if not isinstance(value, dict) and not _is_records(value):
+            single.append([f"`{name}`", _cell(value)])
+        elif _is_records(value):
+            keys = list(dict.fromkeys(k for record in value for k in record))
+            rows = [[str(i + 1), *(_cell(r.get(k)) for k in keys)] for i, r in enumerate(value)]
+            after += _table([f"`{name}`", *keys], rows)
+        elif all(isinstance(v, dict) for v in value.values()) and value:
+            inner = list(dict.fromkeys(k for v in value.values() for k in v))
+            rows = [[str(k), *(_cell(v.get(c)) for c in inner)] for k, v in value.items()]
+            after += _table([f"`{name}`", *inner], rows)
+        elif any(isinstance(v, dict) or _is_records(v) for v in value.values()):
+            after += [f"`{name}`:", "", *measured_tables(value)]
+        else:
+            grouped.setdefault(tuple(str(k) for k in value), []).append(
+                [f"`{name}`", *(_cell(v) for v in value.values())]
+            )
+    lines = _table(["number", "value"], single) if single else []
+    for keys, rows in grouped.items():
+        lines += _table(["number", *keys], rows)
+    return lines + after
+
+
 def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path]]) -> str:
-    """REPORT.md: the claims table, the provenance block and every figure with a one-line
-    reading."""
+    """REPORT.md: the claims table, the provenance block, each claim's criterion and other
+    numbers (nested ones as small tables), every figure with its caption and a reading from
+    the numbers, and a glossary of the checks' keys in summary.json.
+
+    Args:
+        job: The job (its configuration, corpus size and step timings).
+        summary: Its `summary.json` content.
+        figures: The figures written, `{name: [png, pdf]}`, in the order they are shown.
+
+    Returns:
+        The report's Markdown.
+    """
     from cw_lens.reporting.provenance import causal_sample_markdown, provenance_markdown
     from cw_lens.reporting.state import claim_documents
 
@@ -50,31 +188,35 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
         "",
         f"Each number with its {_interval_words(summary)}; verdict `yes` when the number and its "
         "whole interval satisfy the criterion, `no` when they all fail it, `inconclusive` when "
-        "the interval straddles the threshold (or a number has no interval, or its interval "
-        "was measured to cover less than 0.93 at this run's size: docs/coverage.md), "
-        "`not measured` when the run could not compute a number (docs/methods.md#claims).",
+        "the interval straddles the threshold (or a number has no interval, or its interval's "
+        "coverage is not certified at this run's size: docs/coverage.md), `not measured` when "
+        "the run could not compute a number (docs/methods.md#claims). Each number has a plain "
+        "name here; the glossary at the end gives its key in summary.json.",
         "",
         claims_markdown(summary),
         "",
         *bias_note(summary),
         *size_limits(job.config, summary, claim_documents(job, summary["claims"])),
-        "Criteria (docs/methods.md#claims) and the other measured numbers:",
+        "## Criteria and the other measured numbers",
         "",
-        *criteria_lines(summary),
+        *criteria_sections(summary),
     ]
     if summary.get("steps_not_run"):
         lines += [
-            "",
             "Steps not run (--steps/--skip), so their claims and figures are not measured: "
             + ", ".join(summary["steps_not_run"])
             + ".",
+            "",
         ]
-    lines += ["", "## Figures", ""]
+    lines += ["## Figures", ""]
     # the one-line readings quote numbers of every claim: written for a complete run
     readings = {} if summary.get("steps_not_run") else figure_readings(summary)
     for name, paths in figures.items():
         png = paths[0].name
-        lines += [f"### {name}", "", f"![{name}]({png})", "", readings.get(name, ""), ""]
+        caption = FIGURE_CAPTIONS.get(name, "")
+        lines += [f"### {name}", "", f"![{name}]({png})", ""]
+        lines += [f"*{caption}*", ""] if caption else []
+        lines += [readings[name], ""] if readings.get(name) else []
     if job.timings:
         lines += [
             "## Run",
@@ -83,43 +225,59 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
             "",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + glossary(summary))
 
 
-MEASURED_CHARS = 600  # the most characters of other measured numbers a claim's line shows
-
-
-def criteria_lines(summary: dict[str, Any]) -> list[str]:
-    """REPORT.md's line per claim: its criterion, its verdict and the other measured numbers.
-
-    The other numbers are whole `name = value` items, at most `MEASURED_CHARS` characters of
-    them, then the names of those left out (their values are in `summary.json`): an item is
-    never cut off.
+def criteria_sections(summary: dict[str, Any]) -> list[str]:
+    """REPORT.md's section per claim: its criterion, its verdict and every other measured
+    number, in small tables (`measured_tables`): nothing is elided.
 
     Args:
         summary: A run's `summary.json` content.
 
     Returns:
-        One Markdown list item per claim, in the summary's order.
+        Markdown lines: per claim, in the summary's order, a `### claim` heading, a line with
+        its criterion and verdict, and the tables of its other numbers.
     """
     lines = []
     for cid, claim in summary["claims"].items():
         numbers = {c["number"] for c in claim.get("checks", [])}
-        items = [(k, f"{k} = {_fmt(v)}") for k, v in claim["measured"].items() if k not in numbers]
-        shown: list[str] = []
-        for _, item in items:
-            if len("; ".join([*shown, item])) > MEASURED_CHARS:
-                break
-            shown.append(item)
-        other = "; ".join(shown)
-        left_out = [k for k, _ in items[len(shown) :]]
-        if left_out:
-            other += "; more in summary.json: " + ", ".join(left_out)
-        lines.append(
-            f"- `{cid}`: {claim.get('criterion', '')}. Verdict: {claim['holds']}. "
-            f"Also measured: {other or 'nothing else'}."
-        )
+        other = {k: v for k, v in claim["measured"].items() if k not in numbers}
+        lines += [
+            f"### `{cid}`",
+            "",
+            f"Criterion: {claim.get('criterion', '')}. Verdict: {claim['holds']}.",
+            "",
+            *(measured_tables(other) if other else ["Nothing else measured.", ""]),
+        ]
     return lines
+
+
+def glossary(summary: dict[str, Any]) -> list[str]:
+    """REPORT.md's last section: each check's plain name (`number_name`) and its key in
+    summary.json, with its claim (none when the run has no checks).
+
+    Args:
+        summary: A run's `summary.json` content.
+
+    Returns:
+        Markdown lines: a heading, a sentence and a table, one row per check.
+    """
+    rows = [
+        [number_name(c["number"]), f"`{c['number']}`", f"`{cid}`"]
+        for cid, claim in summary["claims"].items()
+        for c in claim.get("checks", [])
+    ]
+    if not rows:
+        return []
+    return [
+        "## Glossary",
+        "",
+        "The checks' names in this report and their keys in summary.json "
+        "(`claims.<claim>.checks[].number`; their criteria: docs/methods.md#criteria).",
+        "",
+        *_table(["name in this report", "key in summary.json", "claim"], rows),
+    ]
 
 
 def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
@@ -129,7 +287,7 @@ def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str,
     from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
     from cw_lens.reporting.interval_coverage import coverage_limits
 
-    limits = coverage_limits(summary, documents)
+    limits = coverage_limits(summary, documents, name=number_name)
     if config.pruning_draws < MIN_RANDOM_DRAWS:
         limits.append(
             f"- `pruning_signal`: {config.pruning_draws} random orders, fewer than the "
@@ -179,15 +337,52 @@ def claims_markdown(summary: dict[str, Any]) -> str:
     ]
     for cid, claim in summary["claims"].items():
         checks = "<br>".join(
-            f"{c['number']} = {_fmt(c['value'])} {_interval_text(c.get('interval'))}"
+            f"{number_name(c['number'])} = {_fmt(c['value'])} {_interval_text(c.get('interval'))}"
             f"{_corrected_mark(c)} ({_check_text(c)}: {c['holds']}"
-            + (f"; {c['undecided_because']}" if c.get("undecided_because") else "")
+            + (f"; {plain_reason(c['undecided_because'])}" if c.get("undecided_because") else "")
             + ")"
             for c in claim.get("checks", [])
         )
         mark = VERDICT_MARK.get(claim["holds"], str(claim["holds"]))
         lines.append(f"| `{cid}` | {claim['paper']} | {checks} | {mark} |")
     return "\n".join(lines)
+
+
+_OLD_COVERAGE = re.compile(
+    r"its interval covers (?P<coverage>[\d.]+) \(lower 95% bound (?P<bound>[\d.]+)\) at "
+    r"(?P<n>\d+) documents(?P<between>, the largest count studied up to this run's \d+)?"
+)
+
+
+def plain_reason(reason: str) -> str:
+    """A check's `undecided_because` as the report writes it: a summary written before 0.4.1
+    said "its interval covers 0.932 (lower 95% bound 0.908) at 256 documents", which reads as
+    if the interval contained 0.932; it is the interval's coverage (`coverage_text`'s words).
+
+    Args:
+        reason: The check's `undecided_because`.
+
+    Returns:
+        The reason, its coverage in today's words.
+
+    Examples:
+        >>> plain_reason("its interval covers 0.932 (lower 95% bound 0.908) at 256 documents")
+        'its interval has coverage 0.932 at this size (256 documents; lower 95% bound 0.908)'
+    """
+
+    def words(match: re.Match[str]) -> str:
+        coverage, bound, n = match["coverage"], match["bound"], match["n"]
+        if match["between"]:
+            return (
+                f"its interval has coverage {coverage} at {n} documents{match['between']} "
+                f"(lower 95% bound {bound})"
+            )
+        return (
+            f"its interval has coverage {coverage} at this size ({n} documents; lower 95% "
+            f"bound {bound})"
+        )
+
+    return _OLD_COVERAGE.sub(words, reason)
 
 
 BIAS_MARK = "†"  # after an interval that is bias-corrected (`interval_method`)
@@ -263,6 +458,79 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
     )
 
 
+# What each figure of the main job shows, one sentence each (REPORT.md's captions); the
+# readings below it (`figure_readings`) say what the run's numbers are.
+FIGURE_CAPTIONS = {
+    "contribution_heatmap_1": (
+        "Attention (left) and intra-head contribution weight (right), a row per query and a "
+        "column per key, of the sink head whose attention to the sink exceeds the sink's "
+        "contribution the most, on the first 31 tokens of the corpus's first window."
+    ),
+    "contribution_heatmap_2": (
+        "The same for the sink head with the next largest excess at least four layers away."
+    ),
+    "sink_attention_vs_contribution": (
+        "Per layer, the mean attention to the sink and the sink's mean intra-head contribution "
+        "over queries 16 and later, over all heads (lines) and over the sink heads (squares)."
+    ),
+    "sink_value_geometry": (
+        "Sink heads against the other heads: the value-norm ratio of the other tokens over the "
+        "sink (log10, dashed at 3x and 10x), the cosine of the sink's value with each tail "
+        "token's, and its cosine with each query's tail mixture."
+    ),
+    "sink_contribution_drivers": (
+        "The mean of each factor of the contribution (attention, relative norm, cosine) for the "
+        "sink and for the tail in sink heads (left), and the median over sink heads of each "
+        "factor's |Spearman rho| with the contribution (right)."
+    ),
+    "convex_sink_curve": (
+        "The output norm of some sink heads as their sink rate s goes from 0 to 1 (left), and "
+        "where each query's output norm is smallest, s*, over the sink heads' queries (right)."
+    ),
+    "sink_cancels_drift": (
+        "Over sink heads, the median cosine of the sink's term with the drift of the weakly "
+        "attended tokens (left) and the median share of that drift the sink cancels (right)."
+    ),
+    "sink_ablation_cone": (
+        "The cone alignment (left) and the output norm (right) of the low-norm heads and the "
+        "other heads, before and after the sink's norm is removed, with the perplexity change."
+    ),
+    "faithfulness_order": (
+        "The NLL change as more (query, key) pairs are removed, ranked by each metric: "
+        "comprehensiveness, most important first (left), and sufficiency, least important "
+        "first (right), against a random ranking."
+    ),
+    "faithfulness_task": (
+        "The same curves on the task items, as the drop of the answer's log-probability."
+    ),
+    "topn_beats_random": (
+        "The mean F_N over heads of the top-N keys by attention and of N random keys, with "
+        "their spread (left), and the ratio of the two (right), for N from 1 to 128."
+    ),
+    "sink_lowers_fn": (
+        "The mean F_N over heads of top-N selections with the sink allowed and excluded "
+        "(left), and per head F_N without the sink over F_N with it: median, ratio of means "
+        "and share of heads at 2x or more (right)."
+    ),
+    "retriever_share": (
+        "Per layer, the share of heads in each regime, Retriever, Mixer or Reset (left), and "
+        "the share of queries whose winner is the current token, the sink or another (right)."
+    ),
+    "pruning_signal": (
+        "The perplexity rise as heads are removed in each layer in taxonomy, magnitude, "
+        "entropy and random order, down to 25% of the heads kept (left), and the heads whose "
+        "removal alone costs the most (right)."
+    ),
+    "pruning_signal_global": (
+        "The same with one global ranking of all heads instead of one ranking per layer."
+    ),
+    "per_layer_intervals": (
+        "Each claim about layers, layer by layer: the layer's number (dot), its bootstrap "
+        "interval over documents (bar) and the criterion's threshold (dashed)."
+    ),
+}
+
+
 def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     """One line per figure, written from the measured numbers."""
     # Long: one sentence per figure read from summary.json, a table of f-strings.
@@ -285,13 +553,8 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     topn = c["topn_beats_random"]
     sink_fn = c["sink_lowers_fn"]
     tax = c["retriever_share"]
-    heat = (
-        "Attention (left) versus intra-head contribution weights (right) of a strong sink "
-        "head on one text (P1, Fig. 1)."
-    )
+    task = next((v for k, v in c["faithfulness_order"].items() if k.startswith("task_")), None)
     return {
-        "contribution_heatmap_1": heat,
-        "contribution_heatmap_2": heat,
         "sink_attention_vs_contribution": (
             f"Over {sink['n_sink_heads']} sink heads the sink takes "
             f"{_fmt(sink['mean_sink_attention'])} of the attention and contributes "
@@ -330,7 +593,12 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
             f"{best}; P1's full ordering {held['faithfulness_order']}."
             + _random_draws_text(c["faithfulness_order"].get("random_aopc_over_draws"))
         ),
-        "faithfulness_task": "Faithfulness on the task items: drop of the answer log-probability.",
+        "faithfulness_task": (
+            f"Comprehensiveness AOPC (answer log-probability change, pairs) on "
+            f"{task.get('n_items')} task items: {_fmt(task.get('aopc_comprehensiveness_pairs'))}."
+            if isinstance(task, dict)
+            else ""
+        ),
         "topn_beats_random": (
             f"F_N of top-N over random: {_fmt(topn.get('top_over_random', {}))}; the largest gap "
             f"is at N = {topn.get('n_with_largest_gap')}."
@@ -347,11 +615,6 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
         "pruning_signal": (
             "ΔPPL per order and retention, the same share of heads removed in every layer "
             f"(the methods page's reading); the claim {held['pruning_signal']}."
-        ),
-        "pruning_signal_global": "The variant: one global ranking of all heads.",
-        "per_layer_intervals": (
-            "The claims about layers, layer by layer: each layer's number (dot) with its "
-            "bootstrap interval over documents (bar) and the criterion's threshold (dashed)."
         ),
     }
 

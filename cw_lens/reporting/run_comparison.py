@@ -77,8 +77,9 @@ from cw_lens.core.bootstrap import (
     is_biased_plugin,
 )
 from cw_lens.core.claims import VERDICTS, threshold_text
-from cw_lens.core.deprecation import keyword_only, renamed_classes
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.replicates import (
     DIFFER,
     NOT_COMPARABLE,
@@ -113,6 +114,7 @@ COLUMNS = [
 ]
 
 
+@saveable
 @dataclass
 class Run:
     """One run's header: its label, source and what it measured on."""
@@ -129,6 +131,7 @@ class Run:
     no_replicates: str = "a summary of schema 1 or 2 keeps no bootstrap replicates"
 
 
+@saveable
 @dataclass(repr=False)
 class RunComparisonResult(Result):
     """Checks of several runs, one row per run x claim x headline number.
@@ -820,8 +823,3 @@ def differences_markdown(table: pd.DataFrame, reference: str) -> list[str]:
 
 def _p_cell(p: Any) -> str:
     return "—" if p is None or math.isnan(p) else f"{p:.3g}"
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, RunComparison=RunComparisonResult)

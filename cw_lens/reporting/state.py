@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import random
 import sys
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cw_lens.core.errors import InputError
 from cw_lens.data.distributed import barrier, is_main_process, main_process_decides
 
 MIN_RESAMPLES = 2000  # methods § Claims: a claim interval rests on at least this many resamples
@@ -55,8 +55,6 @@ class JobConfig:
     causal_seed: int = 0
 
     def __post_init__(self) -> None:
-        from cw_lens.core.errors import InputError
-
         if self.n_resamples < MIN_RESAMPLES:
             raise InputError(
                 f"n_resamples={self.n_resamples}: a claim interval needs at least "
@@ -69,8 +67,6 @@ class JobConfig:
         """The settings of a named preset (`PRESETS`), then `overrides` (`None`
         values leave the preset's)."""
         if name not in PRESETS:
-            from cw_lens.core.errors import InputError
-
             raise InputError(f"Unknown preset {name!r}; use one of {sorted(PRESETS)}.")
         settings = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
         return cls(**settings)
@@ -133,15 +129,30 @@ class Job:
     results: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     steps: tuple[str, ...] = ()  # the steps this run computes (select_steps)
+    # steps computed (and stored) by an earlier step's shared corpus pass, waiting for their turn,
+    # and the seconds a running step charges itself when it computed more than its own result
+    ahead: dict[str, tuple[Any, float]] = field(default_factory=dict)
+    charged: dict[str, float] = field(default_factory=dict)
 
     @property
     def state_dir(self) -> Path:
         return self.out / ".state" / self.config.fingerprint()
 
     def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
-        """Load step `name` if stored (and not forced), else compute and store atomically."""
-        path = self.state_dir / f"{name}.pkl"
-        stored = _MISSING if self.force else _load_pickle(path)
+        """Load step `name` if stored (and not forced), else compute and store atomically.
+
+        A stored step is a safetensors file in the format of `result.save`
+        (`cw_lens.core.saving`): loading it builds only the classes cw_lens registered and runs
+        no code from the file. A file that does not load (damaged, written by another version,
+        naming a class cw_lens does not read) is recomputed with a line that says why, never
+        trusted; a step stored as a pickle by cw_lens 0.4.0 or earlier is recomputed too.
+        """
+        if name in self.ahead:  # stored already, by the step whose pass computed it
+            self.results[name], self.timings[name] = self.ahead.pop(name)
+            self._log(f"[{name}] computed by the shared corpus pass ({self.timings[name]:.1f} s)")
+            return self.results[name]
+        path = self.state_dir / f"{name}{STEP_SUFFIX}"
+        stored, why = (_MISSING, None) if self.force else _load_step(path)
         # every rank follows rank 0: loading skips the step's collectives, so ranks must agree
         if main_process_decides(stored is not _MISSING):
             if stored is _MISSING:  # rank 0 read the file but this rank cannot
@@ -155,20 +166,52 @@ class Job:
                 self.timings[name] = computed_in
             self._log(f"[{name}] loaded from {path}")
             return stored
-        if not self.force and path.exists():
-            self._log(f"[{name}] stored result unreadable; recomputing")
+        if why is not None:
+            self._log(f"[{name}] stored result not used ({why}); recomputing")
+        elif not self.force and path.with_suffix(".pkl").exists():
+            self._log(
+                f"[{name}] a pickled result from an older cw_lens is never loaded (a pickle can "
+                "run code); recomputing"
+            )
         start = time.perf_counter()
         self._log(f"[{name}] computing")
         value = fn(self)
-        self.timings[name] = time.perf_counter() - start
-        if is_main_process():
-            atomic_write_bytes(path, pickle.dumps(value))
-            timings = {**self._stored_timings(), name: self.timings[name]}
-            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
-        barrier()
+        self.timings[name] = self.charged.pop(name, time.perf_counter() - start)
+        self._store(name, value, self.timings[name])
         self.results[name] = value
         self._log(f"[{name}] done in {self.timings[name]:.1f} s")
         return value
+
+    def _store(self, name: str, value: Any, seconds: float) -> None:
+        """Write step `name`'s value and the seconds it took atomically (rank 0)."""
+        if is_main_process():
+            _store_step(self.state_dir / f"{name}{STEP_SUFFIX}", value)
+            timings = {**self._stored_timings(), name: seconds}
+            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
+        barrier()
+
+    def is_stored(self, name: str) -> bool:
+        """Whether step `name` has a stored result this run would load (not with `force`).
+
+        Args:
+            name: A step.
+
+        Returns:
+            True when its file is there.
+        """
+        return not self.force and (self.state_dir / f"{name}{STEP_SUFFIX}").exists()
+
+    def store_ahead(self, name: str, value: Any, seconds: float) -> None:
+        """Store step `name`, computed by the running step's shared pass, at once (a resumed
+        run loads it); its own turn then takes it as computed in `seconds`.
+
+        Args:
+            name: The step.
+            value: What the step stores.
+            seconds: The time charged to it.
+        """
+        self._store(name, value, seconds)
+        self.ahead[name] = (value, seconds)
 
     def _stored_timings(self) -> dict[str, float]:
         """Seconds each stored step took when it was computed (`{}` if none are recorded)."""
@@ -188,16 +231,34 @@ _MISSING = object()
 TIMINGS_FILE = "timings.json"
 
 
-def _load_pickle(path: Path) -> Any:
-    """The stored step result at `path`, or `_MISSING` if absent or unreadable (a corrupt
-    state file is recomputed, never used)."""
+STEP_SUFFIX = ".safetensors"
+
+
+def _load_step(path: Path) -> tuple[Any, str | None]:
+    """The stored step result at `path` and `None`, or `_MISSING` and why it is not used
+    (`None`: there is no file). A file that does not load is recomputed, never used."""
+    from cw_lens.core.loading import read_file
+    from cw_lens.core.saving import STEP_FORMAT
+
     if not path.exists():
-        return _MISSING
+        return _MISSING, None
     try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception:
-        return _MISSING
+        return read_file(path, file_format=STEP_FORMAT), None
+    except (InputError, OSError) as exc:
+        return _MISSING, str(exc)
+
+
+def _store_step(path: Path, value: Any) -> None:
+    """Write a step's value to `path` atomically (a temporary file in its folder, renamed)."""
+    from cw_lens.core.saving import STEP_FORMAT, write_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write_file(value, tmp, file_format=STEP_FORMAT)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -2,6 +2,10 @@
 `Job` (the model, the corpus, the settings) and returning what the
 job stores; the order in which the job runs them, and which step needs another.
 
+The corpus steps (sinks, ablation, selection, taxonomy) share one streamed pass
+(`corpus_pass`): the first of them to run computes every one the run still needs and stores
+the others at once; each is still stored and loaded on its own, with its share of the time.
+
 The causal steps (faithfulness, pruning) run on a seeded random sample of the corpus windows
 when their document counts are smaller than the corpus (`cw_lens.reporting.state.causal_corpus`),
 never on its first windows, which are the start of the text; the others on the whole corpus.
@@ -33,10 +37,63 @@ def on_corpus(job: Job, analysis: Callable[..., Any], corpus: Any = None, **sett
     )
 
 
-def step_sinks(job: Job) -> dict[str, Any]:
-    from cw_lens.analyses.sinks import sink_statistics
+# The corpus steps one streamed pass serves (`corpus_pass`): each step's analysis in
+# `corpus_analyses`, the key of its result in the step's value, and its own settings.
+CORPUS_STEPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "sinks": ("sinks", "stats", ("seed",)),
+    "ablation": ("ablation", "ablation", ()),
+    "selection": ("selection", "result", ("seed",)),
+    "taxonomy": ("taxonomy", "result", ()),
+}
 
-    return {"stats": on_corpus(job, sink_statistics, seed=job.config.seed)}
+
+def corpus_pass(job: Job, name: str) -> dict[str, Any]:
+    """Corpus step `name`'s value, from one streamed pass that also computes every other corpus
+    step of the run not computed or stored yet (`cw_lens.corpus_analyses`): those are stored
+    at once (a resumed run loads them) and wait for their turn in `job.ahead`.
+
+    Each step is charged its share of the pass (`CorpusAnalyses.seconds`: its own
+    accumulator's time and its result's, and an equal share of the forward passes).
+
+    Args:
+        job: The running job.
+        name: The corpus step that runs now (a key of `CORPUS_STEPS`).
+
+    Returns:
+        Its value, as the job stores it.
+    """
+    from cw_lens.analyses.corpus import corpus_analyses
+
+    wanted = [
+        step
+        for step in CORPUS_STEPS
+        if step == name
+        or (step in job.steps and step not in job.results and not job.is_stored(step))
+    ]
+    analyses = {
+        CORPUS_STEPS[step][0]: {key: getattr(job.config, key) for key in CORPUS_STEPS[step][2]}
+        for step in wanted
+    }
+    results = corpus_analyses(
+        job.model,
+        job.corpus,
+        analyses=analyses,
+        batch_size=job.config.batch_size,
+        progress=job.progress,
+        per_document=True,
+    )
+    for step in wanted:
+        analysis, key, _ = CORPUS_STEPS[step]
+        if step == name:
+            job.charged[step] = results.seconds[analysis]
+        else:
+            job.store_ahead(step, {key: results[analysis]}, results.seconds[analysis])
+    analysis, key, _ = CORPUS_STEPS[name]
+    return {key: results[analysis]}
+
+
+def step_sinks(job: Job) -> dict[str, Any]:
+    return corpus_pass(job, "sinks")
 
 
 def step_heatmaps(job: Job) -> dict[str, Any]:
@@ -65,9 +122,7 @@ def step_heatmaps(job: Job) -> dict[str, Any]:
 
 
 def step_ablation(job: Job) -> dict[str, Any]:
-    from cw_lens.analyses.sinks import sink_ablation
-
-    return {"ablation": on_corpus(job, sink_ablation)}
+    return corpus_pass(job, "ablation")
 
 
 def step_faithfulness(job: Job) -> dict[str, Any]:
@@ -110,15 +165,11 @@ def step_task_faithfulness(job: Job) -> dict[str, Any] | None:
 
 
 def step_selection(job: Job) -> dict[str, Any]:
-    from cw_lens.analyses.selection import selection_geometry
-
-    return {"result": on_corpus(job, selection_geometry, seed=job.config.seed)}
+    return corpus_pass(job, "selection")
 
 
 def step_taxonomy(job: Job) -> dict[str, Any]:
-    from cw_lens.analyses.taxonomy import head_taxonomy
-
-    return {"result": on_corpus(job, head_taxonomy)}
+    return corpus_pass(job, "taxonomy")
 
 
 def step_pruning(job: Job) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard, merge_across_ranks
@@ -44,6 +45,7 @@ from cw_lens.models.layer_contributions import METRICS
 from cw_lens.models.verify import require_verified
 
 
+@saveable
 @dataclass(repr=False)
 class FaithfulnessResult(Result):
     """Curves of the faithfulness protocol; one row per (granularity, metric, mode, fraction).

@@ -39,6 +39,7 @@ from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import pruning_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
@@ -50,6 +51,7 @@ from cw_lens.models.interventions import remove_heads
 from cw_lens.models.verify import require_verified
 
 
+@saveable
 @dataclass(repr=False)
 class PruningResult(Result):
     """ΔPPL of structured head pruning (P2) per order and retention level.

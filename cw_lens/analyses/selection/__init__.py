@@ -37,9 +37,8 @@ results for its folded weights.
 The public functions' docstrings have runnable examples.
 """
 
+from cw_lens.analyses.selection.accumulation import ROW_BUDGET_BYTES, RULES
 from cw_lens.analyses.selection.geometry import (
-    ROW_BUDGET_BYTES,
-    RULES,
     SINK_N,
     SMALL_N,
     SelectionGeometryResult,

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import einops
 import numpy as np
 import pandas as pd
 import torch
@@ -18,26 +17,24 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from cw_lens.analyses.common import (
+    CorpusPlan,
     check_count,
     check_sinks,
-    kv_of_heads,
+    layer_sums,
     rounded_dict,
-    stream_layer_sums,
+    run_plan,
 )
+from cw_lens.analyses.selection.accumulation import RULES, _SelectionAccumulator
 from cw_lens.analyses.selection.prf import (
-    PRF,
     Distance,
     check_distance,
     check_grid,
     power_grid,
-    prf_of_ranking,
-    random_rankings,
-    top_order,
 )
-from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import (
     F_EPS,
     geometric_mean_ratio,
@@ -49,132 +46,6 @@ from cw_lens.data.inputs import prepare_inputs
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
-
-RULES = ("top", "random", "top_no_sink")
-# Memory for one chunk of selection-geometry rows (float32 temporaries).
-ROW_BUDGET_BYTES = 256e6
-
-
-class _SelectionAccumulator:
-    """Exact sums of P, R, F and counts, `[rule, head, n, 4]` per layer."""
-
-    def __init__(
-        self,
-        n_grid: list[int],
-        query: str,
-        n_random: int,
-        seed: int,
-        sinks: tuple[int, ...],
-        distance: Distance,
-        record: tuple[list[int], int, int] | None = None,
-    ) -> None:
-        self.n_grid, self.query, self.n_random = n_grid, query, n_random
-        self.seed, self.sinks, self.distance = seed, sinks, distance
-        self.sums = ExactSums()
-        self.per_doc: PerDocument | None = None  # opt-in (layers, heads, documents) record
-        if record is not None:
-            layers, n_heads, n_documents = record
-            self.pos = {layer: i for i, layer in enumerate(layers)}
-            shape = (len(layers), len(RULES), n_heads, len(n_grid), 2)
-            self.per_doc = PerDocument(["f_and_count"], n_documents, shape)
-
-    def merge(self, other: _SelectionAccumulator) -> None:
-        self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
-    def update(self, lc: Any) -> None:
-        if lc.queries.start != 0:  # the whole layer is handled with its first query block
-            return
-        acts = lc.acts
-        pairs = _query_pairs(acts.batch.lengths.tolist(), self.query, self.sinks)
-        n_batch, n_heads, _, n_keys = acts.pattern.shape
-        totals = torch.zeros(
-            n_batch, len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64, device="cpu"
-        )
-        per_pair = n_heads * n_keys * acts.values.shape[-1] * 4 * (4 + 3 * self.n_random)
-        chunk = max(1, int(ROW_BUDGET_BYTES // per_pair))
-        for start in range(0, len(pairs), chunk):
-            rows, queries = (t.to(acts.pattern.device) for t in pairs[start : start + chunk].T)
-            sums = self._score(acts, rows, queries)
-            totals.index_add_(0, rows.cpu(), sums)
-        self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", totals)
-        if self.per_doc is not None:  # F sums and scored queries, per document
-            at = self.pos[acts.layer]
-            self.per_doc.add_rows(acts.batch.documents, "f_and_count", totals[..., 2:], at=at)
-
-    def _score(self, acts: Any, rows: Tensor, queries: Tensor) -> Tensor:
-        """`[pair, rule, head, n, (P, R, F, count)]` sums for (batch row, query) pairs."""
-        n_heads, n_keys = acts.pattern.shape[1], acts.pattern.shape[-1]
-        attention = acts.pattern[rows, :, queries, :]  # [pair, head, key]
-        kv = kv_of_heads(n_heads, acts.values.shape[2], attention.device)
-        values = einops.rearrange(acts.values[rows][:, :, kv], "p k h d -> p h k d")
-        keys = torch.arange(n_keys, device=attention.device)
-        causal = (keys[None, :] <= queries[:, None])[:, None, :].expand_as(attention)
-        sinks = torch.tensor(self.sinks, device=keys.device)
-        no_sink = causal & ~torch.isin(keys, sinks)
-        y = attention[..., None] * values
-        per_rule = {
-            "top": prf_of_ranking(
-                y, top_order(attention, causal), causal, self.n_grid, self.distance
-            ),
-            "top_no_sink": prf_of_ranking(
-                y, top_order(attention, no_sink), no_sink, self.n_grid, self.distance
-            ),
-        }
-        if self.n_random:
-            docs = [acts.batch.documents[b] for b in rows.tolist()]
-            per_rule["random"] = self._random(y, causal, docs, acts.layer, queries.tolist())
-        grid = torch.tensor(self.n_grid, device=keys.device)
-        scored = (2 * grid[None, :] <= queries[:, None] + 1)[:, None, :].expand(-1, n_heads, -1)
-        out = torch.zeros(
-            len(rows), len(RULES), n_heads, len(self.n_grid), 4, dtype=torch.float64, device="cpu"
-        )
-        for r, rule in enumerate(RULES):
-            if rule not in per_rule:
-                continue
-            # N beyond the candidates (several sink positions, short queries) is undefined
-            counted = scored & ~per_rule[rule].f.isnan()
-            for k, metric in enumerate(per_rule[rule]):
-                out[:, r, ..., k] = torch.where(counted, metric, 0.0).cpu()
-            out[:, r, ..., 3] = counted.cpu().double()
-        return out
-
-    def _random(
-        self, y: Tensor, candidates: Tensor, docs: list[int], layer: int, queries: list[int]
-    ) -> PRF:
-        """Mean P, R, F over the `n_random` nested random rankings of each (pair, head)."""
-        orders = torch.stack(
-            [
-                self._random_orders(doc, layer, q, y.shape[1], y.shape[2])
-                for doc, q in zip(docs, queries, strict=True)
-            ]
-        ).to(y.device)
-        n = self.n_random
-        prf = prf_of_ranking(
-            y[:, :, None].expand(-1, -1, n, -1, -1),
-            orders,
-            candidates[:, :, None].expand(-1, -1, n, -1),
-            self.n_grid,
-            self.distance,
-        )
-        return PRF(*(t.mean(2) for t in prf))
-
-    def _random_orders(self, doc: int, layer: int, query: int, n_heads: int, n_keys: int) -> Tensor:
-        """`[head, n_random, key]`: `random_rankings` of keys `0..query`, then the
-        later keys (never candidates)."""
-        ranked = random_rankings(self.seed, doc, layer, query, n_heads, self.n_random)
-        later = torch.arange(query + 1, n_keys, device="cpu").expand(n_heads, self.n_random, -1)
-        return torch.cat([ranked, later], dim=-1)
-
-
-def _query_pairs(lengths: list[int], query: str, sinks: tuple[int, ...]) -> Tensor:
-    """`[pair, 2]` (batch row, query position) of the queries to score."""
-    pairs = []
-    for row, n in enumerate(lengths):
-        positions = [n - 1] if query == "last" else range(1, n)
-        pairs += [(row, q) for q in positions if q not in sinks and q >= 1]
-    return torch.tensor(pairs, dtype=torch.long, device="cpu").reshape(-1, 2)
 
 
 def head_f_ratio(f_without: pd.Series, f_with: pd.Series) -> pd.Series:
@@ -284,6 +155,7 @@ def selection_claims(table: pd.DataFrame) -> list[Claim]:
     return out
 
 
+@saveable
 @dataclass(repr=False)
 class SelectionGeometryResult(Result):
     """F_N, P_N, R_N of the three selection rules per (layer, head, N), summed over a corpus.
@@ -696,7 +568,42 @@ def selection_geometry(
         fig = geo.plot()
         ```
     """
-    # Long: argument checks and the accumulator's set-up; the math is in prf.py and the accumulator.
+    plan = _plan_selection_geometry(
+        model,
+        corpus,
+        n_grid=n_grid,
+        query=query,
+        n_random=n_random,
+        seed=seed,
+        sink_positions=sink_positions,
+        distance=distance,
+        layers=layers,
+        prepend_bos=prepend_bos,
+        per_document=per_document,
+    )
+    label = "selection geometry" if progress else False
+    return run_plan(
+        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    )
+
+
+def _plan_selection_geometry(
+    model: Model,
+    corpus: Any,
+    *,
+    n_grid: Sequence[int] | None,
+    query: str,
+    n_random: int,
+    seed: int,
+    sink_positions: Sequence[int],
+    distance: Distance,
+    layers: int | Sequence[int] | None,
+    prepend_bos: bool,
+    per_document: bool,
+    **_: Any,
+) -> CorpusPlan:
+    """[`selection_geometry`][cw_lens.selection_geometry]'s checks and accumulator, as a
+    `CorpusPlan` (its other arguments, the pass's, are ignored here)."""
     require_verified(model)
     if query not in ("last", "all"):
         raise InputError(f"query must be 'last' or 'all', got {query!r}.")
@@ -714,26 +621,23 @@ def selection_geometry(
         )
     layer_list = resolve_layers(model, layers)
     record = (layer_list, model.cfg.n_heads, len(docs)) if per_document else None
-    sums, per_document, n_documents = stream_layer_sums(
-        model,
-        docs,
-        _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record),
-        layer_list,
-        record="f_and_count",
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        progress="selection geometry" if progress else False,
-    )
-    return SelectionGeometryResult(
-        sums=sums,
-        layers=layer_list,
-        n_grid=grid,
-        query=query,
-        n_random=n_random,
-        seed=seed,
-        sink_positions=sinks,
-        distance=distance,
-        n_documents=n_documents,
-        model_name=str(getattr(model.cfg, "model_name", "")),
-        per_document=per_document,
-    )
+    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record)
+    model_name = str(getattr(model.cfg, "model_name", ""))
+
+    def finish(accumulator: _SelectionAccumulator, stats: Any) -> SelectionGeometryResult:
+        sums, per_document = layer_sums(accumulator, layer_list, "f_and_count")
+        return SelectionGeometryResult(
+            sums=sums,
+            layers=layer_list,
+            n_grid=grid,
+            query=query,
+            n_random=n_random,
+            seed=seed,
+            sink_positions=sinks,
+            distance=distance,
+            n_documents=stats.n_documents,
+            model_name=model_name,
+            per_document=per_document,
+        )
+
+    return CorpusPlan("selection", accumulator, layer_list, finish)

@@ -16,12 +16,14 @@ from torch import Tensor
 
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 
 Distance = Literal["euclidean", "cosine"]
 DISTANCES = ("euclidean", "cosine")
 COSINE_EPS = 1e-12
 
 
+@saveable
 class PRF(NamedTuple):
     """Precision, recall and F of a selection (float64; NaN where N exceeds the candidates)."""
 
@@ -129,8 +131,11 @@ def prf_of_ranking(
         `PRF`, each `[*rows, len(n_grid)]` float64, NaN where `N` exceeds the number
         of candidates of the row.
     """
-    y_ranked = y.gather(-2, order[..., None].expand(*order.shape, y.shape[-1]))
-    aggregates = y_ranked.cumsum(-2)  # s_N = aggregates[..., N-1, :]
+    # s_N = aggregates[..., N-1, :]: only the first max(N) ranked keys are ever summed (a
+    # cumulative sum along keys is sequential, so its first entries do not depend on the rest)
+    first = order[..., : min(max(n_grid, default=1), order.shape[-1])]
+    y_ranked = y.gather(-2, first[..., None].expand(*first.shape, y.shape[-1]))
+    aggregates = y_ranked.cumsum(-2)
     rank = torch.empty_like(order).scatter_(
         -1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order)
     )

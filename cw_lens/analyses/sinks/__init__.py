@@ -27,13 +27,7 @@ u^h)`.
 The public functions' docstrings have runnable examples.
 """
 
-from cw_lens.analyses.sinks.ablation import (
-    ABLATION_SUMS,
-    SinkAblationResult,
-    cone_axis,
-    norm_and_cone,
-    sink_ablation,
-)
+from cw_lens.analyses.sinks.ablation import SinkAblationResult, sink_ablation
 from cw_lens.analyses.sinks.accumulation import (
     DRIFT_SHARE_BINNING,
     DRIVER_FACTORS,
@@ -49,6 +43,7 @@ from cw_lens.analyses.sinks.claims import (
     MIN_S_STAR_QUERIES,
     sink_claims,
 )
+from cw_lens.analyses.sinks.cone import ABLATION_SUMS, cone_axis, norm_and_cone
 from cw_lens.analyses.sinks.detection import (
     MIN_QUERY,
     SINK_RATE_THRESHOLD,
@@ -57,12 +52,8 @@ from cw_lens.analyses.sinks.detection import (
     detect_sinks,
     queries_after_sink,
 )
-from cw_lens.analyses.sinks.statistics import (
-    SinkStatisticsResult,
-    sink_rates,
-    sink_statistics,
-)
-from cw_lens.core.deprecation import renamed_classes
+from cw_lens.analyses.sinks.rates import sink_rates
+from cw_lens.analyses.sinks.statistics import SinkStatisticsResult, sink_statistics
 
 __all__ = [
     "ABLATION_SUMS",
@@ -91,9 +82,3 @@ __all__ = [
     "sink_rates",
     "sink_statistics",
 ]
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(
-    __name__, SinkAblation=SinkAblationResult, SinkStatistics=SinkStatisticsResult
-)

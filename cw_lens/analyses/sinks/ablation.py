@@ -12,149 +12,29 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.analyses.common import check_sinks_inside
-from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
-from cw_lens.core import geometry as geo
+from cw_lens.analyses.common import CorpusPlan, check_sinks_inside, run_plan
+from cw_lens.analyses.sinks.cone import _AblationAccumulator
+from cw_lens.analyses.sinks.detection import SinkSpec
 from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.core.deprecation import renamed_classes
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import (
     ablation_numbers,
 )
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
-from cw_lens.data.scoring import corpus_nll
+from cw_lens.data.scoring import NLL_SUMS, NLLResult, corpus_nll
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
-from cw_lens.models.capture import LayerActivations
-from cw_lens.models.interventions import patch_sink, per_layer_heads, sink_scale
-from cw_lens.models.layer_contributions import LayerContributionsResult
-
-# the ablation's per-document record (per patched layer and head)
-ABLATION_SUMS = ("cone_before", "count_before", "cone_after", "count_after", "rel_norm")
+from cw_lens.models.interventions import patch_sink, per_layer_heads
 
 
-def cone_axis(
-    acts: LayerActivations, sink_full: Bool[Tensor, "batch pos"]
-) -> Float[Tensor, "batch head d_head"]:
-    """The axis of each head's semantic cone in value space: the mean of the values the head
-    reads at real non-sink positions over the whole sequence (`u^h` up to `W_O^h` and
-    normalisation, methods § Attention sinks (docs/methods.md#sinks))."""
-    tail = (acts.mask & ~sink_full).to(acts.values.dtype)
-    per_head = geo.values_per_head(acts.values, acts.n_heads)  # [b, h, pos, d]
-    return (per_head * tail[:, None, :, None]).sum(2) / tail.sum(1)[:, None, None].clamp_min(1)
-
-
-def norm_and_cone(
-    z: Float[Tensor, "batch query head d_head"],
-    axis: Float[Tensor, "batch query head d_head"],
-    gram: Float[Tensor, "head d_head d_head"],
-) -> tuple[Float[Tensor, "batch head query"], Float[Tensor, "batch head query"], Tensor]:
-    """`||o_i^h||`, the cone alignment `cos(o_i^h, u^h)` and where it is defined (both
-    norms positive), in head space (`o = z W_O`, `u = axis W_O`)."""
-    zz = geo.gram_inner(z, z, gram)
-    aa = geo.gram_inner(axis, axis, gram)
-    za = geo.gram_inner(z, axis, gram)
-    cos = za / (zz * aa).clamp_min(1e-30).sqrt()
-    return zz.clamp_min(0).sqrt(), cos, (zz > 0) & (aa > 0)
-
-
-class _AblationAccumulator:
-    """Per head: output norm and semantic-cone alignment before and after removing the sink."""
-
-    def __init__(
-        self,
-        plan: dict[int, list[int]],
-        n_heads: int,
-        sinks: SinkSpec,
-        scale: float,
-        mode: str,
-        run_tag: str,
-        direct_after: bool,
-        n_documents: int | None = None,
-    ) -> None:
-        """`run_tag`: what the streamed run measures ("before" = clean, "after" = patched);
-        `direct_after`: also record the exact direct effect of the patch on the clean run;
-        `n_documents`: also keep each document's sums (for bootstrap intervals)."""
-        self.plan, self.n_heads, self.sinks = plan, n_heads, sinks
-        self.scale, self.mode = scale, mode
-        self.run_tag, self.direct_after = run_tag, direct_after
-        self.sums = ExactSums()
-        self.pos = {layer: i for i, layer in enumerate(sorted(plan))}
-        self.per_doc = (
-            None
-            if n_documents is None
-            else PerDocument(ABLATION_SUMS, n_documents, (len(plan), n_heads))
-        )
-
-    def merge(self, other: _AblationAccumulator) -> None:
-        self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
-    def update(self, lc: LayerContributionsResult) -> None:
-        if lc.layer not in self.plan:
-            return
-        acts, docs = lc.acts, lc.batch.documents
-        gram = acts.weights.gram
-        device = acts.pattern.device
-        sink_full = self.sinks.mask(lc.batch, device)
-        q, n_keys = lc.queries, lc.keys.stop
-        valid = queries_after_sink(lc, sink_full)
-        z = acts.z[:, q]
-        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)  # [b, q, h, d]
-        tail = (acts.mask & ~sink_full).to(acts.values.dtype)
-        norms = lc.layer_projected_value_norm  # [b, h, pos], once per layer
-        mean_pv = (norms * tail[:, None]).sum(-1) / tail.sum(1)[:, None].clamp_min(1)  # [b, h]
-        layer = lc.layer
-        self._record(docs, layer, self.run_tag, z, axis, gram, valid, mean_pv)
-        if self.direct_after:
-            st = geo.sink_term(lc.attention, acts.values[:, :n_keys], sink_full[:, :n_keys])
-            factor = sink_scale(self.mode, self.scale, norms, sink_full, acts.mask)  # [b, h]
-            heads = torch.zeros(self.n_heads, dtype=torch.bool, device=device)
-            heads[self.plan[layer]] = True
-            factor = torch.where(heads[None], factor, torch.zeros_like(factor))
-            st = st.masked_fill(sink_full[:, q][:, :, None, None], 0.0)
-            after = z - factor[:, None, :, None] * st
-            self._record(docs, layer, "after", after, axis, gram, valid, mean_pv)
-
-    def _record(
-        self,
-        docs: list[int],
-        layer: int,
-        tag: str,
-        z: Tensor,
-        axis: Tensor,
-        gram: Tensor,
-        valid: Tensor,
-        mean_pv: Tensor,
-    ) -> None:
-        norm, cos, defined = norm_and_cone(z, axis, gram)
-        ok = valid[:, None, :] & defined
-
-        def add(docs: list[int], key: str, values: Tensor) -> None:
-            self.sums.add_rows(docs, key, values)
-            name = key.split("@")[0]
-            if self.per_doc is not None and name in ABLATION_SUMS:
-                self.per_doc.add_rows(docs, name, values, at=self.pos[layer])
-
-        add(docs, f"norm_{tag}@{layer}", torch.where(ok, norm, 0.0).sum(-1))
-        add(docs, f"cone_{tag}@{layer}", torch.where(ok, cos, 0.0).sum(-1))
-        add(docs, f"count_{tag}@{layer}", ok.sum(-1))
-        if tag == "before":
-            add(
-                docs,
-                f"rel_norm@{layer}",
-                torch.where(ok, norm / mean_pv[..., None].clamp_min(1e-30), 0.0).sum(-1),
-            )
-
-
+@saveable
 @dataclass(repr=False)
 class SinkAblationResult(Result):
     """Result of [`sink_ablation`][cw_lens.sink_ablation].
@@ -479,8 +359,46 @@ def sink_ablation(
         ablation.delta_ppl
         ```
     """
-    # Long: two streamed passes and two NLL passes, then the per-head table from their sums; each
-    # step reads the state of the one before.
+    plan = _plan_sink_ablation(
+        model,
+        corpus,
+        layers=layers,
+        heads=heads,
+        scale=scale,
+        mode=mode,
+        sink_positions=sink_positions,
+        effect=effect,
+        low_norm_quantile=low_norm_quantile,
+        batch_size=batch_size,
+        prepend_bos=prepend_bos,
+        per_document=per_document,
+    )
+    label = progress and "sink ablation"
+    return run_plan(
+        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    )
+
+
+def _plan_sink_ablation(
+    model: Model,
+    corpus: Any,
+    *,
+    layers: Any,
+    heads: Any,
+    scale: float,
+    mode: str,
+    sink_positions: Sequence[int],
+    effect: str,
+    low_norm_quantile: float,
+    batch_size: int | None,
+    prepend_bos: bool,
+    per_document: bool,
+    **_: Any,
+) -> CorpusPlan:
+    """[`sink_ablation`][cw_lens.sink_ablation]'s checks and its clean pass's accumulator (the
+    activations and the clean NLL, from one forward pass), as a `CorpusPlan`; its `finish`
+    runs the patched passes (the patched NLL, and with `effect="total"` the patched
+    activations) and builds the result."""
     if effect not in ("direct", "total"):
         raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
     if not 0 < low_norm_quantile < 1:
@@ -502,35 +420,60 @@ def sink_ablation(
     sinks = SinkSpec(sink_positions)
     check_sinks_inside(model, corpus, sinks.default or (), prepend_bos=prepend_bos)
     n_heads = model.cfg.n_heads
-    kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
     direct = effect == "direct"
     n_docs = len(as_corpus(corpus)) if per_document else None
-    before = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "before", direct, n_docs)
-    before, _ = stream_corpus(model, corpus, before, progress=progress and "sink ablation", **kw)
-    after_sums, record = before.sums, before.per_doc
-    if not direct:
-        after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
-        after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
-        after_sums = after.sums
-        if record is not None:  # the two records keep disjoint statistics
-            record.values += after.per_doc.values
-    kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
-    clean = corpus_nll(model, corpus, **kw_nll)
-    patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
+    clean = NLLResult(ExactSums(), None if n_docs is None else PerDocument(NLL_SUMS, n_docs))
+    before = _AblationAccumulator(
+        plan, n_heads, sinks, scale, mode, "before", direct, n_docs, clean
+    )
+
+    def finish(before: _AblationAccumulator, stats: Any) -> SinkAblationResult:
+        kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
+        after_sums, record = before.sums, before.per_doc
+        if not direct:
+            after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
+            after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
+            after_sums = after.sums
+            if record is not None:  # the two records keep disjoint statistics
+                record.values += after.per_doc.values
+        kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
+        patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
+        per_head = _per_head_table(plan, before.sums, after_sums, low_norm_quantile)
+        per_doc = None
+        if record is not None:
+            planned = torch.zeros(len(plan), n_heads, dtype=torch.bool, device="cpu")
+            for i, layer in enumerate(sorted(plan)):
+                planned[i, plan[layer]] = True
+            nll = torch.cat([before.nll.per_doc.table(), patched.per_doc.table()], 1)
+            per_doc = (record.table(), nll, planned)
+        return SinkAblationResult(
+            before.nll.mean_nll,
+            patched.mean_nll,
+            per_head,
+            scale,
+            mode,
+            effect,
+            sorted(plan),
+            per_doc,
+            low_norm_quantile,
+        )
+
+    return CorpusPlan("ablation", before, sorted(plan), finish, need_logits=True)
+
+
+def _per_head_table(
+    plan: dict[int, list[int]], before: Any, after: Any, low_norm_quantile: float
+) -> pd.DataFrame:
+    """One row per patched (layer, head) from the summed norms and cone alignments (`before`
+    and `after`: the exact sums of the clean and the patched pass; the same for the direct
+    effect)."""
     rows = []
+    names = ("norm_before", "cone_before", "count_before", "rel_norm")
     for layer, hs in sorted(plan.items()):
-        total = {
-            n: (after_sums if n.endswith("_after") else before.sums).total(f"{n}@{layer}")
-            for n in (
-                "norm_before",
-                "cone_before",
-                "count_before",
-                "norm_after",
-                "cone_after",
-                "count_after",
-                "rel_norm",
-            )
-        }
+        total = {n: before.total(f"{n}@{layer}") for n in names}
+        total.update(
+            {n: after.total(f"{n}@{layer}") for n in ("norm_after", "cone_after", "count_after")}
+        )
         for h in hs:
             nb = max(float(total["count_before"][h]), 1.0)
             na = max(float(total["count_after"][h]), 1.0)
@@ -548,26 +491,4 @@ def sink_ablation(
     df = pd.DataFrame(rows)
     cut = df["relative_output_norm"].quantile(low_norm_quantile)
     df["low_norm"] = df["relative_output_norm"] <= cut
-    per_doc = None
-    if record is not None:
-        planned = torch.zeros(len(plan), n_heads, dtype=torch.bool, device="cpu")
-        for i, layer in enumerate(sorted(plan)):
-            planned[i, plan[layer]] = True
-        nll = torch.cat([clean.per_doc.table(), patched.per_doc.table()], 1)
-        per_doc = (record.table(), nll, planned)
-    return SinkAblationResult(
-        clean.mean_nll,
-        patched.mean_nll,
-        df,
-        scale,
-        mode,
-        effect,
-        sorted(plan),
-        per_doc,
-        low_norm_quantile,
-    )
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, SinkAblation=SinkAblationResult)
+    return df

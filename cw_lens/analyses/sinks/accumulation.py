@@ -17,6 +17,8 @@ from torch import Tensor
 from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
 from cw_lens.core import geometry as geo
 from cw_lens.core.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
+from cw_lens.core.registry import saveable
+from cw_lens.models.batch import TokenBatch
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
 RATE_BINS = 20
@@ -66,6 +68,7 @@ FACTOR_COLUMNS = (
 )
 
 
+@saveable
 class SinkAccumulator:
     """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
 
@@ -140,31 +143,68 @@ class SinkAccumulator:
             self.per_doc.merge(other.per_doc)
             self.share_hist.merge(other.share_hist)
 
-    def _add(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
-        self.sums.add_rows(docs, f"{name}@{layer}", per_row)
-        self._record(docs, name, layer, per_row)
+    def to_host(self) -> None:
+        """After a pass: bring what was accumulated on the model's device to the host (once)
+        and drop the batch the pass left cached."""
+        self.sums.to_host()
+        for part in (self.s_star, self.drift_cos, self.drift_share, self.per_doc, self.share_hist):
+            if part is not None:
+                part.to_host()
+        self.__dict__.pop("_batch_sinks", None)
 
-    def _record(self, docs: list[int], name: str, layer: int, per_row: Tensor) -> None:
-        if self.per_doc is not None and name in RECORDED_SUMS:
-            self.per_doc.add_rows(docs, name, per_row, at=self.pos[layer])
+    def _sink_columns(
+        self, batch: TokenBatch, device: torch.device
+    ) -> tuple[Tensor, Tensor, list[int], int]:
+        """The batch's sink mask `[batch, pos]`, the positions that are a sink in some row
+        (ascending, on `device` and as a list: read from the token lengths on the host) and
+        the most sinks a row has: once per batch."""
+        cached = self.__dict__.get("_batch_sinks")
+        if cached is None or cached[0] is not batch or cached[1].device != device:
+            rows = [
+                [p for p in self.sinks.positions(doc) if p < int(batch.lengths[row])]
+                for row, doc in enumerate(batch.documents)
+            ]
+            cols = sorted({p for r in rows for p in r})
+            on_device = torch.tensor(cols, dtype=torch.long, device=device)
+            mask = self.sinks.mask(batch, device)
+            cached = (batch, mask, on_device, cols, max(map(len, rows), default=0))
+            self._batch_sinks = cached
+        return cached[1:]
 
-    def _record_edges(self, docs: list[int], layer: int, s_star: Tensor, share: Tensor) -> None:
-        """Per document and head: s* edge counts, and the coarse cancelled-share histogram."""
-        if self.per_doc is None:
-            return
+    def _commit(
+        self,
+        docs: list[int],
+        layer: int,
+        sums: list[tuple[str, Tensor]],
+        recorded: list[tuple[str, Tensor]],
+    ) -> None:
+        """A block's per-row sums (`name`, `[batch, ...]`) into the exact sums (keyed
+        `name@layer`, in the order of `sums`) and, with the per-document record, those of
+        `RECORDED_SUMS` and `recorded` (per-document only) into it: one call each."""
+        self.sums.add_many(docs, [(f"{name}@{layer}", rows) for name, rows in sums])
+        if self.per_doc is not None:
+            kept = [(n, rows) for n, rows in sums if n in RECORDED_SUMS] + recorded
+            self.per_doc.add_many(docs, kept, at=self.pos[layer])
+
+    def _edges(self, s_star: Tensor, share: Tensor) -> list[tuple[str, Tensor]]:
+        """Per document and head: the s* edge counts (and the coarse cancelled-share
+        histogram, into `share_hist` directly)."""
         counted = ~s_star.isnan()  # [b, h, q]
-        self._record(docs, "s_star_lo", layer, ((s_star <= 0) & counted).sum(-1))
-        self._record(docs, "s_star_hi", layer, ((s_star >= 1) & counted).sum(-1))
-        self._record(docs, "s_star_n", layer, counted.sum(-1))
         ok = ~share.isnan()  # [b, h, q]
         bins = self._share_bins.bin_index(share.nan_to_num(0.0))
         onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
-        self.share_hist.add_rows(docs, "drift_share", onehot.sum(2), at=self.pos[layer])
+        return [
+            ("s_star_lo", ((s_star <= 0) & counted).sum(-1)),
+            ("s_star_hi", ((s_star >= 1) & counted).sum(-1)),
+            ("s_star_n", counted.sum(-1)),
+            ("drift_share", onehot.sum(2)),
+        ]
 
     def update(self, lc: LayerContributionsResult) -> None:
+        # Long: one block's statistics in the order of the methods page; each reads the last.
         acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
         device = acts.pattern.device
-        sink_full = self.sinks.mask(lc.batch, device)  # [batch, pos]
+        sink_full, sink_cols, cols, most_sinks = self._sink_columns(lc.batch, device)
         q, n_keys = lc.queries, lc.keys.stop
         qpos = lc.query_positions
         valid_q = queries_after_sink(lc, sink_full)
@@ -173,26 +213,27 @@ class SinkAccumulator:
         gram = acts.weights.gram
         values = acts.values[:, :n_keys]
         s = geo.sink_rate(att, sink_mask)  # [b, h, q]
-        st = geo.sink_term(att, values, sink_mask)  # [b, q, h, d]
+        in_block = sink_cols[: sum(c < n_keys for c in cols)]
+        st = geo.sink_term(att, values, sink_mask, cols=in_block)  # [b, q, h, d]
         z = acts.z[:, q]
         tail = z - st
         o_norm = lc.head_output_norm
         vq = valid_q[:, None, :].expand_as(s)
-
-        if q.start == 0:
-            self._value_geometry(lc, sink_full, docs, layer)
+        sums = self._value_geometry(lc, sink_full, sink_cols) if q.start == 0 else []
 
         # sink rate (sink-head criterion) and the empirical curve, queries i >= min_query
         late = vq & (qpos[None, None, :] >= self.min_query)
-        self._add(docs, "rate_sum", layer, (s * late).sum(-1))
-        self._add(docs, "rate_count", layer, late.sum(-1))
-        self._add(docs, "rate_all_sum", layer, (s * vq).sum(-1))
-        self._add(docs, "rate_all_count", layer, vq.sum(-1))
-        self._add(docs, "norm_sum", layer, (o_norm * vq).sum(-1))
         bins = (s * RATE_BINS).floor().clamp(0, RATE_BINS - 1).long()
         onehot = torch.nn.functional.one_hot(bins, RATE_BINS).to(s.dtype) * late[..., None]
-        self._add(docs, "curve_norm", layer, (onehot * o_norm[..., None]).sum(2))
-        self._add(docs, "curve_count", layer, onehot.sum(2))
+        sums += [
+            ("rate_sum", (s * late).sum(-1)),
+            ("rate_count", late.sum(-1)),
+            ("rate_all_sum", (s * vq).sum(-1)),
+            ("rate_all_count", vq.sum(-1)),
+            ("norm_sum", (o_norm * vq).sum(-1)),
+            ("curve_norm", (onehot * o_norm[..., None]).sum(2)),
+            ("curve_count", onehot.sum(2)),
+        ]
 
         # tail mixture and sink direction
         has_sink = vq & (s > 1e-6)
@@ -202,8 +243,10 @@ class SinkAccumulator:
         cross = geo.gram_inner(st, tail, gram)
         ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
         cos_mix = cross / (nt2 * ns2).clamp_min(1e-30).sqrt()
-        self._add(docs, "cos_mixture_sum", layer, torch.where(ok_mix, cos_mix, 0.0).sum(-1))
-        self._add(docs, "cos_mixture_count", layer, ok_mix.sum(-1))
+        sums += [
+            ("cos_mixture_sum", torch.where(ok_mix, cos_mix, 0.0).sum(-1)),
+            ("cos_mixture_count", ok_mix.sum(-1)),
+        ]
 
         # counterfactual minimiser s* of the convex curve
         s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
@@ -226,21 +269,24 @@ class SinkAccumulator:
         li = self.pos[layer]
         self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
         self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
-        self._record_edges(docs, layer, s_star, share)
-        self._add(docs, "drift_neg", layer, ((cos_drift < 0) & ok_drift).sum(-1))
-        self._add(docs, "drift_count", layer, ok_drift.sum(-1))
-
-        self._factors(lc, sink_mask, tail_keys, valid_q, docs, layer)
+        recorded = [] if self.per_doc is None else self._edges(s_star, share)
+        if recorded:
+            self.share_hist.add_rows(docs, *recorded.pop(), at=li)
+        sums += [
+            ("drift_neg", ((cos_drift < 0) & ok_drift).sum(-1)),
+            ("drift_count", ok_drift.sum(-1)),
+        ]
+        sums += self._factors(lc, sink_mask, tail_keys, valid_q, docs, most_sinks)
+        self._commit(docs, layer, sums, recorded)
 
     def _value_geometry(
-        self, lc: LayerContributionsResult, sink_full: Tensor, docs: list[int], layer: int
-    ) -> None:
+        self, lc: LayerContributionsResult, sink_full: Tensor, cols: Tensor
+    ) -> list[tuple[str, Tensor]]:
         acts = lc.acts
         gram = acts.weights.gram
         norms = lc.layer_projected_value_norm  # [b, h, pos], once per layer
         per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
         tail = acts.mask & ~sink_full
-        cols = sink_full.any(0).nonzero().flatten()
         sink_v = per_head[:, :, cols]  # [b, h, s, d]
         dots = torch.einsum("bhsd,hde,bhte->bhst", sink_v, gram, per_head)
         sink_norm = norms[:, :, cols]  # [b, h, s]
@@ -249,15 +295,12 @@ class SinkAccumulator:
         ratio = norms[:, :, None, :] / sink_norm[..., None].clamp_min(1e-30)
         cos = dots / (sink_norm[..., None] * norms[:, :, None, :]).clamp_min(1e-30)
         use = use.expand_as(ratio)
-        self._add(docs, "ratio_sum", layer, torch.where(use, ratio, 0.0).sum((2, 3)))
-        self._add(
-            docs,
-            "log_ratio_sum",
-            layer,
-            torch.where(use, ratio.clamp_min(1e-30).log(), 0.0).sum((2, 3)),
-        )
-        self._add(docs, "cos_token_sum", layer, torch.where(use, cos, 0.0).sum((2, 3)))
-        self._add(docs, "geometry_count", layer, use.sum((2, 3)))
+        return [
+            ("ratio_sum", torch.where(use, ratio, 0.0).sum((2, 3))),
+            ("log_ratio_sum", torch.where(use, ratio.clamp_min(1e-30).log(), 0.0).sum((2, 3))),
+            ("cos_token_sum", torch.where(use, cos, 0.0).sum((2, 3))),
+            ("geometry_count", use.sum((2, 3))),
+        ]
 
     def _factors(
         self,
@@ -266,9 +309,10 @@ class SinkAccumulator:
         tail_keys: Tensor,
         valid_q: Tensor,
         docs: list[int],
-        layer: int,
-    ) -> None:
-        """The three factors of the intra weight, for sink entries and tail entries."""
+        most_sinks: int,
+    ) -> list[tuple[str, Tensor]]:
+        """The three factors of the intra weight, for sink entries and tail entries: their
+        sums, and their samples (into the reservoir)."""
         fields = {
             "attention": lc.attention,
             "relative_norm": lc.relative_norm("intra"),
@@ -279,41 +323,58 @@ class SinkAccumulator:
             lc.attention
         )
         tail_entries = (tail_keys & valid_q[:, :, None])[:, None].expand_as(lc.attention)
+        # a (row, head) of a group has at most this many entries in the block
+        rows = lc.queries.stop - lc.queries.start
+        most = {"sink": most_sinks * rows, "tail": lc.keys.stop * rows}
+        sums, drawn = [], []
+        defined = ~fields["contribution"].isnan()
         for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
             # every field is finite where the contribution (their product) is not NaN
-            entries = entries & ~fields["contribution"].isnan()
+            entries = entries & defined
             for name, t in fields.items():
-                self._add(
-                    docs, f"{group}_{name}_sum", layer, torch.where(entries, t, 0.0).sum((2, 3))
-                )
-            self._add(docs, f"{group}_count", layer, entries.sum((2, 3)))
-            self._sample(lc, entries, fields, docs, layer, group)
+                sums.append((f"{group}_{name}_sum", torch.where(entries, t, 0.0).sum((2, 3))))
+            sums.append((f"{group}_count", entries.sum((2, 3))))
+            drawn.append(self._draw(lc, entries, docs, group, most[group]))
+        self._sample(lc, fields, docs, drawn)
+        return sums
+
+    def _draw(
+        self, lc: LayerContributionsResult, entries: Tensor, docs: list[int], group: str, most: int
+    ) -> Tensor | None:
+        """Up to `samples_per_head` seeded random valid entries per head of each row
+        (seeded per document, layer and query block, so any sharding samples the same), as
+        indices `[m, 4]`; every valid entry, and no draw, when no (row, head) can have more."""
+        if self.samples_per_head <= 0:
+            return None
+        if most <= self.samples_per_head:  # the seeded draw would keep every entry
+            return entries.nonzero()
+        keys = []
+        for doc in docs:
+            key = f"{self.seed}/{doc}/{lc.layer}/{lc.queries.start}/{group}".encode()
+            gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
+            keys.append(torch.rand(entries.shape[1:], generator=gen, device="cpu"))
+        return _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
 
     def _sample(
         self,
         lc: LayerContributionsResult,
-        entries: Tensor,
         fields: dict[str, Tensor],
         docs: list[int],
-        layer: int,
-        group: str,
+        drawn: list[Tensor | None],
     ) -> None:
-        """Keep up to `samples_per_head` seeded random valid entries per head of each row
-        (seeded per document, layer and query block, so any sharding samples the same)."""
-        if self.samples_per_head <= 0:
+        """The drawn entries of both groups (sink, then tail) into the reservoir, in one
+        call (the reservoir keeps the same rows in any order)."""
+        if drawn[0] is None:
             return
-        keys = []
-        for doc in docs:
-            key = f"{self.seed}/{doc}/{layer}/{lc.queries.start}/{group}".encode()
-            gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-            keys.append(torch.rand(entries.shape[1:], generator=gen, device="cpu"))
-        idx = _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
+        n_heads, layer = lc.shape[1], lc.layer
+        idx = torch.cat(drawn)
         row, h, qi, k = idx.unbind(1)
         cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
         cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
         table = torch.stack([c.float() for c in cols], 1)
-        heads = [f"{group}/{layer}/{head}" for head in range(entries.shape[1])]
-        self.samples.add_many(docs, heads, table, row_doc=row, row_group=h)
+        group = torch.cat([torch.full_like(d[:, 1], g * n_heads) for g, d in enumerate(drawn)])
+        heads = [f"{g}/{layer}/{head}" for g in ("sink", "tail") for head in range(n_heads)]
+        self.samples.add_many(docs, heads, table, row_doc=row, row_group=h + group)
 
 
 def _draw_per_head(

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from cw_lens.analyses.common import check_sinks_inside
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.streaming import stream_corpus
@@ -28,6 +29,7 @@ SinkPositions = Sequence[int] | Literal["detect"]
 # --------------------------------------------------------------------------- sink positions
 
 
+@saveable
 class SinkSpec:
     """Sink positions per document: the same tuple for all, or one tuple per document."""
 

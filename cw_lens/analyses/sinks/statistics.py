@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from cw_lens.analyses.common import CorpusPlan, run_plan
 from cw_lens.analyses.sinks.accumulation import (
     DRIVER_FACTORS,
     FACTOR_COLUMNS,
@@ -33,11 +34,11 @@ from cw_lens.analyses.sinks.detection import (
     SinkPositions,
     resolve_sinks,
 )
-from cw_lens.core import geometry as geo
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import claims_dict, with_intervals
-from cw_lens.core.deprecation import keyword_only, renamed_classes
+from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import (
     driver_numbers,
     per_layer_rows,
@@ -47,12 +48,11 @@ from cw_lens.core.resampled import (
 )
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
-from cw_lens.data.streaming import stream_contributions, stream_corpus
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
-from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
+@saveable
 @dataclass(repr=False)
 class SinkStatisticsResult(Result):
     """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
@@ -405,6 +405,10 @@ class SinkStatisticsResult(Result):
     def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
         """P1/P2's sink claims (docs/methods.md#claims) with the numbers measured here.
 
+        With `per_document=True`, `median_cancelled_share` is read as its interval is: from the
+        coarse per-document histograms, summed (`cw_lens.core.resampled`); without, from the
+        fine histogram of [`heads`][cw_lens.SinkStatisticsResult.heads].
+
         Args:
             bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, every number's interval over
                 documents and the per-layer detail
@@ -428,6 +432,13 @@ class SinkStatisticsResult(Result):
             ```
         """
         claims = sink_claims(self.heads(), self.drivers())
+        if self.acc.share_hist is not None:  # the cancelled share read as its interval reads it
+            name = "median_cancelled_share"  # from the coarse histograms (core.resampled)
+            share = float(sink_numbers(self._point_fields(), MIN_S_STAR_QUERIES)[name][0])
+            for claim in claims:
+                claim.checks = [
+                    replace(c, value=share) if c.number == name else c for c in claim.checks
+                ]
         if bootstrap is not None:
             claims = with_intervals(claims, *self.intervals(bootstrap))
         return claims_dict(claims)
@@ -506,15 +517,8 @@ class SinkStatisticsResult(Result):
             ```
         """
         numbers, fields = self.replicates(bootstrap)
-        hist = self.acc.share_hist
         intervals = {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
-        exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
-        counts = self.acc.s_star.counts[None].double()
-        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
-        point = sink_head_fields(
-            exact, hist.table("drift_share").double().sum(0)[None], SHARE_BINNING, self.threshold
-        )
-        point_layers = sink_numbers_per_layer(point, MIN_S_STAR_QUERIES)
+        point_layers = sink_numbers_per_layer(self._point_fields(), MIN_S_STAR_QUERIES)
         rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
         per_layer = {
             cid: per_layer_rows(
@@ -526,6 +530,16 @@ class SinkStatisticsResult(Result):
             for cid, number in LAYER_NUMBERS.items()
         }
         return intervals, per_layer
+
+    def _point_fields(self) -> dict[str, Tensor]:
+        """`cw_lens.core.resampled.sink_head_fields` of the corpus totals (one row): what the
+        replicates' formula gives on the whole corpus, the cancelled share read from the coarse
+        per-document histograms summed (needs `per_document=True`)."""
+        exact = {name: self._total(name)[None] for name in RECORDED_SUMS[:11]}
+        counts = self.acc.s_star.counts[None].double()
+        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
+        share = self.acc.share_hist.table("drift_share").double().sum(0)[None]
+        return sink_head_fields(exact, share, SHARE_BINNING, self.threshold)
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
@@ -704,7 +718,44 @@ def sink_statistics(
         stats.top(5)
         ```
     """
-    # Long: argument checks, sink detection and one streamed pass; the math is in the accumulator.
+    plan = _plan_sink_statistics(
+        model,
+        corpus,
+        sink_positions=sink_positions,
+        layers=layers,
+        batch_size=batch_size,
+        min_query=min_query,
+        drift_k=drift_k,
+        samples_per_head=samples_per_head,
+        max_samples=max_samples,
+        seed=seed,
+        prepend_bos=prepend_bos,
+        per_document=per_document,
+    )
+    label = progress and "sink statistics"
+    return run_plan(
+        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    )
+
+
+def _plan_sink_statistics(
+    model: Model,
+    corpus: Any,
+    *,
+    sink_positions: SinkPositions,
+    layers: Any,
+    batch_size: int | None,
+    min_query: int,
+    drift_k: int,
+    samples_per_head: int,
+    max_samples: int,
+    seed: int,
+    prepend_bos: bool,
+    per_document: bool,
+    **_: Any,
+) -> CorpusPlan:
+    """[`sink_statistics`][cw_lens.sink_statistics]'s checks, sink positions (detected by a
+    pass of their own with `"detect"`) and accumulator, as a `CorpusPlan`."""
     if drift_k < 1:
         raise InputError(f"drift_k must be at least 1, got {drift_k}.")
     if min_query < 1:
@@ -715,7 +766,7 @@ def sink_statistics(
     sinks = resolve_sinks(
         model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
     )
-    acc = SinkAccumulator(
+    accumulator = SinkAccumulator(
         layer_list,
         model.cfg.n_heads,
         sinks,
@@ -726,98 +777,25 @@ def sink_statistics(
         seed=seed,
         n_documents=len(as_corpus(corpus)) if per_document else None,
     )
-    acc, stats = stream_corpus(
-        model,
-        corpus,
-        acc,
-        layers=layer_list,
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        progress=progress and "sink statistics",
-    )
-    result = SinkStatisticsResult(
-        layer_list,
-        model.cfg.n_heads,
-        sinks.describe(),
-        stats.n_documents,
-        stats.n_tokens,
-        acc,
-        min_query,
-    )
-    if bool(result.sink_rate.isnan().all()):
-        warnings.warn(
-            f"No query at position >= min_query={min_query} after a sink: the documents are too "
-            "short (or no sink position lies inside them), so sink rates are NaN and no head is "
-            "a sink head. Use longer texts or a smaller min_query.",
-            RuntimeWarning,
-            stacklevel=2,
+
+    def finish(acc: SinkAccumulator, stats: Any) -> SinkStatisticsResult:
+        result = SinkStatisticsResult(
+            layer_list,
+            model.cfg.n_heads,
+            sinks.describe(),
+            stats.n_documents,
+            stats.n_tokens,
+            acc,
+            min_query,
         )
-    return result
+        if bool(result.sink_rate.isnan().all()):
+            warnings.warn(
+                f"No query at position >= min_query={min_query} after a sink: the documents are "
+                "too short (or no sink position lies inside them), so sink rates are NaN and no "
+                "head is a sink head. Use longer texts or a smaller min_query.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return result
 
-
-def sink_rates(
-    model: Model,
-    inputs: Any,
-    *,
-    sink_positions: SinkPositions = (0,),
-    layers: Any = None,
-    prepend_bos: bool = True,
-) -> Float[Tensor, "batch layer head query"]:
-    """Per-query sink rate `s_i^h` for a few texts (NaN at padding and at sink queries);
-    `sink_positions` as in [`sink_statistics`][cw_lens.sink_statistics] (positions or
-    `"detect"`).
-
-    Args:
-        model: A TransformerLens model.
-        inputs: A string, a list of strings or token ids `[batch, pos]`.
-        sink_positions: Sink positions, as in [`sink_statistics`][cw_lens.sink_statistics]
-            (positions or `"detect"`).
-        layers: Layers (`None` = all).
-        prepend_bos: Prepend BOS to text.
-
-    Returns:
-        The sink rate `s_i^h` per query, `[batch, layer, head, query]`: NaN at padding and at
-        sink queries.
-
-    Examples:
-        ```python
-        import cw_lens
-
-        model = cw_lens.load_model("testing:tiny-llama")
-        rates = cw_lens.sink_rates(model, "The cat sat on the mat.")
-        rates.shape  # [batch, layer, head, query]
-        ```
-    """
-    from cw_lens.data.inputs import prepare_inputs
-
-    layer_list = resolve_layers(model, layers)
-    batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
-    sinks = resolve_sinks(model, inputs, sink_positions, prepend_bos=prepend_bos)
-    n_pos = batch.tokens.shape[1]
-    out = torch.full(
-        (batch.tokens.shape[0], len(layer_list), model.cfg.n_heads, n_pos), math.nan, device="cpu"
-    )
-
-    def fill(lc: LayerContributionsResult) -> None:
-        mask = sinks.mask(lc.batch, lc.attention.device)
-        s = geo.sink_rate(lc.attention, mask[:, : lc.keys.stop])
-        ok = lc.query_mask & ~mask[:, lc.queries]
-        rows = torch.tensor(lc.batch.documents, device="cpu")
-        out[rows, layer_list.index(lc.layer), :, lc.queries] = s.masked_fill(
-            ~ok[:, None, :], math.nan
-        ).cpu()
-
-    stream_contributions(
-        model,
-        batch.tokens,
-        fill,
-        layers=layer_list,
-        attention_mask=batch.mask.long(),
-        progress=False,
-    )
-    return out
-
-
-# The names of 0.3.0: importing them (or loading a pickle that names them) still works, with a
-# DeprecationWarning, until 0.4.
-__getattr__ = renamed_classes(__name__, SinkStatistics=SinkStatisticsResult)
+    return CorpusPlan("sinks", accumulator, layer_list, finish)

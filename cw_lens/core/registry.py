@@ -1,0 +1,132 @@
+"""The classes a cw_lens file may name: the registry that `load_result` and the main job's
+stored steps build objects from.
+
+A result file (and a stored step of the main job) is tensors plus JSON; the JSON names the
+class of each object in it as `module:qualname`. Loading looks that name up here, in a table
+of classes that cw_lens registered with [`saveable`][cw_lens.core.registry.saveable] where
+it defines them, and nowhere else: it never imports a module a file names and never walks
+attributes from one, so a file can build nothing but a cw_lens result and the values its
+fields hold. A name that is not here is an [`InputError`][cw_lens.InputError] raised before
+any object is made.
+
+The modules that define registered classes are listed in `SAVEABLE_MODULES` (a test checks
+the list against the decorators), and imported, from this fixed list, the first time a file is
+read: the package imports its modules lazily, so a class is registered only once its module
+has been imported.
+
+Examples:
+    >>> from cw_lens.core.registry import registered_class
+    >>> registered_class("cw_lens.core.accumulate:ExactSums").__name__
+    'ExactSums'
+    >>> registered_class("os:system") is None
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TypeVar
+
+T = TypeVar("T", bound=type)
+
+# Every module that defines a class decorated with `saveable` (kept equal to the decorators by
+# tests/test_saving_security.py). Importing them registers their classes.
+SAVEABLE_MODULES = (
+    "cw_lens.core.accumulate",
+    "cw_lens.core.results",
+    "cw_lens.models.access",
+    "cw_lens.models.batch",
+    "cw_lens.models.blocks",
+    "cw_lens.models.capture",
+    "cw_lens.models.layer_contributions",
+    "cw_lens.models.verify",
+    "cw_lens.analyses.contributions",
+    "cw_lens.analyses.faithfulness.curves",
+    "cw_lens.analyses.pruning.prune",
+    "cw_lens.analyses.selection.geometry",
+    "cw_lens.analyses.selection.prf",
+    "cw_lens.analyses.sinks.ablation",
+    "cw_lens.analyses.sinks.accumulation",
+    "cw_lens.analyses.sinks.detection",
+    "cw_lens.analyses.sinks.statistics",
+    "cw_lens.analyses.taxonomy",
+    "cw_lens.flow.evaluation",
+    "cw_lens.flow.rollout",
+    "cw_lens.flow.routes",
+    "cw_lens.flow.shares",
+    "cw_lens.interactive.comparison",
+    "cw_lens.reporting.run_comparison",
+)
+
+_CLASSES: dict[str, type] = {}
+_loaded = False
+
+
+def class_name(cls: type) -> str:
+    """The name a file stores for a class.
+
+    Args:
+        cls: The class.
+
+    Returns:
+        `module:qualname`.
+    """
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def saveable(cls: T) -> T:
+    """Register `cls` as a class that result files and stored job steps may hold.
+
+    Use it as a class decorator where the class is defined, and add the module to
+    `SAVEABLE_MODULES`. Only cw_lens's own classes can be registered.
+
+    Args:
+        cls: A class defined in a cw_lens module.
+
+    Returns:
+        `cls` itself.
+
+    Raises:
+        TypeError: when `cls` is not a cw_lens class, or another class is registered
+            under its name.
+    """
+    name = class_name(cls)
+    if not (cls.__module__ == "cw_lens" or cls.__module__.startswith("cw_lens.")):
+        raise TypeError(f"Only cw_lens classes can be registered, not {name}.")
+    known = _CLASSES.get(name)
+    if known is not None and known is not cls:
+        raise TypeError(f"Two classes are registered as {name}.")
+    _CLASSES[name] = cls
+    return cls
+
+
+def load_registry() -> None:
+    """Import the modules of `SAVEABLE_MODULES` (once), registering their classes."""
+    global _loaded
+    if not _loaded:
+        for module in SAVEABLE_MODULES:
+            importlib.import_module(module)
+        _loaded = True
+
+
+def registered_class(name: str) -> type | None:
+    """The registered class stored as `name` (`module:qualname`), or `None`.
+
+    Args:
+        name: The name a file gives.
+
+    Returns:
+        The class, or `None` where no cw_lens class is registered under that name.
+    """
+    load_registry()
+    return _CLASSES.get(name) if isinstance(name, str) else None
+
+
+def registered_classes() -> dict[str, type]:
+    """Every registered class by its stored name (the modules of `SAVEABLE_MODULES` imported).
+
+    Returns:
+        `{module:qualname: class}`.
+    """
+    load_registry()
+    return dict(_CLASSES)

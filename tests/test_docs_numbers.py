@@ -1,0 +1,268 @@
+"""Every timing, test count, memory figure and corpus count the README, the docs and the CLI
+help quote is the one a committed record holds: `benchmarks/records/timings.json` (wall times
+no benchmark script writes, each with its date), `benchmarks/records/bench_7b.json` (memory at
+7B width), `benchmarks/records/population/manifest.json` (the corpus) and `figures/summary.json`
+(the gallery's claims). A new measurement goes into the record; these tests then name every
+page that still quotes the old one. Fast: nothing is run but the CLI's help."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "benchmarks" / "records"
+
+
+def _read(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def _flat(path: str) -> str:
+    """The file's text with every run of whitespace one space (a figure may wrap)."""
+    return " ".join(_read(path).split())
+
+
+def _record(name: str) -> dict:
+    return json.loads((RECORDS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _span(pair: list[float], unit: str) -> str:
+    """`[10, 14]` -> "10–14 s" (one value: "3 s"), as the pages write a range."""
+    low, high = (f"{v:g}" for v in pair)
+    return f"{low} {unit}" if low == high else f"{low}–{high} {unit}"
+
+
+def _min_s(seconds: float) -> str:
+    """4483 -> "74 min 43 s"."""
+    return f"{int(seconds // 60)} min {round(seconds % 60)} s"
+
+
+def test_the_quickstart_timings_are_the_recorded_ones():
+    """README's sentence under the Quickstart, getting started's timing table and notebook 01
+    quote the 2026-12-03 measurement on idle cores (and getting started the busy-machine one,
+    said to be busy); no page keeps an older figure (the notebook's "~2 s")."""
+    idle, busy = _record("timings")["quickstart"], _record("timings")["load_model_busy"]
+    readme = _flat("README.md")
+    assert f"the block takes {_span(idle['wall_s'], 's')} once the weight cache is built" in readme
+    assert f"`load_model()` {_span(idle['load_model_s'], 's')} of it ({idle['date']})" in readme
+    assert f"({busy['first_load_s']} s on a busy machine" in readme
+    page = _flat("docs/getting-started.md")
+    assert f"Measured on {idle['date']} with cw_lens {idle['cw_lens']} on two idle cores" in page
+    rows = {
+        "the whole Quickstart block": f"{_span(idle['wall_s'], 's')} ({_span(idle['cpu_s'], 's')}"
+        " of CPU)",
+        "`import cw_lens`": _span(idle["import_s"], "s"),
+        "`load_model()`": _span(idle["load_model_s"], "s"),
+        "`verify_model`, which every analysis runs once per model before its first number": _span(
+            idle["verify_model_s"], "s"
+        ),
+        "the contribution weights, `top` and the plot": _span(
+            idle["contribution_weights_top_plot_s"], "s"
+        ),
+        "the corpus and `sink_statistics`": _span(idle["corpus_and_sink_statistics_s"], "s"),
+    }
+    for step, time in rows.items():
+        assert f"| {step} | {time} |" in page, step
+    assert f"`load_model()` took {_span(busy['load_model_s'], 's')}" in page
+    assert f"cache, {busy['first_load_s']} s" in page
+    for notebook in ("notebooks/01_quickstart.ipynb", "notebooks/build_notebooks.py"):
+        text = _read(notebook)
+        assert f"# {_span(idle['load_model_s'], 's')} on two idle cores once" in text, notebook
+        assert "~2 s" not in text, notebook
+
+
+def test_the_paper_presets_time_is_the_recorded_range():
+    """README, the docs' home page, the reproducing page, `cw-lens figures --help` and the
+    Makefile give the paper preset's time as the range of the recorded gallery runs (no "under
+    an hour", no "60–75 min"); the reproducing page lists every run and the committed gallery's
+    steps as recorded, and those are figures/REPORT.md's Run line."""
+    from typer.testing import CliRunner
+
+    from cw_lens.reporting.cli import app
+
+    paper = _record("timings")["paper_preset"]
+    walls = [run["wall_s"] for run in paper["runs"]]
+    low, high = round(min(walls) / 60), round(max(walls) / 60)
+    span = f"{low}–{high} min"
+    for page in ("README.md", "docs/index.md", "docs/reproducing.md"):
+        text = _flat(page)
+        assert f"{span} on two cores" in text or f"{span} over four gallery runs" in text, page
+        assert "60–75 min" not in text and "under an hour" not in text, page
+    helped = CliRunner().invoke(app, ["figures", "--help"], terminal_width=200)
+    assert helped.exit_code == 0, helped.output
+    assert f"{low}-{high} min on two cores" in " ".join(helped.output.split())
+    assert f"({low}-{high} min on two cores" in _read("Makefile")
+    reproducing = _flat("docs/reproducing.md")
+    for run in paper["runs"]:
+        assert f"{_min_s(run['wall_s'])} ({run['cw_lens']}" in reproducing, run
+    gallery = paper["runs"][-1]
+    steps = gallery["steps_s"]
+    written = {
+        "faithfulness": f"faithfulness {steps['faithfulness'] / 60:.1f} min "
+        f"({gallery['faithfulness_intervened_passes']} intervened passes)",
+        "pruning": f"pruning {steps['pruning'] / 60:.1f} min",
+        "sinks": f"sinks {steps['sinks'] / 60:.1f} min",
+        "ablation": f"ablation {steps['ablation'] / 60:.1f} min",
+        "selection": f"selection {steps['selection'] / 60:.1f} min",
+        "taxonomy": f"taxonomy {steps['taxonomy'] / 60:.1f} min",
+        "task_faithfulness": f"the IOI task {steps['task_faithfulness'] / 60:.1f} min",
+    }
+    for step, text in written.items():
+        assert text in reproducing, step
+    by_version = {run["cw_lens"]: run["wall_s"] for run in paper["runs"]}
+    assert (
+        f"{by_version['0.3.3'] / 60:.1f} min with 0.3.3, {by_version['0.4.0'] / 60:.1f} min"
+        in reproducing
+    )
+    report = _read("figures/REPORT.md")
+    run_line = "Step timings (s, when each step was computed): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in steps.items()
+    )
+    assert run_line in report.splitlines()
+
+
+def test_the_quick_preset_and_make_test_times_are_the_recorded_ones():
+    """`make figures` takes "about 7 minutes" (the middle of the recorded runs, in minutes) and
+    `make test` "about 8 min" wherever they are quoted; the models page's compatibility table
+    has the recorded counts and wall times, each with its date, one cell per column."""
+    timings = _record("timings")
+    quick = round(sum(timings["quick_preset"]["wall_s"]) / 2 / 60)
+    low, high = timings["quick_preset"]["wall_s"]
+    assert f"`make figures` takes about {quick} minutes on two cores" in _flat("README.md")
+    assert f"about {quick} minutes ({low}–{high} s over several runs)" in _flat(
+        "docs/reproducing.md"
+    )
+    assert f"(8 x 128 tokens of pydoc, about {quick} min)" in _read("cw_lens/reporting/cli.py")
+    assert f"**about {quick} minutes** ({low}–{high} s over several runs" in _flat(
+        "docs/benchmarks.md"
+    )
+    assert f"With the defaults the job takes about {quick} minutes on two" in _flat(
+        "docs/guides/cli.md"
+    )
+    make_test = timings["make_test"]
+    minutes = make_test["make_test_min"]
+    assert f"(about {minutes} min on two cores" in _read("README.md")
+    models = _flat("docs/models.md")
+    assert (
+        f"on {make_test['date']} `make test` took about {minutes} min on two cores, lint and the "
+        f"docs included (pytest {make_test['pytest_s'] / 60:.1f} min)" in models
+    )
+    suite = timings["test_suite"]
+    assert (
+        f"| environment | model classes | tests | last recorded run ({suite['date']}) |" in models
+    )
+    for env in suite["environments"].values():
+        counts = f"{env['passed']} passed, {env['skipped']} skipped, {env['failed']} failed"
+        wall = _min_s(env["wall_s"]).replace(" 0 s", "")
+        assert f"| {counts} in {wall} |" in models, counts
+
+
+def test_the_7b_memory_is_the_measured_peak():
+    """README and the large-models page give a layer-streamed 7B-width GGUF model's memory as
+    the range of every peak RSS bench_7b.json records, not "a few GB"."""
+
+    def peaks(value: object) -> list[float]:
+        if isinstance(value, dict):
+            found = [v for k, v in value.items() if k == "peak_rss_mb"]
+            return found + [p for v in value.values() for p in peaks(v)]
+        return []
+
+    measured = peaks(_record("bench_7b"))
+    assert len(measured) >= 6
+    span = f"{min(measured) / 1000:.1f}–{max(measured) / 1000:.1f} GB"
+    assert f"a peak of {span} of RAM at Qwen2-7B's width" in _flat("README.md")
+    large = _flat("docs/large-models.md")
+    assert f"# layer-streamed: {span} peak" in large and f"4-layer model, {span}" in large
+    assert f"a 7B model peaks at {span} of memory" in _flat("cw_lens/models/load.py")
+    for page in ("README.md", "docs/large-models.md", "docs/index.md", "cw_lens/models/load.py"):
+        assert "few GB" not in _read(page), page
+
+
+def test_the_corpus_window_counts_add_up():
+    """`pydoc+stdlib` holds one window more than its two parts (the texts are joined before they
+    are cut); the counts the pages quote are the recorded ones, and the whole corpus is the
+    population the coverage study drew from."""
+    windows = _record("timings")["corpus_windows"]["windows_256"]
+    population = json.loads((RECORDS / "population" / "manifest.json").read_text())
+    assert (
+        windows["pydoc+stdlib"]
+        == population["n_windows"]
+        == windows["pydoc"] + windows["stdlib"] + 1
+    )
+    both = f"{windows['pydoc+stdlib']:,}"
+    started = _flat("docs/getting-started.md")
+    assert f"{windows['pydoc']} windows of 256 tokens" in started
+    assert f"{windows['stdlib']} windows of 256 tokens" in started
+    assert (
+        f"({both} windows: the two texts' leftover tokens make one more window than "
+        f"{windows['pydoc']} + {windows['stdlib']})" in started
+    )
+    assert f"all {both} windows of the corpus" in _flat("README.md")
+    documents = _flat("cw_lens/data/documents.py")
+    assert f"{both} windows of 256 tokens on Python 3.11, one more than" in documents
+
+
+def test_the_readme_architecture_count_is_the_matrix():
+    """README's "Of N decoder architectures tested, M are exact" counts the models page's
+    architecture matrix."""
+    rows = [
+        line.split("|")[3].strip()
+        for line in _read("docs/models.md").splitlines()
+        if re.match(r"^\| [^|]+ \| `\w+` \| ", line)
+    ]
+    exact = sum(status.startswith("exact") for status in rows)
+    assert f"Of {len(rows)} decoder architectures tested, {exact} are exact" in _flat("README.md")
+
+
+NUMBER = r"−?\d+(?:\.\d+)?"
+
+
+def _value(text: str) -> float:
+    return float(text.replace("−", "-"))
+
+
+def _decimals(text: str) -> int:
+    return len(text.split(".")[1]) if "." in text else 0
+
+
+def _agrees(written: str, value: float | None) -> bool:
+    """The written number is `value` rounded to as many decimals as it shows."""
+    return value is not None and round(value, _decimals(written)) == _value(written)
+
+
+def test_the_readme_claims_table_is_the_gallerys():
+    """Each row of the README's claims table (in the order of figures/summary.json's claims)
+    has its claim's verdict, and every "number [low, high]" in it is one of that claim's
+    checks, the value and both ends rounded as written; the caption under the headline figure
+    and the docs' home page quote the same gallery."""
+    summary = json.loads(_read("figures/summary.json"))
+    claims = list(summary["claims"].values())
+    readme = _read("README.md")
+    table = readme.split("| claim (paper) | number [95% interval] | verdict |")[1]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    rows = rows[: next((i for i, r in enumerate(rows) if not r.strip()), len(rows))]
+    assert len(rows) == len(claims)
+    for row, claim in zip(rows, claims, strict=True):
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+        assert cells[-1] == claim["holds"], (row, claim["holds"])
+        quoted = re.findall(rf"({NUMBER}) \[({NUMBER}), ({NUMBER})\]", cells[1])
+        assert quoted, row
+        for value, low, high in quoted:
+            assert any(
+                _agrees(value, c["value"])
+                and _agrees(low, c["interval"][0])
+                and _agrees(high, c["interval"][1])
+                for c in claim["checks"]
+            ), (row, value, low, high)
+    sink = summary["claims"]["sink_attention_vs_contribution"]["measured"]
+    caption = " ".join(readme.split("![Attention (left)")[1].split("## Install")[0].split())
+    assert f"Over the {sink['n_sink_heads']} sink heads" in caption
+    ratio = f"{sink['contribution_over_attention']:.2f}"
+    assert (
+        f"mean contribution is {ratio} of its mean attention "
+        f"({sink['mean_sink_contribution_intra']:.2f} against {sink['mean_sink_attention']:.2f})"
+        in caption
+    )
+    assert f"it contributes {ratio} of it over all sink heads" in _flat("docs/index.md")

@@ -1,0 +1,119 @@
+"""`corpus_analyses`: several corpus analyses from one forward pass per batch, each result bit
+for bit the one its own function returns with the same arguments.
+
+Checked on three tiny architectures (grouped-query attention, biases, a parallel block) and on
+the embedded SmolLM2, with and without the per-document record the main job keeps. A result is
+compared field by field (`same_results.assert_same`) and through what its accumulator holds
+privately: every exact sum, histogram count and sampled factor row of the sink statistics.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from arch_checks import built
+from same_results import assert_same
+
+import cw_lens
+from cw_lens.core.errors import InputError
+
+FUNCTIONS = {
+    "sinks": cw_lens.sink_statistics,
+    "selection": cw_lens.selection_geometry,
+    "taxonomy": cw_lens.head_taxonomy,
+    "ablation": cw_lens.sink_ablation,
+}
+# options that reach every part of each analysis on short documents (a sink head needs queries
+# at min_query or later; the random rule of the selection, a small grid)
+OPTIONS = {
+    "sinks": {"min_query": 4, "samples_per_head": 16, "seed": 3},
+    "selection": {"n_random": 4, "n_grid": [1, 2, 4], "seed": 2},
+    "taxonomy": {},
+    "ablation": {"scale": 0.5},
+}
+# a GQA Llama, GPT-2's biases, Phi's parallel attention and MLP (tests/architectures.py)
+ARCHITECTURES = ("Llama", "GPT-2", "Phi")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def accumulated(result) -> dict:
+    """What a sink-statistics accumulator holds that its public fields do not show."""
+    acc = result.acc
+    held = {f"sum {name}": acc.sums.total(name) for name in acc.sums.names}
+    for group in acc.samples.groups():
+        held[f"samples {group}"] = acc.samples.table(group)
+        held[f"documents {group}"] = acc.samples.documents(group)
+    return held
+
+
+def assert_same_results(fused, alone: dict) -> None:
+    assert list(fused) == list(alone)
+    for name, result in alone.items():
+        assert_same(fused[name], result, name)
+        if name == "sinks":
+            assert_same(accumulated(fused[name]), accumulated(result), "sinks accumulator")
+            assert_same(fused[name].heads(), result.heads(), "sinks.heads()")
+
+
+def run_both(model, corpus, per_document: bool, options: dict = OPTIONS):
+    common = dict(batch_size=2, progress=False, per_document=per_document)
+    alone = {name: FUNCTIONS[name](model, corpus, **o, **common) for name, o in options.items()}
+    fused = cw_lens.corpus_analyses(model, corpus, analyses=options, **common)
+    return fused, alone
+
+
+@pytest.mark.parametrize("per_document", [False, True], ids=["sums", "per-document"])
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_each_result_is_its_own_functions(architecture, per_document):
+    model = built(architecture).bridge
+    corpus = cw_lens.load_corpus(n_docs=5, max_tokens=24, model=model)
+    fused, alone = run_both(model, corpus, per_document)
+    assert_same_results(fused, alone)
+    assert fused.n_documents == 5 and set(fused.seconds) == set(OPTIONS)
+    assert all(seconds > 0 for seconds in fused.seconds.values())
+
+
+def test_the_comparison_sees_a_different_option_and_texts_work_as_a_corpus():
+    """A fused run with another sink seed is not the standalone one (the check can fail), and
+    a list of texts streams as the corpus it makes."""
+    model = built("Llama").bridge
+    texts = ["The quick brown fox jumps over the lazy dog.", "Heads look at BOS, mostly."]
+    options = {"sinks": OPTIONS["sinks"], "taxonomy": {}}
+    fused, alone = run_both(model, texts, per_document=True, options=options)
+    assert_same_results(fused, alone)
+    other = cw_lens.corpus_analyses(
+        model, texts, analyses={"sinks": {**OPTIONS["sinks"], "seed": 4}}, progress=False
+    )
+    with pytest.raises(AssertionError):
+        assert_same(accumulated(other.sinks), accumulated(alone["sinks"]))
+
+
+def test_names_and_options_are_checked():
+    model = built("Llama").bridge
+    texts = ["One text for the checks."]
+    for analyses, match in (
+        (("sinks", "pruning"), "at most once"),
+        (("sinks", "sinks"), "at most once"),
+        ((), "at most once"),
+        ("sinks", "list of names"),
+        ({"sinks": {"batch_size": 4}}, "shared by every analysis"),
+        ({"taxonomy": {"n_random": 3}}, "n_random"),
+    ):
+        with pytest.raises(InputError, match=match):
+            cw_lens.corpus_analyses(model, texts, analyses=analyses, progress=False)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_on_the_embedded_model_each_result_is_its_own_functions(smollm):
+    corpus = cw_lens.load_corpus(n_docs=4, max_tokens=64, model=smollm)
+    options = {name: {} for name in FUNCTIONS}  # every default, as the main job runs them
+    fused, alone = run_both(smollm, corpus, per_document=True, options=options)
+    assert_same_results(fused, alone)
