@@ -181,13 +181,7 @@ def run_page(page: Path, cwd: Path) -> subprocess.CompletedProcess:
 
 # Pages whose blocks do not run yet, and why. Strict: once a page runs (its blocks fixed, or
 # marked no-run where they need a GPU, the network or a 7B model), its entry must go.
-NOT_YET_RUNNABLE = {
-    "large-models.md": "both blocks load a 7B model (a GGUF file that is not here; a Hugging Face "
-    "download): they need <!-- no-run: ... --> markers",
-    "models.md": "the first block uses `model` and `cw_lens` without defining them; the second "
-    "downloads gpt2 (network) and loads api='hooked' (no HookedTransformer in TransformerLens 4)",
-    "scaling.md": "an 8B and a 7B model from the hub on CUDA; `cw_lens` and `torch` not imported",
-}
+NOT_YET_RUNNABLE: dict[str, str] = {}  # page -> why it cannot run yet (none today)
 
 
 def _params():
