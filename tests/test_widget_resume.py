@@ -38,6 +38,32 @@ def deep(arch: str, api: str):
     return {"llama": tiny_llama, "gpt2": tiny_gpt2}[arch](seed=1, n_layers=4, api=api)
 
 
+@pytest.fixture(scope="module")
+def own_llama():
+    """The tiny Llama of the `llama` fixture, this module's own: a resumed pass refuses a model
+    carrying hooks it did not place, and other tests may leave some on the session's shared
+    model."""
+    from cw_lens.models.hooked import resolve_api
+
+    return tiny_llama(seed=0, api=resolve_api("auto"))
+
+
+@pytest.fixture(scope="module")
+def own_smollm():
+    """The embedded model, this module's own (as `own_llama`)."""
+    return cw_lens.load_model(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def own_smollm_hooked():
+    """The embedded model as a HookedTransformer, this module's own (as `own_llama`)."""
+    from apis import HAS_BRIDGE, needs_hooked
+
+    if needs_hooked.args[0]:
+        pytest.skip(needs_hooked.kwargs["reason"])
+    return cw_lens.load_model(device="cpu", api="hooked" if HAS_BRIDGE else "auto")
+
+
 @cache
 def recorded(model, text: str, sinks: tuple[int, ...] = (0,)) -> tuple[SinkRun, CleanStream]:
     stream = CleanStream()
@@ -129,9 +155,10 @@ def check_resume(model, text: str, layers, view, **patch) -> None:
         assert same_bits(a[name], b[name]), name
 
 
-def test_tiny_llama_first_and_last_layer(llama):
+def test_tiny_llama_first_and_last_layer(own_llama):
     """`load_model("testing:tiny-llama")`: the patch from layer 0 (nothing to skip) and from
     the last layer, viewed before, at and after its first layer."""
+    llama = own_llama
     check_resume(llama, TEXT, (0, 1), [1])
     check_resume(llama, TEXT, (1, 1), [1])
     check_resume(llama, TEXT, (1, 1), [0])  # the view before the patch: from the clean run
@@ -274,7 +301,8 @@ def test_saved_page_sweep_resumes_exactly():
         assert run == patched_payload(cmp, view), key
 
 
-def test_widget_resumes_and_says_so(llama):
+def test_widget_resumes_and_says_so(own_llama):
+    llama = own_llama
     patcher = cw_lens.sink_patcher(llama, TEXT, layers=(1, 1), scale=0.0, layer=1)
     assert patcher.last_pass == "resumed at layer 1"
     patcher.update(layers=(0, 1), scale=0.5)
@@ -287,7 +315,7 @@ def test_widget_resumes_and_says_so(llama):
 
 @pytest.mark.model
 @pytest.mark.compat
-@pytest.mark.parametrize("which", ["smollm", "smollm_hooked"])
+@pytest.mark.parametrize("which", ["own_smollm", "own_smollm_hooked"])
 def test_embedded_model_resumes_exactly(which, request):
     """SmolLM2-135M (30 layers), as a bridge and as a HookedTransformer where TransformerLens
     has one: the patch from layer 0, the middle (viewed after and before it) and the last."""
