@@ -215,3 +215,28 @@ def layer_sums(accumulator: Any, layers: list[int], record: str) -> tuple[Tensor
     sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layers])
     per_document = None if accumulator.per_doc is None else accumulator.per_doc.table(record)
     return sums, per_document
+
+
+class SumsAndRecords:
+    """The merge and the move to the host of an accumulator made of exact sums (`self.sums`,
+    an `ExactSums`) and, where documents are recorded, per-document records (`self.per_doc`,
+    a `PerDocument`, else `None`): the selection's and the taxonomy's."""
+
+    sums: Any
+    per_doc: Any
+
+    def merge(self, other: SumsAndRecords) -> None:
+        """Add another shard's sums and records (exact, in any order).
+
+        Args:
+            other: The same accumulator of another shard.
+        """
+        self.sums.merge(other.sums)
+        if self.per_doc is not None:
+            self.per_doc.merge(other.per_doc)
+
+    def to_host(self) -> None:
+        """After a pass: what was accumulated on the model's device, to the host (once)."""
+        self.sums.to_host()
+        if self.per_doc is not None:
+            self.per_doc.to_host()

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from cw_lens.analyses.common import (
     CorpusPlan,
+    SumsAndRecords,
     check_sinks,
     kv_of_heads,
     layer_sums,
@@ -104,7 +105,7 @@ def attention_entropy(attention: Float[Tensor, "*rows key"]) -> Float[Tensor, "*
 _TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "entropy")
 
 
-class _TaxonomyAccumulator:
+class _TaxonomyAccumulator(SumsAndRecords):
     def __init__(
         self, sinks: tuple[int, ...], layers: list[int], n_heads: int, n_documents: int | None
     ) -> None:
@@ -118,16 +119,9 @@ class _TaxonomyAccumulator:
             else PerDocument(["winners"], n_documents, (len(layers), n_heads, len(CATEGORIES)))
         )
 
-    def merge(self, other: _TaxonomyAccumulator) -> None:
-        self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
     def to_host(self) -> None:
         """After a pass: what was accumulated on the model's device, to the host (once)."""
-        self.sums.to_host()
-        if self.per_doc is not None:
-            self.per_doc.to_host()
+        super().to_host()
         self.__dict__.pop("_sinks", None)
 
     def update(self, lc: Any) -> None:

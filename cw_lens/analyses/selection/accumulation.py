@@ -16,7 +16,7 @@ import einops
 import torch
 from torch import Tensor
 
-from cw_lens.analyses.common import kv_of_heads
+from cw_lens.analyses.common import SumsAndRecords, kv_of_heads
 from cw_lens.analyses.selection.prf import (
     PRF,
     Distance,
@@ -31,7 +31,7 @@ RULES = ("top", "random", "top_no_sink")
 ROW_BUDGET_BYTES = 256e6
 
 
-class _SelectionAccumulator:
+class _SelectionAccumulator(SumsAndRecords):
     """Exact sums of P, R, F and counts, `[rule, head, n, 4]` per layer.
 
     Args:
@@ -63,17 +63,6 @@ class _SelectionAccumulator:
             self.pos = {layer: i for i, layer in enumerate(layers)}
             shape = (len(layers), len(RULES), n_heads, len(n_grid), 2)
             self.per_doc = PerDocument(["f_and_count"], n_documents, shape)
-
-    def merge(self, other: _SelectionAccumulator) -> None:
-        self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
-    def to_host(self) -> None:
-        """After a pass: what was accumulated on the model's device, to the host (once)."""
-        self.sums.to_host()
-        if self.per_doc is not None:
-            self.per_doc.to_host()
 
     def update(self, lc: Any) -> None:
         if lc.queries.start != 0:  # the whole layer is handled with its first query block
