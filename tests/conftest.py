@@ -98,3 +98,15 @@ def browser():
         b = launch(p)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests (tiny models run several times faster on one:
+    no synchronisation per op); the count is restored after the module."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

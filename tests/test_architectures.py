@@ -38,13 +38,8 @@ REFUSED = [a.name for a in ARCHS if a.status == "refused"]
 UNBRIDGED = [a.name for a in ARCHS if a.status == "unbridged"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run several times faster on one thread (no synchronisation per op)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+# tiny models run several times faster on one thread (no synchronisation per op)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def bridge(name: str):

@@ -10,7 +10,6 @@ privately: every exact sum, histogram count and sampled factor row of the sink s
 from __future__ import annotations
 
 import pytest
-import torch
 from arch_checks import built
 from same_results import assert_same
 
@@ -44,12 +43,7 @@ def bridged(architecture: str):
     return model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: faster on one thread
 
 
 def accumulated(result) -> dict:
