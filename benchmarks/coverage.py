@@ -39,7 +39,6 @@ import inspect
 import json
 import math
 import os
-import pickle
 import time
 from pathlib import Path
 
@@ -53,15 +52,22 @@ ANALYSES = ("taxonomy", "sinks", "ablation", "selection", "faithfulness", "pruni
 CAUSAL = ("faithfulness", "pruning")  # only from a run (--run): their pool costs hours
 
 
+def cw_lens_load_result(path: Path) -> object:
+    """A result saved by ``result.save`` (``cw_lens.load_result``)."""
+    from cw_lens import load_result
+
+    return load_result(path)
+
+
 def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
     """Each analysis on the pool (cached: computed once, then loaded)."""
     folder = RESULTS / f"coverage_pool_{n_pool}"
     folder.mkdir(parents=True, exist_ok=True)
     out, model, corpus = {}, None, None
     for name in analyses:
-        path = folder / f"{name}.pkl"
-        if path.exists():
-            out[name] = pickle.loads(path.read_bytes())
+        path = folder / f"{name}.safetensors"
+        if path.exists():  # `result.save`'s format: loading runs no code from the file
+            out[name] = cw_lens_load_result(path)
             continue
         import cw_lens
         from cw_lens.analyses.selection import selection_geometry
@@ -86,7 +92,7 @@ def pool_results(n_pool: int, analyses: tuple[str, ...]) -> dict[str, object]:
             f"{time.process_time() - cpu:.0f} s CPU",
             flush=True,
         )
-        path.write_bytes(pickle.dumps(out[name]))
+        out[name].save(path)
     return out
 
 
@@ -105,7 +111,13 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     """Each analysis as a finished main-job run stored it (``cw-lens figures --out RUN``): its
     per-document records are the pool, so the pool costs nothing beyond the run itself."""
     wanted = {JOB_STEPS[name][0] for name in analyses}
-    states = [d for d in (run / ".state").glob("*") if wanted <= {p.stem for p in d.glob("*.pkl")}]
+    from cw_lens.reporting.state import STEP_SUFFIX, _load_step
+
+    states = [
+        d
+        for d in (run / ".state").glob("*")
+        if wanted <= {p.stem for p in d.glob(f"*{STEP_SUFFIX}")}
+    ]
     if len(states) != 1:
         raise SystemExit(
             f"{run}/.state/ holds {len(states)} stored runs with the steps {sorted(wanted)}; "
@@ -114,7 +126,11 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     out = {}
     for name in analyses:
         step, key = JOB_STEPS[name]
-        out[name] = pickle.loads((states[0] / f"{step}.pkl").read_bytes())[key]
+        # a stored step (safetensors, `cw_lens.core.saving`): loading runs no code from the file
+        stored, why = _load_step(states[0] / f"{step}{STEP_SUFFIX}")
+        if why is not None or not isinstance(stored, dict) or key not in stored:
+            raise SystemExit(f"{run}: step {step!r} does not load ({why or 'no ' + repr(key)}).")
+        out[name] = stored[key]
     return out
 
 
@@ -174,13 +190,15 @@ def study(
     replace: bool = True,
     pool: list[int] | None = None,
     seed_offset: int = 0,
+    boot_seed_offset: int = 0,
     subset: object = None,
     draw: object = None,
 ) -> list[dict[str, object]]:
     """Coverage per (analysis, number, n, method) over ``draws`` draws of ``n`` documents
     from the pool (``pool``: these record rows only, e.g. a quarter of a population; the
     truth is then the sub-pool's value), with or without ``replace``-ment; the draws' seeds
-    are ``10000 n + draw + seed_offset``. ``subset(result, docs)`` (draws without replacement
+    are ``10000 n + draw + seed_offset``, their bootstraps' ``draw + boot_seed_offset`` (a second,
+    independent study changes both). ``subset(result, docs)`` (draws without replacement
     only): a result holding only those rows, bootstrapped as a whole — the same replicates as
     ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool.
     ``draw(n_pool, n, gen)``: another design of the draws (default ``draw_documents``)."""
@@ -214,10 +232,12 @@ def study(
                     torch.randint(n_draws, (n_draws,), generator=gen).tolist() if n_draws else None
                 )
                 if subset is not None and not replace:
-                    boot = Bootstrap(resamples=resamples, seed=d, draws=picked)
+                    boot = Bootstrap(resamples=resamples, seed=d + boot_seed_offset, draws=picked)
                     target = subset(result, docs)
                 else:
-                    boot = Bootstrap(resamples=resamples, seed=d, documents=docs, draws=picked)
+                    boot = Bootstrap(
+                        resamples=resamples, seed=d + boot_seed_offset, documents=docs, draws=picked
+                    )
                     target = result
                 for k, reps in replicate_numbers(target, boot, drivers).items():
                     if k not in truth:
@@ -295,6 +315,14 @@ def main() -> None:
         nargs="+",
         help="study only these claim numbers (the others' rows from earlier studies are kept)",
     )
+    parser.add_argument(
+        "--seed-offset",
+        type=int,
+        default=0,
+        help="added to every draw's and bootstrap's seed: a nonzero offset makes an independent "
+        "second study of the same design (``population.py package-table --second-single-pool``)",
+    )
+    parser.add_argument("--result", type=Path, default=RESULTS / "coverage.json")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("CW_COVERAGE_THREADS", "2")))
     start, cpu = time.perf_counter(), time.process_time()
@@ -309,13 +337,21 @@ def main() -> None:
             )
         results = pool_results(args.pool, tuple(args.analyses))
     rows = study(
-        results, args.sizes, args.draws, args.resamples, not args.without_drivers, args.numbers
+        results,
+        args.sizes,
+        args.draws,
+        args.resamples,
+        not args.without_drivers,
+        args.numbers,
+        seed_offset=args.seed_offset,
+        boot_seed_offset=args.seed_offset,
     )
-    out = RESULTS / "coverage.json"
+    out = args.result
     previous = json.loads(out.read_text()) if out.exists() else {"rows": []}
     done = {(r["analysis"], r["number"], r["n"]) for r in rows}  # rows replaced per number
     kept = [r for r in previous["rows"] if (r["analysis"], r["number"], r["n"]) not in done]
     meta = {"pool": args.pool, "draws": args.draws, "resamples": args.resamples}
+    meta["seed_offset"] = args.seed_offset
     meta["source"] = str(args.run) if args.run is not None else f"coverage_pool_{args.pool}"
     meta.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu)
     out.write_text(json.dumps({"meta": meta, "rows": kept + rows}, indent=1))

@@ -90,9 +90,9 @@ FORMAT = 1  # the shard files' layout; bump when it changes
 
 def n_windows(tokenizer: Any) -> int:
     """How many windows of ``MAX_TOKENS`` tokens the pool's text holds (the pool's size)."""
-    from cw_lens.data import documents as data
+    from cw_lens.data.sources import PROSE
 
-    read, _ = data.PROSE[CORPUS]
+    read, _ = PROSE[CORPUS]
     return len(tokenizer(read(), add_special_tokens=False)["input_ids"]) // MAX_TOKENS
 
 
@@ -710,14 +710,17 @@ def coverage_study(
     part_draws: int | None = None,
     part_sizes: Sequence[int] | None = None,
     design: str = "random",
+    seed_offset: int = 0,
 ) -> list[dict[str, Any]]:
     """The certification study (docs/coverage.md#the-population): ``draws`` draws of each count
     *without* replacement from the population (the truth: the population's value), then the same in
     each of ``parts`` disjoint sub-pools (the truth: the sub-pool's value; ``part_draws`` draws,
     default ``draws``; ``part_sizes``, default ``sizes``) for the spread from pool to pool.
     ``design``: ``random`` (a run's own design: distinct windows at random) or ``adjacent`` (pairs
-    of neighbouring windows, ``adjacent_pairs``). Rows as ``coverage.py``'s with ``lower``
-    (one-sided Clopper-Pearson 95%), ``certified``, ``pool`` and ``design``."""
+    of neighbouring windows, ``adjacent_pairs``). ``seed_offset``: added to the whole
+    population's draw and bootstrap seeds (0: the first study; ``SECOND_SEED``: the second).
+    Rows as ``coverage.py``'s with ``lower`` (one-sided Clopper-Pearson 95%), ``certified``,
+    ``pool`` and ``design``."""
     cov = _load_benchmark("coverage")
     draw = DESIGNS[design]
     rows = with_bounds(
@@ -731,6 +734,8 @@ def coverage_study(
             replace=False,
             subset=subset,
             draw=draw,
+            seed_offset=seed_offset,
+            boot_seed_offset=seed_offset,
         ),
         "all",
     )
@@ -818,6 +823,69 @@ def study_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- second studies
+
+SECOND_SEED = 50_000_000  # the second study's seed offset: its draws share no seed with the first
+SECOND_OUT = STUDY_OUT.with_name("coverage_population_second.json")
+TARGET = 0.93  # the certificate's coverage threshold (``interval_coverage.certifies``)
+
+
+def near_target(row: dict[str, Any]) -> bool:
+    """Whether a study row's coverage lies within 2 binomial standard errors (at the target,
+    with the row's draws) of 0.93: close enough that one study's luck decides its certificate,
+    so a second, independent study is run and the certificate read on the pooled draws."""
+    return abs(float(row["coverage"]) - TARGET) <= 2 * math.sqrt(
+        TARGET * (1 - TARGET) / int(row["draws"])
+    )
+
+
+def second_study_plan(study: dict[str, Any]) -> dict[str, dict[str, list]]:
+    """Per analysis, the (number, size) pairs (``rows``) of the first study's shipped-method
+    rows on the whole population that are ``near_target``, and the numbers and sizes a study
+    must run to measure them (it measures only those pairs' rows)."""
+    plan: dict[str, dict[str, list]] = {}
+    for row in study["rows"]:
+        if row["pool"] == "all" and row["method"] == shipped_method(row["number"]):
+            if near_target(row):
+                entry = plan.setdefault(row["analysis"], {"numbers": [], "sizes": [], "rows": []})
+                for key, value in (("numbers", row["number"]), ("sizes", int(row["n"]))):
+                    if value not in entry[key]:
+                        entry[key].append(value)
+                entry["rows"].append([row["number"], int(row["n"])])
+    return plan
+
+
+def pooled(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """A row of two independent studies of the same (number, n, method): coverage, standard
+    error, lower bound and certificate on their pooled draws, each study's own counts kept."""
+    covered = int(first["covered"]) + int(second["covered"])
+    draws = int(first["draws"]) + int(second["draws"])
+    share = covered / draws
+    lower = lower_bound(covered, draws)
+    studies = [
+        {k: s[k] for k in ("covered", "draws", "coverage", "lower", "missing")}
+        for s in (first, second)
+    ]
+    return {
+        **first,
+        "coverage": share,
+        "covered": covered,
+        "draws": draws,
+        "missing": int(first["missing"]) + int(second["missing"]),
+        "se": math.sqrt(max(share * (1 - share), 1e-12) / draws),
+        "lower": lower,
+        "certified": certified(share, lower),
+        "studies": studies,
+    }
+
+
+def with_second(rows: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first study's rows, each one a second study repeated replaced by the pooled row."""
+    key = ("analysis", "number", "n", "method", "pool")
+    again = {tuple(r[k] for k in key): r for r in second}
+    return [pooled(r, again[k]) if (k := tuple(r[f] for f in key)) in again else r for r in rows]
+
+
 def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
     """One study from several run on the same population with the same settings (one process
     per analysis): their rows, and ``certified_from`` over all of them; the metas must agree
@@ -843,34 +911,57 @@ def package_table(
     study: dict[str, Any],
     current: dict[str, Any],
     single_pool: list[dict[str, Any]] | None = None,
+    second: list[dict[str, Any]] | None = None,
+    second_single_pool: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The table the reports read (``cw_lens/reporting/interval_coverage.json``): the
     population study's rows of the shipped method (whole population, ``source``
     ``"population"``) and, for the numbers it does not measure (the causal analyses,
     ``median_abs_rho_*``), single-pool rows (``"single_pool"``): those of ``single_pool``
     (``coverage.py``'s study, its shipped method) where it has the number, else the ones
-    already in the table; each with its lower 95% bound and certificate."""
+    already in the table; each with its lower 95% bound and certificate. A row that a second,
+    independent study repeated (``second``: the population's, ``second_single_pool``: a
+    single pool's) is read on the two studies' pooled draws, each study's counts kept under
+    ``studies``."""
     keep = ("analysis", "number", "n", "coverage", "covered", "se", "missing", "draws", "method")
-    rows = [
-        {**{k: r[k] for k in keep}, "lower": r["lower"], "source": "population"}
+    first = [
+        r
         for r in study["rows"]
         if r["pool"] == "all" and r["method"] == shipped_method(r["number"])
+    ]
+    rows = [
+        {**{k: r[k] for k in keep}, "lower": r["lower"], "source": "population"}
+        | ({"studies": r["studies"]} if "studies" in r else {})
+        for r in with_second(first, second or [])
     ]
     done = {r["number"] for r in rows}
     fresh = [r for r in single_pool or [] if r["method"] == shipped_method(r["number"])]
     fresh = [r for r in fresh if r["number"] not in done]
     renewed = {r["number"] for r in fresh}
     old = [r for r in current["rows"] if r["number"] not in done | renewed]
+    singles = []
     for r in fresh + old:
+        if "studies" in r:  # pooled already: its first study's own counts
+            r = {**r, **r["studies"][0]}
         covered = int(r.get("covered", round(float(r["coverage"]) * int(r["draws"]))))
-        rows.append(
+        singles.append(
             {
                 **{k: r[k] for k in keep if k != "covered"},
                 "covered": covered,
                 "lower": lower_bound(covered, int(r["draws"])),
                 "source": "single_pool",
+                "pool": "single",
             }
         )
+    again = [
+        {**r, "covered": int(r["covered"]) if "covered" in r else round(r["coverage"] * r["draws"])}
+        | {"pool": "single"}
+        for r in second_single_pool or []
+        if r["method"] == shipped_method(r["number"])
+    ]
+    for r in with_second(singles, again):
+        r.pop("pool")
+        rows.append(r)
     for r in rows:
         r["certified"] = certified(float(r["coverage"]), r["lower"])
     sources = {
@@ -1133,6 +1224,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"write {PACKAGE_TABLE.name} from {STUDY_OUT.name} and the single-pool rows",
     )
     p_table.add_argument(
+        "--second",
+        type=Path,
+        help=f"the population's second study ({SECOND_OUT.name}): its rows are pooled",
+    )
+    p_table.add_argument(
+        "--second-single-pool",
+        type=Path,
+        help="coverage.py's second single-pool study (--seed-offset): its rows are pooled",
+    )
+    p_table.add_argument(
         "--single-pool",
         type=Path,
         help="coverage.py's results (benchmarks/results/coverage.json): their rows replace the "
@@ -1155,6 +1256,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--without-drivers", action="store_true", help="leave out median_abs_rho_* (slow)"
     )
     p_study.add_argument("--result", type=Path, help=f"default {STUDY_OUT.name} (random design)")
+    p_study.add_argument(
+        "--second",
+        action="store_true",
+        help=f"the second, independent study (seeds offset by {SECOND_SEED:,}, whole population "
+        f"only) of every row of {STUDY_OUT.name} within 2 binomial SEs of {TARGET} (default "
+        f"result {SECOND_OUT.name}); --sizes and --numbers come from that plan",
+    )
     p_optimism.add_argument("--pool-size", type=int, default=32)
     p_optimism.add_argument("--n", type=int, default=32)
     p_optimism.add_argument("--pools", type=int, default=20)
@@ -1178,7 +1286,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "package-table":
         single = json.loads(args.single_pool.read_text())["rows"] if args.single_pool else None
         body = package_table(
-            json.loads(STUDY_OUT.read_text()), json.loads(PACKAGE_TABLE.read_text()), single
+            json.loads(STUDY_OUT.read_text()),
+            json.loads(PACKAGE_TABLE.read_text()),
+            single,
+            json.loads(args.second.read_text())["rows"] if args.second else None,
+            json.loads(args.second_single_pool.read_text())["rows"]
+            if args.second_single_pool
+            else None,
         )
         atomic_write(PACKAGE_TABLE, (json.dumps(body, indent=1) + "\n").encode())
     elif args.command == "status":
@@ -1196,7 +1310,33 @@ def main(argv: Sequence[str] | None = None) -> None:
             "manifest": manifest_digest(info["manifest"]),
         }
         start = time.perf_counter()
-        if args.command == "study":
+        if args.command == "study" and args.second:
+            plan = second_study_plan(json.loads(STUDY_OUT.read_text()))
+            plan = {a: v for a, v in plan.items() if a in args.analyses}
+            meta.update(design=args.design, seed_offset=SECOND_SEED, plan=plan)
+            args.result = args.result or SECOND_OUT
+            rows = []
+            for analysis, entry in plan.items():
+                print(f"[second study] {analysis}: {entry}", flush=True)
+                wanted = {tuple(pair) for pair in entry["rows"]}
+                rows += [
+                    row
+                    for row in coverage_study(
+                        {analysis: results[analysis]},
+                        entry["sizes"],
+                        args.draws,
+                        args.resamples,
+                        drivers=not args.without_drivers,
+                        numbers=entry["numbers"],
+                        parts=1,
+                        design=args.design,
+                        seed_offset=SECOND_SEED,
+                    )
+                    if (row["number"], int(row["n"])) in wanted
+                ]
+            body = {"meta": meta, "rows": rows}
+            print(study_table(rows))
+        elif args.command == "study":
             meta["design"] = args.design
             args.result = args.result or (
                 STUDY_OUT

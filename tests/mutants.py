@@ -111,9 +111,10 @@ MUTANTS = [
     ),
     m(
         "sinks: geometric-mean norm ratio in the head table",
-        "cw_lens/analyses/sinks/statistics.py",
-        '            "norm_ratio": self._mean("ratio_sum", "geometry_count").flatten(),',
-        '            "norm_ratio": self._mean("log_ratio_sum", "geometry_count").exp().flatten(),',
+        "cw_lens/analyses/sinks/statistics_tables.py",
+        '        "norm_ratio": layer_mean(stats, "ratio_sum", "geometry_count").flatten(),',
+        '        "norm_ratio": layer_mean(stats, "log_ratio_sum", "geometry_count")'
+        ".exp().flatten(),",
         SINK_REF,
     ),
     m(
@@ -318,18 +319,18 @@ MUTANTS = [
     ),
     flip(
         "reversed: faithfulness_order (comprehensiveness order)",
-        "cw_lens/analyses/faithfulness/curves.py",
+        "cw_lens/analyses/faithfulness/claims.py",
         'Check(f"comprehensiveness_{b}_minus_{a}", float(comp[b] - comp[a]), ">", 0.0)',
     ),
     flip(
         "reversed: faithfulness_order (sufficiency)",
-        "cw_lens/analyses/faithfulness/curves.py",
+        "cw_lens/analyses/faithfulness/claims.py",
         """            float(suff[others].min() - suff["contribution"]),
             ">",""",
     ),
     m(
         "faithfulness_order: contribution highest instead of lowest on sufficiency",
-        "cw_lens/analyses/faithfulness/curves.py",
+        "cw_lens/analyses/faithfulness/claims.py",
         '            float(suff[others].min() - suff["contribution"]),',
         '            float(suff["contribution"] - suff[others].max()),',
         CLAIMS,
@@ -372,22 +373,22 @@ MUTANTS = [
     ),
     flip(
         "reversed: sink_lowers_fn",
-        "cw_lens/analyses/selection/geometry.py",
+        "cw_lens/analyses/selection/claims.py",
         'Check(f"geomean_head_ratio_n{n}", geomean.get(n, math.nan), ">", 1.0)',
     ),
     flip(
         "reversed: topn_beats_random (beats random)",
-        "cw_lens/analyses/selection/geometry.py",
+        "cw_lens/analyses/selection/claims.py",
         'Check("min_over_n_f_top_minus_random", gap.min() if grid else math.nan, ">", 0.0)',
     ),
     flip(
         "reversed: topn_beats_random (largest difference at small N)",
-        "cw_lens/analyses/selection/geometry.py",
+        "cw_lens/analyses/selection/claims.py",
         '"largest_gap_n2_n4_minus_larger_n", peak_small - gap.loc[large].max(), ">", 0.0',
     ),
     m(
         "topn_beats_random: largest ratio instead of largest difference",
-        "cw_lens/analyses/selection/geometry.py",
+        "cw_lens/analyses/selection/claims.py",
         '        gap = (means["top"] - means["random"]).loc[grid]',
         '        gap = (means["top"] / means["random"]).loc[grid] - 1',
         CLAIMS,
@@ -446,7 +447,7 @@ MUTANTS = [
     ),
     flip(
         "reversed: pruning_signal",
-        "cw_lens/analyses/pruning/prune.py",
+        "cw_lens/analyses/pruning/claims.py",
         """                _random_minus_taxonomy(table, r),
                 ">",""",
     ),

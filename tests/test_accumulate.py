@@ -319,3 +319,77 @@ def test_asinh_histogram_edges_merge_and_clipping():
         hist.merge(Histogram((2,), -100.0, 100.0, 40))  # same range, linear bins
     with pytest.raises(InputError, match="scale"):
         Histogram((), -1.0, 1.0, 10, scale="log")
+
+
+# --------------------------------------------------------------------------- stored form
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True, width=64),
+            st.sampled_from([1e-300, -1e-300, 5e-324, 1e300, -1e300, -1.0, 0.0]),
+        ),
+        min_size=0,
+        max_size=40,
+    ),
+    st.integers(1, 5),
+)
+def test_packed_sums_come_back_exactly_and_keep_only_the_columns_in_use(values, n):
+    """`pack` keeps the limb columns some sum uses, in the narrowest dtype; `unpack` gives the
+    same limbs and special counts back (negative sums, subnormals, NaN and inf included)."""
+    limbs, special = exact.zeros(n)
+    index = torch.arange(len(values)) % n
+    exact.add(limbs, special, torch.tensor(values, dtype=torch.float64), index)
+    packed = exact.pack(limbs, special)
+    used = (limbs != 0).any(0).nonzero().flatten()
+    width = int(used[-1] - used[0] + 1) if used.numel() else 0
+    assert packed["limbs"].shape == (n, width)
+    back, counts = exact.unpack(packed, n)
+    assert torch.equal(back, limbs) and torch.equal(counts, special)
+    assert back.dtype == counts.dtype == torch.int64
+
+
+def test_a_saved_exact_sum_stores_its_columns_in_use_not_all_sixty_eight():
+    sums = ExactSums()
+    sums.add_rows([0, 1], "a", torch.tensor([[0.5, -2.0], [1.25, 3.0]], dtype=torch.float64))
+    state = sums.__getstate__()
+    assert "_limbs" not in state and state["_packed"]["limbs"].shape[0] == 2
+    assert state["_packed"]["limbs"].shape[1] <= 3  # of exact.N_LIMBS = 68
+    again = pickle.loads(pickle.dumps(sums))
+    assert torch.equal(again.total("a"), sums.total("a"))
+    assert again.total("a").tolist() == [1.75, 1.0]
+    again.add_rows([2], "a", torch.tensor([[1.0, 1.0]], dtype=torch.float64))  # still grows
+    assert again.total("a").tolist() == [2.75, 2.0]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: {**p, "first": exact.N_LIMBS},  # columns past the last limb
+        lambda p: {**p, "first": -1},
+        lambda p: {**p, "first": True},
+        lambda p: {**p, "limbs": p["limbs"].double()},  # not whole numbers
+        lambda p: {**p, "limbs": p["limbs"][:1]},  # fewer sums than names
+        lambda p: {**p, "special": p["special"][:, :2]},
+        lambda p: {k: v for k, v in p.items() if k != "special"},
+        lambda p: [p],
+    ],
+)
+def test_damaged_packed_sums_are_an_input_error(damage):
+    limbs, special = exact.zeros(2)
+    exact.add(limbs, special, torch.tensor([1.0, -3.5], dtype=torch.float64), torch.arange(2))
+    with pytest.raises(InputError, match="exact sums are damaged"):
+        exact.unpack(damage(exact.pack(limbs, special)), 2)
+
+
+def test_histogram_counts_are_stored_narrow_and_read_back_as_int64():
+    hist = Histogram((2,), 0.0, 1.0, 10)
+    hist.add(torch.tensor([[0.1, 0.2, 0.2], [0.9, 0.95, 0.5]]))
+    state = hist.__getstate__()
+    assert state["counts"].dtype == torch.int8
+    again = pickle.loads(pickle.dumps(hist))
+    assert again.counts.dtype == torch.int64 and torch.equal(again.counts, hist.counts)
+    with pytest.raises(InputError, match="whole numbers"):
+        Histogram.__new__(Histogram).__setstate__({**state, "counts": state["counts"].float()})

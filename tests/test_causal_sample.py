@@ -105,17 +105,17 @@ def test_pruning_cross_fits_on_the_halves_of_the_sample(tmp_path, monkeypatch, l
     """The cross-fitted rankings are learnt on the sampled documents' even and odd halves,
     not on halves of the corpus's first windows."""
     import cw_lens
-    from cw_lens.analyses.pruning import prune
+    from cw_lens.analyses.pruning import passes
     from cw_lens.reporting.steps import step_pruning
 
     halves = []
-    learn = prune._head_statistics
+    learn = passes._head_statistics
 
     def spy(model, docs, *args):
         halves.append([d.meta["offset"] for d in docs])
         return learn(model, docs, *args)
 
-    monkeypatch.setattr(prune, "_head_statistics", spy)
+    monkeypatch.setattr(passes, "_head_statistics", spy)
     corpus = cw_lens.load_corpus(n_docs=10, max_tokens=12, model=llama)
     job = job_on(corpus, tmp_path, pruning_docs=4, lone_docs=1, pruning_draws=1)
     job.config.global_ranking = False

@@ -10,7 +10,7 @@ import pytest
 
 import cw_lens
 from cw_lens.core.errors import InputError
-from cw_lens.data.documents import (
+from cw_lens.data.sources import (
     IOI_TEMPLATES,
     arithmetic_items,
     ioi_items,
@@ -159,6 +159,35 @@ def test_only_correct_keeps_items_the_model_gets_right(smollm):
         kept = cw_lens.load_corpus(task, n_docs=6, model=smollm, only_correct=True)
         assert len(kept) == 6 and kept.is_task
         assert answer_scores(smollm, list(kept)).correct.all()
+
+
+def test_only_correct_scores_a_chunk_at_a_time_stops_when_enough_are_found_and_shows_it(
+    monkeypatch, capsys
+):
+    """keep_correct scores CORRECT_CHUNK items per pass and stops once `limit` are kept: with
+    every third item right, 10 items need 28 candidates, i.e. 2 passes of 16 out of 13; the
+    kept items are the first 10 right ones, in order, and the bar counts them."""
+    import torch
+
+    from cw_lens.data import scoring
+    from cw_lens.data.documents import Document
+
+    seen: list[list[str]] = []
+
+    def fake_scores(model, documents, **kwargs):
+        seen.append([d.text for d in documents])
+        right = torch.tensor([int(d.text) % 3 == 0 for d in documents])
+        return scoring.AnswerScores(torch.zeros(len(documents)), right)
+
+    monkeypatch.setattr(scoring, "answer_scores", fake_scores)
+    pool = [Document(str(i), answer=" x") for i in range(200)]
+    kept = scoring.keep_correct(object(), pool, limit=10, progress=True, label="ioi")
+    assert [d.text for d in kept] == [str(i) for i in range(0, 30, 3)]
+    assert [len(chunk) for chunk in seen] == [16, 16]  # not all 200 (13 passes)
+    assert "ioi answered correctly" in capsys.readouterr().err
+    seen.clear()
+    assert len(scoring.keep_correct(object(), pool[:20], limit=10, progress=False)) == 7
+    assert [len(chunk) for chunk in seen] == [16, 4]
 
 
 def test_token_nll_matches_log_softmax_over_several_row_blocks():

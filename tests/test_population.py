@@ -252,6 +252,64 @@ def test_the_package_table_takes_population_rows_and_keeps_the_others_with_bound
     assert by["causal", 16]["certified"] and by["causal", 16]["source"] == "single_pool"
 
 
+def test_rows_within_two_standard_errors_of_0_93_get_a_second_study_read_on_pooled_draws():
+    """2 SEs at 0.93 with 400 draws are 0.0255: 0.955 and 0.905 are near, 0.96 and 0.9 not. The
+    pooled row sums both studies' draws (a lucky first study of 0.940 and a second of 0.905
+    certify together only if 0.9225 of 800 does: it does not)."""
+    se2 = 2 * math.sqrt(0.93 * 0.07 / 400)
+    assert se2 == pytest.approx(0.02551, abs=1e-5)
+
+    def row(number, n, covered, method="expanded", pool="all", draws=400):
+        return {
+            "analysis": "a", "number": number, "n": n, "coverage": covered / draws,
+            "covered": covered, "se": 0.01, "missing": 0, "draws": draws, "method": method,
+            "pool": pool, "lower": pop.lower_bound(covered, draws),
+        }  # fmt: skip
+
+    rows = [
+        row("x", 8, 382),  # 0.955: near
+        row("x", 32, 384),  # 0.960: not
+        row("y", 8, 362),  # 0.905: near
+        row("y", 32, 360),  # 0.900: not
+        row("x", 8, 372, method="percentile"),  # not the shipped method
+        row("x", 8, 372, pool="part 1 of 4"),  # a sub-pool
+        row("geomean_head_ratio_n2", 256, 376, method="bias_corrected"),  # 0.94: near
+    ]
+    assert [pop.near_target(r) for r in rows[:4]] == [True, False, True, False]
+    plan = pop.second_study_plan({"rows": rows})
+    assert plan == {
+        "a": {
+            "numbers": ["x", "y", "geomean_head_ratio_n2"],
+            "sizes": [8, 256],
+            "rows": [["x", 8], ["y", 8], ["geomean_head_ratio_n2", 256]],
+        }
+    }
+    first = row("z", 32, 376)  # 0.940 [0.917]: certified alone
+    assert first["coverage"] >= 0.93 and pop.certified(first["coverage"], first["lower"])
+    both = pop.pooled(first, row("z", 32, 362))
+    assert (both["covered"], both["draws"]) == (738, 800)
+    assert both["coverage"] == pytest.approx(0.9225)
+    assert both["lower"] == pytest.approx(pop.lower_bound(738, 800))
+    assert not both["certified"]
+    assert [s["covered"] for s in both["studies"]] == [376, 362]
+    # with_second replaces exactly the repeated rows
+    merged = pop.with_second([first, row("z", 8, 390)], [row("z", 32, 362)])
+    assert merged[0]["draws"] == 800 and merged[1]["draws"] == 400
+    # the package table reads the pooled rows, population and single-pool alike
+    current = {"method": "expanded", "biased_method": "bias_corrected", "resamples": 2000}
+    single = [{k: v for k, v in row("causal", 8, 366).items() if k != "pool"}]
+    table = pop.package_table(
+        {"meta": {"documents": 1324}, "rows": [first]},
+        {**current, "rows": single},
+        second=[row("z", 32, 362)],
+        second_single_pool=[row("causal", 8, 380, pool="single")],
+    )
+    by = {(r["number"], r["n"]): r for r in table["rows"]}
+    assert (by["z", 32]["draws"], by["z", 32]["certified"]) == (800, False)
+    assert (by["causal", 8]["covered"], by["causal", 8]["draws"]) == (746, 800)
+    assert by["causal", 8]["certified"] and by["causal", 8]["source"] == "single_pool"
+
+
 def test_a_draw_of_adjacent_pairs_holds_neighbouring_windows_only():
     gen = torch.Generator().manual_seed(1)
     docs = pop.adjacent_pairs(101, 40, gen)

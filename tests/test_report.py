@@ -271,7 +271,7 @@ def test_random_draws_change_the_fingerprint_only_when_used():
 
 
 def test_report_reads_the_random_controls_spread():
-    from cw_lens.reporting.markdown import _random_draws_text
+    from cw_lens.reporting.figure_text import _random_draws_text
 
     assert _random_draws_text(None) == ""
     spread = {"comprehensiveness_pairs": dict(n_draws=3.0, mean=0.5, sd=0.1, min=0.4, max=0.6)}

@@ -47,6 +47,7 @@ from cw_lens.analyses.sinks.statistics import (
 )
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult, _plan_head_taxonomy, head_taxonomy
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.data.streaming import stream_corpus
@@ -180,6 +181,7 @@ def _plan(model: Model, docs: Any, name: str, options: dict, shared: dict) -> Co
     return plan(**bound.arguments)
 
 
+@check_keywords
 def corpus_analyses(
     model: Model,
     corpus: Any,
@@ -202,7 +204,9 @@ def corpus_analyses(
 
     Args:
         model: A `TransformerBridge` (`cw_lens.load_model()`).
-        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, a string, a list of
+            strings, or token ids (a tensor `[pos]` or `[batch, pos]`, or a list of token-id
+            lists, read as given).
         analyses: The analyses to run: names (default: all four), or a mapping from each name to
             its own options, the keyword arguments of its function
             (`{"sinks": {"seed": 1}, "selection": {"n_random": 8}}`); an option not given takes

@@ -46,6 +46,7 @@ from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
@@ -414,6 +415,7 @@ class HeadTaxonomyResult(Result):
         return plot_retriever_share(self, **kwargs)
 
 
+@check_keywords
 def head_taxonomy(
     model: Model,
     corpus: Any,
@@ -432,7 +434,9 @@ def head_taxonomy(
 
     Args:
         model: A `TransformerBridge`.
-        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, a string, a list of
+            strings, or token ids (a tensor `[pos]` or `[batch, pos]`, or a list of token-id
+            lists, read as given).
         sink_positions: Positions whose winning makes a query `sink` (and that are not
             counted as queries); each must be a token of every document (as in
             [`sink_statistics`][cw_lens.sink_statistics]).

@@ -19,7 +19,8 @@ hold a fixed amount of memory whatever the number of documents:
   bootstrap replicates of exact sums).
 
 All have `merge(other)`; `cw_lens.data.distributed.merge_across_ranks` gathers and merges any
-object with a `merge` method. `state_bytes` measures what an accumulator holds.
+object with a `merge` method. `state_bytes` measures what an accumulator holds. How `ExactSums`
+and `SampleReservoir` store what they keep: `cw_lens.core.exact_slots`, `cw_lens.core.bottom_k`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from cw_lens.core import exact
+from cw_lens.core.bottom_k import BottomKBuffers
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
+from cw_lens.core.exact_slots import ExactSlots
 from cw_lens.core.memory import state_bytes  # noqa: F401  (re-exported: the tests read it here)
 from cw_lens.core.registry import saveable
 from cw_lens.core.row_hash import _hash_rows, _start_key, row_keys
@@ -54,7 +57,7 @@ def _float64(values: Tensor | float | Sequence[float]) -> Tensor:
 
 
 @saveable
-class ExactSums:
+class ExactSums(ExactSlots):
     """Named float64 sums, exact and independent of the order of addition and merging.
 
     `add_rows(docs, name, values)` adds every row of `values` (one per document; the
@@ -76,24 +79,6 @@ class ExactSums:
         self._n_buffered = 0
         self._since_carry = 0
         self._totals: dict[str, Tensor] = {}
-
-    def _slot(self, name: str, shape: tuple[int, ...]) -> int:
-        if name in self._slots:
-            offset, known = self._slots[name]
-            if known != shape:
-                raise InputError(f"Sum {name!r} has shape {known}; cannot add shape {shape}.")
-            return offset
-        numel = int(np.prod(shape, dtype=np.int64))
-        if self._size + numel > self._limbs.shape[0]:  # grow by doubling (names come early)
-            capacity = max(2 * self._limbs.shape[0], self._size + numel, 64)
-            with torch.inference_mode(False):  # state outlives the (inference-mode) passes
-                limbs, special = exact.zeros(capacity)
-            limbs[: self._size] = self._limbs[: self._size]
-            special[: self._size] = self._special[: self._size]
-            self._limbs, self._special = limbs, special
-        self._slots[name] = (self._size, shape)
-        self._size += numel
-        return self._size - numel
 
     def add(self, doc: int, name: str, value: Tensor | float) -> None:
         self.add_rows([doc], name, _float64(value)[None])
@@ -150,18 +135,6 @@ class ExactSums:
         self._index[rows].view(len(docs), width).copy_(index)
         self._n_buffered += n
 
-    def _fold(self, values: Tensor, index: Tensor) -> None:
-        if self._since_carry + values.numel() >= exact.CARRY_EVERY:
-            exact.carry(self._limbs)
-            self._since_carry = 0
-        exact.add(self._limbs, self._special, values, index)
-        self._since_carry += values.numel()
-
-    def _flush(self) -> None:
-        if self._n_buffered:
-            n, self._n_buffered = self._n_buffered, 0
-            self._fold(self._values[:n].to("cpu"), self._index[:n].to("cpu"))
-
     def to_host(self) -> None:
         """Fold the buffer into the limbs (on the host); release a buffer off the CPU."""
         self._flush()
@@ -202,16 +175,9 @@ class ExactSums:
     def __contains__(self, name: str) -> bool:
         return name in self._slots
 
-    def __getstate__(self) -> dict:
-        self._flush()  # what travels between ranks is the limbs alone, not the buffer
-        state = dict(self.__dict__)
-        state.update(_totals={}, _values=None, _index=None)
-        state.pop("_index_rows", None)  # a cache of the buffer's index rows
-        return state
-
 
 @saveable
-class SampleReservoir:
+class SampleReservoir(BottomKBuffers):
     """At most `capacity` sample rows (`[n, n_columns]` float32) per named group.
 
     For statistics that need raw samples (rank correlations). Each row gets a key, a seeded hash
@@ -268,47 +234,6 @@ class SampleReservoir:
             mine = group_of == g
             self._offer(groups[g], table[mine], keys[mine], doc_ids[mine])
 
-    def _offer(self, group: str, rows: np.ndarray, keys: np.ndarray, docs: np.ndarray) -> None:
-        if group not in self._rows:
-            self._rows[group] = np.empty((2 * self.capacity, len(self.columns)), np.float32)
-            self._keys[group] = np.empty(2 * self.capacity, np.uint64)
-            self._docs[group] = np.empty(2 * self.capacity, np.int64)
-            self._n[group] = 0
-        for start in range(0, len(rows), self.capacity):
-            part = slice(start, start + self.capacity)
-            n, m = self._n[group], len(rows[part])
-            if n + m > 2 * self.capacity:
-                n = self._shrink(group)
-            self._rows[group][n : n + m] = rows[part]
-            self._keys[group][n : n + m] = keys[part]
-            self._docs[group][n : n + m] = docs[part]
-            self._n[group] = n + m
-
-    def _shrink(self, group: str) -> int:
-        """Keep the `capacity` smallest (key, row) in place; returns the rows held."""
-        n, k = self._n[group], self.capacity
-        if n > k:
-            rows, keys, docs = self._rows[group][:n], self._keys[group][:n], self._docs[group][:n]
-            kth = np.partition(keys, k - 1)[k - 1]
-            below = np.flatnonzero(keys < kth)
-            tied = np.flatnonzero(keys == kth)  # practically one row: order ties by value
-            tied = tied[np.lexsort(rows[tied].T[::-1])][: k - len(below)]
-            keep = np.concatenate([below, tied])
-            self._rows[group][:k], self._keys[group][:k] = rows[keep], keys[keep]
-            self._docs[group][:k] = docs[keep]
-            self._n[group] = k
-        return self._n[group]
-
-    def _held(self, group: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kept rows, keys and documents of `group`, ordered by key then values."""
-        if group not in self._rows:
-            empty = np.zeros((0, len(self.columns)), np.float32)
-            return empty, np.zeros(0, np.uint64), np.zeros(0, np.int64)
-        n = self._shrink(group)
-        rows, keys, docs = self._rows[group][:n], self._keys[group][:n], self._docs[group][:n]
-        order = np.lexsort((*rows.T[::-1], keys))
-        return rows[order], keys[order], docs[order]
-
     def merge(self, other: SampleReservoir) -> None:
         if other.columns != self.columns or (other.capacity, other.seed) != (
             self.capacity,
@@ -355,27 +280,6 @@ class SampleReservoir:
         """The document of each kept row of `group`, in `table`'s order (int64; -1
         for rows stored by a version that did not record it)."""
         return torch.from_numpy(self._held(group)[2].copy())
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)  # what travels between ranks: the kept rows, not the buffer
-        held = {g: self._held(g) for g in self._rows}
-        state.update(
-            _rows={g: r for g, (r, _, _) in held.items()},
-            _keys={g: k for g, (_, k, _) in held.items()},
-            _docs={g: d for g, (_, _, d) in held.items()},
-        )
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        old = state.get("_docs") or {}  # absent in states stored before documents were kept
-        kept = {
-            g: (self._rows[g], self._keys[g], old.get(g, np.full(len(self._keys[g]), -1, np.int64)))
-            for g in self._rows
-        }
-        self._rows, self._keys, self._docs, self._n = {}, {}, {}, {}
-        for group, (rows, keys, docs) in kept.items():
-            self._offer(group, rows, keys, docs)
 
 
 @saveable
@@ -462,7 +366,14 @@ class Histogram:
 
     def __getstate__(self) -> dict:
         self.to_host()  # what is saved or travels between ranks is on the host
-        return dict(self.__dict__)
+        # counts in the narrowest integer dtype that holds them (lossless; most bins are 0)
+        return {**self.__dict__, "counts": exact.narrowest(self.counts)}
+
+    def __setstate__(self, state: dict) -> None:
+        counts = state.get("counts")
+        if not isinstance(counts, Tensor) or counts.is_floating_point() or counts.is_complex():
+            raise InputError("A histogram's counts must be whole numbers; the file is damaged.")
+        self.__dict__.update({**state, "counts": counts.to(torch.int64)})
 
     def merge(self, other: Histogram) -> None:
         if other.counts.shape != self.counts.shape or other.binning != self.binning:

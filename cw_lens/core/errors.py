@@ -13,6 +13,11 @@ class InputError(CwLensError):
     """The text, tokens, layer/head selection or cache handed in cannot be analysed."""
 
 
+class UnexpectedKeywordError(InputError, TypeError):
+    """A keyword argument the function does not take (`heads=` misspelt `head=`); the message
+    names the closest real one. Also a `TypeError`, as Python's own error for it is."""
+
+
 class ModelLoadError(CwLensError):
     """A model could not be located, read or bridged."""
 

@@ -26,10 +26,13 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+
+from cw_lens.core.errors import InputError
 
 LIMB_BITS = 32
 OFFSET = 1074  # x = n * 2^-OFFSET
@@ -116,3 +119,83 @@ def to_float(limbs: Int[Tensor, "n limb"], special: Int[Tensor, "n 3"]) -> Float
             except OverflowError:
                 out.append(math.inf if n > 0 else -math.inf)  # beyond float64
     return torch.tensor(out, dtype=torch.float64, device="cpu")
+
+
+# --------------------------------------------------------------------------- stored form
+
+
+_WHOLE = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def narrowest(counts: Int[Tensor, "..."]) -> Int[Tensor, "..."]:
+    """Whole numbers in the narrowest signed integer dtype that holds them all (lossless): what
+    a file stores of counts and limbs, most of which are small or zero.
+
+    Args:
+        counts: Integer values.
+
+    Returns:
+        The same values as int8, int16, int32 or int64.
+    """
+    if counts.numel() == 0:
+        return counts.to(torch.int8)
+    low, high = int(counts.min()), int(counts.max())
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return counts.to(dtype)
+    return counts.to(torch.int64)
+
+
+def pack(limbs: Int[Tensor, "n limb"], special: Int[Tensor, "n 3"]) -> dict:
+    """The stored form of `n` sums: only the limb columns that hold a nonzero limb in some
+    row (a run's sums span a few of the `N_LIMBS`), each array in its narrowest dtype.
+
+    Args:
+        limbs: The sums' limbs.
+        special: Their NaN / +inf / -inf counts.
+
+    Returns:
+        `{"first": first stored column, "limbs": [n, width], "special": [n, 3]}`, which
+        `unpack` turns back into exactly `limbs` and `special`.
+    """
+    used = (limbs != 0).any(0).nonzero().flatten()
+    first, last = (int(used[0]), int(used[-1]) + 1) if used.numel() else (0, 0)
+    return {
+        "first": first,
+        "limbs": narrowest(limbs[:, first:last]).clone(),
+        "special": narrowest(special).clone(),
+    }
+
+
+def unpack(packed: Any, n: int) -> tuple[Tensor, Tensor]:
+    """Limbs `[n, N_LIMBS]` and special counts `[n, 3]` from `pack`'s stored form, checked
+    (a file's content is not trusted: a wrong shape, dtype or column is an `InputError`).
+
+    Args:
+        packed: What `pack` returned, as read from a file.
+        n: The number of sums the state says it holds.
+
+    Returns:
+        The limbs and the special counts, int64.
+
+    Raises:
+        InputError: When the stored form does not describe `n` sums.
+    """
+
+    def whole(t: Any) -> bool:
+        return isinstance(t, Tensor) and t.dim() == 2 and t.dtype in _WHOLE
+
+    if not (isinstance(packed, dict) and set(packed) == {"first", "limbs", "special"}):
+        raise InputError("The file's exact sums are damaged: their stored form is not readable.")
+    stored, special, first = packed["limbs"], packed["special"], packed["first"]
+    if not (whole(stored) and whole(special) and type(first) is int):
+        raise InputError("The file's exact sums are damaged: their limbs are not whole numbers.")
+    if stored.shape[0] != n or tuple(special.shape) != (n, 3):
+        raise InputError("The file's exact sums are damaged: their limbs do not match their names.")
+    if not 0 <= first <= N_LIMBS - stored.shape[1]:
+        raise InputError("The file's exact sums are damaged: their limb columns are out of range.")
+    limbs, counts = zeros(n)
+    limbs[:, first : first + stored.shape[1]] = stored.to(torch.int64)
+    counts[:] = special.to(torch.int64)
+    return limbs, counts

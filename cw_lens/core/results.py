@@ -31,6 +31,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.loading import read_file
 from cw_lens.core.registry import class_name, saveable
 from cw_lens.core.saving import write_file
@@ -255,6 +256,7 @@ def save_result(result: Result, path: str | os.PathLike[str]) -> None:
     write_file(result, path, **{"class": class_name(type(result))})
 
 
+@check_keywords
 def load_result(path: str | os.PathLike[str]) -> Result:
     """Load a result written by `result.save(path)`.
 

@@ -9,6 +9,13 @@ from typing import Any
 
 from cw_lens.data import documents
 from cw_lens.data.documents import (
+    TASKS,
+    Corpus,
+    Document,
+    as_corpus,
+    tokenizer_fingerprint,
+)
+from cw_lens.data.sources import (
     DEFINITIONS,
     IOI_TEMPLATES,
     ITEMS,
@@ -17,11 +24,7 @@ from cw_lens.data.documents import (
     PLACES,
     PROSE,
     STDLIB_SKIP,
-    TASKS,
-    Corpus,
-    Document,
     arithmetic_items,
-    as_corpus,
     hf_text,
     ioi_items,
     pydoc_and_stdlib_text,
@@ -29,7 +32,6 @@ from cw_lens.data.documents import (
     read_jsonl,
     stdlib_text,
     tokenised,
-    tokenizer_fingerprint,
     windows,
 )
 

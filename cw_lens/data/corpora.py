@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
-from cw_lens.data import documents as data
+from cw_lens.core.keywords import check_keywords
+from cw_lens.data import documents, sources
 from cw_lens.data.scoring import keep_correct
 from cw_lens.models.access import Model
 from cw_lens.models.load import embedded_tokenizer
@@ -33,6 +34,7 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
     return getattr(tokenizer, "tokenizer", None) or tokenizer
 
 
+@check_keywords
 @renamed_kwargs(tokenizer="model")
 def load_corpus(
     name: str | os.PathLike | None = None,
@@ -42,7 +44,8 @@ def load_corpus(
     model: Model | PreTrainedTokenizerBase | None = None,
     seed: int = 0,
     only_correct: bool = False,
-) -> data.Corpus:
+    progress: bool = True,
+) -> documents.Corpus:
     """Load a corpus of documents to analyse.
 
     Args:
@@ -57,7 +60,10 @@ def load_corpus(
             uses the embedded SmolLM2 tokenizer. (`tokenizer=`: its deprecated name.)
         seed: Seed for window sampling and task generation.
         only_correct: Keep only items `model` answers correctly (requires `model`). The
-            generator draws more candidates until `n_docs` are found or 20x were tried.
+            generator draws `20 * n_docs` candidates and the model scores them 16 at a time
+            (one forward pass of 16 short prompts each) until `n_docs` are found: about
+            `n_docs / 16` passes when it answers most items, at most `20 * n_docs / 16`.
+        progress: With `only_correct`, show a progress bar of the items found.
 
     Returns:
         A [`Corpus`][cw_lens.Corpus].
@@ -79,8 +85,8 @@ def load_corpus(
         raise InputError(f"max_tokens must be at least 1, got {max_tokens}.")
     tokenizer = model
     key = None if name is None else str(name)
-    if key in data.TASKS:
-        generate = data.ioi_items if key == "ioi" else data.arithmetic_items
+    if key in documents.TASKS:
+        generate = sources.ioi_items if key == "ioi" else sources.arithmetic_items
         if only_correct:
             if model is None or not hasattr(model, "cfg"):
                 raise InputError(
@@ -88,44 +94,48 @@ def load_corpus(
                     "the answers."
                 )
             pool = generate(20 * n_docs, seed)
-            docs = keep_correct(model, pool, limit=n_docs)
+            docs = keep_correct(model, pool, limit=n_docs, progress=progress, label=key)
             if not docs:
                 raise InputError(f"The model answered none of {len(pool)} {key} items correctly.")
         else:
             docs = generate(n_docs, seed)
         tok = resolve_tokenizer(tokenizer) if tokenizer is not None else None
-        fingerprint = None if tok is None else data.tokenizer_fingerprint(tok)
-        return data.Corpus(key, data.tokenised(docs, tok), None, seed, fingerprint)
+        fingerprint = None if tok is None else documents.tokenizer_fingerprint(tok)
+        return documents.Corpus(key, sources.tokenised(docs, tok), None, seed, fingerprint)
 
     tok = resolve_tokenizer(tokenizer)
-    if key is None or key in data.PROSE:
-        read, source = data.PROSE[key or "pydoc"]
+    if key is None or key in sources.PROSE:
+        read, source = sources.PROSE[key or "pydoc"]
         text = read()
     elif key.startswith("hf:"):
-        text, source = data.hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
+        text, source = sources.hf_text(key[3:], n_chars=8 * n_docs * max_tokens), key
     else:
         path = Path(key).expanduser()
         if not path.is_file():
-            names = ", ".join([*data.PROSE, *data.TASKS])
+            names = ", ".join([*sources.PROSE, *documents.TASKS])
             raise InputError(
                 f"Unknown corpus {key!r}: not a built-in name ({names}), "
                 "not an 'hf:' dataset and not an existing .txt/.jsonl file."
             )
         if path.suffix == ".jsonl":
-            docs = data.read_jsonl(path)[:n_docs]
+            docs = sources.read_jsonl(path)[:n_docs]
             if not docs:
                 raise InputError(f"{path} contains no documents.")
-            return data.Corpus(
+            return documents.Corpus(
                 path.name,
-                data.tokenised(docs, tok),
+                sources.tokenised(docs, tok),
                 max_tokens,
                 seed,
-                data.tokenizer_fingerprint(tok),
+                documents.tokenizer_fingerprint(tok),
             )
         text, source = path.read_text(encoding="utf-8"), path.name
     if not text.strip():
         raise InputError(f"The corpus source {source} is empty.")
-    docs = data.windows(text, tok, n_docs, max_tokens, seed, source)
-    return data.Corpus(
-        "pydoc" if key is None else key, docs, max_tokens, seed, data.tokenizer_fingerprint(tok)
+    docs = sources.windows(text, tok, n_docs, max_tokens, seed, source)
+    return documents.Corpus(
+        "pydoc" if key is None else key,
+        docs,
+        max_tokens,
+        seed,
+        documents.tokenizer_fingerprint(tok),
     )

@@ -1,59 +1,28 @@
 """Corpus types and sources: real prose that ships with Python, generated task sets, user files.
 
 [`cw_lens.load_corpus`][cw_lens.load_corpus] returns a [`Corpus`][cw_lens.Corpus] (a sequence of
-[`Document`][cw_lens.Document]). Every analysis that takes a corpus also accepts a plain list of
-strings.
+[`Document`][cw_lens.Document]). Every analysis reads the same kinds of input, turned into a
+corpus by [`as_corpus`][cw_lens.data.documents.as_corpus]: a string, a list of strings, token ids
+(an integer tensor `[pos]` or `[batch, pos]`, a list of token ids, or a list of token-id lists),
+a `Corpus`, or a list of `Document`; anything else gets one message naming what was given and
+listing these.
 
-Sources
--------
-`None` / `"pydoc"`
-    English prose that ships with every CPython: the language-reference topics of the standard
-    library's `pydoc_data.topics` (79 topics, about 113k SmolLM2 tokens on Python 3.11),
-    joined in sorted topic order and cut into non-overlapping windows of `max_tokens` text
-    tokens; `n_docs` windows are drawn with `seed`. The text differs slightly between
-    Python versions, so reports record the Python version.
-`"stdlib"`
-    More English prose that ships with every CPython: the docstrings (over 200 characters) of
-    the standard library's public modules, classes and functions, read from its source files
-    with `ast` (nothing is imported; test suites, IDLE, tkinter and lib2to3 left out), in
-    sorted file order — on Python 3.11, 1,510 docstrings, 226k SmolLM2 tokens (882 windows of 256
-    tokens); parsing takes a few seconds, once per process. Windowed like `"pydoc"`.
-`"pydoc+stdlib"`
-    Both texts joined, pydoc's topics first, then windowed: 1,324 windows of 256 tokens on
-    Python 3.11, one more than `"pydoc"`'s 441 and `"stdlib"`'s 882, since the two texts'
-    leftover tokens join into a window. The offline corpus for paper-scale runs.
-`"ioi"`
-    Indirect-object sentences ("When Mary and John went to the store, John gave a drink to"
-    -> " Mary"), 10 templates x 40 names x places x objects, seeded.
-`"arithmetic"`
-    Short GSM8K-style word problems whose last clause sets up the equation ("Tom has 3
-    apples and buys 5 more, so Tom has 3 + 5 =" -> " 8"): add, subtract, multiply.
-A `.txt` path
-    The file's text, windowed like `"pydoc"`.
-A `.jsonl` path
-    One JSON object per line with a `"text"` field and an optional `"answer"` field.
-`"hf:NAME[:CONFIG[:SPLIT]]"`
-    A Hugging Face `datasets` corpus (needs internet; not available offline), windowed.
-
-Task items carry `answer`; pass `model=` with `only_correct=True` to keep only the items the
-model completes correctly (greedy, teacher-forced over every answer token).
+The sources [`load_corpus`][cw_lens.load_corpus] reads (built-in prose, task generators, files)
+are in `cw_lens.data.sources`.
 
 The public functions' docstrings have runnable examples.
 """
 
 from __future__ import annotations
 
-import ast
-import functools
-import json
+import numbers
 import operator
-import random
-import sysconfig
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from cw_lens.core.errors import InputError
@@ -71,12 +40,17 @@ class Document:
             with; `None` when the corpus was loaded without one (analyses then tokenise).
         answer: The expected continuation for task items (`" Mary"`, `" 8"`), else `None`.
         meta: Provenance (topic, template, offset, ...).
+        verbatim: `True` for token ids handed in (a tensor or lists of ids, see
+            [`as_corpus`][cw_lens.data.documents.as_corpus]): `tokens` are then the model's whole
+            input, read as given by any model (BOS only where they hold it; `prepend_bos` does not
+            apply), and `text` is empty.
     """
 
     text: str
     tokens: tuple[int, ...] | None = None
     answer: str | None = None
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    verbatim: bool = False
 
 
 @dataclass
@@ -227,32 +201,236 @@ def _position(index: Any, n: int) -> int | None:
     return position if -n <= position < n else None
 
 
-def as_corpus(corpus: Any) -> Corpus:
-    """Accept a [`Corpus`][cw_lens.Corpus], a string, a list of strings or of
-    [`Document`][cw_lens.Document]."""
-    if isinstance(corpus, Corpus):
-        docs = corpus
-    elif isinstance(corpus, str):
-        if not corpus.strip():
-            raise InputError("The input text is empty: there is no token to analyse.")
-        docs = Corpus("text", [Document(corpus)])
-    elif isinstance(corpus, Sequence) and all(isinstance(d, (str, Document)) for d in corpus):
-        docs = Corpus("texts", [d if isinstance(d, Document) else Document(d) for d in corpus])
-    else:
-        bad = ""
-        if isinstance(corpus, Sequence):
-            kinds = sorted({type(d).__name__ for d in corpus if not isinstance(d, (str, Document))})
-            bad = f" containing {', '.join(kinds)}"
-        raise InputError(
-            f"Expected a corpus from cw_lens.load_corpus(), a string or a list of strings; got "
-            f"{type(corpus).__name__}{bad}."
+# what every analysis reads: the one list in every message about an input it cannot read
+ACCEPTED_INPUTS = (
+    "a string, a list of strings, token ids (an integer tensor [pos] or [batch, pos], a list of "
+    "token ids, or a list of token-id lists), or a Corpus from cw_lens.load_corpus() (or a list "
+    "of Documents)"
+)
+TOKENS_CORPUS = "token ids"  # the name of a corpus made of token ids handed in
+
+
+def unreadable_input(inputs: Any) -> InputError:
+    """The one error for an input no analysis reads: what was given, and what is read.
+
+    Args:
+        inputs: What was handed in.
+
+    Returns:
+        The [`InputError`][cw_lens.InputError] to raise.
+
+    Examples:
+        >>> print(unreadable_input([1.5, 2.0]))  # doctest: +ELLIPSIS
+        Expected a string, a list of strings, token ids (...; got a list containing float.
+    """
+    return InputError(f"Expected {ACCEPTED_INPUTS}; got {_describe(inputs)}.")
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
+def _describe(value: Any) -> str:
+    """`value` in words, for the error: "None", "a dict", "a list containing float", "a tensor
+    of dtype torch.float32", "a list containing list of float"."""
+    if value is None:
+        return "None"
+    if _is_array(value):
+        kind = "tensor" if _is_tensor(value) else "array"
+        return f"{_article(kind)} of dtype {value.dtype} (token ids are integers)"
+    if isinstance(value, (bytes, bytearray)):
+        return f"{_article(type(value).__name__)} object (decode it to a str)"
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        bad = [v for v in value if _row(v) is None and not isinstance(v, (str, Document))]
+        kinds = sorted({_element(v) for v in bad or value})
+        return f"{_article(type(value).__name__)} containing {' and '.join(kinds)}"
+    return _article(type(value).__name__)
+
+
+def _element(value: Any) -> str:
+    if _is_array(value):
+        integer = _integer_dtype(value)
+        return f"{value.ndim}-D tensor" if integer else f"tensor of dtype {value.dtype}"
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)) and value:
+        inner = sorted({_element(v) for v in value if not _is_id(v)} or {"int"})
+        return f"{type(value).__name__} of {' and '.join(inner)}"
+    return type(value).__name__
+
+
+def _is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _is_array(value: Any) -> bool:
+    return _is_tensor(value) or isinstance(value, np.ndarray)
+
+
+def _integer_dtype(value: Any) -> bool:
+    """Whether a tensor or array holds integers (not floats, complex numbers or bools)."""
+    if _is_tensor(value):
+        return not (
+            value.is_floating_point()
+            or value.is_complex()
+            or value.dtype == sys.modules["torch"].bool
         )
+    return value.dtype.kind in "iu"
+
+
+def _is_id(value: Any) -> bool:
+    """A token id: a Python or NumPy integer (a bool is not one)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _int_rows(value: Any) -> tuple[list[list[int]], tuple[int, int]] | None:
+    """The rows of an integer tensor or array (`[pos]`: one row) and its `[batch, pos]` shape,
+    or None for another dtype."""
+    if not _integer_dtype(value):
+        return None
+    shape = tuple(value.shape)
+    if len(shape) == 1:
+        shape = (1, shape[0])
+    elif len(shape) != 2:
+        raise InputError(f"Token ids must be [batch, pos] or [pos], got shape {shape}.")
+    if 0 in shape:
+        raise InputError("The token tensor is empty: there is no token to analyse.")
+    rows = (value.detach().cpu() if _is_tensor(value) else value).reshape(shape).tolist()
+    return rows, shape
+
+
+def _row(value: Any) -> list[int] | None:
+    """One document's token ids (a sequence of integers, or a 1-D integer tensor), else None."""
+    if _is_array(value):
+        if value.ndim != 1 or not _integer_dtype(value):
+            return None
+        return [int(v) for v in value.tolist()]
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
+        return None
+    if not all(_is_id(v) for v in value):
+        return None
+    return [int(v) for v in value]
+
+
+def _masked_rows(
+    rows: list[list[int]], shape: tuple[int, int], attention_mask: Any
+) -> list[list[int]]:
+    """Each row cut to its real tokens (left or right padding taken off)."""
+    import torch  # only with a mask, that is with a token tensor
+
+    mask = torch.as_tensor(attention_mask, device="cpu").detach().cpu()
+    if mask.ndim == 1:
+        mask = mask[None]
+    if tuple(mask.shape) != shape:
+        raise InputError(f"attention_mask has shape {tuple(mask.shape)} but tokens have {shape}.")
+    mask = mask.bool()
+    out = []
+    for i, row in enumerate(rows):
+        real = mask[i].nonzero().flatten()
+        if real.numel() == 0:
+            raise InputError(f"Row {i} of the batch is only padding (its mask is all zero).")
+        first, last = int(real[0]), int(real[-1])
+        if int(mask[i, first : last + 1].sum()) != last - first + 1:
+            raise InputError(
+                f"Row {i}'s attention_mask has a gap; only left or right padding is supported."
+            )
+        out.append(row[first : last + 1])
+    return out
+
+
+def _tokens_corpus(rows: list[list[int]], masked: bool) -> Corpus:
+    meta = {"source": TOKENS_CORPUS}
+    if masked:
+        meta["attention_mask"] = True
+    docs = [
+        Document("", tuple(r), meta={**meta, "row": i}, verbatim=True) for i, r in enumerate(rows)
+    ]
+    return Corpus(TOKENS_CORPUS, docs)
+
+
+def as_corpus(inputs: Any, *, attention_mask: Any = None) -> Corpus:
+    """What an analysis reads, as a [`Corpus`][cw_lens.Corpus]: the one place every input is
+    accepted or refused.
+
+    Read are: a string; a list of strings; token ids — an integer tensor (or NumPy array)
+    `[pos]` or `[batch, pos]`, a list of token ids (one document) or a list of token-id lists
+    (one document each; rows may differ in length); a `Corpus`; a list of
+    [`Document`][cw_lens.Document] (a list may mix strings, documents and token-id lists). Token
+    ids become documents with `verbatim=True`: the model reads them as given (with their BOS, if
+    any; `prepend_bos` does not apply), and `prepare_inputs` checks them against the model's
+    vocabulary. Anything else raises one [`InputError`][cw_lens.InputError] naming what was
+    given ("a list containing float") and listing what is read.
+
+    Args:
+        inputs: What the user handed in.
+        attention_mask: With a token tensor only: 1 at real tokens, 0 at padding (left or right);
+            each row is cut to its real tokens.
+
+    Returns:
+        The corpus (a `Corpus` handed in is returned as is).
+
+    Raises:
+        InputError: For an input of another kind, an empty one, a float tensor, or a mask that
+            does not fit the tokens.
+
+    Examples:
+        >>> from cw_lens.data.documents import as_corpus
+        >>> as_corpus(["one text", "another"]).texts
+        ['one text', 'another']
+        >>> [d.tokens for d in as_corpus([[5, 6, 7], [8, 9]])]
+        [(5, 6, 7), (8, 9)]
+        >>> as_corpus([5, 6, 7])[0].verbatim
+        True
+    """
+    if attention_mask is not None and not _is_array(inputs):
+        raise InputError(
+            "attention_mask is only accepted with a token-id tensor, not with text, lists or a "
+            "corpus (lists of token ids may differ in length: they need no padding)."
+        )
+    if isinstance(inputs, Corpus):
+        docs = inputs
+    elif isinstance(inputs, str):
+        if not inputs.strip():
+            raise InputError("The input text is empty: there is no token to analyse.")
+        docs = Corpus("text", [Document(inputs)])
+    elif _is_array(inputs):
+        found = _int_rows(inputs)
+        if found is None:
+            raise unreadable_input(inputs)
+        rows, shape = found
+        if attention_mask is not None:
+            rows = _masked_rows(rows, shape, attention_mask)
+        docs = _tokens_corpus(rows, attention_mask is not None)
+    elif isinstance(inputs, Sequence) and not isinstance(inputs, (bytes, bytearray)):
+        docs = _sequence_corpus(inputs)
+    else:
+        raise unreadable_input(inputs)
     if len(docs) == 0:
         raise InputError("The corpus is empty: pass at least one document.")
     for i, d in enumerate(docs):
         if not d.text.strip() and not d.tokens:
-            raise InputError(f"Document {i} of the corpus is empty (no text).")
+            what = "token ids" if d.verbatim else "text"
+            raise InputError(f"Document {i} of the corpus is empty (no {what}).")
     return docs
+
+
+def _sequence_corpus(inputs: Sequence) -> Corpus:
+    """A list (or tuple) of strings, documents and token-id lists, or one list of token ids."""
+    if inputs and all(_is_id(v) for v in inputs):  # one document of token ids
+        return _tokens_corpus([[int(v) for v in inputs]], False)
+    docs: list[Document] = []
+    for item in inputs:
+        if isinstance(item, Document):
+            docs.append(item)
+        elif isinstance(item, str):
+            docs.append(Document(item))
+        elif (row := _row(item)) is not None:
+            meta = {"source": TOKENS_CORPUS, "row": len(docs)}
+            docs.append(Document("", tuple(row), meta=meta, verbatim=True))
+        else:
+            raise unreadable_input(inputs)
+    if docs and all(d.verbatim for d in docs):
+        return Corpus(TOKENS_CORPUS, docs)
+    return Corpus("texts", docs)
 
 
 # --------------------------------------------------------------------------- prose windows
@@ -264,217 +442,3 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         return "none"
     probe = tokenizer("The quick brown fox, 1234!", add_special_tokens=False)["input_ids"]
     return f"{len(tokenizer)}:{','.join(map(str, probe))}"
-
-
-def windows(
-    text: str, tokenizer: Any, n_docs: int, max_tokens: int, seed: int, source: str
-) -> list[Document]:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    n_windows = len(ids) // max_tokens
-    if n_windows == 0:
-        raise InputError(
-            f"{source} has {len(ids)} tokens, fewer than max_tokens={max_tokens}; lower max_tokens."
-        )
-    if n_docs > n_windows:
-        raise InputError(
-            f"{source} holds only {n_windows} windows of {max_tokens} tokens but n_docs={n_docs} "
-            "were asked for; lower n_docs or max_tokens."
-        )
-    starts = sorted(random.Random(seed).sample(range(n_windows), n_docs))
-    docs = []
-    for w in starts:
-        window = ids[w * max_tokens : (w + 1) * max_tokens]
-        docs.append(
-            Document(
-                text=tokenizer.decode(window),
-                tokens=tuple(window),
-                meta={"source": source, "offset": w * max_tokens},
-            )
-        )
-    return docs
-
-
-def pydoc_text() -> str:
-    """The language-reference topics of `pydoc_data.topics`, sorted and joined."""
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[key] for key in sorted(topics))
-
-
-STDLIB_SKIP = {"idlelib", "tkinter", "turtledemo", "lib2to3", "site-packages", "dist-packages"}
-DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-
-
-@functools.lru_cache(maxsize=1)
-def stdlib_text(min_chars: int = 200) -> str:
-    """The docstrings longer than `min_chars` of the standard library's public modules and of
-    their public classes, functions and methods, parsed from the source files (never imported),
-    in sorted path order: the same text for one Python installation."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    parts = []
-    for path in sorted(root.rglob("*.py")):
-        *folders, name = path.relative_to(root).parts
-        if any(f in STDLIB_SKIP or f.startswith(("_", "test")) for f in folders):
-            continue
-        if name.startswith("test") or (name.startswith("_") and name != "__init__.py"):
-            continue
-        try:
-            tree = ast.parse(path.read_bytes())
-        except (SyntaxError, ValueError):  # a file for another Python version
-            continue
-        nodes = [tree] + [
-            n for n in ast.walk(tree) if isinstance(n, DEFINITIONS) and not n.name.startswith("_")
-        ]
-        parts += [d for n in nodes if (d := ast.get_docstring(n)) and len(d) > min_chars]
-    if not parts:
-        raise InputError(
-            f"No standard-library sources under {root} (a distribution without .py files?); "
-            "use the 'pydoc' corpus or a .txt file."
-        )
-    return "\n\n".join(parts)
-
-
-def pydoc_and_stdlib_text() -> str:
-    """`pydoc_text`, then `stdlib_text`."""
-    return pydoc_text() + "\n\n" + stdlib_text()
-
-
-# built-in prose corpora: name -> (the text, the source named in errors and document metadata)
-PROSE = {
-    "pydoc": (pydoc_text, "pydoc_data.topics"),
-    "stdlib": (stdlib_text, "stdlib docstrings"),
-    "pydoc+stdlib": (pydoc_and_stdlib_text, "pydoc_data.topics + stdlib docstrings"),
-}
-
-
-# --------------------------------------------------------------------------- task generators
-
-NAMES = (
-    "Mary John Alice Bob Sarah Tom James Emma Michael Lisa David Anna Paul Laura Mark Kate "
-    "Peter Jessica Daniel Rachel Steven Amy Kevin Susan Brian Linda George Helen Jack Nancy "
-    "Frank Karen Eric Julia Adam Rose Chris Jane Ryan Lucy"
-).split()
-PLACES = "store park school office hospital station restaurant garden library market".split()
-OBJECTS = "drink book ring bone kiss computer basketball snack necklace letter".split()
-IOI_TEMPLATES = (
-    "When {A} and {B} went to the {P}, {B} gave a {O} to",
-    "When {A} and {B} got a {O} at the {P}, {B} decided to give it to",
-    "After {A} and {B} went to the {P}, {B} gave a {O} to",
-    "While {A} and {B} were working at the {P}, {B} gave a {O} to",
-    "Friends {A} and {B} found a {O} at the {P}. {B} gave it to",
-    "{A} and {B} were at the {P}. {B} handed the {O} to",
-    "Then, {A} and {B} went to the {P}. {B} gave a {O} to",
-    "The {P} was busy when {A} and {B} arrived. {B} passed the {O} to",
-    "After the meeting at the {P}, {A} and {B} talked. {B} gave the {O} to",
-    "When {A} and {B} visited the {P}, {B} brought a {O} for",
-)
-ITEMS = "apples pencils books cookies stickers marbles coins cards shells flowers".split()
-
-
-def ioi_items(n: int, seed: int = 0) -> list[Document]:
-    """Indirect-object sentences; the answer is the indirect object (the name said once)."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        a, b = rng.sample(NAMES, 2)
-        template = rng.randrange(len(IOI_TEMPLATES))
-        text = IOI_TEMPLATES[template].format(A=a, B=b, P=rng.choice(PLACES), O=rng.choice(OBJECTS))
-        docs.append(
-            Document(text, answer=" " + a, meta={"task": "ioi", "template": template, "subject": b})
-        )
-    return docs
-
-
-def _arithmetic_item(rng: random.Random) -> tuple[str, int, str]:
-    """One word problem whose last sentence sets up the equation the model must finish."""
-    name = rng.choice(NAMES)
-    item = rng.choice(ITEMS)
-    kind = rng.randrange(4)
-    if kind == 0:
-        a, b = rng.randint(2, 9), rng.randint(2, 9)
-        text = f"{name} has {a} {item} and buys {b} more, so {name} has {a} + {b} ="
-        return text, a + b, "add"
-    if kind == 1:
-        a = rng.randint(5, 15)
-        b = rng.randint(1, a - 1)
-        text = f"{name} had {a} {item} and gave {b} to a friend, so {name} has {a} - {b} ="
-        return text, a - b, "subtract"
-    if kind == 2:
-        a, b = rng.randint(2, 6), rng.randint(2, 5)
-        text = f"A box holds {a} {item}, so {b} boxes hold {b} * {a} ="
-        return text, a * b, "multiply"
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    text = f"There are {a} {item} on the table and {b} in the bag, so there are {a} + {b} ="
-    return text, a + b, "add"
-
-
-def arithmetic_items(n: int, seed: int = 0) -> list[Document]:
-    """GSM8K-style one-step word problems; the answer is the number that ends the equation."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        text, value, op = _arithmetic_item(rng)
-        docs.append(Document(text, answer=f" {value}", meta={"task": "arithmetic", "op": op}))
-    return docs
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def tokenised(docs: list[Document], tokenizer: Any) -> list[Document]:
-    if tokenizer is None:
-        return docs
-    out = []
-    for d in docs:
-        if d.tokens is not None:
-            out.append(d)
-            continue
-        ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]
-        out.append(Document(d.text, tuple(ids), d.answer, d.meta))
-    return out
-
-
-def read_jsonl(path: Path) -> list[Document]:
-    docs = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}:{line_no} is not valid JSON ({exc}).") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise InputError(f'{path}:{line_no} needs a string "text" field.')
-            answer = row.get("answer")
-            meta = {k: v for k, v in row.items() if k not in ("text", "answer")}
-            docs.append(
-                Document(row["text"], answer=None if answer is None else str(answer), meta=meta)
-            )
-    return docs
-
-
-def hf_text(spec: str, n_chars: int) -> str:
-    parts = spec.split(":")
-    name = parts[0]
-    config = parts[1] if len(parts) > 1 and parts[1] else None
-    split = parts[2] if len(parts) > 2 else "train"
-    try:
-        import datasets
-
-        stream = datasets.load_dataset(name, config, split=split, streaming=True)
-    except Exception as exc:
-        raise InputError(
-            f"Could not open the Hugging Face dataset {spec!r} ({type(exc).__name__}: {exc}). "
-            "This needs internet access (unset HF_HUB_OFFLINE); offline, use the default corpus "
-            "or a local .txt/.jsonl file."
-        ) from None
-    chunks, total = [], 0
-    for row in stream:
-        text = row.get("text") or ""
-        if text.strip():
-            chunks.append(text)
-            total += len(text)
-        if total >= n_chars:
-            break
-    return "\n\n".join(chunks)

@@ -6,11 +6,16 @@ empty text, over-long input and padding without an attention mask, and the same 
 - strings are tokenised with the model's tokenizer, BOS prepended when `prepend_bos=True`
   (the TransformerLens default), and **right-padded**, so position 0 is the first token (the
   sink) in every row and padded positions sit at the end;
-- a token tensor is used as given; with an `attention_mask` its rows are re-aligned to the same
-  right-padded layout (left padding is moved to the end; positions then count from each row's
-  first real token, and the model sees identical position ids);
-- a token tensor whose rows begin or end with the pad token and that comes without a mask is
-  rejected: we cannot tell padding from text.
+- token ids (a tensor, a list of ids or of id lists: `as_corpus` makes them documents with
+  `verbatim=True`) are used as given, BOS included only where they hold it; with an
+  `attention_mask` a tensor's rows are re-aligned to the same right-padded layout (left padding
+  is moved to the end; positions then count from each row's first real token, and the model
+  sees identical position ids);
+- token ids outside the model's vocabulary are rejected, and so are rows that begin or end
+  with the pad token without a mask: we cannot tell padding from text.
+
+Every kind of input goes through `cw_lens.data.documents.as_corpus` first, so an input of
+another kind gets one message from every analysis.
 """
 
 from __future__ import annotations
@@ -114,58 +119,33 @@ def _check_length(model: Any, rows: list[list[int]]) -> None:
             )
 
 
-def _from_tensor(
-    model: Any, tokens: torch.Tensor, attention_mask: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    if tokens.is_floating_point() or tokens.dtype == torch.bool:
-        raise InputError(f"Token ids must be an integer tensor, got dtype {tokens.dtype}.")
-    if tokens.ndim == 1:
-        tokens = tokens[None]
-    if tokens.ndim != 2:
-        raise InputError(f"Token ids must be [batch, pos], got shape {tuple(tokens.shape)}.")
-    if tokens.shape[1] == 0 or tokens.shape[0] == 0:
-        raise InputError("The token tensor is empty: there is no token to analyse.")
+def _check_token_ids(model: Any, corpus: Corpus, rows: list[list[int]], masked: bool) -> None:
+    """Token ids handed in (`Document.verbatim`) lie in the model's vocabulary, and without an
+    attention mask no row begins or ends with the pad token (padding cannot be told from text)."""
+    given = [r for d, r in zip(corpus, rows, strict=True) if d.verbatim and r]
+    if not given:
+        return
     vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
-    if vocab and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+    low, high = min(min(r) for r in given), max(max(r) for r in given)
+    if vocab and (low < 0 or high >= vocab):
         raise InputError(
-            f"Token ids must lie in [0, {vocab}) for this model; got ids from {int(tokens.min())} "
-            f"to {int(tokens.max())}. Were they made with another tokenizer?"
+            f"Token ids must lie in [0, {vocab}) for this model; got ids from {low} to {high}. "
+            "Were they made with another tokenizer?"
         )
-    tokens = tokens.detach().cpu().long()
-    if attention_mask is None:
-        tok = model.tokenizer
-        pad = None if tok is None else tok.pad_token_id
-        bos_id, _ = _bos(model)
-        if pad is not None and pad != bos_id:
-            edges = torch.cat([tokens[:, :1], tokens[:, -1:]], dim=1)
-            if bool((edges == pad).any()):
-                raise InputError(
-                    f"The token tensor has pad tokens (id {pad}) at the start or end of a row "
-                    "but no attention_mask was given, so padding cannot be told from text. Pass "
-                    "attention_mask=(1 for real tokens, 0 for padding), or pass the texts as a "
-                    "list of strings and cw_lens pads them for you."
-                )
-        return tokens, torch.ones_like(tokens, dtype=torch.bool)
-    mask = torch.as_tensor(attention_mask, device="cpu").detach().cpu()
-    if mask.ndim == 1:
-        mask = mask[None]
-    if mask.shape != tokens.shape:
-        raise InputError(
-            f"attention_mask has shape {tuple(mask.shape)} but tokens have {tuple(tokens.shape)}."
-        )
-    mask = mask.bool()
-    rows = []
-    for i in range(tokens.shape[0]):
-        real = mask[i].nonzero().flatten()
-        if real.numel() == 0:
-            raise InputError(f"Row {i} of the batch is only padding (its mask is all zero).")
-        first, last = int(real[0]), int(real[-1])
-        if int(mask[i, first : last + 1].sum()) != last - first + 1:
+    tok = model.tokenizer
+    pad = None if tok is None else tok.pad_token_id
+    bos_id, _ = _bos(model)
+    if masked or pad is None or pad == bos_id:
+        return
+    for d, r in zip(corpus, rows, strict=True):
+        if d.verbatim and r and not d.meta.get("attention_mask") and pad in (r[0], r[-1]):
             raise InputError(
-                f"Row {i}'s attention_mask has a gap; only left or right padding is supported."
+                f"The token ids have pad tokens (id {pad}) at the start or end of a row but no "
+                "attention_mask was given, so padding cannot be told from text. Pass "
+                "attention_mask=(1 for real tokens, 0 for padding), or the rows without their "
+                "padding as a list of token-id lists, or the texts as a list of strings and "
+                "cw_lens pads them for you."
             )
-        rows.append(tokens[i, first : last + 1].tolist())
-    return _pad_rows(rows, _pad_id(model))
 
 
 def prepare_inputs(
@@ -179,33 +159,64 @@ def prepare_inputs(
 
     Args:
         model: The `TransformerBridge`.
-        inputs: A string, a list of strings or [`Document`][cw_lens.Document], a
-            [`Corpus`][cw_lens.Corpus], or token ids `[batch, pos]`.
-        prepend_bos: Prepend the tokenizer's BOS token to text (ignored for token tensors).
-        attention_mask: For token tensors only: 1 at real tokens, 0 at padding.
+        inputs: Anything [`as_corpus`][cw_lens.data.documents.as_corpus] reads: a string, a list
+            of strings, token ids (an integer tensor `[pos]` or `[batch, pos]`, a list of token
+            ids or of token-id lists), a [`Corpus`][cw_lens.Corpus] or a list of
+            [`Document`][cw_lens.Document].
+        prepend_bos: Prepend the tokenizer's BOS token to text (token ids are read as given).
+        attention_mask: For a token tensor only: 1 at real tokens, 0 at padding.
+
+    Returns:
+        The batch: right-padded token ids, their mask, and whether every row starts with BOS.
     """
     check_model(model)  # a name such as "gpt2" is not a model: say how to load it
-    _, bos_token = _bos(model)
-    if isinstance(inputs, torch.Tensor):
-        tokens, mask = _from_tensor(model, inputs, attention_mask)
-        rows = [tokens[i, : int(mask[i].sum())].tolist() for i in range(tokens.shape[0])]
-        _check_length(model, rows)
-        bos_id, _ = _bos(model)
-        starts_with_bos = bos_id is not None and bool((tokens[:, 0] == bos_id).all())
-        return TokenBatch(tokens, mask, starts_with_bos, bos_token, list(range(len(rows))))
-    if attention_mask is not None:
-        raise InputError("attention_mask is only accepted with token-id tensors, not with text.")
-    corpus = as_corpus(inputs)
+    bos_id, bos_token = _bos(model)
+    corpus = as_corpus(inputs, attention_mask=attention_mask)
     check_windows_match(corpus, model)
-    rows = [_doc_ids(model, d, prepend_bos, corpus) for d in corpus]
+    rows = [
+        list(d.tokens) if d.verbatim else _doc_ids(model, d, prepend_bos, corpus) for d in corpus
+    ]
+    _check_token_ids(model, corpus, rows, attention_mask is not None)
+    text_bos = bool(prepend_bos and bos_token is not None)
     for i, (d, r) in enumerate(zip(corpus, rows, strict=False)):
-        if not d.text.strip() or len(r) <= int(prepend_bos and bos_token is not None):
+        if not d.verbatim and (not d.text.strip() or len(r) <= int(text_bos)):
             raise InputError(f"Input {i} is empty text: there is no token to analyse.")
     _check_length(model, rows)
     tokens, mask = _pad_rows(rows, _pad_id(model))
-    return TokenBatch(
-        tokens, mask, bool(prepend_bos and bos_token is not None), bos_token, list(range(len(rows)))
+    # position 0 is BOS: in text rows when BOS was prepended, in token-id rows where they hold it
+    starts_with_bos = all(
+        (bos_id is not None and r[0] == bos_id) if d.verbatim else text_bos
+        for d, r in zip(corpus, rows, strict=True)
     )
+    return TokenBatch(tokens, mask, starts_with_bos, bos_token, list(range(len(rows))))
+
+
+def one_text(name: str, n_documents: int, hint: str = "") -> None:
+    """Refuse more than one document where an analysis reads one text; one message for all.
+
+    Args:
+        name: The analysis (`"routes"`).
+        n_documents: How many documents its input holds.
+        hint: Said after the fix (`" (for IOI items: ioi_route_statistics)"`).
+
+    Raises:
+        InputError: with more than one document.
+
+    Examples:
+        >>> from cw_lens.core.errors import InputError
+        >>> from cw_lens.data.inputs import one_text
+        >>> one_text("routes", 1)
+        >>> try:
+        ...     one_text("routes", 2)
+        ... except InputError as error:
+        ...     print(str(error).split(". ")[0])
+        routes reads one text; got 2 documents
+    """
+    if n_documents != 1:
+        raise InputError(
+            f"{name} reads one text; got {n_documents} documents. Pass one string or one row of "
+            f"token ids, or loop over the documents{hint}."
+        )
 
 
 def iter_batches(batch: TokenBatch, batch_size: int | None) -> Iterator[TokenBatch]:

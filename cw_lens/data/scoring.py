@@ -73,10 +73,53 @@ def answer_scores(
     return AnswerScores(logprob, correct)
 
 
-def keep_correct(model: Any, documents: Sequence[Document], limit: int) -> list[Document]:
-    """The first `limit` items the model answers correctly (in order)."""
-    scores = answer_scores(model, documents)
-    return [d for d, ok in zip(documents, scores.correct.tolist(), strict=False) if ok][:limit]
+# Items scored per forward pass while looking for correctly answered ones: each chunk of
+# consecutive items is its own batch, so whether an item is kept never depends on how many
+# items were drawn or when the search stopped.
+CORRECT_CHUNK = 16
+
+
+def keep_correct(
+    model: Any,
+    documents: Sequence[Document],
+    limit: int,
+    *,
+    progress: bool = True,
+    label: str = "items",
+) -> list[Document]:
+    """The first `limit` items the model answers correctly (in order).
+
+    Items are scored `CORRECT_CHUNK` at a time (one forward pass each), and scoring stops as
+    soon as `limit` are found: at best `limit / CORRECT_CHUNK` passes when the model answers
+    most items, at worst one pass per chunk of `documents`.
+
+    Args:
+        model: The model that answers.
+        documents: Candidate task items, in the order they are preferred.
+        limit: How many correctly answered items to keep.
+        progress: Show a progress bar of the items found (with the items scored so far).
+        label: What the items are, for the progress bar.
+
+    Returns:
+        At most `limit` items, in their order in `documents`.
+    """
+    from tqdm.auto import tqdm
+
+    kept: list[Document] = []
+    with tqdm(
+        total=limit, desc=f"{label} answered correctly", disable=not progress, leave=False
+    ) as bar:
+        for start in range(0, len(documents), CORRECT_CHUNK):
+            chunk = documents[start : start + CORRECT_CHUNK]
+            scores = answer_scores(model, chunk, batch_size=CORRECT_CHUNK)
+            found = [d for d, ok in zip(chunk, scores.correct.tolist(), strict=True) if ok]
+            found = found[: limit - len(kept)]
+            kept += found
+            bar.update(len(found))
+            bar.set_postfix_str(f"{start + len(chunk)} of {len(documents)} scored")
+            if len(kept) >= limit:
+                break
+    return kept
 
 
 # The per-document record of `corpus_nll` (`per_document=True`): each document's NLL sum and

@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.data.distributed import current_shard, merge_across_ranks
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.models.access import Model
@@ -172,6 +173,7 @@ def run_batches(
         stats.count(batch)
 
 
+@check_keywords
 def stream_contributions(
     model: Model,
     inputs: Any,
@@ -198,7 +200,8 @@ def stream_contributions(
 
     Args:
         model: A `TransformerBridge`.
-        inputs: Text, a list of texts, a corpus, or token ids `[batch, pos]`.
+        inputs: A string, a list of strings, token ids (a tensor `[pos]` or `[batch, pos]`, or a
+            list of token-id lists, read as given) or a [`Corpus`][cw_lens.Corpus].
         consumer: Called once per (document batch, layer, query block).
         layers: Layers to analyse (`None` = all).
         heads: Query heads to analyse (`None` = all; negative indices count from the end:

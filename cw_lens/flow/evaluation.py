@@ -39,6 +39,7 @@ from torch import Tensor
 from cw_lens.analyses.faithfulness import rank_candidates
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.data.documents import Corpus, as_corpus
@@ -245,6 +246,7 @@ def _rankings(
     return ranks, valid
 
 
+@check_keywords
 def rollout_deletion(
     model: Model,
     corpus: Any,
@@ -491,6 +493,7 @@ def _item_row(g: Any, doc: int, text: str, target: int, io: int, subj: list[int]
     }
 
 
+@check_keywords
 def ioi_route_statistics(
     model: Model, corpus: Any, *, threshold: float = 0.02, batch_size: int | None = 16
 ) -> IOIRouteStatisticsResult:
@@ -519,7 +522,10 @@ def ioi_route_statistics(
     threshold = check_threshold(threshold)
     docs = as_corpus(corpus)
     if not all((d.meta or {}).get("task") == "ioi" for d in docs):
-        raise InputError("ioi_route_statistics needs IOI items: cw_lens.load_corpus('ioi', ...).")
+        raise InputError(
+            "ioi_route_statistics needs IOI items, which carry their answer and names (texts and "
+            "token ids do not): cw_lens.load_corpus('ioi', model=model)."
+        )
     prompts = Corpus(docs.name, [type(d)(d.text) for d in docs])
     batch = prepare_inputs(model, prompts)
     tokens = batch.str_tokens(model)

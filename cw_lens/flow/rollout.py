@@ -38,6 +38,7 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.deprecation import deprecated
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, resolve_row
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
@@ -272,6 +273,7 @@ def rollout_batches(
         yield sub, contribution, attention, got.pop("logits", None)
 
 
+@check_keywords
 def contribution_rollout(
     model: Model,
     inputs: Any,
@@ -285,7 +287,8 @@ def contribution_rollout(
 
     Args:
         model: A `TransformerBridge`.
-        inputs: A string, a list of strings, or token ids `[batch, pos]`.
+        inputs: A string, a list of strings, token ids (a tensor `[pos]` or `[batch, pos]`, or a
+            list of token-id lists, read as given) or a [`Corpus`][cw_lens.Corpus].
         prepend_bos: Prepend BOS to text.
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.
@@ -327,6 +330,7 @@ def contribution_rollout(
     )
 
 
+@check_keywords
 def attention_rollout(
     model: Model,
     inputs: Any,
@@ -346,7 +350,8 @@ def attention_rollout(
 
     Args:
         model: A TransformerLens model.
-        inputs: A string, a list of strings or token ids `[batch, pos]`.
+        inputs: A string, a list of strings, token ids (a tensor `[pos]` or `[batch, pos]`, or a
+            list of token-id lists, read as given) or a [`Corpus`][cw_lens.Corpus].
         prepend_bos: Prepend BOS to text.
         attention_mask: For token tensors with padding.
         batch_size: Texts per forward pass.

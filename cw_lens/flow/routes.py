@@ -32,9 +32,10 @@ from torch import Tensor
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
-from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.inputs import one_text, prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
 from cw_lens.models.access import Model
 from cw_lens.models.verify import require_flow
@@ -465,6 +466,7 @@ def check_threshold(threshold: float) -> float:
     return float(threshold)
 
 
+@check_keywords
 @renamed_kwargs(text="inputs")
 @keyword_only("target", "threshold")
 def routes(
@@ -480,7 +482,8 @@ def routes(
 
     Args:
         model: A `TransformerBridge`.
-        inputs: One string (or token ids `[1, pos]`); `text=` is its deprecated name.
+        inputs: One text: a string, or its token ids (`[pos]`, `[1, pos]`, a list of ids),
+            or a corpus of one document; `text=` is its deprecated name.
         target: The position whose final stream to explain (negative counts from the end).
         threshold: Keep edges whose share exceeds this (a fraction of the receiving stream).
         prepend_bos: Prepend BOS to text.
@@ -502,11 +505,7 @@ def routes(
     require_flow(model)
     threshold = check_threshold(threshold)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
-    if batch.tokens.shape[0] != 1:
-        raise InputError(
-            f"routes explains one text; got {batch.tokens.shape[0]}. Loop over the texts, or "
-            "use ioi_route_statistics for task items."
-        )
+    one_text("routes", batch.tokens.shape[0], " (for IOI items: ioi_route_statistics)")
     n = int(batch.lengths[0])
     if isinstance(target, bool) or not isinstance(target, int) or not -n <= target < n:
         raise InputError(f"target must be a position in {-n}..{n - 1}, got {target!r}.")

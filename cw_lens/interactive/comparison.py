@@ -26,10 +26,7 @@ The public functions' docstrings have runnable examples.
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,18 +41,20 @@ from cw_lens.analyses.contributions import (
     check_result_memory,
     contribution_weights,
 )
-from cw_lens.analyses.sinks import SinkSpec, cone_axis, norm_and_cone, queries_after_sink
+from cw_lens.analyses.sinks import SinkSpec
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
-from cw_lens.data.inputs import TokenBatch, prepare_inputs
+from cw_lens.data.inputs import TokenBatch, one_text, prepare_inputs
 from cw_lens.data.scoring import token_nll
+from cw_lens.interactive.cone_means import _ConeMeans
+from cw_lens.interactive.deprecations import _k_first
 from cw_lens.interactive.resume import CleanStream, ResumePlan
 from cw_lens.models.access import Model, resolve_heads, resolve_layers
 from cw_lens.models.edits import HookSet
 from cw_lens.models.interventions import patch_sink
-from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
 @saveable
@@ -267,35 +266,6 @@ class SinkRun:
         return float(self.nll.mean())
 
 
-class _ConeMeans:
-    """Per (layer, head): sums of `||o_i^h||` and `cos(o_i^h, u^h)` over counted queries."""
-
-    def __init__(self, layers: list[int], n_heads: int, sinks: SinkSpec) -> None:
-        self.index = {layer: i for i, layer in enumerate(layers)}
-        self.sinks = sinks
-        self.sums = torch.zeros(3, len(layers), n_heads, dtype=torch.float64, device="cpu")
-
-    def __call__(self, lc: LayerContributionsResult) -> None:
-        if lc.layer not in self.index:
-            return
-        acts = lc.acts
-        sink_full = self.sinks.mask(lc.batch, acts.pattern.device)
-        z = acts.z[:, lc.queries]
-        axis = cone_axis(acts, sink_full)[:, None].expand(-1, z.shape[1], -1, -1)
-        norm, cos, defined = norm_and_cone(z, axis, acts.weights.gram)  # [b, h, q]
-        ok = defined & queries_after_sink(lc, sink_full)[:, None, :]
-        li = self.index[lc.layer]
-        self.sums[0, li] += torch.where(ok, norm, 0.0).sum((0, 2)).double().cpu()
-        self.sums[1, li] += torch.where(ok, cos, 0.0).sum((0, 2)).double().cpu()
-        self.sums[2, li] += ok.sum((0, 2)).double().cpu()
-
-    def means(self) -> tuple[Tensor, Tensor]:
-        count = self.sums[2]
-        norm = torch.where(count > 0, self.sums[0] / count.clamp_min(1), math.nan)
-        cone = torch.where(count > 0, self.sums[1] / count.clamp_min(1), math.nan)
-        return norm.float(), cone.float()
-
-
 def run_text(
     model: Any,
     batch: TokenBatch,
@@ -355,25 +325,6 @@ def run_text(
     norm, cos = cone.means()
     sink_tuple = tuple(sorted({int(p) for p in sinks}))
     return SinkRun(weights, ids.cpu(), probs.cpu(), nll.cpu(), cone_list, norm, cos, sink_tuple)
-
-
-def _k_first(top: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
-    """`SinkPatchComparisonResult.top(n)` read `n` as the position until 0.3.3; now `n` is
-    `k`, as in every result's `top`: a positional argument warns (FutureWarning)."""
-
-    @functools.wraps(top)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> pd.DataFrame:
-        if args:
-            warnings.warn(
-                "SinkPatchComparisonResult.top(n) reads n as k, the number of next tokens, as "
-                "every result's top() does (until 0.3.3 it was the position): pass k=... or "
-                "position=... by keyword.",
-                FutureWarning,
-                stacklevel=2,
-            )
-        return top(self, *args, **kwargs)
-
-    return wrapper
 
 
 @saveable
@@ -497,6 +448,7 @@ def token_strings(model: Any, ids: Tensor) -> dict[int, str]:
     return {i: (str(i) if tok is None else tok.decode([i])) for i in unique}
 
 
+@check_keywords
 @renamed_kwargs(text="inputs")
 def compare_sink_patch(
     model: Model,
@@ -552,8 +504,7 @@ def compare_sink_patch(
         ```
     """
     batch = prepare_inputs(model, inputs)
-    if batch.tokens.shape[0] != 1:
-        raise InputError("compare_sink_patch takes one text (a string).")
+    one_text("compare_sink_patch", batch.tokens.shape[0])
     first, last = PatchControls._layer_range(model, layers)
     view = range(first, last + 1) if view_layers is None else resolve_layers(model, view_layers)
     runs = 2 if clean is None else 1  # before any pass (the controls' checks verify the model)

@@ -36,6 +36,9 @@ except ImportError as err:  # pragma: no cover - the optional extra is missing
 
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import CwLensError, InputError
+from cw_lens.core.keywords import check_keywords
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import one_text
 from cw_lens.interactive.comparison import PatchControls, SinkRun
 from cw_lens.interactive.resume import CleanStream
 from cw_lens.interactive.view_state import clean_run, patch_state, sink_patch_html
@@ -174,6 +177,7 @@ class SinkPatcher(anywidget.AnyWidget):
         )
 
 
+@check_keywords(also=SinkPatcher.__init__)
 @renamed_kwargs(text="inputs")
 def sink_patcher(model: Model, inputs: str, **kwargs: Any) -> SinkPatcher:
     """The live sink-patching widget; arguments as `SinkPatcher` (`inputs`: its one text;
@@ -181,7 +185,8 @@ def sink_patcher(model: Model, inputs: str, **kwargs: Any) -> SinkPatcher:
 
     Args:
         model: A TransformerLens model.
-        inputs: The one text (BOS is prepended: position 0 is the default sink).
+        inputs: The one text (BOS is prepended: position 0 is the default sink), or its token
+            ids (`[pos]`, `[1, pos]`, a list of ids: read as given).
         **kwargs: The controls and the view of `cw_lens.interactive.widget.SinkPatcher`:
             `layers`, `heads`, `scale`, `mode`, `sink_positions`, `layer`, `head`, `query`, `kind`,
             `top_k`, ...
@@ -198,4 +203,5 @@ def sink_patcher(model: Model, inputs: str, **kwargs: Any) -> SinkPatcher:
         widget = cw_lens.sink_patcher(model, "The cat sat on the mat.")
         ```
     """
+    one_text("sink_patcher", len(as_corpus(inputs)))
     return SinkPatcher(model, inputs, **kwargs)

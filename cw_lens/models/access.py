@@ -28,7 +28,6 @@ The public functions' docstrings have runnable examples.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,19 +35,22 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 
 if TYPE_CHECKING:
     from transformer_lens import HookedTransformer
     from transformer_lens.model_bridge import TransformerBridge
 
-import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
 from cw_lens.core.geometry import head_gram
+from cw_lens.models.arguments import Api, api_of, check_model
+from cw_lens.models.arguments import resolve_heads as resolve_heads
+from cw_lens.models.arguments import resolve_layers as resolve_layers
 from cw_lens.models.offload import (
     execution_device,
     read_weights,
@@ -67,8 +69,6 @@ HOOK_TEMPLATES = {
 }
 # the hooks contribution weights read
 ATTENTION_HOOKS = ("pattern", "values", "z")
-
-Api = Literal["bridge", "hooked"]
 
 Model: TypeAlias = "TransformerBridge | HookedTransformer"
 """A TransformerLens model: a `TransformerBridge` (TransformerLens 3.x, 4.x) or a
@@ -115,6 +115,7 @@ def hook_name(kind: str, layer: int) -> str:
         ) from None
 
 
+@check_keywords
 def cache_names(layers: int | Sequence[int]) -> list[str]:
     """The hook names contribution weights read, for `run_with_cache(names_filter=...)`.
 
@@ -136,25 +137,6 @@ def cache_names(layers: int | Sequence[int]) -> list[str]:
     """
     layers = [layers] if isinstance(layers, int) else list(layers)
     return [hook_name(kind, layer) for layer in layers for kind in ATTENTION_HOOKS]
-
-
-def api_of(model: Any) -> Api | None:
-    """`"bridge"` for a `TransformerBridge`, `"hooked"` for a `HookedTransformer`."""
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-
-        if isinstance(model, TransformerBridge):
-            return "bridge"
-    except ImportError:  # TransformerLens 2.x has no bridge
-        pass
-    try:
-        from transformer_lens import HookedTransformer
-
-        if isinstance(model, HookedTransformer):
-            return "hooked"
-    except ImportError:  # TransformerLens 4.x has no HookedTransformer
-        pass
-    return None
 
 
 @saveable
@@ -506,51 +488,6 @@ class ModelAccess:
 _ACCESS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_model(model: Any) -> None:
-    """Refuse a model name, `None` or another object where a loaded model is needed.
-
-    Every analysis reaches its model through `model_access` (and `verify_model`), which call
-    this first: a string such as `"gpt2"` is a name to load, not a model.
-
-    Args:
-        model: What was passed as the model.
-
-    Raises:
-        InputError: when `model` is a string, a path or `None`; the message shows the
-            `cw_lens.load_model(...)` call that loads it.
-        UnsupportedModelError: when `model` is neither a `TransformerBridge` nor a
-            `HookedTransformer`.
-
-    Examples:
-        >>> from cw_lens.core.errors import InputError
-        >>> from cw_lens.models.access import check_model
-        >>> try:
-        ...     check_model("gpt2")
-        ... except InputError as error:
-        ...     print(str(error).split(": ", 1)[1])
-        load it first: `model = cw_lens.load_model('gpt2')`, then pass `model`.
-    """
-    if model is None:
-        raise InputError(
-            "The model is None: load it first: `model = cw_lens.load_model()` (the embedded "
-            "SmolLM2-135M) or `model = cw_lens.load_model('gpt2')` (any name or path), then "
-            "pass `model`."
-        )
-    if isinstance(model, (str, os.PathLike)):
-        name = os.fspath(model)
-        raise InputError(
-            f"The model is the {'string' if isinstance(model, str) else 'path'} {name!r}, not a "
-            f"loaded model: load it first: `model = cw_lens.load_model({name!r})`, then pass "
-            "`model`."
-        )
-    if api_of(model) is None:
-        raise UnsupportedModelError(
-            f"cw_lens analyses TransformerLens models; got {type(model).__name__}. Load a "
-            "TransformerBridge with cw_lens.load_model(...) (or "
-            "TransformerBridge.boot_transformers(...)), or pass a HookedTransformer."
-        )
-
-
 def model_access(model: Any) -> ModelAccess:
     """The `ModelAccess` of `model` (one per model object, kept while it lives)."""
     if isinstance(model, ModelAccess):
@@ -576,74 +513,6 @@ def probe_tokens(access: ModelAccess, batch: int, length: int, seed: int = 0) ->
     if bos is not None and bos < vocab:
         tokens[:, 0] = bos
     return tokens.to(access.device)
-
-
-# ---------------------------------------------------------------------- index selections
-
-
-def _resolve_indices(values: Any, n: int, what: str, unit: str) -> list[int]:
-    """Normalise an index selection (`None` = all; negative counts from the end)."""
-    if values is None:
-        return list(range(n))
-    if isinstance(values, (int, np.integer)) or (
-        isinstance(values, torch.Tensor) and values.ndim == 0
-    ):
-        values = [values]
-    try:
-        values = list(values)
-    except TypeError:
-        raise InputError(
-            f"{what.capitalize()}s must be an integer or a list of integers, got {values!r}."
-        ) from None
-    out = []
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.ndim == 0:
-            value = value.item()
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise InputError(f"{what.capitalize()}s must be integers, got {value!r}.")
-        value = int(value)
-        if not -n <= value < n:
-            raise InputError(
-                f"{what.capitalize()} {value} is out of range: this model has {n} {unit} "
-                f"(0..{n - 1})."
-            )
-        out.append(value % n)
-    if not out:
-        raise InputError(f"The {what} selection is empty; pass {what}s=None for all {what}s.")
-    return sorted(set(out))
-
-
-def resolve_layers(model: Any, layers: Any) -> list[int]:
-    """Normalise a layer selection (`None` = all; negative indices count from the end)."""
-    check_model(model)
-    return _resolve_indices(layers, int(model.cfg.n_layers), "layer", "layers")
-
-
-def resolve_heads(model: Any, heads: Any) -> list[int]:
-    """Normalise a head selection like a layer selection.
-
-    Args:
-        model: The model (its `cfg.n_heads` query heads per layer).
-        heads: `None` (all query heads), one index or a list of them; a negative index
-            counts from the end, as in Python and as for `layers`: `-1` is the last head,
-            `n_heads - 1`.
-
-    Returns:
-        The sorted, de-duplicated head indices, each in `0 .. n_heads - 1`.
-
-    Raises:
-        InputError: for an index outside `-n_heads .. n_heads - 1`, a non-integer or an
-            empty list.
-
-    Examples:
-        >>> from cw_lens.models.access import resolve_heads
-        >>> from cw_lens.models.testing import tiny_llama
-        >>> model = tiny_llama()
-        >>> model.cfg.n_heads, resolve_heads(model, -1), resolve_heads(model, [0, -1])
-        (4, [3], [0, 3])
-    """
-    check_model(model)
-    return _resolve_indices(heads, int(model.cfg.n_heads), "head", "query heads per layer")
 
 
 def model_device(model: Any) -> torch.device:

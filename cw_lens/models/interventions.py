@@ -19,6 +19,7 @@ from torch import Tensor
 
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.models.access import Model, model_access, resolve_heads, resolve_layers
 from cw_lens.models.edits import (
     MAX_SINK_SCALE,
@@ -71,6 +72,7 @@ def _require(model: Any, intervention: str) -> None:
         )
 
 
+@check_keywords
 def patch_sink(
     model: Model,
     *,
@@ -137,6 +139,7 @@ def patch_sink(
     return realise(model, edits, f"patch_sink({mode}, scale={scale}, layers={list(plan)})")
 
 
+@check_keywords
 def remove_heads(model: Model, heads: Any) -> HookSet:
     """Zero the output (`hook_z`) of the given heads: `[(layer, head), ...]` or
     `{layer: [heads]}`.
@@ -181,6 +184,7 @@ def remove_heads(model: Model, heads: Any) -> HookSet:
     return head_removal_hooks(model, edits, f"remove_heads({len(pairs)} heads)")
 
 
+@check_keywords
 def mask_attention(model: Model, masks: dict[int, Tensor | Callable[[Tensor], Tensor]]) -> HookSet:
     """Set chosen attention probabilities to 0 (no renormalisation) in several layers at once.
 

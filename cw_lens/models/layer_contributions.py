@@ -20,7 +20,7 @@ The public functions' docstrings have runnable examples.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import LayerActivations
+from cw_lens.models.head_space import HeadSpaceReads
 
 Kind = Literal["intra", "inter"]
 KINDS = ("intra", "inter")
@@ -71,7 +72,7 @@ class Workspace:
 
 
 @saveable
-class LayerContributionsResult(Result):
+class LayerContributionsResult(HeadSpaceReads, Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
     Tensors are `[batch, head, query, key]` over the selected heads, the query rows
@@ -134,23 +135,6 @@ class LayerContributionsResult(Result):
     def query_positions(self) -> Int[Tensor, " query"]:
         return torch.arange(self.queries.start, self.queries.stop, device=self.acts.mask.device)
 
-    def _memo(self, key: Any, fn: Callable[[], Any]) -> Any:
-        if key not in self._cache:
-            self._cache[key] = fn()
-        return self._cache[key]
-
-    def _layer_memo(self, key: str, fn: Callable[[], Tensor]) -> Tensor:
-        if key not in self._shared:
-            self._shared[key] = fn()
-        return self._shared[key]
-
-    @cached_property
-    def _head_index(self) -> Tensor:
-        return torch.tensor(self.heads, device=self.acts.pattern.device)
-
-    def _sel(self, t: Tensor, axis: int = 1) -> Tensor:
-        return t if self._all_heads else t.index_select(axis, self._head_index)
-
     @cached_property
     def attention(self) -> Float[Tensor, "batch head query key"]:
         """`alpha[i,j]^h` (a view of `hook_pattern`; padded rows are not NaN here)."""
@@ -164,12 +148,6 @@ class LayerContributionsResult(Result):
     @cached_property
     def _padded(self) -> bool:
         return not bool(self.query_mask.all())
-
-    @cached_property
-    def _full_key_norms(self) -> Float[Tensor, "batch head key"]:
-        return self._layer_memo(
-            "pv_norm", lambda: geo.projected_value_norms(self.acts.values, self.acts.weights.gram)
-        )
 
     @property
     def layer_projected_value_norm(self) -> Float[Tensor, "batch head key"]:
@@ -186,22 +164,6 @@ class LayerContributionsResult(Result):
     def _inv_key_norm(self) -> Tensor:
         kn = self.projected_value_norm
         return torch.where(kn > 0, kn.reciprocal(), torch.zeros((), device=kn.device))
-
-    @cached_property
-    def _key_scale(self) -> Float[Tensor, "batch head query"]:
-        """`max_{j<=i} ||pv_j^h||` over all heads (for zero-norm detection)."""
-        full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
-        return full[..., self.queries]
-
-    @cached_property
-    def _z(self) -> Tensor:
-        return self.acts.z[:, self.queries]
-
-    @cached_property
-    def _z_gram(self) -> Float[Tensor, "batch head query d_head"]:
-        """`z_i^h G^h` for this block's rows, heads first (the layout of the grouped
-        products): the intra query side and `||o_i^h||^2`."""
-        return torch.matmul(self._z.transpose(1, 2), self.acts.weights.gram)
 
     @cached_property
     def head_output_norm(self) -> Float[Tensor, "batch head query"]:
@@ -316,22 +278,6 @@ class LayerContributionsResult(Result):
             t.masked_fill_(~self.query_mask[:, None, :, None], math.nan)
             t.tril_(diagonal=self.queries.start)
         return t
-
-    @cached_property
-    def _values_kv(self) -> Float[Tensor, "batch kv_head key d_head"]:
-        """The values with the key/value heads first, contiguous (once per layer): every
-        block's products read their keys as a transposed view, without a copy."""
-        return self._layer_memo("values_kv", lambda: self.acts.values.transpose(1, 2).contiguous())
-
-    def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
-        """`<query_side[b,h,i], v_j^{g(h)}>` for the selected heads and this block's keys
-        (`query_side` is `[batch, head, query, d_head]` over the selected heads)."""
-        values = self._values_kv[:, :, : self.keys.stop]
-        if self._all_heads:
-            return geo.grouped_scores_heads_first(query_side, values, out=out)
-        group = self.acts.n_heads // values.shape[1]
-        kv = torch.tensor([h // group for h in self.heads], device=values.device)
-        return torch.matmul(query_side, values.index_select(1, kv).transpose(-1, -2))
 
     def scaled_dots(self, kind: Kind = "intra") -> Float[Tensor, "batch head query key"]:
         """`<pv_j^h, o_i> / ||o_i||` = `||pv_j|| cos(pv_j, o_i)` with `o` per `kind`.

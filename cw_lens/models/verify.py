@@ -47,6 +47,7 @@ from torch import Tensor
 
 from cw_lens.core.errors import UnsupportedModelError
 from cw_lens.core.geometry import grouped_scores_values
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 from cw_lens.models.access import (
@@ -387,6 +388,7 @@ def _identity_problems(layers: pd.DataFrame, tol: float) -> list[str]:
 _VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+@check_keywords
 def verify_model(model: Model, *, force: bool = False) -> ModelVerificationResult:
     """Check that cw_lens's numbers are exact on `model` (see the module docstring).
 

@@ -1,6 +1,7 @@
 """The faithfulness run over a corpus ([`faithfulness`][cw_lens.faithfulness]): clean ranks, the
-removal passes, their curves and AOPC, its claim and its result class
-([`FaithfulnessResult`][cw_lens.FaithfulnessResult]).
+removal passes, their curves and AOPC, and its result class
+([`FaithfulnessResult`][cw_lens.FaithfulnessResult]); its claim is judged in
+`cw_lens.analyses.faithfulness.claims`, its sums kept in `cw_lens.analyses.faithfulness.outcomes`.
 
 The protocol, its formulas, citations and a runnable example are in the package docstring,
 `cw_lens.analyses.faithfulness`.
@@ -8,17 +9,17 @@ The protocol, its formulas, citations and a runnable example are in the package 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pandas as pd
-import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from cw_lens.analyses.faithfulness.claims import faithfulness_claim
+from cw_lens.analyses.faithfulness.outcomes import _Outcomes
 from cw_lens.analyses.faithfulness.ranking import (
     ALL_METRICS,
     FRACTIONS,
@@ -27,18 +28,18 @@ from cw_lens.analyses.faithfulness.ranking import (
     Ranks,
     random_draw_names,
 )
-from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.claims import claims_dict, with_intervals
 from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard, merge_across_ranks
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
-from cw_lens.data.scoring import run_logits, score_answers, token_nll
+from cw_lens.data.scoring import run_logits
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
 from cw_lens.models.layer_contributions import METRICS
@@ -305,92 +306,7 @@ def _random_columns(aopc: pd.DataFrame) -> pd.DataFrame:
     return aopc[[m for m in aopc.columns if m.startswith("random")]]
 
 
-def faithfulness_claim(aopc: pd.DataFrame, value: str, clean: dict[str, float]) -> Claim:
-    """`faithfulness_order` as methods § Claims (docs/methods.md#claims) reads it, from an AOPC
-    table (rows `(granularity, mode)`, columns metrics;
-    [`FaithfulnessResult.aopc`][cw_lens.FaithfulnessResult.aopc]): at
-    pairs granularity the comprehensiveness AOPC strictly increases along `METRICS` (each step's
-    difference > 0 is a number) and contribution has the lowest sufficiency AOPC of the four (the
-    number: the smallest of the other three minus contribution's, > 0). Other granularities are
-    reported.
-    """
-    needed = [("pairs", mode) for mode in MODES]
-    missing = [m for m in METRICS if m not in aopc.columns]
-    if missing or any(row not in aopc.index for row in needed):
-        raise InputError(
-            "faithfulness_order is judged at pairs granularity on both modes with the metrics "
-            f"{', '.join(METRICS)}; this result lacks some (metrics {list(aopc.columns)}, rows "
-            f"{list(aopc.index)}). Run faithfulness with the defaults."
-        )
-    comp = aopc.loc[("pairs", "comprehensiveness"), list(METRICS)]
-    suff = aopc.loc[("pairs", "sufficiency"), list(METRICS)]
-    others = [m for m in METRICS if m != "contribution"]
-    checks = [
-        Check(f"comprehensiveness_{b}_minus_{a}", float(comp[b] - comp[a]), ">", 0.0)
-        for a, b in itertools.pairwise(METRICS)
-    ]
-    checks.append(
-        Check(
-            "sufficiency_lowest_other_minus_contribution",
-            float(suff[others].min() - suff["contribution"]),
-            ">",
-            0.0,
-        )
-    )
-    measured: dict[str, Any] = {}
-    for g in aopc.index.get_level_values("granularity").unique():
-        for mode in MODES:
-            if (g, mode) in aopc.index:
-                measured[f"aopc_{mode}_{g}"] = aopc.loc[(g, mode)].to_dict()
-    measured["most_faithful_comprehensiveness_pairs"] = str(comp.idxmax())
-    measured["lowest_sufficiency_pairs"] = str(suff.idxmin())
-    measured["value"] = value
-    measured["clean"] = clean
-    return Claim(
-        "faithfulness_order",
-        paper="contribution most faithful: comprehensiveness attention < value_norm < "
-        "value_norm_output < contribution; contribution best on sufficiency (P1)",
-        criterion="pairs granularity: strict AOPC comprehensiveness order attention < "
-        "value_norm < value_norm_output < contribution, and contribution lowest on sufficiency",
-        checks=checks,
-        measured=measured,
-    )
-
-
-class _Outcomes:
-    """Exact NLL / answer sums for the clean run and every configuration (and, opt-in, each
-    document's own, for bootstrap intervals)."""
-
-    def __init__(self, names: list[str] | None = None, n_documents: int = 0) -> None:
-        self.sums = ExactSums()
-        self.tokens = 0
-        self.per_doc = None if names is None else PerDocument(names, n_documents)
-
-    def merge(self, other: _Outcomes) -> None:
-        self.sums.merge(other.sums)
-        self.tokens += other.tokens
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
-    def _add(self, docs: list[int], name: str, values: Tensor) -> None:
-        self.sums.add_rows(docs, name, values)
-        if self.per_doc is not None and name in self.per_doc.names:
-            self.per_doc.add_rows(docs, name, values)
-
-    def record(
-        self, tag: str, batch: TokenBatch, logits: Tensor, docs: list[int], spans: list | None
-    ) -> None:
-        if spans is None:
-            nll = token_nll(logits, batch.tokens, batch.mask)
-            self._add(docs, f"nll|{tag}", nll.nansum(-1))
-            self._add(docs, f"count|{tag}", (~nll.isnan()).sum(-1))
-        else:
-            scores = score_answers(logits, batch.tokens, spans)
-            self._add(docs, f"logprob|{tag}", scores.logprob)
-            self._add(docs, f"correct|{tag}", scores.correct.double())
-            self._add(docs, f"count|{tag}", torch.ones(len(docs), device="cpu"))
-
-
+@check_keywords
 @renamed_kwargs(random_draws="n_random")
 def faithfulness(
     model: Model,

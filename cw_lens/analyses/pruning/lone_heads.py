@@ -19,6 +19,7 @@ from cw_lens.analyses.common import check_count
 from cw_lens.analyses.pruning.orders import Head
 from cw_lens.core.deprecation import keyword_only, renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.data.documents import Corpus, as_corpus
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.scoring import token_nll
@@ -74,6 +75,7 @@ def row_removal(
     ]
 
 
+@check_keywords
 @renamed_kwargs(n_tokens="max_tokens")
 @keyword_only("heads")
 def lone_head_costs(

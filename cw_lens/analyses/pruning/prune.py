@@ -1,6 +1,7 @@
 """Structured head pruning over a corpus ([`prune_heads`][cw_lens.prune_heads]): ΔPPL of each order
-at each retention level, the lone-head costs, its claim and its result class
-([`PruningResult`][cw_lens.PruningResult]).
+at each retention level, the lone-head costs and its result class
+([`PruningResult`][cw_lens.PruningResult]); its passes run in `cw_lens.analyses.pruning.passes`, its
+claim is judged in `cw_lens.analyses.pruning.claims`.
 
 The orders, formulas, citation and a runnable example are in the package docstring,
 `cw_lens.analyses.pruning`.
@@ -15,39 +16,31 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from cw_lens.analyses.common import check_count, check_sinks
+from cw_lens.analyses.pruning.claims import AGGRESSIVE as AGGRESSIVE  # re-exported
+from cw_lens.analyses.pruning.claims import MIN_RANDOM_DRAWS, MODERATE, pruning_claim
 from cw_lens.analyses.pruning.lone_heads import (
     check_lone_heads,
     lone_head_batch,
     lone_head_costs,
-    row_removal,
 )
-from cw_lens.analyses.pruning.orders import (
-    ORDERS,
-    RETENTION,
-    Head,
-    head_magnitudes,
-    pruning_rankings,
-    removed_heads,
-)
-from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+from cw_lens.analyses.pruning.orders import ORDERS, RETENTION, Head, pruning_rankings
+from cw_lens.analyses.pruning.passes import _fold_rankings, _pruning_table
+from cw_lens.analyses.taxonomy import HeadTaxonomyResult
 from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.claims import claims_dict, with_intervals
 from cw_lens.core.deprecation import renamed_kwargs
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import pruning_numbers
 from cw_lens.core.results import Result
-from cw_lens.data.documents import Corpus, as_corpus
-from cw_lens.data.inputs import TokenBatch
-from cw_lens.data.scoring import NLLResult, corpus_nll
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.scoring import corpus_nll
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
-from cw_lens.models.interventions import remove_heads
 from cw_lens.models.verify import require_verified
 
 
@@ -353,103 +346,10 @@ def _check_retention(retention: float | Sequence[float]) -> tuple[float, ...]:
     return tuple(sorted({float(r) for r in levels}, reverse=True))
 
 
-def _head_statistics(
-    model: Any,
-    docs: Corpus,
-    layers: list[int],
-    orders: tuple[str, ...],
-    taxonomy: HeadTaxonomyResult | None,
-    stream_args: dict[str, Any],
-) -> pd.DataFrame:
-    """One row per prunable head: magnitude, and the taxonomy statistics when needed."""
-    n_heads = model.cfg.n_heads
-    layer, head = np.meshgrid(layers, range(n_heads), indexing="ij")
-    stats = pd.DataFrame(
-        {
-            "layer": layer.ravel(),
-            "head": head.ravel(),
-            "magnitude": head_magnitudes(model, layers).numpy().ravel(),
-        }
-    )
-    if taxonomy is None and not {"taxonomy", "entropy"} & set(orders):
-        return stats
-    if taxonomy is None:
-        taxonomy = head_taxonomy(model, docs, layers=layers, **stream_args)
-    missing = sorted(set(layers) - set(taxonomy.layers))
-    if missing:
-        raise InputError(
-            f"The taxonomy passed in lacks layers {missing}; compute it with layers=None or "
-            "prune only its layers."
-        )
-    return stats.merge(taxonomy.table, on=["layer", "head"], how="left")
-
-
-MODERATE = (0.9, 0.75)  # retention levels where the taxonomy order must beat random
 LEARNT = ("taxonomy", "entropy")  # orders ranked by statistics measured on documents
-MIN_RANDOM_DRAWS = 20  # random orders a verdict on pruning_signal needs (methods § Claims)
-AGGRESSIVE = (0.5, 0.25)  # levels where the best order is reported
 
 
-def _random_minus_taxonomy(table: pd.DataFrame, level: float) -> float:
-    """ΔPPL(random, mean of draws) - ΔPPL(taxonomy) at one retention level (NaN if absent)."""
-    if not {"taxonomy", "random"} <= set(table.columns) or level not in table.index:
-        return math.nan
-    return float(table.loc[level, "random"] - table.loc[level, "taxonomy"])
-
-
-def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -> Claim:
-    """`pruning_signal` as methods § Claims (docs/methods.md#claims) reads it: with the per-layer
-    ranking, ΔPPL(taxonomy) < ΔPPL(random, mean of draws) at 90% and 75% retention (the numbers: the
-    differences random - taxonomy, > 0); the best order at 50% and 25% is reported, and `variant`
-    (the global ranking) beside it."""
-    table = result.by_retention()
-    orders = list(result.orders)
-    measured: dict[str, Any] = {
-        "best_order": {
-            str(r): str(table.loc[r, orders].idxmin()) for r in AGGRESSIVE if r in table.index
-        },
-        "delta_ppl": result.summary_dict()["delta_ppl"],
-        "random_draws": result.n_random_draws,
-        "cross_fitted": sorted(result.cross_fitted),
-    }
-    if variant is not None:
-        other = variant.by_retention()
-        measured[f"{variant.scope}_ranking"] = {
-            "random_minus_taxonomy": {
-                str(r): _random_minus_taxonomy(other, r) for r in MODERATE if r in other.index
-            },
-            "best_order": {
-                str(r): str(other.loc[r, list(variant.orders)].idxmin())
-                for r in AGGRESSIVE
-                if r in other.index
-            },
-            "delta_ppl": variant.summary_dict()["delta_ppl"],
-        }
-    if result.lone is not None:
-        measured["top_lone_heads"] = result.summary_dict()["top_lone_heads"]
-    elif variant is not None and variant.lone is not None:
-        measured["top_lone_heads"] = variant.summary_dict()["top_lone_heads"]
-    return Claim(
-        "pruning_signal",
-        paper="taxonomy order is a useful pruning signal at moderate retention, not always best "
-        "when aggressive (P2)",
-        criterion="per-layer ranking, learnt on held-out documents (cross-fitting): "
-        "ΔPPL(taxonomy) < mean ΔPPL over ≥ 20 random draws at 90% and 75% retention, the "
-        "interval resampling documents and draws together; the best order at 50% and 25% is "
-        "reported",
-        checks=[
-            Check(
-                f"random_minus_taxonomy_delta_ppl_at_{r}",
-                _random_minus_taxonomy(table, r),
-                ">",
-                0.0,
-            )
-            for r in MODERATE
-        ],
-        measured=measured,
-    )
-
-
+@check_keywords
 @renamed_kwargs(n_draws="n_random")
 def prune_heads(
     model: Model,
@@ -608,105 +508,3 @@ def prune_heads(
         )
         result.head_stats = stats.merge(lone_cost, on=["layer", "head"], how="left")
     return result
-
-
-def _fold_rankings(
-    model: Any,
-    docs: Corpus,
-    layers: list[int],
-    orders: tuple[str, ...],
-    taxonomy: HeadTaxonomyResult | None,
-    stream_args: dict[str, Any],
-    learnt: tuple[str, ...],
-) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
-    """The head statistics to report and those each fold's documents are ranked by: one fold
-    (every document, ranked on the whole corpus) or, cross-fitted (`learnt` orders), two —
-    the even-indexed documents ranked by statistics of the odd-indexed ones and vice versa
-    (the reported statistics: those learnt on the odd ones)."""
-    if not learnt:
-        stats = _head_statistics(model, docs, layers, orders, taxonomy, stream_args)
-        return stats, [stats]
-    if taxonomy is not None:
-        raise InputError(
-            f"Cross-fitting learns the {' and '.join(learnt)} ranking on each half of the "
-            "documents, so a taxonomy computed on all of them cannot be used: pass "
-            "taxonomy=None, or cross_fit=False to rank on the whole corpus."
-        )
-    if len(docs) < 2:
-        raise InputError(
-            "Cross-fitting learns the rankings on one half of the documents and evaluates them "
-            "on the other: it needs at least 2 documents (pass cross_fit=False for one)."
-        )
-    halves = [docs[0::2], docs[1::2]]
-    learnt_on = [_head_statistics(model, h, layers, orders, None, stream_args) for h in halves]
-    return learnt_on[1], [learnt_on[1], learnt_on[0]]
-
-
-def _fold_hooks(model: Any, removed: tuple[frozenset, ...]) -> Any:
-    """Hooks removing `removed[f]` from the documents of fold `f` (document index modulo
-    the number of folds); one set for all: [`cw_lens.remove_heads`][cw_lens.remove_heads]."""
-    if len(removed) == 1:
-        return [remove_heads(model, sorted(removed[0]))]
-
-    def hooks(batch: TokenBatch) -> list[tuple[str, Any]]:
-        fold = torch.as_tensor(batch.documents, device="cpu") % len(removed)
-        return row_removal(fold, [sorted(r) for r in removed], model.cfg.n_heads)
-
-    return hooks
-
-
-def _pruning_table(
-    model: Any,
-    docs: Corpus,
-    folds: list[dict[str, list[list[Head]]]],
-    plan_args: tuple[tuple[float, ...], str, int | None],
-    clean: NLLResult,
-    nll_args: dict[str, Any],
-    progress: bool,
-) -> tuple[pd.DataFrame, dict | None]:
-    """ΔPPL per (order, draw, level) and, when `nll_args` asks for it, each document's (NLL
-    sum, count) per (order, draw, level) with `"clean"`'s. `folds[f]`: the rankings of
-    the documents whose index is `f` modulo `len(folds)`; `plan_args`: the retention
-    levels, the scope and how many random draws run at every level (the others at
-    `MODERATE` only)."""
-    levels, scope, everywhere = plan_args
-
-    def removed(name: str, draw: int, level: float) -> tuple[frozenset, ...]:
-        sets = tuple(frozenset(removed_heads(f[name][draw], level, scope)) for f in folds)
-        return sets[:1] if len(set(sets)) == 1 else sets
-
-    plan = [
-        (name, draw, level, removed(name, draw, level), len(ranking))
-        for name, draws in folds[0].items()
-        for draw, ranking in enumerate(draws)
-        for level in levels
-        if everywhere is None or draw < everywhere or level in MODERATE
-    ]
-    scores: dict[tuple, NLLResult] = {(frozenset(),): clean}
-    rows = []
-    for name, draw, level, sets, n_total in tqdm(
-        plan, desc="pruning", disable=not progress, leave=False
-    ):
-        if sets not in scores:
-            hooks = _fold_hooks(model, sets)
-            scores[sets] = corpus_nll(model, docs, hooks=hooks, **nll_args)
-        score = scores[sets]
-        rows.append(
-            {
-                "order": name,
-                "draw": draw,
-                "retention": level,
-                "n_removed": len(sets[0]),
-                "n_heads": n_total,
-                "ppl": score.ppl,
-                "delta_ppl": score.ppl - clean.ppl,
-                "nll": score.mean_nll,
-                "delta_nll": score.mean_nll - clean.mean_nll,
-            }
-        )
-    per_doc = None
-    if clean.per_doc is not None:
-        per_doc = {"clean": clean.per_doc.table()}
-        for name, draw, level, sets, _ in plan:
-            per_doc[(name, draw, level)] = scores[sets].per_doc.table()
-    return pd.DataFrame(rows), per_doc

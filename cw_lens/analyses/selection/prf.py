@@ -16,6 +16,7 @@ from torch import Tensor
 
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 
 Distance = Literal["euclidean", "cosine"]
@@ -160,6 +161,7 @@ def prf_of_ranking(
     return PRF(*(torch.stack(ts, dim=-1) for ts in zip(*out, strict=True)))
 
 
+@check_keywords
 def geometric_prf_batched(
     values: Float[Tensor, "*rows key d_head"],
     attention: Float[Tensor, "*rows key"],
@@ -207,6 +209,7 @@ def geometric_prf_batched(
     return prf_of_ranking(y, top_order(attention, candidates), candidates, grid, distance)
 
 
+@check_keywords
 def geometric_prf(
     values: Float[Tensor, "key d_head"],
     attention: Float[Tensor, " key"],

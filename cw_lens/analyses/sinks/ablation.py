@@ -21,6 +21,7 @@ from cw_lens.core.accumulate import ExactSums, PerDocument
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import (
     ablation_numbers,
@@ -299,6 +300,7 @@ class SinkAblationResult(Result):
         return plot_sink_ablation_cone(self, **kw)
 
 
+@check_keywords
 def sink_ablation(
     model: Model,
     corpus: Any,
@@ -326,7 +328,9 @@ def sink_ablation(
 
     Args:
         model: A TransformerLens model ([`cw_lens.load_model`][cw_lens.load_model]).
-        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, a string, a list of
+            strings, or token ids (a tensor `[pos]` or `[batch, pos]`, or a list of token-id
+            lists, read as given).
         layers: Layers to patch (`None` = all).
         heads: Heads to patch (`None` = all), as a list or `{layer: [heads]}`; negative
             indices count from the end (`-1` is the last head).

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from cw_lens.analyses.common import check_sinks_inside
 from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
@@ -128,6 +129,7 @@ class _MaxAttention:
         self.positions.update(other.positions)
 
 
+@check_keywords
 def detect_sinks(
     model: Model,
     corpus: Any,
@@ -145,7 +147,9 @@ def detect_sinks(
 
     Args:
         model: A TransformerLens model.
-        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, or a list of strings.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, a string, a list of
+            strings, or token ids (a tensor `[pos]` or `[batch, pos]`, or a list of token-id
+            lists, read as given).
         threshold: The mean attention from later queries a sink exceeds.
         min_later: Only keys that at least `min_later` later queries read are candidates.
         layers: Layers whose heads count (`None` = all).

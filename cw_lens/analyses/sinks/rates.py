@@ -14,12 +14,14 @@ from torch import Tensor
 
 from cw_lens.analyses.sinks.detection import SinkPositions, resolve_sinks
 from cw_lens.core import geometry as geo
+from cw_lens.core.keywords import check_keywords
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
 
+@check_keywords
 def sink_rates(
     model: Model,
     inputs: Any,
@@ -34,7 +36,8 @@ def sink_rates(
 
     Args:
         model: A TransformerLens model.
-        inputs: A string, a list of strings or token ids `[batch, pos]`.
+        inputs: A string, a list of strings, token ids (a tensor `[pos]` or `[batch, pos]`, or a
+            list of token-id lists, read as given) or a [`Corpus`][cw_lens.Corpus].
         sink_positions: Sink positions, as in [`sink_statistics`][cw_lens.sink_statistics]
             (positions or `"detect"`).
         layers: Layers (`None` = all).

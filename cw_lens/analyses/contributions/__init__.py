@@ -33,7 +33,10 @@ Three entry points:
   layer, one block of query rows) at a time, inside the forward pass, so memory stays flat in
   depth and corpus size.
 
-Each entry point's docstring has a runnable example.
+Each entry point's docstring has a runnable example. The result's memory check and the stream
+consumers that fill it are in `cw_lens.analyses.contributions.filling`, the checks of a cache in
+`cw_lens.analyses.contributions.cache_checks`, the result's tables in
+`cw_lens.analyses.contributions.tables`.
 """
 
 from __future__ import annotations
@@ -45,28 +48,22 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.analyses.contributions.cache_checks import activations_from_cache
+from cw_lens.analyses.contributions.filling import _Both, _ResultFiller, check_result_memory
+from cw_lens.analyses.contributions.tables import long_table, top_table
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
-from cw_lens.core.memory import check_memory, pair_field_bytes
+from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, check_batch_row, resolve_row
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
-from cw_lens.models.access import (
-    Model,
-    hook_name,
-    model_access,
-    model_device,
-    resolve_heads,
-    resolve_layers,
-)
-from cw_lens.models.capture import LayerActivations, check_consistent
+from cw_lens.models.access import Model, model_device, resolve_heads, resolve_layers
 from cw_lens.models.layer_contributions import Kind, LayerContributionsResult, check_kind
 from cw_lens.models.verify import require_verified
 
@@ -214,29 +211,7 @@ class ContributionResult(Result):
         b_idx = range(self.tokens.shape[0]) if batch is None else [self._batch_index(batch)]
         l_idx = range(len(self.layers)) if layer is None else [self._layer_index(layer)]
         h_idx = range(len(self.heads)) if head is None else [self._head_index(head)]
-        frames = []
-        fields = {name: getattr(self, name) for name in self.FIELDS}
-        for b in b_idx:
-            n = int(self.mask[b].sum())
-            q_idx = np.arange(n) if query is None else np.array([query])
-            qq, kk = np.meshgrid(q_idx, np.arange(n), indexing="ij")
-            keep = kk <= qq
-            qq, kk = qq[keep], kk[keep]
-            for li in l_idx:
-                for hi in h_idx:
-                    data = {
-                        "batch": b,
-                        "layer": self.layers[li],
-                        "head": self.heads[hi],
-                        "query": qq,
-                        "key": kk,
-                        "query_token": np.array(self.str_tokens[b], dtype=object)[qq],
-                        "key_token": np.array(self.str_tokens[b], dtype=object)[kk],
-                    }
-                    for name, t in fields.items():
-                        data[name] = t[b, li, hi].detach().cpu().numpy()[qq, kk]
-                    frames.append(pd.DataFrame(data))
-        return pd.concat(frames, ignore_index=True)
+        return long_table(self, b_idx, l_idx, h_idx, query)
 
     def top(
         self,
@@ -293,27 +268,9 @@ class ContributionResult(Result):
         layers = list(range(len(self.layers))) if layer is None else [self._layer_index(layer)]
         heads = list(range(len(self.heads))) if head is None else [self._head_index(head)]
         scores = scores[layers][:, heads]
-        rows = []
-        if sum_heads:
-            summed = scores.nansum(1)
-            for li, lay in enumerate(layers):
-                for key in range(q + 1):
-                    rows.append((self.layers[lay], None, key, float(summed[li, key])))
-        else:
-            for li, lay in enumerate(layers):
-                for hi, hd in enumerate(heads):
-                    for key in range(q + 1):
-                        rows.append(
-                            (self.layers[lay], self.heads[hd], key, float(scores[li, hi, key]))
-                        )
-        df = pd.DataFrame(rows, columns=["layer", "head", "key", by])
-        df["key_token"] = [self.str_tokens[batch][key] for key in df["key"]]
-        df["query"] = q
-        order = df[by].abs() if absolute else df[by]
-        df = df.loc[order.sort_values(ascending=False, na_position="last").index].head(k)
-        if sum_heads:
-            df = df.drop(columns="head")
-        return df.reset_index(drop=True)
+        return top_table(
+            self, scores, layers, heads, batch, q, k, by, absolute=absolute, sum_heads=sum_heads
+        )
 
     def plot(
         self, layer: int | None = None, head: int = 0, *, batch: int = 0, **kwargs: Any
@@ -401,126 +358,7 @@ class ContributionResult(Result):
         return html
 
 
-class _ResultFiller:
-    """Consumer that writes each streamed block into preallocated result tensors."""
-
-    def __init__(
-        self,
-        n_docs: int,
-        n_pos: int,
-        layers: list[int],
-        heads: int,
-        kind: Kind,
-        device: torch.device,
-    ) -> None:
-        shape = (n_docs, len(layers), heads, n_pos, n_pos)
-        self.kind = kind
-        self.layer_pos = {layer: i for i, layer in enumerate(layers)}
-        # written block by block (keys past each block's last row are zeroed then), so the
-        # big tensors are touched once instead of being zero-filled first
-        self.attention = torch.empty(shape, device=device)
-        self.cosine = torch.empty(shape, device=device)
-        self.pv_norm = torch.full((*shape[:3], n_pos), math.nan, device=device)
-        self.out_norm = torch.full(shape[:4], math.nan, device=device)
-        self.head_norm = torch.full(shape[:4], math.nan, device=device)
-
-    def __call__(self, lc: LayerContributionsResult) -> None:
-        li = self.layer_pos[lc.layer]
-        q, k = lc.queries, lc.keys
-        docs = lc.batch.documents
-        if docs == list(range(self.attention.shape[0])):
-            docs = slice(None)  # the common case: plain slicing, no gather
-        else:
-            docs = torch.tensor(docs, device=self.attention.device)
-        self.attention[docs, li, :, q, k] = lc.masked_attention()
-        self.cosine[docs, li, :, q, k] = lc.cosine(self.kind)
-        self.attention[docs, li, :, q, k.stop :] = 0.0
-        self.cosine[docs, li, :, q, k.stop :] = 0.0
-        self.pv_norm[docs, li, :, k] = lc.projected_value_norm
-        out = lc.output_norm(self.kind).masked_fill(lc.zero_rows(self.kind), math.nan)
-        self.out_norm[docs, li, :, q] = out
-        self.head_norm[docs, li, :, q] = lc.head_output_norm.masked_fill(
-            lc.zero_rows("intra"), math.nan
-        )
-
-    def mark_padding(self, lengths: list[int]) -> None:
-        """NaN for query rows at padding (also beyond each sub-batch's trimmed width)."""
-        for b, n in enumerate(lengths):
-            for stored in (self.attention, self.cosine):
-                rows = stored[b, :, :, n:, :]  # queries n.. : NaN at keys j <= i, 0 after
-                rows.fill_(math.nan)
-                rows.tril_(diagonal=n)
-            self.pv_norm[b, :, :, n:] = math.nan
-
-
-class _Both:
-    """The result filler (its layers) and a user's `on_block` (its own layers, or all)."""
-
-    def __init__(
-        self, filler: _ResultFiller, on_block: Callable, restrict: bool, layers: list[int]
-    ) -> None:
-        self.filler, self.on_block, self.restrict, self.layers = filler, on_block, restrict, layers
-
-    def __call__(self, lc: LayerContributionsResult) -> None:
-        if lc.layer in self.filler.layer_pos:
-            self.filler(lc)
-        if not self.restrict or lc.layer in self.layers:
-            self.on_block(lc)
-
-
-# the result's [batch, layer, head, query, key] fields: attention and cosine stored, then
-# relative_norm, weights, value_norm and value_norm_output derived on access; three norms per row
-RESULT_PAIR_FIELDS, RESULT_ROW_FIELDS = 6, 3
-
-
-def check_result_memory(
-    model: Model,
-    batch: TokenBatch,
-    n_layers: int,
-    n_heads: int,
-    budget: float | str | None,
-    *,
-    copies: int = 1,
-) -> None:
-    """Raise [`MemoryBudgetError`][cw_lens.MemoryBudgetError] before any pass when `copies`
-    [`ContributionResult`][cw_lens.ContributionResult]s of this size exceed the budget.
-
-    Args:
-        model: The model (its device decides which memory is available).
-        batch: The tokens the result will cover.
-        n_layers: Layers kept in the result.
-        n_heads: Heads kept per layer.
-        budget: Bytes, a string such as `"8GB"` or `"50%"`, or None for the default (see
-            [`memory_budget`][cw_lens.core.memory.memory_budget]).
-        copies: How many results of this size the caller holds at once.
-    """
-    n_batch, n_pos = batch.tokens.shape
-    size = pair_field_bytes(
-        n_batch,
-        n_layers,
-        n_heads,
-        n_pos,
-        pair_fields=RESULT_PAIR_FIELDS,
-        row_fields=RESULT_ROW_FIELDS,
-    )
-    runs = f" x {copies} runs" if copies > 1 else ""
-    check_memory(
-        copies * size,
-        device=model_device(model),
-        budget=budget,
-        what=f"contribution weights of {n_batch} texts x {n_layers} layers x {n_heads} heads x "
-        f"{n_pos}² positions{runs} (with the fields derived on access)",
-        ways_out=[
-            "fewer layers= or heads= (the size is linear in each)",
-            "fewer or shorter texts (it grows with texts x positions²)",
-            "stream_contributions(model, inputs, consumer), which hands each layer's block to "
-            "your function and keeps nothing",
-            "the corpus analyses (sink_statistics, selection_geometry, head_taxonomy, "
-            "faithfulness), whose memory is flat in the number of documents",
-        ],
-    )  # fmt: skip
-
-
+@check_keywords
 def contribution_weights(
     model: Model,
     inputs: Any,
@@ -630,6 +468,7 @@ def contribution_weights(
     )
 
 
+@check_keywords
 @keyword_only("layer")
 def contribution_weights_from_cache(
     cache: Any,
@@ -706,91 +545,4 @@ def contribution_weights_from_cache(
         bos_token=batch.bos_token,
         n_nan_rows=n_nan,
         model_name=str(getattr(model.cfg, "model_name", "")),
-    )
-
-
-def activations_from_cache(
-    cache: Any,
-    model: Any,
-    layer: int,
-    *,
-    tokens: Tensor | None = None,
-    attention_mask: Tensor | None = None,
-) -> LayerActivations:
-    """Build checked `LayerActivations` for one layer from a cache."""
-    # Long: one look-up and one shape check per cached tensor, in the order LayerActivations holds
-    # them.
-    names = {kind: hook_name(kind, layer) for kind in ("pattern", "values", "z")}
-    got = {}
-    for kind, name in names.items():
-        try:
-            got[kind] = cache[name]
-        except (KeyError, IndexError):
-            got[kind] = None
-        if got[kind] is None:
-            raise InputError(
-                f"The cache has no {name!r}. Cache layer {layer} with "
-                f"model.run_with_cache(tokens, names_filter=cw_lens.cache_names({layer}))."
-            )
-    pattern, values, z = (got[k].detach() for k in names)
-    access = model_access(model)
-    n_heads, n_kv, d_head = access.n_heads, access.n_kv_heads, access.d_head
-    if pattern.ndim == 3:  # run_with_cache(remove_batch_dim=True)
-        pattern, values, z = (t[None] for t in (pattern, values, z))
-    expected = {
-        "pattern": (n_heads, None, None),
-        "values": (None, n_kv, d_head),
-        "z": (None, n_heads, d_head),
-    }
-    for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
-        if tuple(t.shape[1:]) != tuple(
-            s if s is not None else t.shape[1 + i] for i, s in enumerate(expected[kind])
-        ):
-            raise InputError(
-                f"The cache's {names[kind]} has shape {tuple(t.shape)}, which does not fit this "
-                f"model ({n_heads} heads, {n_kv} kv heads, d_head {d_head}): the cache "
-                "comes from another model."
-            )
-    n_pos = pattern.shape[-1]
-    for kind, t in (("values", values), ("z", z)):
-        if t.shape[1] != n_pos:
-            raise InputError(
-                f"The cache's {names[kind]} has {t.shape[1]} positions, the "
-                f"pattern {n_pos}: the hooks come from different runs."
-            )
-    for kind, t in (("pattern", pattern), ("values", values), ("z", z)):
-        if not bool(torch.isfinite(t).all()):
-            raise InputError(
-                f"The cache's {names[kind]} contains NaN or inf; contribution weights of "
-                "non-finite activations are meaningless. Check the model run (dtype overflow?)."
-            )
-    device = pattern.device
-    w = access.output_weights(layer).to(device)
-    n_batch = pattern.shape[0]
-    if attention_mask is None:
-        mask = torch.ones(n_batch, n_pos, dtype=torch.bool, device=device)
-    else:
-        mask = torch.as_tensor(attention_mask, device=device).bool().reshape(n_batch, n_pos)
-    check_consistent(access, layer, pattern, values, z, mask)
-    if tokens is None:
-        token_ids = torch.zeros(n_batch, n_pos, dtype=torch.long, device="cpu")
-    else:
-        token_ids = torch.as_tensor(tokens, device="cpu").reshape(n_batch, n_pos).cpu()
-    bos_id = getattr(model.tokenizer, "bos_token_id", None) if model.tokenizer else None
-    batch = TokenBatch(
-        token_ids,
-        mask.cpu(),
-        bool(tokens is not None and bos_id is not None and (token_ids[:, 0] == bos_id).all()),
-        getattr(model.tokenizer, "bos_token", None) if model.tokenizer else None,
-        list(range(n_batch)),
-    )
-    return LayerActivations(
-        layer=layer,
-        pattern=pattern.float(),
-        values=values.float(),
-        z=z.float(),
-        layer_output=w.layer_output(z),
-        weights=w,
-        mask=mask,
-        batch=batch,
     )
