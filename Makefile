@@ -82,7 +82,7 @@ figures: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures $(FIGURE_ARGS)
 
 # the committed gallery (figures/: the paper preset's run, which the README and the docs show),
-# regenerated (59-75 min on two cores: docs/reproducing.md; a rerun with the same version reuses its steps)
+# regenerated (43-75 min on two cores: docs/reproducing.md; a rerun with the same version reuses its steps)
 gallery: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --preset paper --out figures $(FIGURE_ARGS)
 

@@ -880,10 +880,14 @@ def pooled(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_second(rows: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The first study's rows, each one a second study repeated replaced by the pooled row."""
+    """The first study's rows, each one ``near_target`` that a second study repeated replaced by
+    the pooled row (a second study may measure more rows than those: they are not pooled)."""
     key = ("analysis", "number", "n", "method", "pool")
     again = {tuple(r[k] for k in key): r for r in second}
-    return [pooled(r, again[k]) if (k := tuple(r[f] for f in key)) in again else r for r in rows]
+    return [
+        pooled(r, again[k]) if (k := tuple(r[f] for f in key)) in again and near_target(r) else r
+        for r in rows
+    ]
 
 
 def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
@@ -892,7 +896,7 @@ def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
     except in wall time."""
 
     def settings(meta: dict[str, Any]) -> dict[str, Any]:  # reservoir_exact: with sinks only
-        return {k: v for k, v in meta.items() if k not in ("wall_s", "reservoir_exact")}
+        return {k: v for k, v in meta.items() if k not in ("wall_s", "reservoir_exact", "plan")}
 
     first = settings(studies[0]["meta"])
     if any(settings(s["meta"]) != first for s in studies[1:]):
@@ -901,6 +905,9 @@ def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
     meta = {**first, "wall_s": [s["meta"].get("wall_s") for s in studies]}
     exact = [s["meta"]["reservoir_exact"] for s in studies if s["meta"].get("reservoir_exact")]
     meta["reservoir_exact"] = exact[0] if exact else None
+    if any("plan" in s["meta"] for s in studies):  # second studies: read only pooled with the first
+        meta["plan"] = {a: e for s in studies for a, e in s["meta"].get("plan", {}).items()}
+        return {"meta": meta, "rows": rows}
     return {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
 
 
@@ -953,12 +960,12 @@ def package_table(
                 "pool": "single",
             }
         )
-    again = [
-        {**r, "covered": int(r["covered"]) if "covered" in r else round(r["coverage"] * r["draws"])}
-        | {"pool": "single"}
-        for r in second_single_pool or []
-        if r["method"] == shipped_method(r["number"])
-    ]
+    again = []
+    for r in second_single_pool or []:  # coverage.py's rows: no bound, no pool
+        if r["method"] == shipped_method(r["number"]):
+            covered = int(r.get("covered", round(float(r["coverage"]) * int(r["draws"]))))
+            lower = lower_bound(covered, int(r["draws"]))
+            again.append({**r, "covered": covered, "lower": lower, "pool": "single"})
     for r in with_second(singles, again):
         r.pop("pool")
         rows.append(r)

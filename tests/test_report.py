@@ -167,8 +167,12 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
     )
     resumed = run_figures(JobConfig(**TINY), out, progress=False)
     assert resumed["claims"] == summary["claims"]
-    # a resumed run reports how long its loaded steps took when they were computed
+    # a resumed run reports how long its loaded steps took when they were computed, and how
+    # the corpus steps' one shared pass is split between them
     assert timing_line in (out / "REPORT.md").read_text().splitlines()
+    from cw_lens.reporting.markdown import SHARED_PASS_NOTE
+
+    assert SHARED_PASS_NOTE in (out / "REPORT.md").read_text().splitlines()
     with pytest.raises(AssertionError, match="recomputed"):
         run_figures(JobConfig(**TINY), out, progress=False, force=True)
 
@@ -402,7 +406,7 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     assert check["coverage"] == pytest.approx(coverage_at(share, 8), abs=1e-3)
     assert "was yes, but its interval has coverage" in check["undecided_because"]
     assert (
-        "has coverage 0.905 at this size (8 documents; lower 95% bound 0.877), short of a "
+        "has coverage 0.905 at this size (8 documents; lower 95% bound 0.886), short of a "
         "certificate" in (check["undecided_because"])
     )
     # a count between two studied ones reads the smaller, and says so

@@ -1,4 +1,4 @@
-"""Corpus types and sources: real prose that ships with Python, generated task sets, user files.
+"""Documents and corpora, and the one reading of every input an analysis takes.
 
 [`cw_lens.load_corpus`][cw_lens.load_corpus] returns a [`Corpus`][cw_lens.Corpus] (a sequence of
 [`Document`][cw_lens.Document]). Every analysis reads the same kinds of input, turned into a

@@ -184,7 +184,7 @@ def figures(
         "quick",
         help="Sizes: quick (8 x 128 tokens of pydoc, about 7 min) or paper (256 x 256 tokens of "
         "pydoc+stdlib, causal analyses on 32 of them drawn at random, 20 random pruning orders; "
-        "59-75 min on two cores). The options below override it.",
+        "43-75 min on two cores). The options below override it.",
     ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."

@@ -212,7 +212,18 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
             + ", ".join(f"{k} {v:.1f}" for k, v in job.timings.items()),
             "",
         ]
+        if len(CORPUS_STEP_NAMES & set(job.timings)) > 1:
+            lines += [SHARED_PASS_NOTE, ""]
     return "\n".join(lines + glossary(summary))
+
+
+CORPUS_STEP_NAMES = {"sinks", "ablation", "selection", "taxonomy"}
+# how the corpus steps' times are split when one pass computes them (`reporting.steps.corpus_pass`)
+SHARED_PASS_NOTE = (
+    "The corpus steps (sinks, ablation, selection, taxonomy) are computed together, in one "
+    "pass over the corpus: each is charged its own accumulator's time and result's time plus "
+    "an equal share of the forward passes, so their times add up to the pass."
+)
 
 
 def criteria_sections(summary: dict[str, Any]) -> list[str]:
