@@ -2,7 +2,7 @@
 
 [`cw_lens.load_corpus`][cw_lens.load_corpus] returns a [`Corpus`][cw_lens.Corpus] (a sequence of
 [`Document`][cw_lens.Document]). Every analysis reads the same kinds of input, turned into a
-corpus by [`as_corpus`][cw_lens.data.documents.as_corpus]: a string, a list of strings, token ids
+corpus by `as_corpus` (below): a string, a list of strings, token ids
 (an integer tensor `[pos]` or `[batch, pos]`, a list of token ids, or a list of token-id lists),
 a `Corpus`, or a list of `Document`; anything else gets one message naming what was given and
 listing these.
@@ -41,7 +41,7 @@ class Document:
         answer: The expected continuation for task items (`" Mary"`, `" 8"`), else `None`.
         meta: Provenance (topic, template, offset, ...).
         verbatim: `True` for token ids handed in (a tensor or lists of ids, see
-            [`as_corpus`][cw_lens.data.documents.as_corpus]): `tokens` are then the model's whole
+            `cw_lens.data.documents.as_corpus`): `tokens` are then the model's whole
             input, read as given by any model (BOS only where they hold it; `prepend_bos` does not
             apply), and `text` is empty.
     """

@@ -159,7 +159,7 @@ def prepare_inputs(
 
     Args:
         model: The `TransformerBridge`.
-        inputs: Anything [`as_corpus`][cw_lens.data.documents.as_corpus] reads: a string, a list
+        inputs: Anything `cw_lens.data.documents.as_corpus` reads: a string, a list
             of strings, token ids (an integer tensor `[pos]` or `[batch, pos]`, a list of token
             ids or of token-id lists), a [`Corpus`][cw_lens.Corpus] or a list of
             [`Document`][cw_lens.Document].
