@@ -11,6 +11,9 @@ states stored before they were kept read as -1.
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from cw_lens.core import exact
 
 
 class BottomKBuffers:
@@ -68,7 +71,10 @@ class BottomKBuffers:
         state.update(
             _rows={g: r for g, (r, _, _) in held.items()},
             _keys={g: k for g, (_, k, _) in held.items()},
-            _docs={g: _narrow(d) for g, (_, _, d) in held.items()},
+            # documents in the narrowest integer dtype (`exact.narrowest`; `_offer` widens them)
+            _docs={
+                g: exact.narrowest(torch.from_numpy(d)).numpy() for g, (_, _, d) in held.items()
+            },
         )
         return state
 
@@ -82,12 +88,3 @@ class BottomKBuffers:
         self._rows, self._keys, self._docs, self._n = {}, {}, {}, {}
         for group, (rows, keys, docs) in kept.items():
             self._offer(group, rows, keys, docs)
-
-
-def _narrow(docs: np.ndarray) -> np.ndarray:
-    """Document indices in the narrowest integer dtype that holds them (lossless; -1 included):
-    what a file stores. `_offer` copies them back into int64 buffers."""
-    if docs.size == 0:
-        return docs.astype(np.int8)
-    dtype = np.result_type(np.min_scalar_type(int(docs.min())), np.min_scalar_type(int(docs.max())))
-    return docs.astype(np.promote_types(dtype, np.int8))
