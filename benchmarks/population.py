@@ -911,6 +911,62 @@ def merge_studies(studies: list[dict[str, Any]]) -> dict[str, Any]:
     return {"meta": meta, "rows": rows, "certified_from": certified_from(rows)}
 
 
+def merge_draw_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One ``coverage.py`` study from parts of it run in turn (``--seed-offset`` base, base +
+    draws of the first part, ...): a part's draw ``d`` is draw ``offset - base + d`` of the
+    whole, so rows of the same (analysis, number, n, method) sum their covered, missing and
+    draws. Refused unless every row's parts cover consecutive, disjoint draw ranges from the
+    smallest offset and the parts share pool, resamples and source."""
+    settings = [{k: p["meta"].get(k) for k in ("pool", "resamples", "source")} for p in parts]
+    if any(s != settings[0] for s in settings[1:]):
+        raise SystemExit(f"merge-draws: the parts were run with different settings: {settings}")
+    base = min(int(p["meta"]["seed_offset"]) for p in parts)
+    key = ("analysis", "number", "n", "method")
+    grouped: dict[tuple, list[tuple[int, dict[str, Any]]]] = {}
+    for part in parts:
+        start = int(part["meta"]["seed_offset"]) - base
+        for r in part["rows"]:
+            grouped.setdefault(tuple(r[k] for k in key), []).append((start, r))
+    rows = []
+    for k, pieces in grouped.items():
+        pieces.sort(key=lambda piece: piece[0])
+        reached = 0
+        for start, r in pieces:
+            if start != reached:
+                raise SystemExit(
+                    f"merge-draws: {k}: a part starts at draw {start}, the parts before end at "
+                    f"{reached}; run the parts with --seed-offset {base} + the draws before."
+                )
+            reached += int(r["draws"])
+        covered = sum(int(r["covered"]) for _, r in pieces)
+        share = covered / reached
+        rows.append(
+            {
+                **pieces[0][1],
+                "coverage": share,
+                "covered": covered,
+                "draws": reached,
+                "missing": sum(int(r["missing"]) for _, r in pieces),
+                "se": math.sqrt(max(share * (1 - share), 1e-12) / reached),
+                "mean_bias_to_se": sum(
+                    float(r["mean_bias_to_se"]) * int(r["draws"]) for _, r in pieces
+                )
+                / reached,
+                "seconds": sum(float(r["seconds"]) for _, r in pieces),
+                "cpu_seconds": sum(float(r["cpu_seconds"]) for _, r in pieces),
+            }
+        )
+    meta = {
+        **settings[0],
+        "seed_offset": base,
+        "parts": [
+            {k: p["meta"].get(k) for k in ("seed_offset", "draws", "wall_s", "cpu_s")}
+            for p in parts
+        ],
+    }
+    return {"meta": meta, "rows": rows}
+
+
 PACKAGE_TABLE = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
 
 
@@ -1226,6 +1282,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "merge", help="one study file from several (e.g. one process per analysis)"
     )
     p_merge.add_argument("parts", type=Path, nargs="+")
+    p_draws = sub.add_parser(
+        "merge-draws",
+        help="one coverage.py study from parts run in turn with consecutive --seed-offset",
+    )
+    p_draws.add_argument("parts", type=Path, nargs="+")
+    p_draws.add_argument("--result", type=Path, required=True)
     p_table = sub.add_parser(
         "package-table",
         help=f"write {PACKAGE_TABLE.name} from {STUDY_OUT.name} and the single-pool rows",
@@ -1238,7 +1300,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_table.add_argument(
         "--second-single-pool",
         type=Path,
-        help="coverage.py's second single-pool study (--seed-offset): its rows are pooled",
+        nargs="+",
+        help="coverage.py's second single-pool studies (--seed-offset; one file per study of "
+        "other numbers): their rows are pooled",
     )
     p_table.add_argument(
         "--single-pool",
@@ -1290,6 +1354,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         merged = merge_studies([json.loads(path.read_text()) for path in args.parts])
         atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
         print(study_table(merged["rows"]))
+    elif args.command == "merge-draws":
+        merged = merge_draw_parts([json.loads(path.read_text()) for path in args.parts])
+        atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
     elif args.command == "package-table":
         single = json.loads(args.single_pool.read_text())["rows"] if args.single_pool else None
         body = package_table(
@@ -1297,7 +1364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.loads(PACKAGE_TABLE.read_text()),
             single,
             json.loads(args.second.read_text())["rows"] if args.second else None,
-            json.loads(args.second_single_pool.read_text())["rows"]
+            [r for path in args.second_single_pool for r in json.loads(path.read_text())["rows"]]
             if args.second_single_pool
             else None,
         )

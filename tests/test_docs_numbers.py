@@ -11,6 +11,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "benchmarks" / "records"
 
@@ -164,10 +166,10 @@ def test_the_7b_memory_is_the_measured_peak():
     """README and the large-models page give a layer-streamed 7B-width GGUF model's memory as
     the range of every peak RSS bench_7b.json records, not "a few GB"."""
 
-    def peaks(value: object) -> list[float]:
+    def peaks(value: object) -> list[float]:  # the model's processes (not the file's writer)
         if isinstance(value, dict):
             found = [v for k, v in value.items() if k == "peak_rss_mb"]
-            return found + [p for v in value.values() for p in peaks(v)]
+            return found + [p for k, v in value.items() if k != "file" for p in peaks(v)]
         return []
 
     measured = peaks(_record("bench_7b"))
@@ -175,10 +177,36 @@ def test_the_7b_memory_is_the_measured_peak():
     span = f"{min(measured) / 1000:.1f}–{max(measured) / 1000:.1f} GB"
     assert f"a peak of {span} of RAM at Qwen2-7B's width" in _flat("README.md")
     large = _flat("docs/large-models.md")
-    assert f"# layer-streamed: {span} peak" in large and f"4-layer model, {span}" in large
+    assert f"# layer-streamed: {span} peak" in large
+    assert f"the memory to plan for at 7B width is {span}" in large
     assert f"a 7B model peaks at {span} of memory" in _flat("cw_lens/models/load.py")
     for page in ("README.md", "docs/large-models.md", "docs/index.md", "cw_lens/models/load.py"):
         assert "few GB" not in _read(page), page
+
+
+def test_the_28_layer_run_is_quoted_from_its_record():
+    """The large-models page's end-to-end row is bench_7b.json's `e2e_28_layers`: the file's
+    write, load, verification and its de-quantisations (one per layer), the first contribution
+    weights, the corpus analyses and their split, the peak."""
+    run = _record("bench_7b")["e2e_28_layers"]
+    phases, split = run["phases"], run["corpus_seconds_by_analysis"]
+    assert phases["verify"]["layer_loads"] == run["layers"] == 28
+    corpus = phases["corpus_32x128"]["s"]
+    assert sum(split.values()) == pytest.approx(corpus, rel=1e-3)
+    row = (
+        f"| {run['file']['write_s']:.0f} s ({run['file']['file_gb']:.1f} GB) "
+        f"| {run['load_s']:.0f} s "
+        f"| {phases['verify']['s']:.0f} s ({phases['verify']['layer_loads']}) "
+        f"| {phases['contributions_8x128']['s']:.0f} s ({run['first_contributions_s']:.0f} s) "
+        f"| {corpus:,.0f} s: "
+        + ", ".join(
+            f"{name} {split[name]:.0f} s" for name in ("sinks", "selection", "taxonomy", "ablation")
+        )
+        + f" | {run['peak_rss_mb'] / 1000:.1f} GB |"
+    )
+    large = _flat("docs/large-models.md")
+    assert row in large, row
+    assert f"{phases['corpus_32x128']['layer_loads']} de-quantisations" in large
 
 
 def test_the_corpus_window_counts_add_up():
@@ -267,3 +295,70 @@ def test_the_readme_claims_table_is_the_gallerys():
         in caption
     )
     assert f"it contributes {ratio} of it over all sink heads" in _flat("docs/index.md")
+
+
+def test_the_coverage_pages_second_studies_are_the_package_tables_pooled_rows():
+    """Every row of the coverage page's second-study tables (first study, second study,
+    pooled, certified) is the pooled row `interval_coverage.json` certifies from, each
+    `coverage [lower bound]` to three digits; every pooled row is on the page; the count the
+    causal table's sentence gives is the number of pooled causal rows."""
+    table = json.loads((ROOT / "cw_lens/reporting/interval_coverage.json").read_text())
+    pooled = {(r["number"], r["n"]): r for r in table["rows"] if "studies" in r}
+
+    def cell(row: dict) -> str:
+        return f"{row['coverage']:.3f} [{row['lower']:.3f}]"
+
+    seen = set()
+    header: list[str] | None = None
+    for line in _read("docs/coverage.md").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if "|" in line else []
+        if "first study" in cells and "second study" in cells:
+            header = cells
+            continue
+        if header is None or not cells or set(line) <= set("|-: "):
+            header = None if not cells else header
+            continue
+        row = dict(zip(header, cells, strict=True))
+        key = (row["number"].strip("`"), int(row["n"]))
+        assert key in pooled, f"{key}: on the page, not a pooled row of the package table"
+        want = pooled[key]
+        first, second = want["studies"]
+        assert row["first study"] == cell(first), key
+        assert row["second study"] == cell(second), key
+        assert row[next(h for h in header if h.startswith("pooled"))] == cell(want), key
+        assert row["certified"] == ("yes" if want["certified"] else "no"), key
+        seen.add(key)
+    assert seen == set(pooled)
+    words = {9: "Nine", 10: "Ten", 11: "Eleven", 12: "Twelve", 13: "Thirteen"}
+    causal = [r for r in pooled.values() if r["analysis"] in ("faithfulness", "pruning")]
+    assert f"{words[len(causal)]} of these rows lie within two binomial" in _flat(
+        "docs/coverage.md"
+    )
+
+
+def test_the_quick_presets_profile_is_its_latest_run():
+    """The performance page's quick-preset table and the benchmarks page's step list are the
+    latest recorded quick run's step times (faithfulness's passes counted by its docstring's
+    formula)."""
+    latest = _record("timings")["quick_preset"]["latest"]
+    steps, wall = latest["steps_s"], latest["wall_s"]
+    corpus = sum(steps[k] for k in ("sinks", "ablation", "selection", "taxonomy"))
+    rest = wall - steps["faithfulness"] - steps["pruning"] - steps["task_faithfulness"] - corpus
+    page = _flat("docs/performance.md")
+    assert f"the latest, with this version, {wall} s" in page
+    for seconds, digits in (
+        (steps["faithfulness"], 0), (steps["pruning"], 0), (steps["task_faithfulness"], 0),
+        (corpus, 1), (rest, 0),
+    ):  # fmt: skip
+        assert f"| {seconds:.{digits}f} | {100 * seconds / wall:.0f}% |" in page, seconds
+    from cw_lens.analyses.faithfulness.ranking import ALL_METRICS, FRACTIONS, MODES
+    from cw_lens.reporting.state import JobConfig
+
+    grans = JobConfig.preset("quick").faithfulness_granularity
+    passes = 1 + len(grans) * len(ALL_METRICS) * len(MODES) * len(FRACTIONS)
+    assert f"{passes} of them over its one batch" in page
+    assert f"about {steps['faithfulness'] / passes:.1f} s each" in page
+    bench = _flat("docs/benchmarks.md")
+    assert f"latest run ({wall} s, {latest['date']}, cw_lens {latest['cw_lens']})" in bench
+    assert f"faithfulness {steps['faithfulness']:.0f} s ({passes} model passes" in bench
+    assert f"pruning {steps['pruning']:.0f} s, IOI task faithfulness" in bench

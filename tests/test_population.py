@@ -367,6 +367,32 @@ def test_the_coverage_study_measures_each_sub_pool_against_its_own_truth():
     assert "| toy | `mean` | 8 | 100 |" in pop.study_table(rows)
 
 
+def test_parts_of_a_study_run_with_consecutive_seed_offsets_merge_into_the_whole_study():
+    """A study of 30 draws equals its parts of 10 and 20 draws run with offsets base and base +
+    10 (the same draws, the same bootstraps): same covered and missing counts per row; a part
+    that leaves a gap in the draws is refused."""
+    result = MeanOf(population(40))
+    base = 50_000_000
+
+    def part(offset, draws):
+        rows = cov.study({"toy": result}, [8], draws, 200, seed_offset=offset,
+                         boot_seed_offset=offset)  # fmt: skip
+        meta = {"pool": 40, "resamples": 200, "source": "toy", "seed_offset": offset,
+                "draws": draws, "wall_s": 1.0, "cpu_s": 1.0}  # fmt: skip
+        return {"meta": meta, "rows": rows}
+
+    whole = {(r["number"], r["method"]): r for r in part(base, 30)["rows"]}
+    merged = pop.merge_draw_parts([part(base + 10, 20), part(base, 10)])
+    assert merged["meta"]["seed_offset"] == base and len(merged["meta"]["parts"]) == 2
+    assert len(merged["rows"]) == len(whole)
+    for r in merged["rows"]:
+        w = whole[r["number"], r["method"]]
+        assert (r["covered"], r["missing"], r["draws"]) == (w["covered"], w["missing"], 30)
+        assert r["coverage"] == pytest.approx(w["coverage"])
+    with pytest.raises(SystemExit, match="starts at draw 12"):
+        pop.merge_draw_parts([part(base, 10), part(base + 12, 5)])
+
+
 class MeanAndMax(MeanOf):
     """Two numbers: the mean (unbiased) and the largest document value (its bootstrap
     replicates sit well below it: |bias| / SE far above 0.25 in every draw)."""

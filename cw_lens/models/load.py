@@ -191,7 +191,7 @@ def load_model(
         dtype: Parameter dtype. cw_lens accumulates in float32 whatever the model runs in.
         layer_streaming: For a `.gguf` file: `True` keeps the file memory-mapped and
             de-quantises one decoder layer at a time to float32 when its forward starts
-            (`cw_lens.models.gguf_stream`; a 7B model peaks at 7.6–8.9 GB of memory, against
+            (`cw_lens.models.gguf_stream`; a 7B model peaks at 7.6–10.7 GB of memory, against
             about 30 GB de-quantised whole); `False` de-quantises
             the whole file once into the float32 cache; `None` (default) streams when the
             de-quantised weights would take more than a quarter of the available memory. Needs
