@@ -28,7 +28,7 @@ Each measurement runs in its own subprocess (peak RSS is the process's own high-
    pass, where this cw_lens has it; ``sink_statistics`` otherwise), each with its time, layer
    de-quantisations and peak RSS. ``--layers N`` runs the scenario at another depth (2 checks
    the code path in a few minutes), ``--delete-gguf`` deletes its file afterwards. Run alone:
-   ``python benchmarks/bench_7b.py --scenario e2e-28`` (about an hour on 2 cores; the key
+   ``python benchmarks/bench_7b.py --scenario e2e-28`` (27 min on 2 cores, 4 of them writing the file; the key
    ``e2e_28_layers`` of the results file).
 
 The files live in ``$CW_LENS_CACHE/bench/`` (``~/.cache/cw_lens/bench/``; ``--cache-dir``
@@ -408,6 +408,8 @@ def run_e2e(args: argparse.Namespace, report: dict) -> None:
         **({} if written is None else written),
         "deleted_after": bool(args.delete_gguf),
     }
+    if args.conditions:
+        result["conditions"] = args.conditions
     report[f"e2e_{n}_layers"] = result
     verify = result["phases"]["verify"]
     print(
@@ -440,6 +442,11 @@ def main() -> None:
         "--delete-gguf", action="store_true", help="delete the scenario's GGUF file afterwards"
     )
     parser.add_argument("--cache-dir", type=Path, default=None, help="where GGUF files are cached")
+    parser.add_argument(
+        "--conditions",
+        default=None,
+        help="what else ran on the machine, recorded with the scenario (e.g. 'two idle cores')",
+    )
     parser.add_argument(
         "--results", type=Path, default=RESULTS / "bench_7b.json", help="the results file"
     )

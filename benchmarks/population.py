@@ -61,6 +61,7 @@ import os
 import platform
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -884,6 +885,13 @@ def with_second(rows: list[dict[str, Any]], second: list[dict[str, Any]]) -> lis
     the pooled row (a second study may measure more rows than those: they are not pooled)."""
     key = ("analysis", "number", "n", "method", "pool")
     again = {tuple(r[k] for k in key): r for r in second}
+    if len(again) < len(second):  # parts of one study: merge them first (merge-draws)
+        counts = Counter(tuple(r[k] for k in key) for r in second)
+        twice = next(k for k, count in counts.items() if count > 1)
+        raise SystemExit(
+            f"second studies: {twice} is in more than one row; merge the parts of one study "
+            "with `population.py merge-draws` first."
+        )
     return [
         pooled(r, again[k]) if (k := tuple(r[f] for f in key)) in again and near_target(r) else r
         for r in rows
@@ -938,8 +946,13 @@ def merge_draw_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                     f"{reached}; run the parts with --seed-offset {base} + the draws before."
                 )
             reached += int(r["draws"])
+        truths = {float(r["truth"]) for _, r in pieces}
+        if len(truths) > 1:
+            raise SystemExit(f"merge-draws: {k}: the parts measured different truths {truths}.")
         covered = sum(int(r["covered"]) for _, r in pieces)
         share = covered / reached
+        biased = [(float(r["mean_bias_to_se"]), int(r["draws"])) for _, r in pieces]
+        biased = [(b, d) for b, d in biased if not math.isnan(b)]
         rows.append(
             {
                 **pieces[0][1],
@@ -948,10 +961,11 @@ def merge_draw_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 "draws": reached,
                 "missing": sum(int(r["missing"]) for _, r in pieces),
                 "se": math.sqrt(max(share * (1 - share), 1e-12) / reached),
-                "mean_bias_to_se": sum(
-                    float(r["mean_bias_to_se"]) * int(r["draws"]) for _, r in pieces
-                )
-                / reached,
+                # each part's value is a mean over its draws (NaN ones left out): weighted by
+                # its draws, an approximation where a part has NaN draws
+                "mean_bias_to_se": sum(b * d for b, d in biased) / sum(d for _, d in biased)
+                if biased
+                else math.nan,
                 "seconds": sum(float(r["seconds"]) for _, r in pieces),
                 "cpu_seconds": sum(float(r["cpu_seconds"]) for _, r in pieces),
             }

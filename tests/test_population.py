@@ -391,6 +391,12 @@ def test_parts_of_a_study_run_with_consecutive_seed_offsets_merge_into_the_whole
         assert r["coverage"] == pytest.approx(w["coverage"])
     with pytest.raises(SystemExit, match="starts at draw 12"):
         pop.merge_draw_parts([part(base, 10), part(base + 12, 5)])
+    # unmerged parts given as second studies are refused, not read one of them
+    parts = [r for offset in (base, base + 10) for r in part(offset, 10)["rows"]]
+    for r in parts:
+        r["pool"] = "single"
+    with pytest.raises(SystemExit, match="merge-draws"):
+        pop.with_second([{**parts[0], "coverage": 0.95, "draws": 400}], parts)
 
 
 class MeanAndMax(MeanOf):
