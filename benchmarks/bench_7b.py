@@ -28,8 +28,8 @@ Each measurement runs in its own subprocess (peak RSS is the process's own high-
    pass, where this cw_lens has it; ``sink_statistics`` otherwise), each with its time, layer
    de-quantisations and peak RSS. ``--layers N`` runs the scenario at another depth (2 checks
    the code path in a few minutes), ``--delete-gguf`` deletes its file afterwards. Run alone:
-   ``python benchmarks/bench_7b.py --scenario e2e-28`` (27 min on 2 cores, 4 of them writing the file; the key
-   ``e2e_28_layers`` of the results file).
+   ``python benchmarks/bench_7b.py --scenario e2e-28`` (27 min on 2 cores, 4 of them writing
+   the file; the key ``e2e_28_layers`` of the results file).
 
 The files live in ``$CW_LENS_CACHE/bench/`` (``~/.cache/cw_lens/bench/``; ``--cache-dir``
 elsewhere), each with a ``.json`` of the configuration it was written with: a file is reused
