@@ -155,6 +155,47 @@ def profile(fn, top: int = 25) -> str:
     return text.getvalue()
 
 
+# the docs table's rows: (case, its label); the forward and capture rows come first
+DOCS_ROWS = (
+    ("sinks", "`sink_statistics`"),
+    ("selection", "`selection_geometry`"),
+    ("taxonomy", "`head_taxonomy`"),
+    ("ablation", "`sink_ablation` (2 passes)"),
+    ("fused3", "fused: sinks, selection, taxonomy"),
+    ("fused", "fused: all four (2 passes)"),
+)
+
+
+def docs_table(record: dict) -> str:
+    """docs/performance.md's table ("Ratios now") of a record with both workloads: CPU seconds,
+    ratio (in bold above the workload's goal) and over capture, per case."""
+    tiny, embedded = (record["workloads"][w] for w in ("tiny", "embedded"))
+
+    def cells(work: dict, case: str, digits: int) -> str:
+        row = work["cases"]["cpu"][case]
+        ratio = f"{row['ratio']:.2f}"
+        ratio = f"**{ratio}**" if row["ratio"] > work["goal_ratio"] else ratio
+        return f"{row['seconds']:.{digits}f} | {ratio} | {row['over_capture']:.2f}"
+
+    def capture(work: dict, digits: int) -> str:
+        cpu = work["medians"]["cpu"]
+        plain, logits = cpu["capture"], cpu["capture_logits"]
+        return f"{plain:.{digits}f} ({logits:.{digits}f}) | {plain / cpu['forward']:.2f} | 1"
+
+    lines = [
+        "| case | tiny: CPU s | ratio | over capture | embedded: CPU s | ratio | over capture |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| forward (plain `model(tokens)`) | {tiny['medians']['cpu']['forward']:.3f} | 1 | | "
+        f"{embedded['medians']['cpu']['forward']:.2f} | 1 | |",
+        f"| capture (with logits) | {capture(tiny, 3)} | {capture(embedded, 2)} |",
+    ]
+    lines += [
+        f"| {label} | {cells(tiny, case, 3)} | {cells(embedded, case, 2)} |"
+        for case, label in DOCS_ROWS
+    ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
@@ -165,7 +206,15 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="a case to profile after timing")
     parser.add_argument("--note", default="", help="a line for the record (the machine's load)")
     parser.add_argument("--out", type=Path, help="default: the record (--quick: results/)")
+    parser.add_argument(
+        "--docs-table",
+        action="store_true",
+        help="print the record's table for the docs, run nothing",
+    )
     args = parser.parse_args()
+    if args.docs_table:
+        print(docs_table(json.loads((args.out or RECORD).read_text())))
+        return
 
     import torch
 

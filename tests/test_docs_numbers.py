@@ -399,3 +399,17 @@ def test_the_quick_presets_profile_is_its_latest_run():
         f"pruning {steps['pruning']:.0f} s, IOI task faithfulness "
         f"{steps['task_faithfulness']:.0f} s, {small};" in bench
     )
+
+
+def test_the_overhead_table_is_the_records():
+    """docs/performance.md's "Ratios now" table is what `bench_overhead.py --docs-table` prints
+    from the committed record."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cw_lens_bench_overhead", ROOT / "benchmarks" / "bench_overhead.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = _record("bench_overhead")
+    assert bench.docs_table(record) in _read("docs/performance.md")
