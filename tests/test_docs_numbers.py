@@ -351,6 +351,19 @@ def test_the_coverage_pages_second_studies_are_the_package_tables_pooled_rows():
         assert row["certified"] == ("yes" if want["certified"] else "no"), key
         seen.add(key)
     assert seen == set(pooled)
+    # the drivers' second study: a row it measured but does not pool (its first study was not
+    # near 0.93) is quoted from its record
+    drivers = json.loads((RECORDS / "coverage_drivers_second.json").read_text())
+    unpooled = [
+        r
+        for r in drivers["rows"]
+        if r["method"] == "expanded" and (r["number"], r["n"]) not in pooled
+    ]
+    assert len(unpooled) == 1
+    row = unpooled[0]
+    assert f"was measured in the same draws, {row['coverage']:.3f} of {row['draws']}" in _flat(
+        "docs/coverage.md"
+    )
     words = {9: "Nine", 10: "Ten", 11: "Eleven", 12: "Twelve", 13: "Thirteen"}
     causal = [r for r in pooled.values() if r["analysis"] in ("faithfulness", "pruning")]
     assert f"{words[len(causal)]} of these rows lie within two binomial" in _flat(
