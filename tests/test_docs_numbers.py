@@ -426,3 +426,12 @@ def test_the_overhead_table_is_the_records():
     spec.loader.exec_module(bench)
     record = _record("bench_overhead")
     assert bench.docs_table(record) in _read("docs/performance.md")
+    share = {}
+    for workload in ("tiny", "embedded"):
+        cpu = record["workloads"][workload]["medians"]["cpu"]
+        share[workload] = cpu["fused3"] / (cpu["sinks"] + cpu["selection"] + cpu["taxonomy"])
+    assert (
+        f"costs {share['tiny']:.2f} of the three standalone calls on the tiny workload and "
+        f"{share['embedded']:.2f} on the embedded model" in _flat("docs/performance.md")
+    )
+    assert "idle" in record["note"] and "otherwise idle cores" in _flat("docs/performance.md")
