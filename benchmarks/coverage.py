@@ -179,6 +179,13 @@ def bias_to_se(reps: torch.Tensor, resamples: int) -> float:
     return library_bias_to_se(float(reps[resamples]), reps[:resamples])
 
 
+def binomial_se(covered: int, draws: int) -> float:
+    """The binomial standard error of a coverage of ``covered`` in ``draws`` (floored above 0,
+    so a coverage of 0 or 1 keeps a finite z)."""
+    share = covered / draws
+    return math.sqrt(max(share * (1 - share), 1e-12) / draws)
+
+
 def study(
     results: dict[str, object],
     sizes: list[int],
@@ -262,7 +269,7 @@ def study(
                         "method": m,
                         "coverage": share,
                         "covered": covered,
-                        "se": math.sqrt(max(share * (1 - share), 1e-12) / draws),
+                        "se": binomial_se(covered, draws),
                         "missing": missing,
                         "draws": draws,
                         "mean_bias_to_se": float(torch.tensor(bias[k]).nanmean()),

@@ -873,7 +873,7 @@ def pooled(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
         "covered": covered,
         "draws": draws,
         "missing": int(first["missing"]) + int(second["missing"]),
-        "se": math.sqrt(max(share * (1 - share), 1e-12) / draws),
+        "se": _load_benchmark("coverage").binomial_se(covered, draws),
         "lower": lower,
         "certified": certified(share, lower),
         "studies": studies,
@@ -960,7 +960,7 @@ def merge_draw_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 "covered": covered,
                 "draws": reached,
                 "missing": sum(int(r["missing"]) for _, r in pieces),
-                "se": math.sqrt(max(share * (1 - share), 1e-12) / reached),
+                "se": _load_benchmark("coverage").binomial_se(covered, reached),
                 # each part's value is a mean over its draws (NaN ones left out): weighted by
                 # its draws, an approximation where a part has NaN draws
                 "mean_bias_to_se": sum(b * d for b, d in biased) / sum(d for _, d in biased)
@@ -1478,7 +1478,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _load_benchmark(name: str) -> Any:
     """Another script of this folder as a module (``coverage.py`` by path: the name
-    ``coverage`` is also the coverage.py package's)."""
+    ``coverage`` is also the coverage.py package's), loaded once per process."""
+    if (loaded := sys.modules.get(f"cw_lens_benchmarks_{name}")) is not None:
+        return loaded
     spec = importlib.util.spec_from_file_location(
         f"cw_lens_benchmarks_{name}", Path(__file__).with_name(f"{name}.py")
     )
