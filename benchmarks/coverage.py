@@ -111,7 +111,7 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     """Each analysis as a finished main-job run stored it (``cw-lens figures --out RUN``): its
     per-document records are the pool, so the pool costs nothing beyond the run itself."""
     wanted = {JOB_STEPS[name][0] for name in analyses}
-    from cw_lens.reporting.state import STEP_SUFFIX, _load_step
+    from cw_lens.reporting.stored_steps import STEP_SUFFIX, load_step
 
     states = [
         d
@@ -127,7 +127,7 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     for name in analyses:
         step, key = JOB_STEPS[name]
         # a stored step (safetensors, `cw_lens.core.saving`): loading runs no code from the file
-        stored, why = _load_step(states[0] / f"{step}{STEP_SUFFIX}")
+        stored, why = load_step(states[0] / f"{step}{STEP_SUFFIX}")
         if why is not None or not isinstance(stored, dict) or key not in stored:
             raise SystemExit(f"{run}: step {step!r} does not load ({why or 'no ' + repr(key)}).")
         out[name] = stored[key]

@@ -110,3 +110,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    """A run folder of `cw-lens compare` with one number and its replicates over 8 documents."""
+    import numpy as np
+    from test_compare import _run_with
+
+    rng = np.random.default_rng(0)
+    docs = [f"{i:016d}" for i in range(8)]
+    numbers = {"x": (1.0, rng.normal(1, 0.1, 2000).astype(np.float32))}
+    return _run_with(tmp_path_factory.mktemp("runs") / "a", numbers, docs)

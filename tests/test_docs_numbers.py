@@ -435,3 +435,22 @@ def test_the_overhead_table_is_the_records():
         f"{share['embedded']:.2f} on the embedded model" in _flat("docs/performance.md")
     )
     assert "idle" in record["note"] and "otherwise idle cores" in _flat("docs/performance.md")
+
+
+def test_the_operation_count_table_is_the_records():
+    """docs/performance.md's "Operations per layer and batch" table and its growth figures are
+    what `bench_ops.py` recorded."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cw_lens_bench_ops", ROOT / "benchmarks" / "bench_ops.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = _record("bench_ops")
+    page = _flat("docs/performance.md")
+    assert bench.docs_table(record) in _read("docs/performance.md")
+    heads = [f"{record['growth']['heads'][n]['sinks']:,.0f}" for n in ("4", "8", "16")]
+    docs = [f"{record['growth']['documents'][n]['selection']:,.0f}" for n in ("8", "16", "32")]
+    assert f"the sink statistics: {heads[0]}, {heads[1]} and {heads[2]} with 4, 8" in page
+    assert f"the selection: {docs[0]}, {docs[1]} and {docs[2]} with 8, 16" in page

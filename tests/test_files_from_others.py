@@ -18,12 +18,14 @@ import io
 import json
 import pkgutil
 import struct
+import sys
 import tracemalloc
 import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -195,7 +197,8 @@ def _loads_cleanly_or_refuses(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """Two real result files (accumulators and frames; a graph) and their content and tensors."""
+    """Real result files (accumulators and frames; a graph; contribution tensors; tables) and
+    their content and tensors."""
     from safetensors import safe_open
 
     model = tiny_llama(seed=0, n_layers=2)
@@ -204,6 +207,12 @@ def saved(tmp_path_factory):
     for name, result in {
         "stats": cw_lens.sink_statistics(model, TEXTS, min_query=2, progress=False),
         "routes": cw_lens.routes(model, TEXTS[0]),
+        "cw": cw_lens.contribution_weights(model, TEXTS, layers=[1]),
+        "ioi": cw_lens.IOIRouteStatisticsResult(
+            items=pd.DataFrame({"reaches_io": [1.0, 0.0], "n_edges": [3, 4]}),
+            heads=pd.DataFrame({"layer": [1, 0], "head": [0, 2], "io_items": [3, 5]}),
+            threshold=0.02,
+        ),
     }.items():
         path = folder / f"{name}.safetensors"
         result.save(path)
@@ -327,6 +336,173 @@ def test_registered_classes_are_the_decorated_ones_and_run_no_finaliser():
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
     assert registered_classes() == classes  # importing everything registers nothing more
+
+
+# --------------------------------------------------------------------------- issue 51's edits
+# Each row of the "Result files" table: a real result's JSON edited by hand, which 0.4.1 loaded
+# (a silent wrong number, a shadowed method, a shared buffer, wrong shapes, dtypes and numbers,
+# memory out of proportion to the file, a file opened). Each is refused with an InputError
+# that names the class and the field.
+
+
+def _edited(saved: dict, name: str, folder: Path, edit) -> Path:
+    content, tensors, cls = saved[name]
+    content, tensors = copy.deepcopy(content), dict(tensors)
+    edit(content["state"], tensors)
+    path = folder / "edited.safetensors"
+    _write_result(path, content, tensors, cls)
+    return path
+
+
+def _refused(path: Path, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        cw_lens.load_result(path)
+
+
+def test_a_stored_derived_field_is_refused(saved, tmp_path):
+    """A stored `weights` of 0.999 (a cached property) was read from the file: a silent wrong
+    number, not `attention * relative_norm * cosine`."""
+
+    def edit(state, tensors):
+        tensors["weights"] = torch.full_like(tensors["attention"], 0.999)
+        state["weights"] = {TYPE: "tensor", "key": "weights"}
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"'weights'.*never read from a file")
+
+
+@pytest.mark.parametrize("method", ["save", "to_html", "top"])
+def test_a_field_named_after_a_method_is_refused(saved, tmp_path, method):
+    def edit(state, tensors):
+        state[method] = 1
+
+    _refused(_edited(saved, "cw", tmp_path, edit), rf"ContributionResult.*'{method}'.*method")
+
+
+def test_a_tensor_used_by_two_fields_is_refused(saved, tmp_path):
+    def edit(state, tensors):
+        state["cosine"] = {TYPE: "tensor", "key": state["attention"]["key"]}
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"ContributionResult.cosine.*twice")
+
+
+@pytest.mark.parametrize(
+    ("field", "change", "match"),
+    [
+        ("attention", lambda t: torch.zeros(3), r"wrong attention: expected a float32 tensor"),
+        ("mask", lambda t: t.float(), r"wrong mask: expected a bool tensor"),
+        (
+            "tokens",
+            lambda t: torch.cat([t, t[:, :1]], 1),
+            r"wrong tokens: its axis 'pos' has size \d+, but",
+        ),
+        ("attention", lambda t: t.double() * 50, r"wrong attention: .*a float64 tensor"),
+    ],
+    ids=["zeros(3)", "float mask", "tokens one longer", "float64 x50"],
+)
+def test_a_tensor_of_a_wrong_shape_or_dtype_is_refused(saved, tmp_path, field, change, match):
+    def edit(state, tensors):
+        key = state[field]["key"]
+        tensors[key] = change(tensors[key])
+
+    _refused(_edited(saved, "cw", tmp_path, edit), match)
+
+
+def test_token_strings_that_do_not_match_the_tokens_are_refused(saved, tmp_path):
+    def edit(state, tensors):
+        state["str_tokens"][0].pop()
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"wrong str_tokens: its rows must be as long")
+
+
+def test_float_bits_read_as_int32_are_refused(saved, tmp_path):
+    def edit(state, tensors):
+        def retype(v):
+            if isinstance(v, dict):
+                if v.get(TYPE) == "ndarray" and v.get("dtype") == "<f4":
+                    v["dtype"] = "<i4"
+                for x in v.values():
+                    retype(x)
+            elif isinstance(v, list):
+                for x in v:
+                    retype(x)
+
+        retype(state)
+
+    _refused(_edited(saved, "stats", tmp_path, edit), r"<i4 is stored as a float32 tensor")
+
+
+@pytest.mark.parametrize("number", [10**400, {TYPE: "float", "value": "nan"}, 1.5, True])
+def test_a_count_that_is_not_a_bounded_whole_number_is_refused(saved, tmp_path, number):
+    def edit(state, tensors):
+        state["n_nan_rows"] = number
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"ContributionResult has a wrong n_nan_rows")
+
+
+def test_unknown_keys_are_refused(saved, tmp_path):
+    def edit(state, tensors):
+        state["payload"] = "extra"
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"field 'payload'.*does not have")
+
+
+def test_a_range_out_of_proportion_to_the_file_is_refused(saved, tmp_path):
+    """`layers` as `range(0, 10**18)`: a raw MemoryError in `to_html()` in 0.4.1."""
+
+    def edit(state, tensors):
+        state["layers"] = {TYPE: "range", "items": [0, 10**18, 1]}
+
+    _refused(_edited(saved, "cw", tmp_path, edit), r"range of 10+ items, out of proportion")
+
+
+def test_string_items_claiming_gigabytes_are_refused_without_allocating(saved, tmp_path):
+    """Four arrays of `<U60000000` in a few hundred bytes of JSON held 915 MB in 0.4.1."""
+
+    def edit(state, tensors):
+        item = {TYPE: "ndarray", "dtype": "<U60000000", "shape": [1], "items": ["a"]}
+        state["meta"] = {f"m{i}": dict(item) for i in range(4)}
+
+    path = _edited(saved, "routes", tmp_path, edit)
+    with pytest.raises(InputError, match=r"RouteGraphResult.meta: .*numbers and bools only"):
+        _bounded(lambda: cw_lens.load_result(path))
+
+
+class _Opens:
+    """An audit hook recording the files opened while it listens (an audit hook stays for the
+    life of the process: one, switched on and off)."""
+
+    listening = False
+    opened: list[str] = []  # noqa: RUF012
+
+    @classmethod
+    def hook(cls, event: str, args: tuple) -> None:
+        if cls.listening and event in ("open", "os.open") and args:
+            cls.opened.append(str(args[0]))
+
+
+sys.addaudithook(_Opens.hook)
+
+
+def test_a_pandas_dtype_that_names_a_file_is_refused_without_opening_it(saved, tmp_path):
+    """A column dtype `datetime64[ns, dateutil//etc/passwd]` made pandas open /etc/passwd."""
+
+    def edit(state, tensors):
+        column = state["items"]["data"][0]
+        column.clear()
+        column.update(dtype="datetime64[ns, dateutil//etc/passwd]", items=[0])
+
+    path = _edited(saved, "ioi", tmp_path, edit)
+    _Opens.opened.clear()
+    _Opens.listening = True
+    try:
+        (tmp_path / "probe.txt").write_text("the hook listens")
+        with pytest.raises(InputError) as refused:
+            cw_lens.load_result(path)
+    finally:
+        _Opens.listening = False
+    assert [p for p in _Opens.opened if p.endswith("probe.txt")]  # the hook heard opens
+    assert not [p for p in _Opens.opened if "passwd" in p], _Opens.opened
+    assert "the dtype 'datetime64[ns, dateutil//etc/passwd]'" in str(refused.value)
 
 
 # --------------------------------------------------------------------------- the job's state
@@ -525,14 +701,7 @@ def test_a_cache_build_that_fails_midway_leaves_no_cache_folder(gguf_file, tmp_p
 # --------------------------------------------------------------------------- cw-lens compare
 
 
-@pytest.fixture(scope="module")
-def run_folder(tmp_path_factory):
-    from test_compare import _run_with
-
-    rng = np.random.default_rng(0)
-    docs = [f"{i:016d}" for i in range(8)]
-    numbers = {"x": (1.0, rng.normal(1, 0.1, 2000).astype(np.float32))}
-    return _run_with(tmp_path_factory.mktemp("runs") / "a", numbers, docs)
+# `run_folder`: a run folder of `cw-lens compare` (tests/conftest.py)
 
 
 def _compares_cleanly_or_refuses(reference: Path, run: Path) -> None:

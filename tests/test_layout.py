@@ -119,16 +119,18 @@ def _docstring_lines(node: ast.AST) -> int:
     )  # fmt: skip
 
 
-def test_no_module_over_600_lines_and_long_functions_say_why():
-    """Every line counts, docstrings and comments too (as `wc -l` counts them); a function of
-    over 80 lines of code (docstrings not counted) says why in a `# Long:` comment of its
+def test_long_modules_and_long_functions_say_why():
+    """A module is one concept, and 600 lines is a hint, never a reason to split one: a module
+    of over 600 lines (every line counts, docstrings and comments too, as `wc -l` counts them)
+    says why it is one concept in a `# One concept:` comment, and none is over 900. A function
+    of over 80 lines of code (docstrings not counted) says why in a `# Long:` comment of its
     body."""
     too_long, unexplained = [], []
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()
         tree = ast.parse(text)
         lines = len(text.splitlines())
-        if lines > 600:
+        if lines > 900 or (lines > 600 and "# One concept:" not in text):
             too_long.append(f"{path.relative_to(PACKAGE)}: {lines} lines")
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

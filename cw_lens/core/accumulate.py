@@ -23,16 +23,18 @@ object with a `merge` method. `state_bytes` measures what an accumulator holds. 
 and `SampleReservoir` store what they keep: `cw_lens.core.exact_slots`, `cw_lens.core.bottom_k`.
 """
 
+# One concept: the four building blocks share one protocol (update, merge, state) and one
+# reason to exist, folding streamed layers into results of fixed size.
 from __future__ import annotations
 
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Float32, Integer
 from torch import Tensor
 
 from cw_lens.core import exact
@@ -43,6 +45,7 @@ from cw_lens.core.exact_slots import ExactSlots
 from cw_lens.core.memory import state_bytes  # noqa: F401  (re-exported: the tests read it here)
 from cw_lens.core.registry import saveable
 from cw_lens.core.row_hash import _hash_rows, _start_key, row_keys
+from cw_lens.core.schema import Count
 
 # Numbers an `ExactSums` buffers on a device other than the CPU before they travel to the host
 # (and into its limbs): one transfer per 2^20 numbers, 16 MB of buffer with their indices.
@@ -68,6 +71,19 @@ class ExactSums(ExactSlots):
     the corpus, and no allocation outlives the call that made it (so the heap does not
     fragment around long-lived small objects).
     """
+
+    # what a file stores (`__getstate__`): the limbs packed, the buffer folded
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "buffer": Annotated[int, Count()],
+        "_slots": dict[str, tuple[int, tuple[int, ...]]],
+        "_size": int,
+        "_values": None,
+        "_index": None,
+        "_n_buffered": int,
+        "_since_carry": int,
+        "_totals": dict[str, Tensor],
+        "_packed": dict[str, int | Integer[Tensor, "slot _"]],
+    }
 
     def __init__(self, buffer: int = 1 << 16) -> None:
         self.buffer = int(buffer)
@@ -191,6 +207,17 @@ class SampleReservoir(BottomKBuffers):
     `capacity * (8 * n_columns + 32)` bytes, allocated once.
     """
 
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "columns": list[str],
+        "capacity": Annotated[int, Count()],  # allocates 2 * capacity rows per group
+        "seed": int,
+        "_rows": dict[str, np.ndarray],
+        "_keys": dict[str, np.ndarray],
+        "_docs": dict[str, np.ndarray],
+        "_n": dict[str, int],
+    }
+    optional_fields = ("_docs",)  # absent in states stored before documents were kept
+
     def __init__(self, columns: Sequence[str], capacity: int = 100_000, seed: int = 0) -> None:
         if capacity < 1:
             raise InputError(f"capacity must be at least 1, got {capacity}.")
@@ -293,6 +320,15 @@ class Histogram:
     `(lo, hi)` without clipping them. `counts` is `[*shape, n_bins + 2]` int64; NaN values
     are ignored.
     """
+
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "lo": float,
+        "hi": float,
+        "n_bins": Annotated[int, Count()],
+        "scale": Literal["linear", "asinh"],
+        "unit": float,
+        "counts": Integer[Tensor, "*shape bin"],
+    }
 
     def __init__(
         self,
@@ -427,6 +463,14 @@ class PerDocument:
     so merged tables are bit-identical.
     """
 
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "names": list[str],
+        "shape": tuple[int, ...],
+        "_column": dict[str, int],
+        "values": Float32[Tensor, "document statistic *shape"],
+        "seen": Bool[Tensor, " document"],
+    }
+
     def __init__(self, names: Sequence[str], n_documents: int, shape: Sequence[int] = ()) -> None:
         self.names = list(names)
         self.shape = tuple(int(s) for s in shape)
@@ -528,6 +572,12 @@ class BootstrapSums:
     bit-identical). Size: `n_replicates` times 568 bytes per summed number, whatever the
     corpus size; `total(name)` is `[n_replicates, *shape]`.
     """
+
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "n_replicates": Annotated[int, Count()],
+        "seed": int,
+        "sums": ExactSums,
+    }
 
     def __init__(self, n_replicates: int = 1000, seed: int = 0) -> None:
         if n_replicates < 1:

@@ -9,6 +9,22 @@ unregistered class, a damaged or hand-made structure, a wrong dtype or shape, a 
 nesting deeper than `MAX_DEPTH` — is an [`InputError`][cw_lens.InputError], never another
 exception.
 
+Every object is checked against its class's schema (`cw_lens.core.schema`) before it is built:
+its keys first (exactly its stored fields; never a method, a property or a derived value such
+as a contribution's `weights`), then each field's type, tensor dtype and named axes, its list
+lengths, enumerations and bounded numbers. A file's claims are bounded by its size before
+anything is allocated:
+
+- each stored tensor is read into one field: a tensor key used twice is refused, and no two
+  loaded tensors share memory;
+- arrays are numbers and bools only, read from a tensor of exactly their dtype (a string or
+  object array, `<U60000000`, is refused before numpy allocates it);
+- a range (or a `RangeIndex`) claims at most `MIN_CLAIM` items plus 8 per byte of the file, a
+  stored object is referred back to at most `MAX_REFS` times and never from inside itself;
+- column dtypes are the plain ones of `cw_lens.core.saving.PANDAS_DTYPES`, looked up in that
+  table (pandas itself is never asked to parse a dtype from a file: it opens files for time
+  zones).
+
 Examples:
     >>> from cw_lens.core.errors import InputError
     >>> from cw_lens.core.loading import check_classes
@@ -38,10 +54,22 @@ from torch import Tensor
 
 from cw_lens.core.errors import InputError
 from cw_lens.core.registry import registered_class
-from cw_lens.core.saving import FORMAT, FORMAT_VERSION, NETWORKX_CLASSES, TYPE, defines
+from cw_lens.core.saving import (
+    FORMAT,
+    FORMAT_VERSION,
+    NETWORKX_CLASSES,
+    PANDAS_DTYPES,
+    TYPE,
+    defines,
+    stored_tensor_dtype,
+)
+from cw_lens.core.schema import check_keys, check_state, check_value, schema_of
 
 MAX_DEPTH = 200  # JSON nesting a file may have (results nest a few dozen levels)
-_MAX_ITEM_BYTES = 1 << 28  # an array spelt out item by item in the JSON: at most 256 MiB
+# what a range or a RangeIndex may claim: at most this many items plus 8 per byte of the file
+# (a range of 10**18 in a 300-byte file is refused; the ones cw_lens writes index its tensors)
+MIN_CLAIM = 1 << 20
+MAX_REFS = 64  # references back to one stored object (a shared value; cw_lens writes a few)
 _CONTAINERS = {"dict": dict, "list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
 _NAMED = ("object", "enum", *_CONTAINERS)  # the value types that may name a class
 _TORCH_DTYPES = {
@@ -134,60 +162,130 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
-def _numpy_dtype(spec: Any, kinds: str) -> np.dtype:
-    """A numpy dtype the file names, of one of `kinds` and without fields."""
-    dtype = np.dtype(_text(spec, "a dtype"))
-    if dtype.kind not in kinds or dtype.fields is not None or dtype.subdtype is not None:
-        raise _damaged(f"an array has the dtype {dtype.str!r}, which cw_lens never writes there")
+def _numpy_dtype(spec: Any) -> np.dtype:
+    """A numeric or bool numpy dtype the file names, in the machine's byte order.
+
+    Only these are read: a string, object or structured dtype in a file (`<U60000000`)
+    would claim memory out of proportion to the file, and cw_lens never writes one."""
+    text = _text(spec, "a dtype")
+    dtype = np.dtype(text) if len(text) <= 8 else None
+    if (
+        dtype is None
+        or dtype.kind not in "biuf"
+        or dtype.itemsize > 8
+        or not dtype.isnative
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+    ):
+        raise _damaged(
+            f"an array has the dtype {text[:40]!r}; cw_lens stores arrays of numbers and bools "
+            "only, in the machine's byte order"
+        )
     return dtype
 
 
+def _bounded_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise _damaged(f"{what} is not a whole number in the int64 range")
+    return value
+
+
+class _Building:
+    """The place of an object whose fields are still being read (a reference to it is a
+    cycle, which cw_lens never writes)."""
+
+
 class _Reader:
-    def __init__(self, tensors: dict[str, Tensor], classes: dict[str, type]) -> None:
+    def __init__(self, tensors: dict[str, Tensor], classes: dict[str, type], claim: int) -> None:
         self.tensors = tensors
         self.classes = classes  # the names check_classes found, registered
+        self.claim = claim  # what ranges and counts may claim, in items (see MIN_CLAIM)
         self._objects: dict[int, Any] = {}
+        self._used: set[str] = set()  # the tensor keys read (each is read once)
+        self._refs: dict[int, int] = {}  # references to each object
+        self._storages: set[int] = set()
 
     def tensor(self, key: Any) -> Tensor:
-        try:
-            return self.tensors[key]
-        except (KeyError, TypeError):
-            raise InputError(f"The file has no tensor {str(key)[:200]!r}: it is damaged.") from None
+        if not isinstance(key, str) or key not in self.tensors:
+            raise InputError(f"The file has no tensor {str(key)[:200]!r}: it is damaged.")
+        if key in self._used:
+            raise InputError(
+                f"The file uses its tensor {key[:200]!r} twice; cw_lens stores the tensor of "
+                "each field for that field alone: the file is damaged (or is a streamed block "
+                "saved by cw_lens 0.4.1 or earlier, which stored a tensor two fields shared "
+                "once: save it again with this version)."
+            )
+        self._used.add(key)
+        t = self.tensors[key]
+        storage = t.untyped_storage()
+        whole = t.storage_offset() == 0 and storage.nbytes() == t.nbytes
+        if t.nbytes and (not whole or storage.data_ptr() in self._storages):
+            t = t.clone()  # no two loaded tensors share memory
+        elif t.nbytes:
+            self._storages.add(storage.data_ptr())
+        return t
 
     def array(self, spec: dict[str, Any]) -> np.ndarray:
-        if "key" in spec:  # numbers, read from a tensor's bytes
-            dtype = _numpy_dtype(spec["dtype"], "biuf")
-            stored = self.tensor(spec["key"]).numpy()
-            if stored.dtype.kind not in "biuf" or stored.dtype.itemsize != dtype.itemsize:
-                raise _damaged(f"an array of {dtype.str} is stored as {stored.dtype.str}")
-            return stored.view(dtype) if stored.dtype != dtype else stored.copy()
-        dtype = _numpy_dtype(spec["dtype"], "biufOUS")
-        items = spec["items"]
-        if not isinstance(items, list) or dtype.itemsize * len(items) > _MAX_ITEM_BYTES:
-            raise _damaged("an array's items are not a list of a bounded size")
-        out = np.empty(len(items), dtype=object)
-        for i, item in enumerate(items):
-            out[i] = self.decode(item)
-        return out.astype(dtype).reshape(spec["shape"])
+        if "key" not in spec:
+            raise _damaged(
+                "an array is spelt out item by item; cw_lens stores arrays of numbers and "
+                "bools only, as tensors"
+            )
+        dtype = _numpy_dtype(spec["dtype"])
+        t = self.tensor(spec["key"])
+        if t.dtype != stored_tensor_dtype(dtype):
+            raise _damaged(
+                f"an array of {dtype.str} is stored as a {str(t.dtype).removeprefix('torch.')} "
+                "tensor, which cw_lens never writes for it"
+            )
+        stored = t.numpy()
+        return stored.view(dtype) if stored.dtype != dtype else stored.copy()
+
+    def _pandas_dtype(self, spec: Any) -> Any:
+        name = _text(spec, "a column's dtype")
+        dtype = PANDAS_DTYPES.get(name)
+        if dtype is None:
+            raise InputError(
+                f"A column of the file has the dtype {name[:100]!r}; cw_lens reads columns of "
+                f"the dtypes {sorted(PANDAS_DTYPES)} only."
+            )
+        return dtype
 
     def values(self, spec: dict[str, Any]) -> Any:
-        dtype = pd.api.types.pandas_dtype(_text(spec["dtype"], "a column's dtype"))
+        dtype = self._pandas_dtype(spec["dtype"])
         if "array" in spec:
-            return self.array(spec["array"])
+            values = self.array(spec["array"])
+            if values.dtype != dtype:
+                raise _damaged(f"a column of dtype {dtype} holds an array of {values.dtype}")
+            return values
         items = [self.decode(v) for v in spec["items"]]
         if dtype == np.dtype(object):
             out = np.empty(len(items), dtype=object)
             for i, item in enumerate(items):
                 out[i] = item
             return out
+        if isinstance(dtype, np.dtype):
+            raise _damaged(f"a column of dtype {dtype} is spelt out item by item")
         return pd.array(items, dtype=dtype)
+
+    def _range(self, start: Any, stop: Any, step: Any) -> range:
+        out = range(
+            _bounded_int(start, "a range's start"),
+            _bounded_int(stop, "a range's stop"),
+            _bounded_int(step, "a range's step"),
+        )
+        if len(out) > self.claim:
+            raise InputError(
+                f"The file holds a range of {len(out)} items, out of proportion to its size "
+                f"(at most {self.claim}): it is damaged."
+            )
+        return out
 
     def index(self, spec: dict[str, Any]) -> pd.Index:
         kind = spec[TYPE]
         if kind == "RangeIndex":
-            return pd.RangeIndex(
-                spec["start"], spec["stop"], spec["step"], name=self.decode(spec["name"])
-            )
+            r = self._range(spec["start"], spec["stop"], spec["step"])
+            return pd.RangeIndex(r.start, r.stop, r.step, name=self.decode(spec["name"]))
         if kind == "MultiIndex":
             return pd.MultiIndex(
                 levels=[self.index(level) for level in spec["levels"]],
@@ -227,8 +325,13 @@ class _Reader:
         if kind == "ndarray":
             return self.array(value)
         if kind == "numpy.scalar":
-            dtype = _numpy_dtype(value["dtype"], "biufcUS")
-            return dtype.type(self.decode(value["value"]))
+            dtype = _numpy_dtype(value["dtype"])
+            number = value["value"]
+            if isinstance(number, dict):
+                number = self.decode(number)  # a NaN or an infinity
+            if not isinstance(number, (bool, int, float)):
+                raise _damaged("a numpy number is not a number")
+            return dtype.type(number)
         if kind == "DataFrame":
             return self.frame(value)
         if kind == "Series":
@@ -244,9 +347,15 @@ class _Reader:
         if kind == "torch.device":
             return torch.device(_text(value["name"], "a device"))
         if kind == "slice":
-            return slice(*self.decode(value["items"]))
+            items = value["items"]
+            if not isinstance(items, list) or len(items) != 3:
+                raise _damaged("a slice is not (start, stop, step)")
+            return slice(*(None if i is None else _bounded_int(i, "a slice bound") for i in items))
         if kind == "range":
-            return range(*value["items"])
+            items = value["items"]
+            if not isinstance(items, list) or len(items) != 3:
+                raise _damaged("a range is not (start, stop, step)")
+            return self._range(*items)
         if kind == "path":
             return pathlib.Path(_text(value["value"], "a path"))
         if kind == "enum":
@@ -258,12 +367,20 @@ class _Reader:
         if kind == "object":
             return self.object(value)
         if kind == "ref":
-            try:
-                return self._objects[value["id"]]
-            except KeyError:
+            ident = value["id"]
+            known = self._objects.get(ident) if isinstance(ident, int) else None
+            if known is None or isinstance(known, _Building):
                 raise InputError(
-                    "The file refers to an object it does not hold: it is damaged."
-                ) from None
+                    "The file refers to an object it does not hold, or to an object from "
+                    "inside that object: it is damaged."
+                )
+            self._refs[ident] = self._refs.get(ident, 0) + 1
+            if self._refs[ident] > MAX_REFS:
+                raise InputError(
+                    f"The file refers to one object more than {MAX_REFS} times (cw_lens stores "
+                    "an object once and refers back to it a few times at most): it is damaged."
+                )
+            return known
         raise InputError(f"Unknown value type {str(kind)[:100]!r} in the file.")
 
     def container(self, kind: str, spec: dict[str, Any]) -> Any:
@@ -274,8 +391,14 @@ class _Reader:
         if "class" not in spec:
             return _CONTAINERS[kind](items)
         cls = self.classes[spec["class"]]  # checked: a NamedTuple or a builtin's subclass
+        schema = schema_of(cls)
         if kind == "tuple" and hasattr(cls, "_fields"):
+            if len(items) != len(cls._fields):
+                raise InputError(f"A stored {cls.__qualname__} has {len(items)} items, "
+                                 f"not its fields {list(cls._fields)}.")  # fmt: skip
+            check_state(schema, dict(zip(cls._fields, items, strict=True)), claim=self.claim)
             return cls(*items)
+        check_value(schema, items, cls.stored_items, "items", claim=self.claim)
         return cls(items)
 
     def graph(self, spec: dict[str, Any]) -> Any:
@@ -300,32 +423,35 @@ class _Reader:
         ident = spec["id"]
         if not isinstance(ident, int) or ident in self._objects:
             raise _damaged("two objects share an id")
+        schema = schema_of(cls)
+        raw = spec["state"]
+        if not isinstance(raw, dict) or TYPE in raw:
+            raise InputError(f"The state of a {cls.__qualname__} in the file is not its fields.")
+        check_keys(schema, list(raw))  # before anything of it is read
+        self._objects[ident] = _Building()
+        state = {}
+        for name, value in raw.items():
+            try:
+                state[name] = self.decode(value)
+            except InputError as exc:
+                raise InputError(f"{cls.__qualname__}.{name}: {exc}") from None
+        check_state(schema, state, claim=self.claim)  # every field, before it is built
         obj = cls.__new__(cls)
-        self._objects[ident] = obj  # before its state: the state may refer back to it
-        state = self.decode(spec["state"])
         if defines(cls, "__setstate__"):
             obj.__setstate__(state)
-            return obj
-        if not isinstance(state, dict) or not all(
-            isinstance(k, str) and k.isidentifier() and not k.startswith("__") for k in state
-        ):
-            raise InputError(f"The state of a {cls.__qualname__} in the file is not its fields.")
-        if dataclasses.is_dataclass(cls):
-            missing = [
-                f.name
-                for f in dataclasses.fields(cls)
-                if f.init
-                and f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING
-                and f.name not in state
-            ]
-            if missing:
-                raise _damaged(f"a {cls.__qualname__} lacks the fields {missing}")
-        for name, value in state.items():
-            if hasattr(obj, "__dict__") and not _is_slot(cls, name):
-                obj.__dict__[name] = value
-            else:
-                object.__setattr__(obj, name, value)
+        else:
+            if dataclasses.is_dataclass(cls):
+                for f in dataclasses.fields(cls):
+                    if f.name not in state and f.default is not dataclasses.MISSING:
+                        state[f.name] = f.default
+                    elif f.name not in state and f.default_factory is not dataclasses.MISSING:
+                        state[f.name] = f.default_factory()
+            for name, value in state.items():
+                if hasattr(obj, "__dict__") and not _is_slot(cls, name):
+                    obj.__dict__[name] = value
+                else:
+                    object.__setattr__(obj, name, value)
+        self._objects[ident] = obj
         return obj
 
 
@@ -333,7 +459,7 @@ def _is_slot(cls: type, name: str) -> bool:
     return any(name in getattr(klass, "__slots__", ()) for klass in cls.__mro__)
 
 
-def decode_content(content: Any, tensors: dict[str, Tensor]) -> Any:
+def decode_content(content: Any, tensors: dict[str, Tensor], *, size: int = 0) -> Any:
     """The value a file's JSON `content` and its `tensors` hold.
 
     Every class the content names is checked first (`check_classes`): an unregistered one is
@@ -343,6 +469,8 @@ def decode_content(content: Any, tensors: dict[str, Tensor]) -> Any:
     Args:
         content: The decoded JSON.
         tensors: The file's tensors by key.
+        size: The file's size in bytes, which bounds what its ranges may claim
+            (`MIN_CLAIM` plus 8 items per byte).
 
     Returns:
         The value.
@@ -352,7 +480,7 @@ def decode_content(content: Any, tensors: dict[str, Tensor]) -> Any:
     """
     classes = check_classes(content)
     try:
-        return _Reader(tensors, classes).decode(content)
+        return _Reader(tensors, classes, MIN_CLAIM + 8 * size).decode(content)
     except InputError:
         raise
     except _MALFORMED as exc:
@@ -435,4 +563,7 @@ def read_file(path: str | os.PathLike[str], *, file_format: str = FORMAT) -> Any
         content = json.loads(metadata["content"])
     except (KeyError, ValueError, RecursionError):
         raise InputError(f"{str(path)!r} has no readable content: it is damaged.") from None
-    return decode_content(content, tensors)
+    try:
+        return decode_content(content, tensors, size=pathlib.Path(path).stat().st_size)
+    except InputError as exc:
+        raise InputError(f"{str(path)!r}: {exc}") from None

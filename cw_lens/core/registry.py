@@ -79,7 +79,9 @@ def saveable(cls: T) -> T:
     """Register `cls` as a class that result files and stored job steps may hold.
 
     Use it as a class decorator where the class is defined, and add the module to
-    `SAVEABLE_MODULES`. Only cw_lens's own classes can be registered.
+    `SAVEABLE_MODULES`. Only cw_lens's own classes can be registered. What a file may store
+    of the class is its schema (`cw_lens.core.schema`): its dataclass fields and their type
+    hints, or its `stored_fields`; the loader checks every stored object against it.
 
     Args:
         cls: A class defined in a cw_lens module.

@@ -54,6 +54,9 @@ from cw_lens.core.errors import InputError
 
 FILE = "replicates.npz"
 FORMAT = 1
+# the largest replicates file read (a paper run's is well under 1 MB)
+MAX_BYTES = 256 << 20
+CHUNK = 1 << 20  # the chunks it is hashed in
 DIFFER, SAME, NOT_COMPARABLE = "differ", "same within uncertainty", "not comparable"
 RESULTS = (DIFFER, SAME, NOT_COMPARABLE)
 
@@ -142,15 +145,69 @@ def pack(
     return buffer.getvalue()
 
 
-def unpack(path: Path, sha256: str | None) -> RunReplicates:
-    """Read `replicates.npz`; `sha256` (the summary's record of it) must match, so that a
-    file left by another run is never read as this run's."""
-    data = path.read_bytes()
+def read_checked(path: Path, sha256: str | None, size: int | None = None) -> bytes:
+    """The bytes of `path`, refused before they are read when its size (from the file system)
+    is over `MAX_BYTES` or is not `size`, and when its SHA-256, computed while the file is
+    streamed in chunks, is not `sha256` (not checked when None). Only then is it read whole,
+    and those bytes checked again (the file may change between the two reads).
+
+    Args:
+        path: The file.
+        sha256: Its expected SHA-256 (hex), or None.
+        size: Its expected size in bytes, or None.
+
+    Returns:
+        Its bytes.
+
+    Raises:
+        InputError: when its size or hash is not the one expected, or it cannot be read.
+    """
+    mismatch = InputError(
+        f"{path} does not belong to the summary.json beside it (its SHA-256 differs from the "
+        "one the summary records); rerun `cw-lens figures` into that folder."
+    )
+    try:
+        found = path.stat().st_size
+        if found > MAX_BYTES or (size is not None and found != size):
+            expected = f"{size} bytes" if size is not None else f"at most {MAX_BYTES} bytes"
+            raise InputError(
+                f"{path} is {found} bytes; its summary's replicates file is {expected}. It was "
+                "not read: rerun `cw-lens figures` into that folder."
+            )
+        with open(path, "rb") as f:
+            if sha256 is not None:
+                streamed = hashlib.sha256()
+                while chunk := f.read(CHUNK):
+                    streamed.update(chunk)
+                if streamed.hexdigest() != sha256:
+                    raise mismatch
+                f.seek(0)
+            data, more = f.read(found), f.read(1)  # the size it had (`read` allocates that)
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc}).") from None
+    if more:
+        raise InputError(f"{path} grew while it was read; read it again when it is written.")
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise InputError(
-            f"{path} does not belong to the summary.json beside it (its SHA-256 differs from "
-            "the one the summary records); rerun `cw-lens figures` into that folder."
-        )
+        raise mismatch  # it changed after it was checked
+    return data
+
+
+def unpack(path: Path, sha256: str | None, size: int | None = None) -> RunReplicates:
+    """Read `replicates.npz`, checked before anything is parsed (`read_checked`).
+
+    Args:
+        path: The file.
+        sha256: The summary's record of its SHA-256 (None: not checked): it must match, so
+            that a file left by another run is never read as this run's.
+        size: The summary's record of its size in bytes (None: not checked).
+
+    Returns:
+        What it holds.
+
+    Raises:
+        InputError: when it is not the file the summary records, or not a replicates file.
+    """
+    data = read_checked(path, sha256, size)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             meta = json.loads(str(npz["meta"]))
@@ -170,7 +227,7 @@ def _checked(meta: Any, arrays: list[np.ndarray], documents: list[str]) -> RunRe
     """The file's contents, every entry of the kind `pack` writes (else an `InputError`)."""
 
     def count(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
     if not isinstance(meta, dict):
         raise InputError("its record is not an object")

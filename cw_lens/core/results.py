@@ -339,6 +339,8 @@ class ClaimsTable(dict):
     plain nested dict, and Jupyter renders it as a Markdown table.
     """
 
+    stored_items: ClassVar[Any] = dict[str, dict[str, Any]]  # what a file stores of it
+
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The plain nested dict.
 

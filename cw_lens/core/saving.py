@@ -19,7 +19,8 @@ hand-made structure, a wrong dtype or shape, a missing tensor, nesting deeper th
 The format (version 1):
 
 - the file is a safetensors file: its tensors are the result's tensors and numeric arrays
-  (numeric DataFrame columns included), each stored once, on the CPU;
+  (numeric DataFrame columns included), on the CPU, one key for each place a tensor is in (a
+  tensor two fields hold is stored twice: the loader reads each key into one field);
 - its string metadata (the safetensors header) holds `format` (`"cw_lens.result"`, or
   `"cw_lens.job-step"` for a stored step), `format_version` (`"1"`), `cw_lens_version` (the
   version that wrote it), `class` (a result's class, `module:qualname`) and `content`: the value
@@ -27,6 +28,10 @@ The format (version 1):
   entry), and every value JSON has no literal for — a tuple, a dict with keys that are not
   strings, a NaN, a DataFrame (its columns one by one, with their dtypes and the index), a
   cw_lens object (its class and its fields) — is an object with a `"$type"`.
+
+Arrays are numbers and bools (strings and objects go in lists, tuples or DataFrames), and
+DataFrame columns have one of the plain dtypes of `PANDAS_DTYPES`: what the loader reads,
+checked against each class's schema (`cw_lens.core.schema`), is what the writer writes.
 
 A file written by a later format version, or a file that is not a cw_lens result, raises
 [`InputError`][cw_lens.InputError] saying so. Fields that are derived on first access and
@@ -75,6 +80,34 @@ TYPE = "$type"
 # (a bit-for-bit view): older torch and safetensors builds have no uint16/32/64
 _SIGNED_VIEW = {"u2": "i2", "u4": "i4", "u8": "i8"}
 NETWORKX_CLASSES = ("Graph", "DiGraph", "MultiGraph", "MultiDiGraph")
+# the column (and index) dtypes a file may name, by the name it stores: numbers, bools,
+# strings and objects. Only these: `pandas_dtype` of a name from a file can read files (a
+# time zone such as `datetime64[ns, dateutil//etc/passwd]` is looked up on disk).
+PANDAS_DTYPES: dict[str, Any] = {
+    **{name: np.dtype(name) for name in ("bool", "object")},
+    **{f"int{bits}": np.dtype(f"int{bits}") for bits in (8, 16, 32, 64)},
+    **{f"uint{bits}": np.dtype(f"uint{bits}") for bits in (8, 16, 32, 64)},
+    **{f"float{bits}": np.dtype(f"float{bits}") for bits in (16, 32, 64)},
+    **{
+        name: dtype
+        for name in ("string", "str")  # pandas' string dtypes (the default of pandas 3: "str")
+        if isinstance(dtype := pd.api.types.pandas_dtype(name), pd.StringDtype)
+    },
+}
+
+
+def stored_tensor_dtype(dtype: np.dtype) -> torch.dtype:
+    """The dtype of the tensor that stores a numpy array of `dtype` (numbers and bools).
+
+    Args:
+        dtype: A numpy dtype of kind `b`, `i`, `u` or `f` in the machine's byte order.
+
+    Returns:
+        The torch dtype of the same item size (unsigned integers wider than a byte as the
+        signed integers of their width, as the writer views them).
+    """
+    dtype = np.dtype(_SIGNED_VIEW.get(f"{dtype.kind}{dtype.itemsize}", dtype))
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
 
 
 class _Unsupported(InputError):
@@ -146,7 +179,6 @@ class _Writer:
 
     def __init__(self) -> None:
         self.tensors: dict[str, Tensor] = {}
-        self._tensor_keys: dict[int, str] = {}
         self._storages: set[tuple[int, int]] = set()
         self._objects: dict[int, int] = {}
         self._keep: list[Any] = []  # what the id()s above refer to, alive until the end
@@ -162,10 +194,8 @@ class _Writer:
         return unique
 
     def tensor(self, value: Tensor, path: str) -> str:
-        """The safetensors key of `value` (stored once per tensor object)."""
-        known = self._tensor_keys.get(id(value))
-        if known is not None:
-            return known
+        """The safetensors key of `value`, a key of its own for every place it is in (a
+        tensor in two fields is stored twice: the loader reads each key into one field)."""
         if value.layout != torch.strided or value.is_quantized or value.is_complex():
             raise _Unsupported(f"{path}: a {value.layout} {value.dtype} tensor cannot be saved.")
         t = value.detach().to("cpu")
@@ -177,8 +207,7 @@ class _Writer:
             self._storages.add(storage)
         key = self._key(path)
         self.tensors[key] = t
-        self._tensor_keys[id(value)] = key
-        self._keep.append(value)
+        self._keep.append(value)  # alive until the end: the storages above refer to it
         return key
 
     def array(self, value: np.ndarray, path: str) -> dict[str, Any]:
@@ -191,25 +220,21 @@ class _Writer:
                 stored = stored.view(np.dtype(signed))
             key = self.tensor(torch.from_numpy(stored.copy()), path)
             return {TYPE: "ndarray", "key": key, "dtype": native.str}
-        if kind in "OUS":
-            items = [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value.ravel().tolist())]
-            return {
-                TYPE: "ndarray",
-                "dtype": value.dtype.str,
-                "shape": list(value.shape),
-                "items": items,
-            }
-        raise _Unsupported(f"{path}: a numpy array of dtype {value.dtype} cannot be saved.")
+        # strings and objects are not stored as arrays (a file claiming `<U60000000` items
+        # would hold memory out of proportion to it): a list, a tuple or a DataFrame holds them
+        raise _Unsupported(
+            f"{path}: a numpy array of dtype {value.dtype} cannot be saved (arrays of numbers "
+            "and bools can; store strings or objects in a list)."
+        )
 
     # ------------------------------------------------------------ pandas
     def _dtype(self, dtype: Any, path: str) -> str:
         name = str(dtype)
-        try:
-            same = pd.api.types.pandas_dtype(name) == dtype
-        except TypeError:
-            same = False
-        if not same:
-            raise _Unsupported(f"{path}: a column of dtype {dtype!r} cannot be saved.")
+        if name not in PANDAS_DTYPES or PANDAS_DTYPES[name] != dtype:
+            raise _Unsupported(
+                f"{path}: a column of dtype {dtype!r} cannot be saved (columns of the dtypes "
+                f"{sorted(PANDAS_DTYPES)} can)."
+            )
         return name
 
     def values(self, series: pd.Series | pd.Index, path: str) -> dict[str, Any]:
@@ -270,6 +295,8 @@ class _Writer:
         if isinstance(value, np.ndarray):
             return self.array(value, path)
         if isinstance(value, np.generic):
+            if value.dtype.kind not in "biuf":
+                raise _Unsupported(f"{path}: a numpy {value.dtype} cannot be saved.")
             return {
                 TYPE: "numpy.scalar",
                 "dtype": value.dtype.str,

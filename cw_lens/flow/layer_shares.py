@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -27,6 +27,7 @@ from cw_lens.core.geometry import projected_value_norms
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
+from cw_lens.core.schema import NoValue
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import StreamStats, check_query_chunk, run_batches
 from cw_lens.models.access import Model
@@ -50,6 +51,20 @@ class LayerSharesResult(Result):
     MLP of a sequential block reads (residual, pairs and bias sum to 1; the MLP share is 0) —
     the first sub-layer step of the route graph (`into_mid`).
     """
+
+    # what a file stores: the block and its rows; never its caches, nor `_stream` (one of the
+    # block's streams, set again from `into` when read)
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "block": BlockActivations,
+        "layer": int,
+        "queries": slice,
+        "keys": slice,
+        "into": Literal["post", "mid"],
+        "_shared": dict[str, NoValue],
+        "_ws": Workspace,
+        "_model_name": str,
+        "_pairs": None,
+    }
 
     def __init__(
         self,
@@ -85,6 +100,17 @@ class LayerSharesResult(Result):
         self._ws = workspace
         self._model_name = model_name
         self._pairs: Tensor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {**self.__dict__, "_shared": {}, "_pairs": None}
+        del state["_stream"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.into == "mid" and self.block.resid_mid is None:
+            raise InputError("A stored LayerSharesResult of into='mid' has a parallel block.")
+        self._stream = self.block.resid_post if self.into == "post" else self.block.resid_mid
 
     @property
     def sequential(self) -> bool:

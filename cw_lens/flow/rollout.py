@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Float32, Int
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
@@ -41,6 +41,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, resolve_row
+from cw_lens.core.schema import Axes, MaskedRows
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.flow.shares import LayerSharesResult, stream_shares
 from cw_lens.models.access import Model
@@ -62,11 +63,13 @@ class RolloutResult(Result):
     [`attention_rollout`][cw_lens.attention_rollout]).
     """
 
-    contribution: Float[Tensor, "batch query key"] | None
-    attention: Float[Tensor, "batch query key"]
+    equal_axes = (("pos", "query", "key"),)  # the query and key axes are the positions
+
+    contribution: Float32[Tensor, "batch query key"] | None
+    attention: Float32[Tensor, "batch query key"]
     tokens: Int[Tensor, "batch pos"]
     mask: Bool[Tensor, "batch pos"]
-    str_tokens: list[list[str]]
+    str_tokens: Annotated[list[list[str]], Axes("batch"), MaskedRows("mask")]
     model_name: str = ""
 
     @property

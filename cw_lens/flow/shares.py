@@ -34,12 +34,12 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Float32, Int
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
@@ -48,6 +48,7 @@ from cw_lens.core.keywords import check_keywords
 from cw_lens.core.memory import check_memory, pair_field_bytes
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, resolve_row
+from cw_lens.core.schema import Axes, MaskedRows
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.flow.layer_shares import LayerSharesResult, stream_shares
 from cw_lens.models.access import Model, model_device
@@ -74,15 +75,17 @@ class ResidualSharesResult(Result):
 
     _layer_axes = tuple((name, 1) for name in ("pairs", "residual", "attention", "bias", "mlp"))
 
-    pairs: Float[Tensor, "batch layer head query key"]
-    residual: Float[Tensor, "batch layer query"]
-    attention: Float[Tensor, "batch layer query"]
-    bias: Float[Tensor, "batch layer query"]
-    mlp: Float[Tensor, "batch layer query"]
+    equal_axes = (("pos", "query", "key"),)  # the query and key axes are the positions
+
+    pairs: Float32[Tensor, "batch layer head query key"]
+    residual: Float32[Tensor, "batch layer query"]
+    attention: Float32[Tensor, "batch layer query"]
+    bias: Float32[Tensor, "batch layer query"]
+    mlp: Float32[Tensor, "batch layer query"]
     tokens: Int[Tensor, "batch pos"]
     mask: Bool[Tensor, "batch pos"]
-    str_tokens: list[list[str]]
-    layers: list[int]
+    str_tokens: Annotated[list[list[str]], Axes("batch"), MaskedRows("mask")]
+    layers: Annotated[list[int], Axes("layer")]
     model_name: str = ""
 
     def total(self) -> Float[Tensor, "batch layer query"]:

@@ -28,11 +28,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float32, Int
 from torch import Tensor
 
 from cw_lens.analyses.common import check_sinks_inside
@@ -47,6 +47,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
+from cw_lens.core.schema import Axes
 from cw_lens.data.inputs import TokenBatch, one_text, prepare_inputs
 from cw_lens.data.scoring import token_nll
 from cw_lens.interactive.cone_means import _ConeMeans
@@ -70,7 +71,7 @@ class PatchControls:
     layers: tuple[int, int]
     heads: tuple[int, ...] | None = None
     scale: float = 0.0
-    mode: str = "scale"
+    mode: Literal["scale", "norm_matched"] = "scale"
     sinks: tuple[int, ...] = (0,)
 
     @classmethod
@@ -254,11 +255,11 @@ class SinkRun:
 
     weights: ContributionResult
     top_ids: Int[Tensor, "pos k"]
-    top_probs: Float[Tensor, "pos k"]
-    nll: Float[Tensor, " pos_minus_1"]
-    cone_layers: list[int]
-    norm: Float[Tensor, "layer head"]
-    cone: Float[Tensor, "layer head"]
+    top_probs: Float32[Tensor, "pos k"]
+    nll: Float32[Tensor, " pos_minus_1"]
+    cone_layers: Annotated[list[int], Axes("layer")]
+    norm: Float32[Tensor, "layer head"]
+    cone: Float32[Tensor, "layer head"]
     sinks: tuple[int, ...] = (0,)
 
     @property

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Float32
 from torch import Tensor
 
 from cw_lens.core.errors import CwLensError, InputError, UnsupportedModelError
@@ -144,9 +144,9 @@ def cache_names(layers: int | Sequence[int]) -> list[str]:
 class LayerWeights:
     """The output projection of one layer, float32: `W_O` [head, d_head, d_model], `b_O`."""
 
-    W_O: Float[Tensor, "head d_head d_model"]
-    b_O: Float[Tensor, " d_model"] | None
-    gram: Float[Tensor, "head d_head d_head"]
+    W_O: Float32[Tensor, "head d_head d_model"]
+    b_O: Float32[Tensor, " d_model"] | None
+    gram: Float32[Tensor, "head d_head d_head"]
     # read from an offloaded layer (`cw_lens.models.offload`): a copy, not kept across passes
     offloaded: bool = False
 

@@ -7,12 +7,13 @@ corpora into one); it lives with the models because capture runs the model on it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from jaxtyping import Bool, Int
 
 from cw_lens.core.registry import saveable
+from cw_lens.core.schema import Axes
 
 
 @saveable
@@ -32,7 +33,7 @@ class TokenBatch:
     mask: Bool[torch.Tensor, "batch pos"]
     prepend_bos: bool
     bos_token: str | None
-    documents: list[int]
+    documents: Annotated[list[int], Axes("batch")]
 
     @property
     def lengths(self) -> Int[torch.Tensor, " batch"]:

@@ -37,7 +37,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Float32
 from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
@@ -184,14 +184,14 @@ class BlockActivations:
     """
 
     acts: LayerActivations
-    resid_pre: Float[Tensor, "batch pos d_model"]
-    resid_post: Float[Tensor, "batch pos d_model"]
-    attn_out: Float[Tensor, "batch pos d_model"]
-    mlp_out: Float[Tensor, "batch pos d_model"]
-    layer_output: Float[Tensor, "batch pos d_model"]
+    resid_pre: Float32[Tensor, "batch pos d_model"]
+    resid_post: Float32[Tensor, "batch pos d_model"]
+    attn_out: Float32[Tensor, "batch pos d_model"]
+    mlp_out: Float32[Tensor, "batch pos d_model"]
+    layer_output: Float32[Tensor, "batch pos d_model"]
     attn_map: AttentionMap
     dtype: torch.dtype
-    resid_mid: Float[Tensor, "batch pos d_model"] | None = None
+    resid_mid: Float32[Tensor, "batch pos d_model"] | None = None
 
     @property
     def layer(self) -> int:

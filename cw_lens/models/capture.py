@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float32
 from torch import Tensor
 
 from cw_lens.core.errors import InputError, UnsupportedModelError
@@ -87,10 +87,12 @@ class LayerActivations:
     """
 
     layer: int
-    pattern: Float[Tensor, "batch head query key"]
-    values: Float[Tensor, "batch key kv_head d_head"]
-    z: Float[Tensor, "batch query head d_head"]
-    layer_output: Float[Tensor, "batch query d_model"]
+    equal_axes = (("pos", "query", "key"),)  # the query and key axes are the positions
+
+    pattern: Float32[Tensor, "batch head query key"]
+    values: Float32[Tensor, "batch key kv_head d_head"]
+    z: Float32[Tensor, "batch query head d_head"]
+    layer_output: Float32[Tensor, "batch query d_model"]
     weights: LayerWeights
     mask: Bool[Tensor, "batch pos"]
     batch: TokenBatch

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from cw_lens.core.errors import ModelLoadError
+from cw_lens.models.gguf_header import check_gguf_header, open_gguf
 from cw_lens.models.hooked import rope_theta
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,37 @@ def gguf_cache_dir(gguf: Path, *, build: bool = False) -> Path:
         folder.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(f"{folder}.lock"):
             if not cache_is_valid(folder, digest):
-                build_gguf_cache(gguf, folder, digest)
+                try:
+                    build_gguf_cache(gguf, folder, digest)
+                except BaseException:
+                    forget_gguf(gguf, folder)
+                    raise
     return folder
+
+
+def _digest_memo(gguf: Path) -> Path:
+    path_key = hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "models" / "digests" / f"{gguf.stem}-{path_key}"
+
+
+def forget_gguf(gguf: Path, folder: Path) -> None:
+    """Remove what a failed load of `gguf` wrote outside its cache folder: the digest memo and
+    the cache's lock file.
+
+    After a failed build it runs with the lock held: a process waiting on the lock then takes
+    the unlinked file's lock, finds no valid cache and builds (or fails) in turn, so only
+    concurrent loads of a file that fails to build can race (each builds into a temporary
+    folder of its own). A cache that fails to load is forgotten the same way.
+
+    Args:
+        gguf: The `.gguf` file.
+        folder: Its cache folder (the lock is `<folder>.lock`).
+    """
+    for path in (_digest_memo(gguf), Path(f"{folder}.lock")):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # Windows keeps an open lock file; it is removed on release there
+            pass
 
 
 def _cache_folder(gguf: Path, digest: str) -> Path:
@@ -111,8 +141,7 @@ def cache_is_valid(folder: Path, digest: str) -> bool:
 def gguf_digest(gguf: Path) -> str:
     """SHA-256 of the GGUF file, memoised per path by (size, mtime)."""
     st = gguf.stat()
-    path_key = hashlib.sha256(str(gguf.resolve()).encode()).hexdigest()[:16]
-    memo = cache_root() / "models" / "digests" / f"{gguf.stem}-{path_key}"
+    memo = _digest_memo(gguf)
     stamp = f"{st.st_size}:{st.st_mtime_ns}"
     try:
         saved_stamp, digest = memo.read_text().split()
@@ -158,42 +187,6 @@ def gguf_weights(gguf: Path) -> dict[str, Any]:
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
     return record
-
-
-def open_gguf(path: Path) -> Any:
-    """`gguf.GGUFReader` of `path` (memory-mapped), checked before anything reads its tensors.
-
-    The header is parsed whole (magic, version, counts, every key-value field and tensor
-    description, the alignment) and every tensor's data must lie inside the file, so a
-    truncated or damaged file is refused here, before any de-quantisation starts.
-
-    Args:
-        path: The `.gguf` file.
-
-    Returns:
-        The reader.
-
-    Raises:
-        ModelLoadError: The file is not a GGUF file gguf can read, or a tensor's data runs
-            past its end.
-    """
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-        size = path.stat().st_size
-        beyond = [t.name for t in reader.tensors if int(t.data_offset) + int(t.n_bytes) > size]
-    except Exception as exc:  # gguf raises ValueError, IndexError, struct.error... on a bad file
-        raise ModelLoadError(
-            f"Could not read {path} as a GGUF file: {type(exc).__name__}: {str(exc)[:300]}. The "
-            "file is corrupt, truncated or not a GGUF file."
-        ) from None
-    if beyond:
-        raise ModelLoadError(
-            f"{path}: the data of tensor {beyond[0]!r} runs past the end of the file. The file "
-            "is corrupt, truncated or not a GGUF file."
-        )
-    return reader
 
 
 def gguf_quantisation(gguf: Path) -> str:
@@ -320,7 +313,9 @@ def build_gguf_cache(gguf: Path, folder: Path, digest: str) -> None:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    open_gguf(gguf)  # a damaged file is refused before any de-quantisation starts
+    # a damaged file, or a header whose counts and widths its tensors do not have, is refused
+    # before anything is allocated or de-quantised
+    check_gguf_header(gguf)
     log.warning("cw_lens: de-quantising %s once into %s (about 20 s)", gguf.name, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
@@ -393,6 +388,8 @@ def load_gguf_hf(gguf: Path, device: Any, dtype: torch.dtype) -> tuple[Any, Any]
 
     if not gguf.is_file():
         raise ModelLoadError(f"GGUF file not found: {gguf}")
+    # a file without a valid cache has its header checked first (build_gguf_cache); a refused
+    # file leaves neither a cache folder, nor its lock, nor its digest memo
     folder = gguf_cache_dir(gguf, build=True)
     from transformers.utils import logging as hf_logging
 
@@ -404,6 +401,7 @@ def load_gguf_hf(gguf: Path, device: Any, dtype: torch.dtype) -> tuple[Any, Any]
         )
     except Exception as exc:  # a cache that passed its digests but still fails to load
         shutil.rmtree(folder, ignore_errors=True)
+        forget_gguf(gguf, folder)
         raise ModelLoadError(
             f"The cached weights in {folder} failed to load ({type(exc).__name__}: {exc}); the "
             "cache was removed. Call load_model() again to rebuild it."

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from cw_lens.core.errors import InputError, ModelLoadError
-from cw_lens.models.gguf_cache import open_gguf
+from cw_lens.models.gguf_header import check_gguf_header, open_gguf
 
 log = logging.getLogger(__name__)
 
@@ -282,6 +282,7 @@ def gguf_tokenizer(path: Path) -> Any:
     """
     import hashlib
     import os
+    import shutil
     import tempfile
 
     from transformers import AutoTokenizer
@@ -312,6 +313,7 @@ def gguf_tokenizer(path: Path) -> Any:
         if getattr(tokenizer, key, None) != value
     }
     if wrong:
+        shutil.rmtree(folder, ignore_errors=True)  # a failed load leaves no cache behind
         detail = "; ".join(f"{k} {got} instead of {want}" for k, (got, want) in wrong.items())
         raise ModelLoadError(
             f"The tokenizer built from {path.name} disagrees with the file's metadata ({detail}). "
@@ -346,7 +348,9 @@ def load_streamed_gguf(
 
     if not path.is_file():
         raise ModelLoadError(f"GGUF file not found: {path}")
-    open_gguf(path)  # a damaged header or a tensor past the end is refused here, clearly
+    # a damaged header, a tensor past the end, or counts and widths the tensors do not have are
+    # refused here, clearly, before the skeleton's layer loop or any allocation
+    check_gguf_header(path)
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # gguf / transformers raise many types on a bad header

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -32,6 +32,7 @@ from cw_lens.core import geometry as geo
 from cw_lens.core.errors import InputError
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
+from cw_lens.core.schema import NoValue
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import LayerActivations
 from cw_lens.models.head_space import HeadSpaceReads
@@ -55,6 +56,8 @@ class Workspace:
     role makes the streamed arithmetic several times cheaper. With `reuse=False` every request
     gets a fresh tensor.
     """
+
+    stored_fields: ClassVar[dict[str, Any]] = {"reuse": bool, "_buffers": dict[str, Tensor]}
 
     def __init__(self, reuse: bool = True) -> None:
         self.reuse = reuse
@@ -88,6 +91,20 @@ class LayerContributionsResult(HeadSpaceReads, Result):
     numerically zero output norm are NaN at `j <= i`.
     """
 
+    # what a file stores: the activations and the block; never its caches (`__getstate__`),
+    # whose values are derived from those and computed again when read
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "acts": LayerActivations,
+        "layer": int,
+        "heads": list[int],
+        "_all_heads": bool,
+        "queries": slice,
+        "keys": slice,
+        "_shared": dict[str, NoValue],
+        "_ws": Workspace,
+        "_cache": dict[str, NoValue],
+    }
+
     def __init__(
         self,
         acts: LayerActivations,
@@ -115,6 +132,9 @@ class LayerContributionsResult(HeadSpaceReads, Result):
         self._shared = {} if shared is None else shared
         self._ws = workspace if workspace is not None else Workspace(reuse=False)
         self._cache: dict[Any, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_shared": {}, "_cache": {}}
 
     # ------------------------------------------------------------------ raw pieces
     @property

@@ -53,11 +53,13 @@ from cw_lens.core.results import Result
 from cw_lens.models.access import (
     Model,
     ModelAccess,
+    Route,
     StreamDone,
     check_model,
     model_access,
     probe_tokens,
 )
+from cw_lens.models.arguments import Api
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.blocks import run_blocks
 from cw_lens.models.verify_probe import (
@@ -98,9 +100,9 @@ class ModelVerificationResult(Result):
     """
 
     architecture: str
-    api: str
+    api: Api
     dtype: str
-    route: str
+    route: Route
     layers: pd.DataFrame
     logits_vs_hf: float | None
     interventions: dict[str, str]

@@ -8,6 +8,8 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
+from cw_lens.plots._style import literal_text
+
 
 def plot_per_layer_intervals(claims: dict[str, dict[str, Any]]) -> Any:
     """One panel per claim with `per_layer` rows: the number per layer (dots) with its
@@ -44,5 +46,6 @@ def plot_per_layer_intervals(claims: dict[str, dict[str, Any]]) -> Any:
         ax.set_ylabel(number, fontsize=8)
     if not layered:
         axes[0, 0].set_axis_off()
+    literal_text(fig)  # before tight_layout, which measures (so parses) every text
     fig.tight_layout()
     return fig

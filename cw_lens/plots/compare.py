@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.lines import Line2D
 
 from cw_lens.core.claims import threshold_text
-from cw_lens.plots._style import plt
+from cw_lens.plots._style import literal_text, plt
 
 VERDICT_COLOURS = {
     "yes": "tab:green",
@@ -74,4 +74,4 @@ def plot_run_comparison(
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
     fig.suptitle("Runs compared: value [interval] per headline number", fontsize=10)
-    return fig
+    return literal_text(fig)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.plots._style import SIGNED_CMAP, plt, signed_norm, token_ticks
+from cw_lens.plots._style import SIGNED_CMAP, literal_text, plt, signed_norm, token_ticks
 
 
 def plot_attention_vs_contribution(
@@ -35,4 +35,4 @@ def plot_attention_vs_contribution(
         token_ticks(ax, result.str_tokens[batch][:n])
         ax.set_xlabel("key")
         ax.set_ylabel("query")
-    return fig
+    return literal_text(fig)

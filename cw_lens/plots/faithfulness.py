@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cw_lens.plots._style import plt
+from cw_lens.plots._style import literal_text, plt
 
 METRIC_COLOURS = {
     "attention": "tab:gray",
@@ -57,4 +57,4 @@ def plot_faithfulness_curves(
             ax.legend(fontsize=7, title="metric (AOPC)", title_fontsize=7)
     clean = ", ".join(f"{k} {v:.3g}" for k, v in result.clean.items())
     fig.suptitle(f"Faithfulness ({result.n_documents} documents; clean {clean})", fontsize=10)
-    return fig
+    return literal_text(fig)

@@ -7,13 +7,16 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.plots._style import SIGNED_CMAP, plt, signed_norm, token_ticks
+from cw_lens.plots._style import (
+    SIGNED_CMAP,
+    literal_text,
+    plt,
+    signed_norm,
+    token_label,
+    token_ticks,
+)
 
 PIECE_COLOURS = {"residual": "#9e9e9e", "attention": "#d62728", "mlp": "#1f77b4", "bias": "#2ca02c"}
-
-
-def _label(token: str) -> str:
-    return repr(token)[1:-1][:12]
 
 
 def plot_residual_shares(result: Any, *, query: int, batch: int = 0, figsize=(9, 4)) -> Any:
@@ -27,10 +30,10 @@ def plot_residual_shares(result: Any, *, query: int, batch: int = 0, figsize=(9,
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xlabel("layer")
     ax.set_ylabel("share of the stream after the block")
-    token = _label(result.str_tokens[batch][query])
+    token = token_label(result.str_tokens[batch][query])
     ax.set_title(f"residual shares at position {query} ({token!r})")
     ax.legend(ncol=4, fontsize=8)
-    return fig
+    return literal_text(fig)
 
 
 def plot_rollout(result: Any, *, batch: int = 0, query: int, figsize=(13, 4.6)) -> Any:
@@ -59,10 +62,10 @@ def plot_rollout(result: Any, *, batch: int = 0, query: int, figsize=(13, 4.6)) 
         row = getattr(result, method)[batch, query, : query + 1].detach().cpu().numpy()
         ax.bar(x + off, row, 0.4, label=method, color=colour)
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xticks(x, [_label(t) for t in tokens[: query + 1]], rotation=90, fontsize=7)
-    ax.set_title(f"row of position {query} ({_label(tokens[query])!r})")
+    ax.set_xticks(x, [token_label(t) for t in tokens[: query + 1]], rotation=90, fontsize=7)
+    ax.set_title(f"row of position {query} ({token_label(tokens[query])!r})")
     ax.legend(fontsize=8)
-    return fig
+    return literal_text(fig)
 
 
 def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 60) -> Any:
@@ -107,7 +110,9 @@ def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 6
     if target in pos:
         ax.scatter(*pos[target], s=120, facecolors="none", edgecolors="#d62728", lw=1.5)
     if n_pos <= max_labels:
-        ax.set_xticks(range(n_pos), [_label(t) for t in graph.str_tokens], rotation=90, fontsize=7)
+        ax.set_xticks(
+            range(n_pos), [token_label(t) for t in graph.str_tokens], rotation=90, fontsize=7
+        )
     step = max(1, graph.n_layers // 10)
     ax.set_yticks(range(0, graph.n_layers + 1, step))
     ax.tick_params(left=True, bottom=True, labelleft=True, labelbottom=True)
@@ -115,11 +120,11 @@ def plot_routes(graph: Any, *, figsize: tuple | None = None, max_labels: int = 6
     ax.set_xlim(-0.7, n_pos - 0.3)
     ax.set_ylim(-0.7, graph.n_layers + 0.7)
     ax.set_title(
-        f"routes to position {graph.target} ({_label(graph.str_tokens[graph.target])!r}), "
+        f"routes to position {graph.target} ({token_label(graph.str_tokens[graph.target])!r}), "
         f"share > {graph.threshold:g}: {len(attention)} attention edges, "
         f"{len(by_kind['mlp'])} MLP edges"
     )
-    return fig
+    return literal_text(fig)
 
 
 def plot_rollout_deletion(result: Any, *, figsize=(6.5, 4)) -> Any:
@@ -136,4 +141,4 @@ def plot_rollout_deletion(result: Any, *, figsize=(6.5, 4)) -> Any:
     ax.set_ylabel("drop of the target log-probability")
     ax.set_title(f"rollout deletion test ({result.corpus})")
     ax.legend(fontsize=8)
-    return fig
+    return literal_text(fig)

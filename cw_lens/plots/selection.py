@@ -9,7 +9,7 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
-from cw_lens.plots._style import plt
+from cw_lens.plots._style import literal_text, plt
 
 RULE_STYLE = {
     "top": {"color": "C0", "label": "top-N by attention"},
@@ -57,7 +57,7 @@ def plot_topn_beats_random(result: Any, *, figsize: tuple = (10, 4)) -> Any:
     axes[1].set_ylabel("F_N(top) / F_N(random)")
     axes[1].set_title("Advantage of top-N over random")
     axes[1].grid(alpha=0.3)
-    return fig
+    return literal_text(fig)
 
 
 def plot_sink_lowers_fn(result: Any, *, figsize: tuple = (10, 4)) -> Any:
@@ -96,7 +96,7 @@ def plot_sink_lowers_fn(result: Any, *, figsize: tuple = (10, 4)) -> Any:
     _log2_n_axis(axes[1], result.n_grid)
     axes[1].legend(fontsize=8, loc="upper left")
     axes[1].set_title("Excluding the sink")
-    return fig
+    return literal_text(fig)
 
 
 def plot_retriever_share(result: Any, *, figsize: tuple = (11, 4)) -> Any:
@@ -131,7 +131,7 @@ def plot_retriever_share(result: Any, *, figsize: tuple = (11, 4)) -> Any:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[1].legend(fontsize=8)
     axes[1].grid(alpha=0.3)
-    return fig
+    return literal_text(fig)
 
 
 def plot_pruning_signal(result: Any, *, k: int = 10, figsize: tuple = (11, 4)) -> Any:
@@ -171,4 +171,4 @@ def plot_pruning_signal(result: Any, *, k: int = 10, figsize: tuple = (11, 4)) -
         axes[1].set_title(
             f"Costliest single heads ({result.lone_shape[0]} docs x {result.lone_shape[1]} tokens)"
         )
-    return fig
+    return literal_text(fig)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from cw_lens.plots._style import plt
+from cw_lens.plots._style import literal_text, plt
 
 
 def plot_sink_attention_vs_contribution(heads: pd.DataFrame, *, figsize: tuple = (9, 4)) -> Any:
@@ -58,7 +58,7 @@ def plot_sink_attention_vs_contribution(heads: pd.DataFrame, *, figsize: tuple =
     ax.set_ylabel("mean over queries i >= 16")
     ax.set_title("Attention to the sink vs its contribution (intra-head)")
     ax.legend(fontsize=7, ncol=2)
-    return fig
+    return literal_text(fig)
 
 
 def plot_sink_value_geometry(heads: pd.DataFrame, *, figsize: tuple = (12, 3.6)) -> Any:
@@ -95,7 +95,7 @@ def plot_sink_value_geometry(heads: pd.DataFrame, *, figsize: tuple = (12, 3.6))
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel("cosine")
         ax.set_title(title, fontsize=9)
-    return fig
+    return literal_text(fig)
 
 
 def plot_sink_contribution_drivers(
@@ -125,7 +125,7 @@ def plot_sink_contribution_drivers(
     rho.plot.bar(ax=axes[1], rot=0, color=["tab:red", "tab:blue"])
     axes[1].set_ylim(0, 1)
     axes[1].set_title("Median over sink heads of |Spearman rho| with the contribution", fontsize=9)
-    return fig
+    return literal_text(fig)
 
 
 def plot_convex_sink_curve(
@@ -172,7 +172,7 @@ def plot_convex_sink_curve(
     axes[1].set_ylabel("queries (sink heads)")
     axes[1].set_title("Where ||s pv_0 + (1-s) m|| is smallest")
     axes[1].legend(fontsize=7)
-    return fig
+    return literal_text(fig)
 
 
 def plot_sink_cancels_drift(heads: pd.DataFrame, *, figsize: tuple = (11, 3.6)) -> Any:
@@ -193,7 +193,7 @@ def plot_sink_cancels_drift(heads: pd.DataFrame, *, figsize: tuple = (11, 3.6)) 
     axes[1].set_title(
         f"median over sink heads {share.median():.2f}; {outside} heads beyond +-2", fontsize=9
     )
-    return fig
+    return literal_text(fig)
 
 
 def plot_sink_ablation_cone(ablation: Any, *, figsize: tuple = (10, 3.8)) -> Any:
@@ -220,4 +220,4 @@ def plot_sink_ablation_cone(ablation: Any, *, figsize: tuple = (10, 3.8)) -> Any
         f"PPL {ablation.clean_ppl:.2f} -> {ablation.patched_ppl:.2f}",
         fontsize=10,
     )
-    return fig
+    return literal_text(fig)

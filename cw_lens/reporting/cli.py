@@ -319,7 +319,7 @@ def compare(
     """
     from cw_lens.plots import save_figure
     from cw_lens.reporting.run_comparison import compare_runs
-    from cw_lens.reporting.state import atomic_write_text
+    from cw_lens.reporting.stored_steps import atomic_write_text
 
     names = None if labels is None else [s.strip() for s in labels.split(",")]
     comparison = compare_runs(runs, labels=names)

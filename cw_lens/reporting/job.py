@@ -2,13 +2,16 @@
 
 `cw-lens figures` (`make figures`) calls `run_figures`. Each step stores its result
 atomically (`<out>/.state/<fingerprint>/<step>.safetensors`, in the format of `result.save`,
-written to a temporary file and renamed) and a rerun skips the finished steps, so an
+written to a partial file and renamed) and a rerun skips the finished steps, so an
 interrupted job resumes where it stopped;
 `force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seeds and
-cw_lens version, so changing any of them starts afresh. The figures (one PNG and one PDF each),
-`summary.json` and `REPORT.md` are rebuilt from the stored results on every run, also
-atomically. With the same seed two runs give identical numbers in `summary.json` (floats are
-rounded to 6 significant digits).
+cw_lens version, so changing any of them starts afresh; a stored step is loaded only when the
+record and digest it carries are this run's (`cw_lens.reporting.stored_steps`), else
+recomputed. A run first removes the partial files a killed run left: only cw_lens's own
+(`cw_lens.core.partial_files`), at the top of the output folder and in its state folders. The
+figures (one PNG and one PDF each), `summary.json` and `REPORT.md` are rebuilt from the stored
+results on every run, also atomically. With the same seed two runs give identical numbers in
+`summary.json` (floats are rounded to 6 significant digits).
 
 Under `torchrun` every rank computes its shard of each analysis, the accumulators are merged
 exactly, and rank 0 writes.
@@ -29,6 +32,7 @@ import torch
 from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.core.claims import ClaimsDict
 from cw_lens.core.errors import InputError
+from cw_lens.core.partial_files import remove_partial_files
 from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.data.distributed import barrier, is_main_process, process_group_from_env
 from cw_lens.reporting.markdown import build_report
@@ -36,15 +40,24 @@ from cw_lens.reporting.state import (
     CAUSAL_PARTS,
     MIN_RESAMPLES,
     PRESETS,
-    TIMINGS_FILE,
     Job,
     JobConfig,
-    atomic_write_bytes,
-    atomic_write_text,
     causal_samples,
     claim_documents,
 )
-from cw_lens.reporting.steps import STEP_NAMES, STEP_NEEDS, STEPS, select_steps
+from cw_lens.reporting.steps import (
+    STEP_NAMES,
+    STEP_NEEDS,
+    STEPS,
+    select_steps,
+    stored_value_problem,
+)
+from cw_lens.reporting.stored_steps import (
+    TIMINGS_FILE,
+    atomic_write_bytes,
+    atomic_write_text,
+    state_root,
+)
 
 # the steps live in reporting.steps, the settings and the state in reporting.state; re-exported
 # for the CLI and the tests
@@ -115,13 +128,49 @@ def runs_every_step(job: Job) -> bool:
 
 
 def clean_partial_files(out: Path) -> int:
-    """Remove temporary files a killed run left behind; returns how many."""
-    n = 0
-    if out.exists():
-        for tmp in list(out.rglob(".*.tmp*")):
-            tmp.unlink(missing_ok=True)
-            n += 1
+    """Remove the partial files a killed run left behind: only files named as cw_lens names
+    its partial files (`cw_lens.core.partial_files`), at the top level of `out` (the figures,
+    `summary.json`, `REPORT.md`, `replicates.npz`) and in its state folders (the stored steps);
+    nothing else, and no other folder.
+
+    Args:
+        out: The output folder.
+
+    Returns:
+        How many were removed.
+
+    Raises:
+        InputError: when `out/.state` is a symbolic link
+            (`cw_lens.reporting.stored_steps.state_root`).
+    """
+    n = remove_partial_files(out)
+    root = state_root(out)
+    if root.is_dir():
+        n += remove_partial_files(root)
+        for entry in root.iterdir():
+            if entry.is_dir() and not entry.is_symlink():  # a link is never followed
+                n += remove_partial_files(entry)
     return n
+
+
+def run_provenance(job: Job) -> dict[str, Any]:
+    """What the run measured on: the weights' record and the corpus windows' record
+    (`cw_lens.reporting.provenance`); summary.json's `provenance` block, and the inputs every
+    stored step records (`Job.inputs`).
+
+    Args:
+        job: The running job (its model and corpus loaded).
+
+    Returns:
+        `{"weights": ..., "corpus": ...}`.
+    """
+    from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
+
+    cfg = job.config
+    return {
+        "weights": weights_provenance(cfg.model, job.model, cfg.dtype),
+        "corpus": corpus_provenance(job.corpus, job.model.tokenizer),
+    }
 
 
 # --------------------------------------------------------------------------- figures
@@ -276,12 +325,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
     SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
     from cw_lens.reporting.interval_coverage import settle_by_coverage
-    from cw_lens.reporting.provenance import (
-        causal_sample_record,
-        corpus_provenance,
-        versions,
-        weights_provenance,
-    )
+    from cw_lens.reporting.provenance import causal_sample_record, versions
 
     cfg = job.config
     corpus = job.corpus
@@ -302,10 +346,7 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
         "prepend_bos": True,
         "bos_token": job.model.tokenizer.bos_token if job.model.tokenizer else None,
         "versions": versions(),
-        "provenance": {
-            "weights": weights_provenance(cfg.model, job.model, cfg.dtype),
-            "corpus": corpus_provenance(corpus, job.model.tokenizer),
-        },
+        "provenance": job.inputs or run_provenance(job),
         **causal,
         "bootstrap": job_bootstrap(cfg).to_dict(),
         "replicates": {
@@ -353,7 +394,15 @@ def run_figures(
         dtype = getattr(torch, config.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise InputError(f"Unknown dtype {config.dtype!r}; use float32, bfloat16 or float16.")
-        job = Job(config, out, force=force, progress=progress, steps=chosen)
+        job = Job(
+            config,
+            out,
+            force=force,
+            progress=progress,
+            steps=chosen,
+            needs=STEP_NEEDS,
+            check_value=stored_value_problem,
+        )
         job.model = load_model(config.model, api=config.api, device=config.device, dtype=dtype)
         job.corpus = load_corpus(
             config.corpus,
@@ -362,6 +411,7 @@ def run_figures(
             tokenizer=job.model,
             seed=config.seed,
         )
+        job.inputs = run_provenance(job)  # every stored step records them
         for name, fn in STEPS:
             if name in chosen:
                 job.step(name, fn)

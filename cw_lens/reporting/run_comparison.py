@@ -59,10 +59,15 @@ The public functions' docstrings have runnable examples.
 On the command line: `cw-lens compare figures figures-licence --labels pydoc,licence`.
 """
 
+# One concept: comparing runs is reading their folders (summary.json and the replicates it
+# names, every field checked) and lining their numbers up; the reading is what the comparison
+# trusts, so it stays beside it.
 from __future__ import annotations
 
 import json
 import math
+import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +81,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.replicates import DIFFER, RunReplicates, unpack
+from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.core.results import Result
 from cw_lens.reporting.comparison_markdown import (
     _bold,
@@ -92,6 +98,16 @@ SCHEMAS = (1, 2, 3)
 # the verdicts each schema writes: 1 true/false, 2 three values, 3 four (docs/methods.md#claims)
 SCHEMA_VERDICTS = {2: ("yes", "no", "inconclusive"), 3: VERDICTS}
 OPS = ("<", ">", "in")
+# the run header's fields: what each holds, and its test (each may be null)
+HEADER = {
+    "model": ("a string", lambda v: isinstance(v, str)),
+    "corpus": ("a string", lambda v: isinstance(v, str)),
+    "n_documents": ("a count", lambda v: _is_count(v)),
+    "n_tokens": ("a count", lambda v: _is_count(v)),
+    "seed": ("an integer", lambda v: _is_integer(v)),
+}
+MAX_SUMMARY_BYTES = 64 << 20  # the largest summary.json read
+SHA256 = re.compile(r"[0-9a-f]{64}")
 NO_CHECK = {"number": "", "value": math.nan, "low": math.nan, "high": math.nan, "op": "",
             "threshold": None}  # fmt: skip
 COLUMNS = [
@@ -431,15 +447,52 @@ def _load(run: str | Path | Mapping[str, Any], index: int) -> tuple[str, str, An
         raise InputError(f"{path}: no such file or folder.")
     else:
         name = path.resolve().parent.name
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path} is not a cw_lens summary: not JSON ({exc}).") from None
+    summary = read_summary(path)
     return name, str(path), summary, path
 
 
+def _json_int(text: str) -> int | float:
+    """A JSON integer: exact up to 20 digits, else infinite (refused where a number is read:
+    no field of a summary holds more, and Python refuses to convert more than 4,300 digits)."""
+    if len(text) <= 20:
+        return int(text)
+    return -math.inf if text.startswith("-") else math.inf
+
+
+def read_summary(path: Path) -> Any:
+    """`path`'s JSON, with integers of more than 20 digits read as infinite (`_json_int`).
+
+    Args:
+        path: A `summary.json`.
+
+    Returns:
+        The parsed JSON (not yet checked).
+
+    Raises:
+        InputError: when the file is over `MAX_SUMMARY_BYTES`, not UTF-8 JSON, or nested
+            deeper than Python's parser reads.
+    """
+    try:
+        if path.stat().st_size > MAX_SUMMARY_BYTES:
+            raise InputError(
+                f"{path} is over {MAX_SUMMARY_BYTES} bytes: not a cw_lens summary (a run's "
+                "summary.json is a few hundred kilobytes at most)."
+            )
+        return json.loads(path.read_text(encoding="utf-8"), parse_int=_json_int)
+    except (UnicodeDecodeError, ValueError) as exc:  # a JSONDecodeError is a ValueError
+        raise InputError(f"{path} is not a cw_lens summary: not JSON ({str(exc)[:200]}).") from None
+    except RecursionError:
+        raise InputError(
+            f"{path} is not a cw_lens summary: its JSON is nested too deep to read."
+        ) from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc}).") from None
+
+
 def _attach_replicates(run: Run, summary: Mapping[str, Any], path: Path | None) -> None:
-    """Read the run's `replicates.npz` (schema 3) if it is there; else say why not."""
+    """Read the run's `replicates.npz` (schema 3) if it is there; else say why not. The file
+    the summary names must lie inside the run's folder; its size and SHA-256 are checked before
+    it is parsed (`cw_lens.core.replicates.read_checked`)."""
     block = summary.get("replicates")
     if run.schema < 3:
         return
@@ -447,10 +500,50 @@ def _attach_replicates(run: Run, summary: Mapping[str, Any], path: Path | None) 
         run.no_replicates = "the summary records no replicates file"
     elif path is None:
         run.no_replicates = "a summary given as a dict brings no replicates file"
-    elif not (path.parent / block["file"]).is_file():
-        run.no_replicates = f"{block['file']} is missing beside {path}"
     else:
-        run.replicates = unpack(path.parent / block["file"], block.get("sha256"))
+        file = inside_folder(path, block["file"])
+        sha256 = block.get("sha256")
+        if not (isinstance(sha256, str) and SHA256.fullmatch(sha256)):
+            raise InputError(
+                f"{path}: replicates.sha256 is {reprlib.repr(sha256)}; expected the file's SHA-256 "
+                "(64 hex digits), as `cw-lens figures` writes it."
+            )
+        size = block.get("bytes")
+        if size is not None and not _is_count(size):
+            raise InputError(
+                f"{path}: replicates.bytes is {reprlib.repr(size)}; expected the file's size in "
+                "bytes (a count), as `cw-lens figures` writes it."
+            )
+        if not file.is_file():
+            run.no_replicates = f"{block['file']} is missing beside {path}"
+        else:
+            run.replicates = unpack(file, sha256, size)
+
+
+def inside_folder(summary: Path, name: Any) -> Path:
+    """The file `name` that `summary` names (its `replicates.file`), resolved inside the
+    summary's folder: never an absolute path, a path leaving the folder, or a link out of it.
+
+    Args:
+        summary: The `summary.json` path.
+        name: The name it gives.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        InputError: when `name` is not a relative path inside the folder, naming the field.
+    """
+    folder = summary.parent.resolve()
+    if isinstance(name, str) and name and "\0" not in name and not Path(name).is_absolute():
+        file = (folder / name).resolve()
+        if file.is_relative_to(folder) and file != folder:
+            return file
+    raise InputError(
+        f"{summary}: replicates.file is {reprlib.repr(name)}; expected the name of a file inside "
+        f"the run's folder {folder} ({REPLICATES_FILE!r}, as `cw-lens figures` writes it). A "
+        "summary never points outside its own folder; nothing was read."
+    )
 
 
 def _read(summary: Any, label: str, source: str) -> tuple[Run, list[dict[str, Any]]]:
@@ -467,16 +560,13 @@ def _read(summary: Any, label: str, source: str) -> tuple[Run, list[dict[str, An
         )
     if not summary["claims"]:
         raise fail("the summary has no claims.")
-    run = Run(
-        label,
-        source,
-        schema,
-        summary.get("model"),
-        summary.get("corpus"),
-        summary.get("n_documents"),
-        summary.get("n_tokens"),
-        summary.get("seed"),
-    )
+    header = {}
+    for key, (wanted, holds) in HEADER.items():
+        value = summary.get(key)
+        if value is not None and not holds(value):
+            raise fail(f"{key!r} is {reprlib.repr(value)}; expected {wanted} or null.")
+        header[key] = value
+    run = Run(label, source, schema, **header)
     rows = []
     for cid, claim in summary["claims"].items():
         if not isinstance(claim, Mapping) or "holds" not in claim:
@@ -509,24 +599,25 @@ def _read_check(check: Any, schema: int, fail: Any) -> dict[str, Any]:
         raise fail(f"missing {missing}.")
     op, threshold = check["op"], check["threshold"]
     if op not in OPS:
-        raise fail(f"unknown op {op!r}; expected one of {OPS}.")
+        raise fail(f"unknown op {reprlib.repr(op)}; expected one of {OPS}.")
     if op == "in":
         if not (isinstance(threshold, list) and len(threshold) == 2):
-            raise fail(f"op 'in' needs a [low, high] threshold, got {threshold!r}.")
-        threshold = (_number(threshold[0], fail), _number(threshold[1], fail))
+            raise fail(f"op 'in' needs a [low, high] threshold, got {reprlib.repr(threshold)}.")
+        threshold = tuple(_number(t, fail, "threshold") for t in threshold)
     else:
-        threshold = _number(threshold, fail)
+        threshold = _number(threshold, fail, "threshold")
     low = high = math.nan
     if schema >= 2:  # the key is always written; null = no interval was asked for
         if "interval" not in check:
             raise fail("schema 2 checks carry an 'interval' ([low, high] or null); none here.")
         interval = check["interval"]
         if interval is not None and not (isinstance(interval, list) and len(interval) == 2):
-            raise fail(f"the interval must be [low, high] or null, got {interval!r}.")
-        low, high = (math.nan, math.nan) if interval is None else map(_number, interval, [fail] * 2)
+            raise fail(f"the interval must be [low, high] or null, got {reprlib.repr(interval)}.")
+        if interval is not None:
+            low, high = (_number(end, fail, "interval") for end in interval)
     return {
-        "number": str(check["number"]),
-        "value": _number(check["value"], fail),
+        "number": _text(check["number"], fail),
+        "value": _number(check["value"], fail, "value"),
         "low": low,
         "high": high,
         "op": op,
@@ -535,20 +626,47 @@ def _read_check(check: Any, schema: int, fail: Any) -> dict[str, Any]:
     }
 
 
+def _text(value: Any, fail: Any) -> str:
+    """A check's number's name: a string."""
+    if not isinstance(value, str):
+        raise fail(f"the number's name is {reprlib.repr(value)}; expected a string.")
+    return value
+
+
 def _verdict(holds: Any, schema: int, fail: Any) -> str:
     if schema == 1:
         if not isinstance(holds, bool):
-            raise fail(f"schema 1 verdicts are true/false, got {holds!r}.")
+            raise fail(f"schema 1 verdicts are true/false, got {reprlib.repr(holds)}.")
         return "yes" if holds else "no"
     if holds not in SCHEMA_VERDICTS[schema]:
-        raise fail(f"schema {schema} verdicts are {SCHEMA_VERDICTS[schema]}, got {holds!r}.")
+        raise fail(
+            f"schema {schema} verdicts are {SCHEMA_VERDICTS[schema]}, got {reprlib.repr(holds)}."
+        )
     return holds
 
 
-def _number(value: Any, fail: Any) -> float:
-    """A JSON number (`null` = not measured = NaN) as a float."""
+def _number(value: Any, fail: Any, what: str) -> float:
+    """A JSON number (`null` or NaN = not measured = NaN) as a float; infinite ones refused."""
     if value is None:
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise fail(f"expected a number, got {value!r}.")
-    return float(value)
+        raise fail(f"expected a number, got {reprlib.repr(value)} (its {what}).")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if math.isinf(number):  # beyond a float's range (NaN: not measured, as null)
+        raise fail(
+            f"expected a finite number (null when not measured), got {reprlib.repr(value)} (its "
+            f"{what}): a summary never holds one beyond +-1.8e308, nor an integer of over 20 "
+            "digits."
+        )
+    return number
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
+
+
+def _is_count(value: Any) -> bool:
+    return _is_integer(value) and value >= 0

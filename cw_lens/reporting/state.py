@@ -1,26 +1,41 @@
 """The main job's settings and state: `JobConfig` (and its presets) and `Job`, which stores each
-step's result atomically and loads it again on a rerun; the atomic writes; which documents the
-causal analyses run on (`causal_indices`) and how many documents each claim's numbers come from.
+step's result and loads it again on a rerun (the files, their records and digests:
+`cw_lens.reporting.stored_steps`); which documents the causal analyses run on
+(`causal_indices`) and how many documents each claim's numbers come from.
 
-The lowest of the reporting modules: `job` (which runs the job), `steps` (the analyses it runs)
-and `markdown` (REPORT.md) all read a `Job`, and this module imports none of them.
+The lowest of the reporting modules but `stored_steps`: `job` (which runs the job), `steps`
+(the analyses it runs) and `markdown` (REPORT.md) all read a `Job`, and this module imports
+none of them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cw_lens.core.errors import InputError
 from cw_lens.data.distributed import barrier, is_main_process, main_process_decides
+from cw_lens.reporting.stored_steps import (
+    MAX_TIMINGS_BYTES,
+    MISSING,
+    STEP_SUFFIX,
+    TIMINGS_FILE,
+    atomic_write_bytes,
+    load_step,
+    recorded_digest,
+    refuse_link,
+    state_root,
+    store_step,
+    timings_problem,
+    verified_step,
+)
 
 MIN_RESAMPLES = 2000  # methods § Claims: a claim interval rests on at least this many resamples
 
@@ -71,14 +86,19 @@ class JobConfig:
         settings = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
         return cls(**settings)
 
-    def fingerprint(self) -> str:
-        """The stored steps' key: every setting that changes what a step computes. The
-        bootstrap (`n_resamples`, `bootstrap_seed`) resamples the stored per-document
-        records when the summary is built, so it is not part of it: a rerun with another
-        bootstrap seed reuses the forward passes. `causal_seed` is always part of it: it
-        decides which documents the causal steps run on (pruning's lone-head costs sample
-        `lone_docs` of them in every run), and with it a run never resumes steps stored
-        before the causal analyses sampled their documents (they ran on the first ones)."""
+    def settings(self) -> dict[str, Any]:
+        """Every setting that changes what a step computes, and the cw_lens version (`version`).
+
+        The bootstrap (`n_resamples`, `bootstrap_seed`) resamples the stored per-document
+        records when the summary is built, so it is not among them: a rerun with another
+        bootstrap seed reuses the forward passes. `causal_seed` always is: it decides which
+        documents the causal steps run on (pruning's lone-head costs sample `lone_docs` of them
+        in every run), and with it a run never resumes steps stored before the causal analyses
+        sampled their documents (they ran on the first ones).
+
+        Returns:
+            The settings, JSON-ready.
+        """
         from cw_lens.models.hooked import resolve_api
         from cw_lens.version import __version__
 
@@ -89,7 +109,15 @@ class JobConfig:
         if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
             keys["api"] = "hooked"
         keys["version"] = __version__
-        blob = json.dumps(keys, sort_keys=True).encode()
+        return keys
+
+    def fingerprint(self) -> str:
+        """The name of the stored steps' folder: a hash of `settings`.
+
+        Returns:
+            12 hex digits.
+        """
+        blob = json.dumps(self.settings(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
 
 
@@ -133,43 +161,90 @@ class Job:
     # and the seconds a running step charges itself when it computed more than its own result
     ahead: dict[str, tuple[Any, float]] = field(default_factory=dict)
     charged: dict[str, float] = field(default_factory=dict)
+    # what the steps read besides the settings (the weights' and corpus windows' records), the
+    # steps each step reads (`steps.STEP_NEEDS`), and why a loaded step's value is not one of
+    # that step's (`steps.stored_value_problem`; None: any value), all set by the main job
+    inputs: dict[str, Any] = field(default_factory=dict)
+    needs: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    check_value: Callable[[str, Any], str | None] | None = None
+    # each step's digest (`step_digest`) in this run, loaded or computed
+    digests: dict[str, str] = field(default_factory=dict)
+    said: set[str] = field(default_factory=set, repr=False)  # notices printed once
 
     @property
     def state_dir(self) -> Path:
-        return self.out / ".state" / self.config.fingerprint()
+        """`<out>/.state/<fingerprint>`, checked to be no link (`state_root`)."""
+        folder = state_root(self.out) / self.config.fingerprint()
+        refuse_link(folder, "its stored steps")
+        return folder
+
+    def state_file(self, name: str) -> Path:
+        """The file `name` of the state folder, checked to be no link.
+
+        Args:
+            name: A file name.
+
+        Returns:
+            Its path.
+        """
+        path = self.state_dir / name
+        refuse_link(path, "its stored steps")
+        return path
+
+    def step_key(self, name: str) -> dict[str, Any]:
+        """What step `name` computes from in this run (JSON-ready): the step, the settings
+        (with the cw_lens version), the inputs, and the digests of the steps it reads.
+
+        Args:
+            name: A step.
+
+        Returns:
+            The record a stored step must carry to be loaded.
+        """
+        key = {
+            "step": name,
+            "settings": self.config.settings(),
+            "inputs": self.inputs,
+            "needs": {need: self.digests.get(need) for need in self.needs.get(name, ())},
+        }
+        return json.loads(json.dumps(key, sort_keys=True))  # tuples as the file has them
 
     def step(self, name: str, fn: Callable[[Job], Any]) -> Any:
-        """Load step `name` if stored (and not forced), else compute and store atomically.
+        """Load step `name` if stored for this run (and not forced), else compute and store
+        atomically.
 
         A stored step is a safetensors file in the format of `result.save`
         (`cw_lens.core.saving`): loading it builds only the classes cw_lens registered and runs
-        no code from the file. A file that does not load (damaged, written by another version,
-        naming a class cw_lens does not read) is recomputed with a line that says why, never
-        trusted; a step stored as a pickle by cw_lens 0.4.0 or earlier is recomputed too.
+        no code from the file. It is loaded only when the record it carries is this run's
+        (`step_key`) and its content matches the digest recorded with it (`step_digest`);
+        any other file (damaged, copied from another run, edited, written by another version,
+        naming a class cw_lens does not read, holding no value of this step) is recomputed with
+        a line that says why, never trusted; a step stored as a pickle by cw_lens 0.4.0 or
+        earlier is recomputed too.
         """
         if name in self.ahead:  # stored already, by the step whose pass computed it
             self.results[name], self.timings[name] = self.ahead.pop(name)
             self._log(f"[{name}] computed by the shared corpus pass ({self.timings[name]:.1f} s)")
             return self.results[name]
-        path = self.state_dir / f"{name}{STEP_SUFFIX}"
-        stored, why = (_MISSING, None) if self.force else _load_step(path)
+        path = self.state_file(f"{name}{STEP_SUFFIX}")
+        stored, digest, why = (MISSING, None, None) if self.force else self._load_step(name)
         # every rank follows rank 0: loading skips the step's collectives, so ranks must agree
-        if main_process_decides(stored is not _MISSING):
-            if stored is _MISSING:  # rank 0 read the file but this rank cannot
+        if main_process_decides(stored is not MISSING):
+            if stored is MISSING or digest is None:  # rank 0 read the file but this rank cannot
                 raise RuntimeError(
                     f"Rank 0 loaded {path} but this rank cannot read it; do all ranks share "
                     "the output folder? Rerun with --force to recompute."
                 )
-            self.results[name] = stored
+            self.results[name], self.digests[name] = stored, digest
             computed_in = self._stored_timings().get(name)
             if computed_in is not None:  # the time it took when it was computed
                 self.timings[name] = computed_in
             self._log(f"[{name}] loaded from {path}")
             return stored
         if why is not None:
-            self._log(f"[{name}] stored result not used ({why}); recomputing")
+            self._notice(f"[{name}] stored result not used ({why}); recomputing")
         elif not self.force and path.with_suffix(".pkl").exists():
-            self._log(
+            self._notice(
                 f"[{name}] a pickled result from an older cw_lens is never loaded (a pickle can "
                 "run code); recomputing"
             )
@@ -182,13 +257,28 @@ class Job:
         self._log(f"[{name}] done in {self.timings[name]:.1f} s")
         return value
 
+    def _load_step(self, name: str) -> tuple[Any, str | None, str | None]:
+        """Stored step `name`: `(value, digest, None)`, or `(MISSING, None, why)` when it is
+        not used (`why` None: there is no file)."""
+        path = self.state_file(f"{name}{STEP_SUFFIX}")
+        value, why = load_step(path, self.step_key(name))
+        if value is MISSING:
+            return MISSING, None, why
+        problem = self.check_value(name, value) if self.check_value is not None else None
+        if problem is not None:
+            return MISSING, None, f"it holds no value of the step {name!r}: {problem}"
+        return value, recorded_digest(path), None
+
     def _store(self, name: str, value: Any, seconds: float) -> None:
         """Write step `name`'s value and the seconds it took atomically (rank 0)."""
+        path = self.state_file(f"{name}{STEP_SUFFIX}")
         if is_main_process():
-            _store_step(self.state_dir / f"{name}{STEP_SUFFIX}", value)
+            store_step(path, value, self.step_key(name))
             timings = {**self._stored_timings(), name: seconds}
-            atomic_write_bytes(self.state_dir / TIMINGS_FILE, json.dumps(timings).encode())
+            atomic_write_bytes(self.state_file(TIMINGS_FILE), json.dumps(timings).encode())
         barrier()
+        # every rank reads the digest rank 0 wrote: the steps reading this one need it
+        self.digests[name] = recorded_digest(path)
 
     def is_stored(self, name: str) -> bool:
         """Whether step `name` has a stored result this run would load (not with `force`).
@@ -197,9 +287,12 @@ class Job:
             name: A step.
 
         Returns:
-            True when its file is there.
+            True when its file is there and carries this run's record and a matching digest.
         """
-        return not self.force and (self.state_dir / f"{name}{STEP_SUFFIX}").exists()
+        path = self.state_file(f"{name}{STEP_SUFFIX}")
+        if self.force or not path.exists():
+            return False
+        return verified_step(path, self.step_key(name))[0] is not None
 
     def store_ahead(self, name: str, value: Any, seconds: float) -> None:
         """Store step `name`, computed by the running step's shared pass, at once (a resumed
@@ -214,66 +307,36 @@ class Job:
         self.ahead[name] = (value, seconds)
 
     def _stored_timings(self) -> dict[str, float]:
-        """Seconds each stored step took when it was computed (`{}` if none are recorded)."""
+        """Seconds each stored step took when it was computed (`{}` if none are recorded, or
+        if `timings.json` is not such a record: then the run says so, once)."""
+        path = self.state_file(TIMINGS_FILE)
         try:
-            return json.loads((self.state_dir / TIMINGS_FILE).read_text())
-        except (OSError, ValueError):
+            if path.stat().st_size > MAX_TIMINGS_BYTES:
+                raise ValueError(f"over {MAX_TIMINGS_BYTES} bytes")
+            timings = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"not readable JSON: {str(exc)[:200]}"
+        else:
+            problem = timings_problem(timings)
+            if problem is None:
+                return timings
+        self._notice(
+            f"[timings] {path} not used ({problem}): the loaded steps' compute times are not "
+            "reported, and the file is rewritten as steps are stored"
+        )
+        return {}
 
     def _log(self, message: str) -> None:
         if self.progress and is_main_process():
             print(message, file=sys.stderr, flush=True)
 
-
-_MISSING = object()
-# Per state folder: the seconds each step took when it was computed, so that a run that loads
-# its steps reports how long they took to compute.
-TIMINGS_FILE = "timings.json"
-
-
-STEP_SUFFIX = ".safetensors"
-
-
-def _load_step(path: Path) -> tuple[Any, str | None]:
-    """The stored step result at `path` and `None`, or `_MISSING` and why it is not used
-    (`None`: there is no file). A file that does not load is recomputed, never used."""
-    from cw_lens.core.loading import read_file
-    from cw_lens.core.saving import STEP_FORMAT
-
-    if not path.exists():
-        return _MISSING, None
-    try:
-        return read_file(path, file_format=STEP_FORMAT), None
-    except (InputError, OSError) as exc:
-        return _MISSING, str(exc)
-
-
-def _store_step(path: Path, value: Any) -> None:
-    """Write a step's value to `path` atomically (a temporary file in its folder, renamed)."""
-    from cw_lens.core.saving import STEP_FORMAT, write_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write_file(value, tmp, file_format=STEP_FORMAT)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temporary file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+    def _notice(self, message: str) -> None:
+        """Say `message` once (rank 0), even without progress lines: a stored file not used."""
+        if message not in self.said and is_main_process():
+            self.said.add(message)
+            print(message, file=sys.stderr, flush=True)
 
 
 def causal_indices(n_corpus: int, n: int | None, seed: int) -> list[int]:

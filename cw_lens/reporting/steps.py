@@ -226,6 +226,96 @@ STEP_NAMES = tuple(name for name, _ in STEPS)
 STEP_NEEDS = {"heatmaps": ("sinks",), "pruning": ("taxonomy",)}
 
 
+# what each step's value holds (`stored_value_problem`): its keys and what each key may be, a
+# result class (`result_classes`), "count", "text", "picks" ((layer, head) pairs) or None
+STORED_FIELDS: dict[str, dict[str, tuple[str | None, ...]]] = {
+    "sinks": {"stats": ("SinkStatisticsResult",)},
+    "heatmaps": {"result": ("ContributionResult",), "picks": ("picks",)},
+    "ablation": {"ablation": ("SinkAblationResult",)},
+    "faithfulness": {"result": ("FaithfulnessResult",)},
+    "task_faithfulness": {
+        "result": ("FaithfulnessResult",),
+        "n_items": ("count",),
+        "task": ("text",),
+    },
+    "selection": {"result": ("SelectionGeometryResult",)},
+    "taxonomy": {"result": ("HeadTaxonomyResult",)},
+    "pruning": {"result": ("PruningResult",), "global": ("PruningResult", None)},
+}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+def result_classes() -> dict[str, type]:
+    """The result classes the steps store, by name.
+
+    Returns:
+        `{class name: class}`.
+    """
+    from cw_lens.analyses.contributions import ContributionResult
+    from cw_lens.analyses.faithfulness import FaithfulnessResult
+    from cw_lens.analyses.pruning import PruningResult
+    from cw_lens.analyses.selection import SelectionGeometryResult
+    from cw_lens.analyses.sinks import SinkAblationResult, SinkStatisticsResult
+    from cw_lens.analyses.taxonomy import HeadTaxonomyResult
+
+    classes = (
+        ContributionResult,
+        FaithfulnessResult,
+        PruningResult,
+        SelectionGeometryResult,
+        SinkAblationResult,
+        SinkStatisticsResult,
+        HeadTaxonomyResult,
+    )
+    return {cls.__name__: cls for cls in classes}
+
+
+def _holds(value: Any, kind: str | None) -> bool:
+    """Whether `value` is of `kind` (`STORED_FIELDS`)."""
+    if kind is None:
+        return value is None
+    if kind == "count":
+        return _is_count(value)
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "picks":  # (layer, head) pairs
+        return isinstance(value, (list, tuple)) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(map(_is_count, p)) for p in value
+        )
+    return isinstance(value, result_classes()[kind])
+
+
+def stored_value_problem(name: str, value: Any) -> str | None:
+    """Why `value`, loaded from the stored step `name`, is not a value that step returns.
+
+    Args:
+        name: A step of `STEPS`.
+        value: What its file held.
+
+    Returns:
+        The problem (the key and what was expected), or None when it is such a value.
+
+    Examples:
+        >>> stored_value_problem("sinks", {})
+        "expected the keys ['stats'], got []"
+    """
+    fields = STORED_FIELDS[name]
+    if name == "task_faithfulness" and value is None:  # the run has no task
+        return None
+    if not isinstance(value, dict):
+        return f"expected an object with the keys {sorted(fields)}, got a {type(value).__name__}"
+    if set(value) != set(fields):
+        return f"expected the keys {sorted(fields)}, got {sorted(map(str, value))[:8]}"
+    for key, kinds in fields.items():
+        if not any(_holds(value[key], kind) for kind in kinds):
+            wanted = " or ".join(str(kind) for kind in kinds)
+            return f"{key!r}: expected {wanted}, got a {type(value[key]).__name__}"
+    return None
+
+
 def select_steps(
     steps: Sequence[str] | None = None, skip: Sequence[str] | None = None
 ) -> tuple[str, ...]:

@@ -46,11 +46,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float, Float32, Int
 from torch import Tensor
 
 from cw_lens.analyses.contributions.cache_checks import activations_from_cache
@@ -61,6 +61,7 @@ from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result, check_batch_row, resolve_row
+from cw_lens.core.schema import Axes, Count, MaskedRows
 from cw_lens.data.inputs import TokenBatch, prepare_inputs
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model, model_device, resolve_heads, resolve_layers
@@ -93,20 +94,22 @@ class ContributionResult(Result):
         )
     )
 
-    attention: Float[Tensor, "batch layer head query key"]
-    cosine: Float[Tensor, "batch layer head query key"]
-    projected_value_norm: Float[Tensor, "batch layer head key"]
-    output_norm: Float[Tensor, "batch layer head query"]
-    head_output_norm: Float[Tensor, "batch layer head query"]
+    equal_axes = (("pos", "query", "key"),)  # the query and key axes are the positions
+
+    attention: Float32[Tensor, "batch layer head query key"]
+    cosine: Float32[Tensor, "batch layer head query key"]
+    projected_value_norm: Float32[Tensor, "batch layer head key"]
+    output_norm: Float32[Tensor, "batch layer head query"]
+    head_output_norm: Float32[Tensor, "batch layer head query"]
     tokens: Int[Tensor, "batch pos"]
     mask: Bool[Tensor, "batch pos"]
-    str_tokens: list[list[str]]
-    layers: list[int]
-    heads: list[int]
-    kind: str
+    str_tokens: Annotated[list[list[str]], Axes("batch"), MaskedRows("mask")]
+    layers: Annotated[list[int], Axes("layer")]
+    heads: Annotated[list[int], Axes("head")]
+    kind: Kind
     prepend_bos: bool
     bos_token: str | None
-    n_nan_rows: int = 0
+    n_nan_rows: Annotated[int, Count()] = 0
     model_name: str = ""
 
     # ----------------------------------------------------------------- derived fields

@@ -62,7 +62,7 @@ class FaithfulnessResult(Result):
     task: bool
     n_documents: int
     n_tokens: int
-    ranking: str
+    ranking: Literal["abs", "signed"]
     seed: int
     first_query: int = 1
     # opt-in: (statistic names, [document, statistic] sums, configurations) for intervals

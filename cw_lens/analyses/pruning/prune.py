@@ -73,7 +73,7 @@ class PruningResult(Result):
     orders: tuple[str, ...]
     seed: int
     n_documents: int
-    scope: str = "layer"
+    scope: Literal["layer", "global"] = "layer"
     lone: pd.DataFrame | None = None
     lone_clean_ppl: float | None = None
     lone_shape: tuple[int, int] | None = None

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float, Float64, Int
 from torch import Tensor
 
 from cw_lens.analyses.common import (
@@ -39,6 +39,7 @@ from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import selection_numbers
 from cw_lens.core.results import Result
+from cw_lens.core.schema import Axes
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.models.access import Model
@@ -70,14 +71,14 @@ class SelectionGeometryResult(Result):
 
     _layer_axes = (("sums", 0),)
 
-    sums: Float[Tensor, "layer rule head n 4"]
-    layers: list[int]
-    n_grid: list[int]
-    query: str
+    sums: Float64[Tensor, "layer rule head n 4"]
+    layers: Annotated[list[int], Axes("layer")]
+    n_grid: Annotated[list[int], Axes("n")]
+    query: Literal["last", "all"]
     n_random: int
     seed: int
     sink_positions: tuple[int, ...]
-    distance: str
+    distance: Distance
     n_documents: int
     model_name: str = ""
     per_document: Tensor | None = None  # [document, layer, rule, head, n, (F sum, queries)]

@@ -53,8 +53,8 @@ class SinkAblationResult(Result):
     patched_nll: float
     per_head: pd.DataFrame
     scale: float
-    mode: str
-    effect: str
+    mode: Literal["scale", "norm_matched"]
+    effect: Literal["direct", "total"]
     layers: list[int]
     # opt-in: ([document, ABLATION_SUMS, layer, head] sums, [document, (clean nll, count,
     # patched nll, count)], the patched heads' mask [layer, head]) for bootstrap intervals

@@ -8,6 +8,7 @@ import copy
 import hashlib
 import math
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -71,6 +72,26 @@ FACTOR_COLUMNS = (
 @saveable
 class SinkAccumulator:
     """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
+
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "layers": list[int],
+        "n_heads": int,
+        "sinks": SinkSpec,
+        "pos": dict[int, int],
+        "min_query": int,
+        "drift_k": int,
+        "samples_per_head": int,
+        "seed": int,
+        "sums": ExactSums,
+        "samples": SampleReservoir,
+        "s_star": Histogram,
+        "drift_cos": Histogram,
+        "drift_share": Histogram,
+        "per_doc": PerDocument | None,
+        "share_hist": PerDocument | None,
+        "_share_bins": Histogram,
+    }
+    optional_fields = ("_share_bins",)  # with the per-document record only
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Bool
@@ -33,6 +33,11 @@ SinkPositions = Sequence[int] | Literal["detect"]
 @saveable
 class SinkSpec:
     """Sink positions per document: the same tuple for all, or one tuple per document."""
+
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "per_doc": dict[int, tuple[int, ...]],
+        "default": tuple[int, ...] | None,
+    }
 
     def __init__(self, positions: Sequence[int] | dict[int, Sequence[int]]) -> None:
         if isinstance(positions, str):

@@ -18,6 +18,7 @@ from cw_lens.analyses.sinks.accumulation import (
     DRIVER_FACTORS,
     RECORDED_SUMS,
     SHARE_BINNING,
+    SinkAccumulator,
     head_spearman,
 )
 from cw_lens.analyses.sinks.claims import LAYER_NUMBERS, MIN_S_STAR_QUERIES, sink_claims
@@ -64,7 +65,7 @@ class SinkStatisticsResult(Result):
     sinks: str
     n_documents: int
     n_tokens: int
-    acc: Any = field(repr=False)
+    acc: SinkAccumulator = field(repr=False)
     min_query: int = MIN_QUERY
     threshold: float = SINK_RATE_THRESHOLD
 
