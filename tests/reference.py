@@ -1,54 +1,21 @@
 """Slow, obviously-right references: materialise every ``alpha[i,j] pv_j`` vector (float64).
 
 Nothing here is shared with the fast path in ``cw_lens.core.geometry``: the projected values are
-built explicitly as ``d_model`` vectors and every quantity is read off them.
+built explicitly as ``d_model`` vectors and every quantity is read off them. The definition of a
+contribution weight itself is public, ``cw_lens.reference``; the rest builds on it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from cw_lens.reference import layer_contributions
+
 
 def dense_contributions(pattern, values, W_O, kind="intra"):
-    """Every field of methods § Contribution weights from materialised vectors.
-
-    Args:
-        pattern: [batch, head, query, key]; values: [batch, key, kv_head, d_head];
-        W_O: [head, d_head, d_model].
-    Returns:
-        dict of float64 tensors [batch, head, query, key] (weights, cosine, relative_norm,
-        value_norm, value_norm_output, attention) plus head/layer outputs.
-    """
-    pattern, values, W_O = (t.double() for t in (pattern, values, W_O))
-    n_heads = pattern.shape[1]
-    group = n_heads // values.shape[2]
-    pv = torch.stack(
-        [values[:, :, h // group, :] @ W_O[h] for h in range(n_heads)], dim=1
-    )  # [batch, head, key, d_model]
-    y = pattern[..., None] * pv[:, :, None, :, :]  # [batch, head, query, key, d_model]
-    head_out = y.sum(3)  # [batch, head, query, d_model]
-    layer_out = head_out.sum(1)  # [batch, query, d_model]
-    target = head_out if kind == "intra" else layer_out[:, None].expand_as(head_out)
-    tnorm = target.norm(dim=-1)  # [batch, head, query]
-    weights = (y * target[:, :, :, None, :]).sum(-1) / tnorm[..., None] ** 2
-    pv_norm = pv.norm(dim=-1)  # [batch, head, key]
-    cos = torch.nn.functional.cosine_similarity(
-        pv[:, :, None, :, :], target[:, :, :, None, :], dim=-1
-    )
-    rel = pv_norm[:, :, None, :] / tnorm[..., None]
-    vn = pattern * pv_norm[:, :, None, :]
-    vno = vn / head_out.norm(dim=-1)[..., None]
-    return {
-        "attention": pattern,
-        "weights": weights,
-        "cosine": cos,
-        "relative_norm": rel,
-        "value_norm": vn,
-        "value_norm_output": vno,
-        "head_output": head_out,
-        "layer_output": layer_out,
-        "projected_values": pv,
-    }
+    """Every field of methods § Contribution weights from materialised vectors: the public
+    definition, `cw_lens.reference.layer_contributions` (float64 tensors by name)."""
+    return layer_contributions(pattern, values, None, W_O, kind=kind)
 
 
 def model_reference(model, tokens, layer, kind="intra", attention_mask=None):

@@ -14,6 +14,9 @@ weights can be negative (destructive interference) and exceed 1. Baselines
 (docs/methods.md#contribution-weights): `attention` = alpha, `value_norm` = alpha ||pv_j||
 (Kobayashi et al. 2020), `value_norm_output` = alpha ||pv_j|| / ||o_i^h||.
 
+The definition as plain tensor code, which materialises every `alpha pv` vector and is what this
+fast path is tested against, is [`cw_lens.reference`][cw_lens.reference].
+
 Conventions: keys after the query (`j > i`) are 0 in every field; query rows at padding are
 NaN (at `j <= i`); a query whose output norm is numerically zero (below `1e-6` of the largest
 projected-value norm among its keys) has undefined weights — NaN — and is counted in
