@@ -123,6 +123,9 @@ def per_layer_batch(total: int, n_layers: int, n_batches: int) -> float:
 
 def measure(model: Any, corpus: Any, cases: tuple[str, ...] = (*ANALYSES, "fused")) -> dict:
     """Every case's count on `corpus`, per layer and batch, and its ratio to the forward's."""
+    from cw_lens.models.verify import require_verified
+
+    require_verified(model)  # once, before anything is counted (the first case would pay it)
     n_layers = model.cfg.n_layers
     batches = token_batches(model, corpus)
     floor = per_layer_batch(forward_count(model, batches), n_layers, len(batches))

@@ -58,20 +58,28 @@ if TYPE_CHECKING:
     from cw_lens.analyses.faithfulness import FaithfulnessResult, faithfulness
     from cw_lens.analyses.pruning import PruningResult, lone_head_costs, prune_heads
     from cw_lens.analyses.selection import (
+        SelectionGeometryAccumulator,
         SelectionGeometryResult,
         geometric_prf,
         geometric_prf_batched,
         selection_geometry,
     )
     from cw_lens.analyses.sinks import (
+        SinkAblationAccumulator,
         SinkAblationResult,
+        SinkStatisticsAccumulator,
         SinkStatisticsResult,
         detect_sinks,
         sink_ablation,
         sink_rates,
         sink_statistics,
     )
-    from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
+    from cw_lens.analyses.taxonomy import (
+        HeadTaxonomyAccumulator,
+        HeadTaxonomyResult,
+        head_taxonomy,
+    )
+    from cw_lens.core.accumulators import Accumulator
     from cw_lens.core.errors import (
         CwLensError,
         EmbeddedModelMissing,
@@ -113,6 +121,7 @@ if TYPE_CHECKING:
     from cw_lens.reporting.run_comparison import RunComparisonResult, compare_runs
 
 __all__ = [
+    "Accumulator",
     "ClaimsTable",
     "ContributionResult",
     "Corpus",
@@ -120,6 +129,7 @@ __all__ = [
     "Document",
     "EmbeddedModelMissing",
     "FaithfulnessResult",
+    "HeadTaxonomyAccumulator",
     "HeadTaxonomyResult",
     "HookSet",
     "IOIRouteStatisticsResult",
@@ -138,9 +148,12 @@ __all__ = [
     "RolloutResult",
     "RouteGraphResult",
     "RunComparisonResult",
+    "SelectionGeometryAccumulator",
     "SelectionGeometryResult",
+    "SinkAblationAccumulator",
     "SinkAblationResult",
     "SinkPatchComparisonResult",
+    "SinkStatisticsAccumulator",
     "SinkStatisticsResult",
     "UnsupportedModelError",
     "__version__",

@@ -41,7 +41,7 @@ TOKENS = (
 )
 QUERY0 = "tests/test_faithfulness.py::test_query_zero_is_never_intervened_on_by_default"
 SCOPE = "tests/test_selection.py::test_layer_scope_removes_the_same_fraction_per_layer"
-HISTOGRAM = "tests/test_accumulate.py"
+HISTOGRAM = "tests/test_accumulators.py"
 BOOT = "tests/test_bootstrap.py"
 BOOT_FAST = "tests/test_bootstrap.py::test_vectorised_bootstrap_equals_a_direct_resampling_loop"
 BOOT_SINKS = (
@@ -104,9 +104,9 @@ MUTANTS = [
     m(
         "sinks: cos(pv_0, o) instead of cos(pv_0, m)",
         "cw_lens/analyses/sinks/accumulation.py",
-        "        cos_mix = cross / (nt2 * ns2).clamp_min(1e-30).sqrt()",
-        "        cos_mix = geo.gram_inner(st, z, gram) / (geo.gram_inner(z, z, gram) * ns2)"
-        ".clamp_min(1e-30).sqrt()",
+        "        cos_mix = torch.where(ok_mix, cross / (nt2 * ns2).clamp_min(1e-30).sqrt(), 0.0)",
+        "        cos_mix = torch.where(ok_mix, geo.gram_inner(st, z, gram) / "
+        "(geo.gram_inner(z, z, gram) * ns2).clamp_min(1e-30).sqrt(), 0.0)",
         SINK_REF,
     ),
     m(
@@ -127,13 +127,13 @@ MUTANTS = [
     m(
         "sinks: cancelled share clipped by a +-2 histogram",
         "cw_lens/analyses/sinks/accumulation.py",
-        "        self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)",
-        "        self.drift_share = Histogram((n, n_heads), -2.0, 2.0, 200)",
+        "        self.drift_share = Histogram((n, h), **DRIFT_SHARE_BINNING, device=device)",
+        "        self.drift_share = Histogram((n, h), -2.0, 2.0, 200, device=device)",
         SINK_REF,
     ),
     m(
         "histogram: asinh bins mapped back without the unit",
-        "cw_lens/core/accumulate.py",
+        "cw_lens/core/accumulators.py",
         '        return torch.sinh(t) * self.unit if self.scale == "asinh" else t',
         '        return torch.sinh(t) if self.scale == "asinh" else t',
         HISTOGRAM,

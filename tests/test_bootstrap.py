@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 import cw_lens
 from cw_lens.analyses import pruning
-from cw_lens.core.accumulate import PerDocument, SampleReservoir, state_bytes
+from cw_lens.core.accumulators import StackedSums, document_rows
 from cw_lens.core.bootstrap import BIAS_SE_LIMIT, Bootstrap, bias_to_se, masked_median
 from cw_lens.core.claims import Check, Claim, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.core.memory import state_bytes
 from cw_lens.core.resampled import pruning_numbers, weighted_spearman
 
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
@@ -278,14 +279,14 @@ def test_claim_verdict_combines_its_checks():
 
 
 def test_per_document_record_costs_its_documented_bytes():
-    record = PerDocument(["a", "b"], n_documents=10, shape=(3, 4))
-    assert record.bytes_per_document == 4 * 2 * 12 + 1
-    assert state_bytes(record.values) + state_bytes(record.seen) == 10 * (4 * 2 * 12 + 1)
-    record.add_rows([2, 5], "b", torch.ones(2, 4), at=1)
-    assert record.table("b").shape == (2, 3, 4) and record.table("b")[:, 1].eq(1).all()
-    assert record.table("a").eq(0).all()
-    with pytest.raises(InputError, match="beyond"):
-        record.add_rows([10], "a", torch.ones(1, 3, 4))
+    record = StackedSums(["a", "b"], (3, 4), n_documents=10)
+    assert state_bytes(record.per_document) + state_bytes(record.seen) == 10 * (8 * 2 * 12 + 1)
+    record.add(torch.ones(2, 4, 2), document_rows([2, 5], "cpu"), at=1)
+    assert record.document_table("b").shape == (2, 3, 4)
+    assert record.document_table("b")[:, 1].eq(1).all()
+    assert record.document_table("a")[:, 0].eq(0).all()
+    with pytest.raises(InputError, match="beyond the 10 documents"):
+        record.add(torch.ones(1, 3, 4, 2), document_rows([10], "cpu"))
 
 
 # =========================================================================== each analysis
@@ -468,20 +469,8 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
     drivers = claims["sink_contribution_drivers"]["checks"]
     assert all(c["interval"] is not None for c in drivers)
     assert set(stats.samples("sink")["document"]) <= set(range(6))
-    # a state stored before samples remembered their document: no interval, not a wrong one,
-    # and the checks are inconclusive, not judged on their point values (methods § Claims)
-    state = stats.acc.samples.__getstate__()
-    del state["_docs"]
-    stats.acc.samples = SampleReservoir.__new__(SampleReservoir)
-    stats.acc.samples.__setstate__(state)
-    legacy = stats.claims(Bootstrap(300))["sink_contribution_drivers"]["checks"]
-    assert all(
-        math.isnan(low) and math.isnan(high) for low, high in (c["interval"] for c in legacy)
-    )
-    assert [c["holds"] for c in legacy] == ["inconclusive", "inconclusive"]
-    assert [c["value"] for c in legacy] == [c["value"] for c in drivers]
     bare = cw_lens.sink_statistics(llama, texts, min_query=4)
-    assert bare.acc.per_doc is None
+    assert bare.record is None
     with pytest.raises(InputError, match="per_document=True"):
         bare.claims(Bootstrap(10))
 

@@ -380,7 +380,7 @@ def test_the_quick_presets_profile_is_its_latest_run():
     corpus = sum(steps[k] for k in ("sinks", "ablation", "selection", "taxonomy"))
     rest = wall - steps["faithfulness"] - steps["pruning"] - steps["task_faithfulness"] - corpus
     page = _flat("docs/performance.md")
-    assert f"the latest, with this version, {wall} s" in page
+    assert f"the latest, with cw_lens {latest['cw_lens']}, {wall} s" in page
     rows = (
         ("faithfulness", steps["faithfulness"], 0),
         ("pruning (layer-wise ranking and the global variant)", steps["pruning"], 0),

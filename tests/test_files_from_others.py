@@ -259,7 +259,7 @@ def test_deep_nesting_is_refused_not_a_recursion_error(tmp_path_factory, depth, 
         elif kind == "dict":
             value = {TYPE: "dict", "items": [["k", value]]}
         else:
-            value = {TYPE: "object", "class": "cw_lens.core.accumulate:ExactSums", "id": 0,
+            value = {TYPE: "object", "class": "cw_lens.core.accumulators:Histogram", "id": 0,
                      "state": {"x": value}}  # fmt: skip
     path = tmp_path_factory.mktemp("deep") / "deep.safetensors"
     _write_result(path, value, {}, "cw_lens.core.results:Result")
@@ -414,12 +414,14 @@ def test_token_strings_that_do_not_match_the_tokens_are_refused(saved, tmp_path)
     _refused(_edited(saved, "cw", tmp_path, edit), r"wrong str_tokens: its rows must be as long")
 
 
-def test_float_bits_read_as_int32_are_refused(saved, tmp_path):
+def test_float_bits_read_as_integers_are_refused(saved, tmp_path):
+    """A float column's array relabelled as integers (the same bytes read as int64)."""
+
     def edit(state, tensors):
         def retype(v):
             if isinstance(v, dict):
-                if v.get(TYPE) == "ndarray" and v.get("dtype") == "<f4":
-                    v["dtype"] = "<i4"
+                if v.get(TYPE) == "ndarray" and v.get("dtype") == "<f8":
+                    v["dtype"] = "<i8"
                 for x in v.values():
                     retype(x)
             elif isinstance(v, list):
@@ -428,7 +430,7 @@ def test_float_bits_read_as_int32_are_refused(saved, tmp_path):
 
         retype(state)
 
-    _refused(_edited(saved, "stats", tmp_path, edit), r"<i4 is stored as a float32 tensor")
+    _refused(_edited(saved, "ioi", tmp_path, edit), r"<i8 is stored as a float64 tensor")
 
 
 @pytest.mark.parametrize("number", [10**400, {TYPE: "float", "value": "nan"}, 1.5, True])

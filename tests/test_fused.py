@@ -1,10 +1,12 @@
-"""`corpus_analyses`: several corpus analyses from one forward pass per batch, each result bit
-for bit the one its own function returns with the same arguments.
+"""`corpus_analyses`: several corpus analyses from one forward pass per batch, each result the
+one its own function returns with the same arguments (both feed the same accumulator the same
+blocks, so they are equal bit for bit).
 
 Checked on three tiny architectures (grouped-query attention, biases, a parallel block) and on
 the embedded SmolLM2, with and without the per-document record the main job keeps. A result is
-compared field by field (`same_results.assert_same`) and through what its accumulator holds
-privately: every exact sum, histogram count and sampled factor row of the sink statistics.
+compared field by field (`same_results.assert_same`): every stacked sum, histogram count,
+sampled factor row and per-document record it holds. Accumulators given as objects, and one of
+a user's own, ride along on the same pass.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from arch_checks import built
 from same_results import assert_same
 
 import cw_lens
+from cw_lens.core.accumulators import StackedSums
 from cw_lens.core.errors import InputError
 
 FUNCTIONS = {
@@ -47,12 +50,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: faster on one
 
 
 def accumulated(result) -> dict:
-    """What a sink-statistics accumulator holds that its public fields do not show."""
-    acc = result.acc
-    held = {f"sum {name}": acc.sums.total(name) for name in acc.sums.names}
-    for group in acc.samples.groups():
-        held[f"samples {group}"] = acc.samples.table(group)
-        held[f"documents {group}"] = acc.samples.documents(group)
+    """The tensors a sink-statistics result holds (its sums, curve, samples and record)."""
+    held = {"sums": result.sums, "curve": result.curve_sums, "samples": result.samples_table}
+    if result.record is not None:
+        held["record"] = result.record
     return held
 
 
@@ -105,6 +106,7 @@ def test_names_and_options_are_checked():
         (("sinks", "pruning"), "at most once"),
         (("sinks", "sinks"), "at most once"),
         ((), "at most once"),
+        ([cw_lens.SinkStatisticsAccumulator(model, texts), "sinks"], "at most once"),
         ("sinks", "list of names"),
         ({"sinks": {"batch_size": 4}}, "shared by every analysis"),
         ({"taxonomy": {"n_random": 3}}, "n_random"),
@@ -120,3 +122,43 @@ def test_on_the_embedded_model_each_result_is_its_own_functions(smollm):
     options = {name: {} for name in FUNCTIONS}  # every default, as the main job runs them
     fused, alone = run_both(smollm, corpus, per_document=True, options=options)
     assert_same_results(fused, alone)
+
+
+class _QueryCount(cw_lens.Accumulator):
+    """A user's accumulator: real query rows per layer, from the blocks it is handed."""
+
+    name = "queries"
+
+    def __init__(self, model):
+        self.layers = [0, model.cfg.n_layers - 1]
+        self.sums = StackedSums(["rows"], (2,))
+
+    def update(self, block):
+        rows = block.acts.mask[:, block.queries].sum(-1, keepdim=True)  # [batch, 1]
+        self.sums.add(rows, at=self.layers.index(block.layer))
+
+    def finish(self, stats):
+        return self.sums.to_host().column("rows")
+
+
+def test_accumulators_given_as_objects_and_a_users_own_ride_along():
+    """Accumulators built with their options equal the functions' results; a user's own sees
+    every real query row of the layers it reads, once."""
+    model = bridged("Llama")
+    corpus = cw_lens.load_corpus(n_docs=5, max_tokens=24, model=model)
+    _, alone = run_both(model, corpus, per_document=False, options={"sinks": OPTIONS["sinks"]})
+    sinks = cw_lens.SinkStatisticsAccumulator(model, corpus, **OPTIONS["sinks"], batch_size=2)
+    mine = _QueryCount(model)
+    fused = cw_lens.corpus_analyses(
+        model,
+        corpus,
+        analyses=[sinks, mine, "selection"],
+        batch_size=2,
+        progress=False,
+    )
+    assert list(fused) == ["sinks", "queries", "selection"]
+    assert_same(fused["sinks"], alone["sinks"], "sinks")
+    assert_same(accumulated(fused["sinks"]), accumulated(alone["sinks"]), "sinks tensors")
+    n_tokens = sum(len(d.tokens) + 1 for d in corpus)  # each with its BOS
+    assert fused["queries"].tolist() == [n_tokens, n_tokens]
+    assert fused.selection is not None and fused.taxonomy is None

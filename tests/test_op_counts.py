@@ -4,9 +4,9 @@ A count of dispatched ATen operations is the same on every machine, so unlike a 
 bounded in a test. On a GPU each operation is a kernel launch, so the count per layer and batch
 is what decides whether an analysis is launch-bound. The bounds below are this version's counts
 on this file's workload (the tiny Llama, 16 documents of 64 tokens) plus 10%: a change that adds
-operations per layer fails here. They are far above the goals the benchmark states (each corpus
-analysis at most 3x the forward pass, the four fused at most 8x); the accumulator redesign is
-to bring them down to those goals, and then these bounds become the goals.
+operations per layer fails here. The selection and the taxonomy are at the goal the benchmark
+states (at most 3x the forward pass); the sink statistics, the ablation (two passes) and the four
+fused are above it (docs/performance.md says what their operations are).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def test_the_counter_counts_each_dispatched_operation_once(bench_ops):
 
 
 # this version's counts per layer and batch over the forward pass's (tiny Llama, 16 documents of
-# 64 tokens, batches of 8: 32.8x, 14.7x, 7.6x, 90.3x; one batch of contribution weights 4.9x),
-# with 10% to spare
-BOUNDS = {"sinks": 36.0, "selection": 16.2, "taxonomy": 8.4, "fused": 99.5}
+# 64 tokens, batches of 8: 15.0x, 3.0x, 2.9x, 5.3x, 21.4x; one batch of contribution weights
+# 4.5x), with 10% to spare
+BOUNDS = {"sinks": 16.5, "selection": 3.35, "taxonomy": 3.2, "ablation": 5.85, "fused": 23.5}
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +63,4 @@ def test_operations_per_layer_and_batch_stay_within_their_bound(measured, case):
 
 
 def test_one_batch_of_contribution_weights_stays_within_its_bound(measured):
-    assert measured["contribution_weights"]["ratio"] <= 5.5
+    assert measured["contribution_weights"]["ratio"] <= 5.0

@@ -71,19 +71,15 @@ def instances(results):  # noqa: F811  (the fixture imported above)
     """One instance of every registered class: the results, what they hold, and the few
     classes no result holds by default (built small, the way their analyses build them)."""
     from cw_lens.analyses.selection.prf import PRF
-    from cw_lens.core.accumulate import BootstrapSums, PerDocument
+    from cw_lens.analyses.sinks.detection import SinkSpec
     from cw_lens.core.results import ClaimsTable
 
     found: dict[str, Any] = {}
     for result in results.values():
         _walk(result, found)
-    per_document = PerDocument(["a", "b"], 3, (2,))
-    per_document.add_rows([0, 2], "a", torch.ones(2, 2))
-    bootstrap = BootstrapSums(n_replicates=3, seed=1)
-    bootstrap.add_rows([0, 1], "x", torch.arange(4.0).reshape(2, 2))
     prf = PRF(*(torch.rand(2, 3, dtype=torch.float64) for _ in range(3)))
     claims = ClaimsTable(results["SinkStatisticsResult"].claims())
-    for extra in (per_document, bootstrap, prf, claims):
+    for extra in (SinkSpec((0,)), prf, claims):
         _walk(extra, found)
     return found
 

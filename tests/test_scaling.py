@@ -11,11 +11,13 @@ from collections import defaultdict
 import pytest
 
 import cw_lens
-from cw_lens.analyses import common, pruning
+from cw_lens.analyses import pruning, taxonomy
 from cw_lens.analyses.faithfulness import curves as faith
+from cw_lens.analyses.selection import geometry
 from cw_lens.analyses.sinks import ablation as sinks
-from cw_lens.core.accumulate import state_bytes
+from cw_lens.core.memory import state_bytes
 from cw_lens.data import scoring
+from cw_lens.data.streaming import stream_corpus
 from cw_lens.flow import rollout
 
 pytestmark = pytest.mark.slow
@@ -43,30 +45,31 @@ def _recorded(monkeypatch, targets) -> dict[str, list]:
 
 
 def _sink_statistics(model, texts):
-    result = cw_lens.sink_statistics(model, texts, max_samples=200, min_query=4)
-    result.heads(), result.decomposition()  # totals computed, reservoirs compacted
-    return [result.acc]
+    acc = cw_lens.SinkStatisticsAccumulator(model, texts, max_samples=200, min_query=4)
+    stats, _ = stream_corpus(model, texts, [acc])
+    acc.finish(stats).decomposition()
+    return [acc]
 
 
 ANALYSES = {
     "sink_statistics": (_sink_statistics, []),
     "sink_ablation": (
         lambda m, t: cw_lens.sink_ablation(m, t, effect="total"),
-        [(sinks, "stream_corpus"), (sinks, "corpus_nll")],
+        [(sinks, "SinkAblationAccumulator"), (sinks, "ConeStatistics"), (scoring, "NLLResult")],
     ),
     "selection_geometry": (
         lambda m, t: cw_lens.selection_geometry(m, t, n_grid=[1, 2], progress=False),
-        [(common, "stream_corpus")],
+        [(geometry, "SelectionGeometryAccumulator")],
     ),
     "head_taxonomy": (
         lambda m, t: cw_lens.head_taxonomy(m, t, progress=False),
-        [(common, "stream_corpus")],
+        [(taxonomy, "HeadTaxonomyAccumulator")],
     ),
     "faithfulness": (
         lambda m, t: cw_lens.faithfulness(
             m, t, metrics=("attention", "contribution"), fractions=(0.1,), progress=False
         ),
-        [(faith, "merge_across_ranks")],
+        [(faith, "Outcomes")],
     ),
     "prune_heads": (
         lambda m, t: pruning.prune_heads(
@@ -78,7 +81,7 @@ ANALYSES = {
             lone=False,
             progress=False,
         ),
-        [(scoring, "merge_across_ranks"), (common, "stream_corpus")],
+        [(scoring, "NLLResult"), (taxonomy, "HeadTaxonomyAccumulator")],
     ),
     # the flow analysis: the rollouts of one batch at a time (its records are its result)
     "rollout_deletion": (

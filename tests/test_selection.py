@@ -241,7 +241,8 @@ def reference_geometry(model, batch, cache, grid, query, n_random, seed):
             for q in queries:
                 rankings = sel.random_rankings(seed, b, layer, q, n_heads, n_random)
                 for h in range(n_heads):
-                    v, a = values[b, : q + 1, h // group], pattern[b, h, q, : q + 1]
+                    v = values[b, : q + 1, h // group].double()  # the float64 definition
+                    a = pattern[b, h, q, : q + 1].double()
                     for k, n in enumerate(grid):
                         if 2 * n > q + 1:
                             continue
@@ -521,8 +522,8 @@ def test_cross_fitted_rankings_are_learnt_on_the_other_half(model, pruned):
             hooks = remove_heads(model, removed).hooks
             own = corpus_nll(model, TEXTS[fold::2], hooks=hooks)
             total = record[fold::2].sum(0)
-            assert float(total[0]) == pytest.approx(float(own.sums.total("nll")), rel=1e-6)
-            assert float(total[1]) == float(own.sums.total("count"))
+            assert float(total[0]) == pytest.approx(float(own.sums.column("nll")), rel=1e-6)
+            assert float(total[1]) == float(own.sums.column("count"))
         pooled = record.sum(0)
         row = res.table[(res.table.order == name)]
         assert float(row["nll"].iloc[0]) == pytest.approx(float(pooled[0] / pooled[1]), rel=1e-6)

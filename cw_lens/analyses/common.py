@@ -1,6 +1,4 @@
-"""What several analyses share: argument checks, the query-to-KV head map, JSON rounding, and
-the plan of a corpus analysis (`CorpusPlan`: its accumulator and how its result is built) with
-the streamed pass that runs one (`run_plan`).
+"""What several analyses share: argument checks, the query-to-KV head map and JSON rounding.
 
 Moved here from `selection` so that sibling analyses (selection, taxonomy, pruning) import a
 lower module rather than each other.
@@ -8,8 +6,7 @@ lower module rather than each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +15,6 @@ import torch
 from torch import Tensor
 
 from cw_lens.core.errors import InputError
-from cw_lens.data.streaming import StreamStats, stream_corpus
 
 
 def check_count(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> None:
@@ -135,108 +131,3 @@ def kv_of_heads(n_heads: int, n_kv: int, device: Any) -> Tensor:
 def rounded_dict(series: pd.Series) -> dict[Any, float]:
     """A series as a JSON-ready dict (plain keys, floats rounded to 4 digits)."""
     return {k.item() if hasattr(k, "item") else k: round(float(v), 4) for k, v in series.items()}
-
-
-@dataclass
-class CorpusPlan:
-    """A corpus analysis ready for a streamed pass: what it feeds and how its result is built.
-
-    The analyses' `plan_*` functions check their arguments and build the accumulator;
-    [`run_plan`][cw_lens.analyses.common.run_plan] streams the corpus into it alone (the
-    analysis's own function), [`corpus_analyses`][cw_lens.corpus_analyses] streams it into
-    several at once. Either way `finish` builds the result from the merged accumulator.
-
-    Attributes:
-        name: The analysis (`"sinks"`, `"selection"`, `"taxonomy"`, `"ablation"`).
-        accumulator: `update(lc)`, `merge`, and optionally `update_logits(batch, logits)`
-            and `to_host()`.
-        layers: The layers it reads (the pass hands it no other).
-        finish: `(merged accumulator, StreamStats) -> result`; it may run further passes of
-            its own (the sink ablation's patched ones).
-        need_logits: Whether the accumulator reads the pass's logits (`update_logits`).
-    """
-
-    name: str
-    accumulator: Any
-    layers: list[int]
-    finish: Callable[[Any, StreamStats], Any]
-    need_logits: bool = False
-
-
-def run_plan(
-    model: Any,
-    corpus: Any,
-    plan: CorpusPlan,
-    *,
-    batch_size: int | None,
-    prepend_bos: bool,
-    progress: bool | str,
-) -> Any:
-    """The result of `plan` from a streamed pass of its own (`stream_corpus`: sharded and
-    merged under torchrun).
-
-    Args:
-        model: The model.
-        corpus: The documents the plan was made for.
-        plan: A `CorpusPlan`.
-        batch_size: Documents per forward pass.
-        prepend_bos: Whether BOS is prepended to text.
-        progress: The progress bar's label, or False.
-
-    Returns:
-        What `plan.finish` returns.
-    """
-    accumulator, stats = stream_corpus(
-        model,
-        corpus,
-        plan.accumulator,
-        layers=plan.layers,
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-        need_logits=plan.need_logits,
-        progress=progress,
-    )
-    return plan.finish(accumulator, stats)
-
-
-def layer_sums(accumulator: Any, layers: list[int], record: str) -> tuple[Tensor, Tensor | None]:
-    """An accumulator's per-layer exact sums, stacked, and its per-document table.
-
-    Args:
-        accumulator: An accumulator with `sums` (an `ExactSums` keyed `layer{n}`) and `per_doc`
-            (a `PerDocument`, or `None`).
-        layers: The layer numbers, in the order of the stack.
-        record: The field of the per-document record to read.
-
-    Returns:
-        The sums `[layer, ...]` and the per-document table of `record` (`None` when not
-        recorded).
-    """
-    sums = torch.stack([accumulator.sums.total(f"layer{layer}") for layer in layers])
-    per_document = None if accumulator.per_doc is None else accumulator.per_doc.table(record)
-    return sums, per_document
-
-
-class SumsAndRecords:
-    """The merge and the move to the host of an accumulator made of exact sums (`self.sums`,
-    an `ExactSums`) and, where documents are recorded, per-document records (`self.per_doc`,
-    a `PerDocument`, else `None`): the selection's and the taxonomy's."""
-
-    sums: Any
-    per_doc: Any
-
-    def merge(self, other: SumsAndRecords) -> None:
-        """Add another shard's sums and records (exact, in any order).
-
-        Args:
-            other: The same accumulator of another shard.
-        """
-        self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-
-    def to_host(self) -> None:
-        """After a pass: what was accumulated on the model's device, to the host (once)."""
-        self.sums.to_host()
-        if self.per_doc is not None:
-            self.per_doc.to_host()

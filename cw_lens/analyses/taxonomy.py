@@ -14,7 +14,8 @@ category; a tie goes to the first of Retriever, Mixer, Reset. Under uniform atte
 is simply the key with the largest value norm, so a diffuse head is a Reset unless its largest
 values sit at the current token or the sink.
 
-Streaming, exact merging and weights as in `cw_lens.analyses.selection`.
+Streaming (`HeadTaxonomyAccumulator`: float64 sums on the model's device), merging and weights
+as in `cw_lens.analyses.selection`.
 
 The public functions' docstrings have runnable examples.
 """
@@ -26,23 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import einops
 import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from cw_lens.analyses.common import (
-    CorpusPlan,
-    SumsAndRecords,
-    check_sinks,
-    kv_of_heads,
-    layer_sums,
-    rounded_dict,
-    run_plan,
-)
-from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict
+from cw_lens.core.accumulators import Accumulator, StackedSums, document_rows
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
@@ -51,6 +43,7 @@ from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
+from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
@@ -101,57 +94,160 @@ def attention_entropy(attention: Float[Tensor, "*rows key"]) -> Float[Tensor, "*
 
 # =========================================================================== head taxonomy
 
-# per (document, head): counts of current / sink / other, counted queries, sums of ||o_i^h||
+# per (layer, head): counts of current / sink / other, counted queries, sums of ||o_i^h||
 # and of the attention entropy
-_TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "entropy")
+TAXONOMY_FIELDS = ("current", "sink", "other", "n_queries", "output_norm", "entropy")
 
 
-class _TaxonomyAccumulator(SumsAndRecords):
+class HeadTaxonomyAccumulator(Accumulator):
+    """The accumulator of [`head_taxonomy`][cw_lens.head_taxonomy] (`name` `"taxonomy"`).
+
+    Float64 sums per (layer, head) over the counted queries `i` (real, not a sink position):
+    the number whose source winner `j* = argmax_{j <= i} alpha[i,j] ||v_j||` is `current`,
+    `sink` and `other`, the number of queries, `sum ||o_i^h||` and `sum` of the attention
+    entropy (`TAXONOMY_FIELDS`), one `StackedSums.add` per block; with `per_document=True`
+    each document's own as well. `finish` builds the
+    [`HeadTaxonomyResult`][cw_lens.HeadTaxonomyResult]. The arguments are
+    [`head_taxonomy`][cw_lens.head_taxonomy]'s, less the pass's `progress`.
+
+    Args:
+        model: The model.
+        corpus: The documents.
+        sink_positions: The sink positions.
+        layers: Layers to classify (`None` = all).
+        batch_size: Documents per forward pass (the pass's; not read here).
+        prepend_bos: Whether BOS is prepended (to check the sink positions).
+        per_document: Keep each document's sums (for bootstrap intervals).
+
+    Examples:
+        ```python
+        import cw_lens
+        from cw_lens.analyses.taxonomy import HeadTaxonomyAccumulator
+        from cw_lens.data.streaming import stream_corpus
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        acc = HeadTaxonomyAccumulator(model, corpus)
+        stats, _ = stream_corpus(model, corpus, [acc])
+        acc.finish(stats).regime_shares()
+        ```
+    """
+
+    name = "taxonomy"
+
+    @check_keywords
     def __init__(
-        self, sinks: tuple[int, ...], layers: list[int], n_heads: int, n_documents: int | None
+        self,
+        model: Model,
+        corpus: Any,
+        *,
+        sink_positions: Sequence[int] = (0,),
+        layers: int | Sequence[int] | None = None,
+        batch_size: int | None = 8,
+        prepend_bos: bool = True,
+        per_document: bool = False,
     ) -> None:
-        self.sinks = sinks
-        self.sums = ExactSums()
-        self.pos = {layer: i for i, layer in enumerate(layers)}
-        # opt-in, for bootstrap intervals: each document's winner counts per head
-        self.per_doc = (
-            None
-            if n_documents is None
-            else PerDocument(["winners"], n_documents, (len(layers), n_heads, len(CATEGORIES)))
+        require_verified(model)
+        docs = as_corpus(corpus)
+        self.sink_positions = check_sinks(
+            sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos
         )
+        self.layers = resolve_layers(model, layers)
+        self.per_document = per_document
+        self.model_name = str(getattr(model.cfg, "model_name", ""))
+        self._position = {layer: i for i, layer in enumerate(self.layers)}
+        device = model.cfg.device
+        shape = (len(self.layers), model.cfg.n_heads)
+        record = len(docs) if per_document else None
+        self.sums = StackedSums(TAXONOMY_FIELDS, shape, n_documents=record, device=device)
+        with torch.inference_mode(False):  # uploaded once
+            self._sinks = torch.tensor(self.sink_positions, dtype=torch.long, device=device)
+        self._cache: tuple[Any, ...] = (None, None, None)
 
-    def to_host(self) -> None:
-        """After a pass: what was accumulated on the model's device, to the host (once)."""
-        super().to_host()
-        self.__dict__.pop("_sinks", None)
+    def update(self, block: Any) -> None:
+        """Fold one block of query rows: winner categories, counts, norms and entropies.
 
-    def update(self, lc: Any) -> None:
-        acts = lc.acts
-        positions = lc.query_positions
-        kv = kv_of_heads(acts.n_heads, acts.values.shape[2], positions.device)
-        norms = einops.rearrange(acts.values[:, lc.keys].norm(dim=-1)[..., kv], "b k h -> b h k")
-        sinks = self.__dict__.get("_sinks")  # uploaded once per pass
-        if sinks is None or sinks.device != positions.device:
-            sinks = self._sinks = torch.tensor(self.sinks, device=positions.device)
-        categories = winner_categories(
-            source_winners(lc.attention, norms, positions), positions, sinks
+        Args:
+            block: One layer's `LayerContributionsResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.HeadTaxonomyAccumulator(model, texts)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).regime_shares()
+            ```
+        """
+        acts = block.acts
+        n_keys = block.keys.stop
+        is_sink, kv = self._tables(
+            acts.n_heads, acts.values.shape[2], *acts.mask.shape[1:], acts.mask.device
         )
-        counted = (lc.query_mask & ~torch.isin(positions, sinks))[:, None, :]
-        counted = counted.expand(-1, acts.n_heads, -1)
-        per_category = torch.nn.functional.one_hot(categories, len(CATEGORIES)) * counted[..., None]
-        stats = [
-            per_category.sum(2).double(),
-            counted.sum(-1, keepdim=True).double(),
-            torch.where(counted, lc.head_output_norm, 0.0).sum(-1, keepdim=True).double(),
-            torch.where(counted, attention_entropy(lc.attention), 0.0)
-            .sum(-1, keepdim=True)
-            .double(),
-        ]
-        self.sums.add_rows(acts.batch.documents, f"layer{acts.layer}", torch.cat(stats, -1))
-        if self.per_doc is not None:
-            self.per_doc.add_rows(
-                acts.batch.documents, "winners", stats[0], at=self.pos[acts.layer]
-            )
+        positions = block.query_positions
+        norms = acts.values[:, :n_keys].norm(dim=-1)[..., kv].transpose(1, 2)  # [b, head, key]
+        winners = source_winners(block.attention, norms, positions)  # [batch, head, query]
+        current = winners == positions
+        sink = is_sink[winners] > current  # a sink position, not the query itself
+        counted = block.query_mask[:, None, :] > is_sink[block.queries]  # real, not a sink
+        rows = torch.stack(
+            [
+                current,
+                sink,
+                ~(current | sink),
+                counted.expand_as(current),
+                block.head_output_norm,
+                attention_entropy(block.attention),
+            ],
+            -1,
+        )  # [batch, head, query, statistic]; summed over the counted queries in float32
+        rows = (rows * counted[..., None]).sum(2)
+        documents = document_rows(acts.batch.documents, rows.device)
+        self.sums.add(rows, documents, at=self._position[acts.layer])
+
+    def _tables(self, n_heads: int, n_kv: int, n_pos: int, device: Any) -> tuple[Tensor, Tensor]:
+        """Which positions are sinks, and each head's kv head: made once per shape."""
+        key = (n_heads, n_kv, n_pos, str(device))
+        if self._cache[0] != key:
+            positions = torch.arange(n_pos, device=device)
+            is_sink = torch.isin(positions, self._sinks.to(device))
+            self._cache = (key, is_sink, kv_of_heads(n_heads, n_kv, device))
+        return self._cache[1], self._cache[2]
+
+    def finish(self, stats: Any) -> HeadTaxonomyResult:
+        """The result of the merged sums (moved to the host once).
+
+        Args:
+            stats: The pass's `StreamStats`.
+
+        Returns:
+            A `HeadTaxonomyResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.HeadTaxonomyAccumulator(model, texts)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).regime_shares()
+            ```
+        """
+        sums = self.sums.to_host()
+        self._cache = (None, None, None)  # the last batch's tables go with the pass
+        record = sums.document_table()[..., :3].clone() if self.per_document else None
+        return HeadTaxonomyResult(
+            table=_taxonomy_table(sums.total, self.layers),
+            sink_positions=self.sink_positions,
+            n_documents=stats.n_documents,
+            model_name=self.model_name,
+            per_document=record,
+        )
 
 
 @saveable
@@ -463,56 +559,25 @@ def head_taxonomy(
         tax.heads("Retriever")
         ```
     """
-    plan = _plan_head_taxonomy(
+    accumulator = HeadTaxonomyAccumulator(
         model,
         corpus,
         sink_positions=sink_positions,
         layers=layers,
+        batch_size=batch_size,
         prepend_bos=prepend_bos,
         per_document=per_document,
     )
     label = "head taxonomy" if progress else False
-    return run_plan(
-        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    stats, _ = stream_corpus(
+        model, corpus, [accumulator], batch_size=batch_size, prepend_bos=prepend_bos, progress=label
     )
-
-
-def _plan_head_taxonomy(
-    model: Model,
-    corpus: Any,
-    *,
-    sink_positions: Sequence[int],
-    layers: int | Sequence[int] | None,
-    prepend_bos: bool,
-    per_document: bool,
-    **_: Any,
-) -> CorpusPlan:
-    """[`head_taxonomy`][cw_lens.head_taxonomy]'s checks and accumulator, as a `CorpusPlan`
-    (its other arguments, the pass's, are ignored here)."""
-    require_verified(model)
-    docs = as_corpus(corpus)
-    sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
-    layer_list = resolve_layers(model, layers)
-    n_documents = len(docs) if per_document else None
-    accumulator = _TaxonomyAccumulator(sinks, layer_list, model.cfg.n_heads, n_documents)
-    model_name = str(getattr(model.cfg, "model_name", ""))
-
-    def finish(accumulator: _TaxonomyAccumulator, stats: Any) -> HeadTaxonomyResult:
-        sums, record = layer_sums(accumulator, layer_list, "winners")
-        return HeadTaxonomyResult(
-            table=_taxonomy_table(sums, layer_list),
-            sink_positions=sinks,
-            n_documents=stats.n_documents,
-            model_name=model_name,
-            per_document=record,
-        )
-
-    return CorpusPlan("taxonomy", accumulator, layer_list, finish)
+    return accumulator.finish(stats)
 
 
 def _taxonomy_table(sums: Float[Tensor, "layer head 6"], layers: list[int]) -> pd.DataFrame:
-    """The per-(layer, head) table from the summed `_TAXONOMY_FIELDS`."""
-    field = {name: sums[..., k] for k, name in enumerate(_TAXONOMY_FIELDS)}
+    """The per-(layer, head) table from the summed `TAXONOMY_FIELDS`."""
+    field = {name: sums[..., k] for k, name in enumerate(TAXONOMY_FIELDS)}
     n_queries = field["n_queries"]
     if bool((n_queries == 0).any()):
         raise InputError(

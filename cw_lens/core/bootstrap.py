@@ -61,7 +61,8 @@ interval is `(nan, nan)`.
 
 Seeded: the resamples are drawn from `torch.Generator().manual_seed(seed)`, so two runs with
 the same seed give identical intervals. No model here, no extra forward pass: the per-document
-numbers come from the analyses' `cw_lens.core.accumulate.PerDocument` records.
+numbers come from the analyses' per-document records (each document's own sums, kept by
+`cw_lens.core.accumulators.StackedSums` with `n_documents`).
 
 Example:
 

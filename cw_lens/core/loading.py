@@ -28,9 +28,9 @@ anything is allocated:
 Examples:
     >>> from cw_lens.core.errors import InputError
     >>> from cw_lens.core.loading import check_classes
-    >>> sorted(check_classes({"$type": "object", "class": "cw_lens.core.accumulate:ExactSums",
+    >>> sorted(check_classes({"$type": "object", "class": "cw_lens.core.accumulators:Histogram",
     ...                       "id": 0, "state": {}}))
-    ['cw_lens.core.accumulate:ExactSums']
+    ['cw_lens.core.accumulators:Histogram']
     >>> try:
     ...     check_classes({"$type": "object", "class": "os:system", "id": 0, "state": {}})
     ... except InputError as error:

@@ -16,8 +16,8 @@ has been imported.
 
 Examples:
     >>> from cw_lens.core.registry import registered_class
-    >>> registered_class("cw_lens.core.accumulate:ExactSums").__name__
-    'ExactSums'
+    >>> registered_class("cw_lens.core.accumulators:Histogram").__name__
+    'Histogram'
     >>> registered_class("os:system") is None
     True
 """
@@ -32,7 +32,7 @@ T = TypeVar("T", bound=type)
 # Every module that defines a class decorated with `saveable` (kept equal to the decorators by
 # tests/test_saving_security.py). Importing them registers their classes.
 SAVEABLE_MODULES = (
-    "cw_lens.core.accumulate",
+    "cw_lens.core.accumulators",
     "cw_lens.core.results",
     "cw_lens.models.access",
     "cw_lens.models.batch",
@@ -46,7 +46,6 @@ SAVEABLE_MODULES = (
     "cw_lens.analyses.selection.geometry",
     "cw_lens.analyses.selection.prf",
     "cw_lens.analyses.sinks.ablation",
-    "cw_lens.analyses.sinks.accumulation",
     "cw_lens.analyses.sinks.detection",
     "cw_lens.analyses.sinks.statistics",
     "cw_lens.analyses.taxonomy",

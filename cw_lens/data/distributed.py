@@ -1,13 +1,13 @@
-"""Sharding corpus runs over `torchrun` ranks and merging their accumulators exactly.
+"""Sharding corpus runs over `torchrun` ranks.
 
 Under `torchrun --nproc-per-node N` (`RANK`/`WORLD_SIZE` set) every corpus analysis
 shards its document batches round-robin over the ranks — the batch plan is computed from the
 whole corpus on every rank, so each document is processed in exactly the batch it would be in
-a single process — and gathers and merges the accumulators on every rank. Accumulators keep
-exact (integer fixed-point) sums, integer histograms and hash-keyed sample reservoirs
-(`cw_lens.core.accumulate`), all independent of the order of addition and merging and of a
-fixed size, so the merged numbers are bit-identical to a single-process run. The backend is
-gloo on CPU, nccl on GPU.
+a single process — and then reduces its accumulators with `torch.distributed` collectives
+(`cw_lens.core.accumulators`: float64 sums and integer counts are summed, sample reservoirs keep
+the smallest keys of every rank's rows). Counts and samples equal a single process's exactly;
+sums differ only by the order of addition (the last bits of a float64). The backend is gloo on
+CPU, nccl on GPU.
 
 Example (2 CPU processes):
 

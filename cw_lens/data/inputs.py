@@ -98,12 +98,12 @@ def check_windows_match(corpus: Corpus, model: Any) -> None:
 
 
 def _pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # padded on the host as Python lists: two tensors whatever the number of rows
     width = max(len(r) for r in rows)
-    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long, device="cpu")
-    mask = torch.zeros((len(rows), width), dtype=torch.bool, device="cpu")
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = torch.tensor(r, dtype=torch.long, device="cpu")
-        mask[i, : len(r)] = True
+    padded = [[*r, *[pad_id] * (width - len(r))] for r in rows]
+    filled = [[True] * len(r) + [False] * (width - len(r)) for r in rows]
+    tokens = torch.tensor(padded, dtype=torch.long, device="cpu").reshape(len(rows), width)
+    mask = torch.tensor(filled, dtype=torch.bool, device="cpu").reshape(len(rows), width)
     return tokens, mask
 
 

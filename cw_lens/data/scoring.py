@@ -1,8 +1,9 @@
 """Scoring what the model predicts: next-token NLL on text, answer log-probability on tasks.
 
 Language-model text: the mean next-token negative log-likelihood over the scored positions
-(every real position that has a real successor), and `PPL = exp(mean NLL)`; the sums
-are kept in a `ExactSums` so sharded runs merge exactly.
+(every real position that has a real successor), and `PPL = exp(mean NLL)`; the sums are
+float64 `StackedSums` on the model's device (one `add` per batch, each document's own with
+`index_add_`), summed across torchrun ranks with `all_reduce`.
 
 Task items (a prompt with a known answer): the answer `a_1 .. a_m` (its tokens after the
 prompt) is scored teacher-forced: its log-probability is `sum_t log p(a_t | prompt, a_<t)`
@@ -21,8 +22,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.core.accumulate import ExactSums, PerDocument
-from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.core.accumulators import StackedSums, document_rows
+from cw_lens.data.distributed import current_shard
 from cw_lens.data.documents import Document
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 from cw_lens.models.capture import run_layers
@@ -122,76 +123,151 @@ def keep_correct(
     return kept
 
 
-# The per-document record of `corpus_nll` (`per_document=True`): each document's NLL sum and
-# the number of positions scored.
+# The statistics of the NLL sums (and of `corpus_nll`'s per-document record, `per_document=True`):
+# the NLL summed over the scored positions and the number of positions scored.
 NLL_SUMS = ("nll", "count")
-# Rows of the vocabulary-sized logits reduced at a time by `log_normalisers`.
+# Rows (positions, over the whole batch) whose logsumexp is taken at a time: at least this many,
+# and as many as fit `NLL_BLOCK_ELEMENTS` logits (a block of about 4 MB stays in cache).
 NLL_ROWS = 32
+NLL_BLOCK_ELEMENTS = 1 << 20
 
 
 def log_normalisers(logits: Float[Tensor, "batch pos vocab"]) -> Float[Tensor, "batch pos"]:
-    """`logsumexp` over the vocabulary of every position (float32), `NLL_ROWS` rows at a
-    time."""
-    out = torch.empty(logits.shape[:2], device=logits.device)
-    for row in range(logits.shape[0]):
-        for start in range(0, logits.shape[1], NLL_ROWS):
-            rows = slice(start, start + NLL_ROWS)
-            out[row, rows] = torch.logsumexp(logits[row, rows].float(), dim=-1)
-    return out
+    """`logsumexp` over the vocabulary of every position (float32), a block of rows at a time
+    (`max(NLL_ROWS, NLL_BLOCK_ELEMENTS // vocab)` positions of the flattened batch; one block
+    for a small vocabulary)."""
+    n_batch, n_pos, n_vocab = logits.shape
+    flat = logits.reshape(n_batch * n_pos, n_vocab)
+    rows = max(NLL_ROWS, NLL_BLOCK_ELEMENTS // max(n_vocab, 1))
+    if rows >= flat.shape[0]:
+        return torch.logsumexp(flat.float(), dim=-1).view(n_batch, n_pos)
+    out = torch.empty(flat.shape[0], device=logits.device)
+    for start in range(0, flat.shape[0], rows):
+        out[start : start + rows] = torch.logsumexp(flat[start : start + rows].float(), dim=-1)
+    return out.view(n_batch, n_pos)
+
+
+def _scored_positions(mask: Tensor, device: torch.device | str) -> Bool[Tensor, "batch pos"]:
+    """Where token `t+1` is scored given `..t`: both are real tokens."""
+    return (mask[:, 1:] & mask[:, :-1]).to(device)
 
 
 def token_nll(
     logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, mask: Tensor
 ) -> Float[Tensor, "batch pos_minus_1"]:
     """NLL of token `t+1` given `..t` at every position; NaN where either is padding."""
-    scored = logits[:, :-1]
     targets = tokens[:, 1:].to(logits.device)
-    # -log softmax(x)[t] = logsumexp(x) - x[t], the logsumexp over a few rows at a time: the
-    # [batch, pos, vocab] log-probabilities are never written (a vocabulary-sized row block stays
-    # in cache; several times faster than log_softmax on a large vocabulary)
-    nll = log_normalisers(scored) - scored.gather(-1, targets[..., None])[..., 0].float()
-    valid = (mask[:, 1:] & mask[:, :-1]).to(logits.device)
-    return nll.masked_fill(~valid, float("nan"))
+    # -log softmax(x)[t] = logsumexp(x) - x[t], the logsumexp over a block of rows at a time: the
+    # [batch, pos, vocab] log-probabilities are never written (a block of rows stays in cache;
+    # several times faster than log_softmax on a large vocabulary). The last position's
+    # normaliser is taken too (one row per document) so that the logits need no copy.
+    picked = logits[:, :-1].gather(-1, targets[..., None])[..., 0].float()
+    nll = log_normalisers(logits)[:, :-1] - picked
+    return nll.masked_fill(~_scored_positions(mask, logits.device), float("nan"))
+
+
+def nll_rows(batch: TokenBatch, logits: Float[Tensor, "batch pos vocab"]) -> Tensor:
+    """Each row's `NLL_SUMS`, `[batch, 2]`: its next-token NLL summed over the scored positions
+    and their number (a NaN at a scored position stays in the sum: it is not dropped).
+
+    Args:
+        batch: The document batch.
+        logits: Its logits.
+
+    Returns:
+        `[batch, 2]` float64 on the logits' device.
+    """
+    nll = token_nll(logits, batch.tokens, batch.mask)
+    scored = _scored_positions(batch.mask, logits.device)
+    return torch.stack([torch.where(scored, nll, 0.0).sum(-1), scored.sum(-1)], -1).double()
+
+
+def nll_sums(n_documents: int | None = None, device: torch.device | str = "cpu") -> StackedSums:
+    """Empty NLL sums (`NLL_SUMS`), with each document's own when `n_documents` is given.
+
+    Args:
+        n_documents: Documents of the corpus, for the per-document record (`None`: none).
+        device: Where the sums live (the model's device).
+
+    Returns:
+        A `StackedSums` of shape `()` to add `nll_rows` to.
+    """
+    return StackedSums(NLL_SUMS, (), n_documents=n_documents, device=device)
 
 
 @dataclass
 class NLLResult:
-    """Exact NLL sums and counts; `mean_nll` and `ppl` over all scored positions."""
+    """Next-token NLL sums (float64 `StackedSums` of `NLL_SUMS`); `mean_nll` and `ppl` over all
+    scored positions: `mean_nll = sum of NLL / number of scored positions`, `ppl = exp(mean_nll)`.
 
-    sums: ExactSums
-    per_doc: PerDocument | None = None  # opt-in: each document's "nll" sum and "count"
+    With a per-document record (`corpus_nll(..., per_document=True)`), `document_table()` is
+    each document's `(NLL sum, count)`.
+    """
+
+    sums: StackedSums
 
     @property
     def mean_nll(self) -> float:
-        return float(self.sums.total("nll") / self.sums.total("count"))
+        total = self.sums.total.cpu()
+        return float(total[0] / total[1])
 
     @property
     def ppl(self) -> float:
-        return float(torch.exp(torch.tensor(self.mean_nll, device="cpu")))
+        return float(torch.exp(torch.tensor(self.mean_nll, dtype=torch.float64, device="cpu")))
+
+    def document_table(self) -> Float[Tensor, "document 2"] | None:
+        """Each document's `(NLL sum, count)` in document order.
+
+        Returns:
+            `[document, 2]` float64, or None without a per-document record.
+        """
+        if self.sums.per_document is None:
+            return None
+        return self.sums.document_table()
+
+    # TRANSITIONAL (for callers of 0.4.1's `result.per_doc.table()`, until they are ported to
+    # `document_table()`): this result when it keeps a record, else None
+    @property
+    def per_doc(self) -> NLLResult | None:
+        return None if self.sums.per_document is None else self
+
+    def table(self) -> Float[Tensor, "document 2"] | None:
+        """Same as `document_table()`.
+
+        Returns:
+            `[document, 2]` float64, or None without a per-document record.
+        """
+        return self.document_table()
 
     def merge(self, other: NLLResult) -> None:
+        """Add another shard's sums.
+
+        Args:
+            other: The NLL sums of another shard.
+        """
         self.sums.merge(other.sums)
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
 
     def add_batch(self, batch: TokenBatch, logits: Tensor) -> None:
-        """Add one document batch's next-token NLL sums and counts, from its logits.
+        """Add one document batch's next-token NLL sums and counts, from its logits (one `add`).
 
         Args:
             batch: The document batch.
             logits: Its logits `[batch, pos, vocab]`.
         """
-        nll = token_nll(logits, batch.tokens, batch.mask)
-        rows = [("nll", nll.nansum(-1)), ("count", (~nll.isnan()).sum(-1))]
-        self.sums.add_many(batch.documents, rows)
-        if self.per_doc is not None:
-            self.per_doc.add_many(batch.documents, rows)
+        self.sums.add(nll_rows(batch, logits), document_rows(batch.documents, logits.device))
 
-    def to_host(self) -> None:
-        """Bring what was accumulated on the model's device to the host."""
+    def all_reduce(self) -> None:
+        """Sum every torchrun rank's sums in place (collectives; a no-op outside a group)."""
+        self.sums.all_reduce()
+
+    def to_host(self) -> NLLResult:
+        """Bring what was accumulated on the model's device to the host.
+
+        Returns:
+            This result.
+        """
         self.sums.to_host()
-        if self.per_doc is not None:
-            self.per_doc.to_host()
+        return self
 
 
 def run_logits(model: Any, batch: TokenBatch, hooks: HookSource = ()) -> Tensor:
@@ -209,18 +285,18 @@ def corpus_nll(
     prepend_bos: bool = True,
     per_document: bool = False,
 ) -> NLLResult:
-    """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun);
-    `per_document=True` also keeps each document's NLL sum and count (9 bytes per document)."""
+    """Mean next-token NLL of a corpus, optionally under interventions (sharded under torchrun,
+    the ranks' sums then summed with `all_reduce`); `per_document=True` also keeps each
+    document's NLL sum and count (16 bytes per document)."""
     prepared = prepare_inputs(model, corpus, prepend_bos=prepend_bos)
     batches = list(iter_batches(prepared, batch_size))
     shard = current_shard()
     if shard is not None:
         batches = batches[shard[0] :: shard[1]]
-    result = NLLResult(
-        ExactSums(),
-        PerDocument(NLL_SUMS, prepared.tokens.shape[0]) if per_document else None,
-    )
-    for batch in batches:
-        result.add_batch(batch, run_logits(model, batch, hooks))
-    result.to_host()
-    return merge_across_ranks(result)
+    n_documents = prepared.tokens.shape[0] if per_document else None
+    result = NLLResult(nll_sums(n_documents, model.cfg.device))
+    with torch.inference_mode():
+        for batch in batches:
+            result.add_batch(batch, run_logits(model, batch, hooks))
+    result.all_reduce()
+    return result.to_host()

@@ -4,8 +4,8 @@
 and hands each requested layer's [`LayerContributionsResult`][cw_lens.LayerContributionsResult] —
 one block of query rows at a time — to a consumer *inside* the pass; nothing outlives a layer, so
 memory is flat in depth and corpus size. `stream_corpus` is the corpus driver every analysis uses:
-it feeds an accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`) and, under
-`torchrun`, shards the document batches over ranks and merges the accumulators exactly.
+one pass feeds any set of accumulators (`cw_lens.core.accumulators`) and, under `torchrun`, shards
+the document batches over ranks and reduces the accumulators with collectives.
 
 The public functions' docstrings have runnable examples.
 """
@@ -13,6 +13,7 @@ The public functions' docstrings have runnable examples.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from tqdm.auto import tqdm
 
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
-from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.distributed import current_shard
 from cw_lens.data.inputs import TokenBatch, iter_batches, prepare_inputs
 from cw_lens.models.access import Model
 from cw_lens.models.capture import (
@@ -80,6 +81,20 @@ class StreamStats:
         """Count a streamed document batch."""
         self.n_documents += batch.tokens.shape[0]
         self.n_tokens += int(batch.mask.sum())
+
+    def all_reduce(self) -> None:
+        """Sum every torchrun rank's counts in place (a no-op outside a process group)."""
+        if current_shard() is None:
+            return
+        import torch
+        import torch.distributed as dist
+
+        kinds = sorted(self.n_nan_rows)
+        counts = [self.n_documents, self.n_tokens, *(self.n_nan_rows[k] for k in kinds)]
+        total = torch.tensor(counts, dtype=torch.int64, device="cpu")
+        dist.all_reduce(total)
+        self.n_documents, self.n_tokens, *nan = total.tolist()
+        self.n_nan_rows = dict(zip(kinds, nan, strict=True))
 
     def merge(self, other: StreamStats) -> None:
         self.n_documents += other.n_documents
@@ -288,35 +303,71 @@ def stream_contributions(
 def stream_corpus(
     model: object,
     corpus: object,
-    accumulator: object,
+    accumulators: Sequence[Any],
     *,
-    layers: object = None,
     batch_size: int | None = 8,
     prepend_bos: bool = True,
     fwd_hooks: Sequence | Callable = (),
-    need_logits: bool = False,
     progress: bool | str = False,
     count_nan: Sequence[str] = (),
-) -> tuple[object, object]:
-    """Feed a corpus through [`stream_contributions`][cw_lens.stream_contributions] into an
-    accumulator (`update(lc)`, optional `update_logits(batch, logits)`, `merge`, and
-    `to_host()`, called once after the pass), sharded over torchrun ranks when a process group
-    is up; returns the merged accumulator and stats.
+) -> tuple[StreamStats, list[float]]:
+    """One streamed pass over a corpus that feeds every accumulator of `accumulators`.
+
+    Each accumulator ([`Accumulator`][cw_lens.core.accumulators.Accumulator]: `layers`,
+    `need_logits`, `update(block)`, `update_logits(batch, logits)`, `all_reduce()`) is handed
+    the blocks of the layers it reads, in the order given, so what two of them both read (the
+    attention, the per-head output norms) is computed once. Under torchrun the document batches
+    are sharded over the ranks and every accumulator is then reduced across them with
+    collectives (`all_reduce`); the stats are summed likewise.
+
+    Args:
+        model: The model.
+        corpus: The documents.
+        accumulators: The accumulators to feed (at least one).
+        batch_size: Documents per forward pass.
+        prepend_bos: Whether BOS is prepended to text.
+        fwd_hooks: Interventions active during the pass (as in `stream_contributions`).
+        progress: The progress bar's label, or False.
+        count_nan: Kinds whose zero-norm rows to count (as in `stream_contributions`).
+
+    Returns:
+        The pass's `StreamStats` (every rank's) and, per accumulator, the seconds its own
+        calls took inside the pass (on an accelerator, only the work the host waited for).
     """
-    shard = current_shard()
+    accumulators = list(accumulators)
+    if not accumulators:
+        raise InputError("stream_corpus needs at least one accumulator to feed.")
+    reads = [set(accumulator.layers) for accumulator in accumulators]
+    seconds = [0.0] * len(accumulators)
+
+    def consumer(block: LayerContributionsResult) -> None:
+        for i, accumulator in enumerate(accumulators):
+            if block.layer in reads[i]:
+                began = time.perf_counter()
+                accumulator.update(block)
+                seconds[i] += time.perf_counter() - began
+
+    def on_logits(batch: TokenBatch, logits: Tensor) -> None:
+        for i, accumulator in enumerate(accumulators):
+            if accumulator.need_logits:
+                began = time.perf_counter()
+                accumulator.update_logits(batch, logits)
+                seconds[i] += time.perf_counter() - began
+
     stats = stream_contributions(
         model,
         corpus,
-        accumulator.update,
-        layers=layers,
+        consumer,
+        layers=sorted(set().union(*reads)),
         batch_size=batch_size,
         prepend_bos=prepend_bos,
         fwd_hooks=fwd_hooks,
-        on_logits=accumulator.update_logits if need_logits else None,
+        on_logits=on_logits if any(a.need_logits for a in accumulators) else None,
         progress=progress,
         count_nan=count_nan,
-        shard=shard,
+        shard=current_shard(),
     )
-    if callable(getattr(accumulator, "to_host", None)):
-        accumulator.to_host()  # what it kept on the model's device, to the host once per pass
-    return merge_across_ranks(accumulator), merge_across_ranks(stats)
+    for accumulator in accumulators:
+        accumulator.all_reduce()  # a no-op outside a process group of 2+ ranks
+    stats.all_reduce()
+    return stats, seconds

@@ -19,7 +19,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cw_lens.analyses.faithfulness.claims import faithfulness_claim
-from cw_lens.analyses.faithfulness.outcomes import _Outcomes
+from cw_lens.analyses.faithfulness.outcomes import TASK_SUMS, TEXT_SUMS, Outcomes
 from cw_lens.analyses.faithfulness.ranking import (
     ALL_METRICS,
     FRACTIONS,
@@ -36,7 +36,7 @@ from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.core.results import Result
-from cw_lens.data.distributed import current_shard, merge_across_ranks
+from cw_lens.data.distributed import current_shard
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
 from cw_lens.data.scoring import run_logits
@@ -395,6 +395,7 @@ def faithfulness(
         prepared, all_spans = answer_spans(model, list(docs), prepend_bos)
     else:
         prepared, all_spans = prepare_inputs(model, docs, prepend_bos=prepend_bos), None
+    n_tokens = int(prepared.mask.sum())  # the corpus's, whatever the shard
     batches = list(iter_batches(prepared, batch_size))
     shard = current_shard()
     if shard is not None:
@@ -403,8 +404,12 @@ def faithfulness(
     configs = [(g, m, mode, f) for g in grans for m in metrics for mode in modes for f in fractions]
     tags = ["clean"] + ["|".join(map(str, c)) for c in configs]
     value = "logprob" if task else "nll"
-    names = [f"{k}|{t}" for t in tags for k in (value, "count")] if per_document else None
-    outcomes = _Outcomes(names, len(docs))
+    outcomes = Outcomes(
+        tags,
+        TASK_SUMS if task else TEXT_SUMS,
+        len(docs) if per_document else None,
+        device=model.cfg.device,
+    )
     bar = tqdm(
         total=len(batches) * (1 + len(configs)),
         desc="faithfulness",
@@ -427,7 +432,7 @@ def faithfulness(
         def on_logits(
             _: TokenBatch, logits: Tensor, batch: TokenBatch = batch, spans: list | None = spans
         ) -> None:
-            outcomes.record("clean", batch, logits, batch.documents, spans)
+            outcomes.record("clean", batch, logits, spans)
 
         stream_contributions(
             model,
@@ -439,20 +444,22 @@ def faithfulness(
             on_logits=on_logits,
             progress=False,
         )
-        outcomes.tokens += int(batch.mask.sum())
         bar.update(1)
         for config in configs:  # no reference to a pass's logits outlives its record
             tag = "|".join(map(str, config))
             logits = run_logits(model, local, ranks.hooks(model, *config, layers))
-            outcomes.record(tag, batch, logits, batch.documents, spans)
+            outcomes.record(tag, batch, logits, spans)
             del logits
             bar.update(1)
         del ranks  # the batch's ranks (the largest state): freed before the next are built
     bar.close()
-    outcomes = merge_across_ranks(outcomes)
-    result = _result(outcomes, configs, task, len(docs), ranking, seed, first_query)
-    if outcomes.per_doc is not None:
-        result.per_document = (outcomes.per_doc.names, outcomes.per_doc.table(), configs)
+    outcomes.all_reduce()  # collectives under torchrun; then the one transfer to the host
+    result = _result(
+        outcomes.to_host(), configs, task, (len(docs), n_tokens), ranking, seed, first_query
+    )
+    if per_document:
+        names, table = outcomes.document_record((value, "count"))
+        result.per_document = (names, table, configs)
     return result
 
 
@@ -498,18 +505,15 @@ def _checked_options(
 
 
 def _result(
-    outcomes: _Outcomes,
+    outcomes: Outcomes,
     configs: list,
     task: bool,
-    n_docs: int,
+    size: tuple[int, int],
     ranking: str,
     seed: int,
     first_query: int,
 ) -> FaithfulnessResult:
-    sums = outcomes.sums
-
-    def mean(name: str, tag: str) -> float:
-        return float(sums.total(f"{name}|{tag}") / sums.total(f"count|{tag}"))
+    mean = outcomes.mean
 
     if task:
         clean = {"logprob": mean("logprob", "clean"), "accuracy": mean("correct", "clean")}
@@ -535,6 +539,4 @@ def _result(
             )
         rows.append(row)
     curves = pd.DataFrame(rows)
-    return FaithfulnessResult(
-        curves, clean, task, n_docs, outcomes.tokens, ranking, seed, first_query
-    )
+    return FaithfulnessResult(curves, clean, task, *size, ranking, seed, first_query)

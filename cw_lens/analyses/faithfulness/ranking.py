@@ -57,13 +57,33 @@ def removal_mask(ranks: Tensor, n_valid: Tensor, fraction: float, mode: str) -> 
 
     `ranks` `[..., candidates]`; `n_valid` `[...]` candidates per row.
     """
-    # compared in the ranks' own dtype (int16 ranks are not widened: a full copy per layer)
-    n = n_removed(n_valid, fraction)[..., None].to(ranks.dtype)
+    low, high = removal_bounds(n_valid, fraction, mode, ranks.dtype)
+    return ranks < high if low is None else (ranks >= low) & (ranks < high)
+
+
+def removal_bounds(
+    n_valid: Tensor, fraction: float, mode: str, dtype: torch.dtype
+) -> tuple[Tensor | None, Tensor]:
+    """The ranks a fraction removes, `low <= rank < high` per row (`low` `None`: from 0).
+
+    Comprehensiveness removes ranks `0 .. n-1`, sufficiency `n_valid-n .. n_valid-1`, with `n`
+    from `n_removed`. One pass computes them once for all its layers.
+
+    Args:
+        n_valid: Candidates per row `[...]`.
+        fraction: The share removed.
+        mode: `comprehensiveness` or `sufficiency`.
+        dtype: The ranks' dtype (int16 ranks are compared without a widened copy per layer).
+
+    Returns:
+        `(low, high)`, each `[..., 1]` in `dtype`; `low` is `None` for comprehensiveness.
+    """
+    n = n_removed(n_valid, fraction)[..., None].to(dtype)
     if mode == "comprehensiveness":
-        return ranks < n
+        return None, n
     if mode == "sufficiency":
-        total = n_valid[..., None].to(ranks.dtype)
-        return (ranks >= total - n) & (ranks < total)
+        total = n_valid[..., None].to(dtype)
+        return total - n, total
     raise InputError(f"mode must be one of {MODES}, got {mode!r}.")
 
 
@@ -182,9 +202,13 @@ class Ranks:
         else:
             ranks, n_valid = self.tokens, self.n_valid_tokens
 
+        dtype = next(iter(ranks.values())).dtype
+        low, high = removal_bounds(n_valid, fraction, mode, dtype)  # once for every layer
+
         def mask_of(layer: int) -> Callable[[Tensor], Tensor]:
             def build(_pattern: Tensor) -> Tensor:
-                remove = removal_mask(ranks[metric, layer], n_valid, fraction, mode)
+                rank = ranks[metric, layer]
+                remove = rank < high if low is None else (rank >= low) & (rank < high)
                 return remove if granularity == "pairs" else remove[:, None]
 
             return build

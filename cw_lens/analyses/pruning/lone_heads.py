@@ -57,14 +57,16 @@ def row_removal(
 ) -> list[tuple[str, Any]]:
     """Hooks that zero `hook_z` of the heads `removed[g]` in the batch rows of group `g`
     (`group_of_row[row]`)."""
-    masks: dict[int, Tensor] = {}
+    # the (group, layer, head) table is filled on the host (numpy: no tensor operation per
+    # head); each layer's [row, 1, head, 1] mask is then one gather of its groups' rows
+    layers = sorted({layer for heads in removed for layer, _ in heads})
+    position = {layer: i for i, layer in enumerate(layers)}
+    table = np.zeros((len(removed), len(layers), n_heads), dtype=bool)
     for g, heads in enumerate(removed):
         for layer, h in heads:
-            shape = (len(group_of_row), 1, n_heads, 1)
-            mask = masks.setdefault(
-                layer, torch.zeros(shape, dtype=torch.bool, device=group_of_row.device)
-            )
-            mask[group_of_row == g, :, h] = True
+            table[g, position[layer], h] = True
+    rows = torch.from_numpy(table).to(group_of_row.device)[group_of_row]  # [row, layer, head]
+    masks = {layer: rows[:, i, None, :, None] for layer, i in position.items()}
 
     def zero(z: Tensor, hook: Any, mask: Tensor) -> Tensor:
         return z.masked_fill(mask.to(z.device), 0.0)

@@ -25,22 +25,25 @@ Rules compared (P2's claims `topn_beats_random` and `sink_lowers_fn`):
 - `top` — top-N by attention, sink allowed in S;
 - `random` — `n_random` random rankings per (head, query), *nested across N* (one random
   permutation of the keys; S = its first N), each set scored around its own aggregate `s_N`.
-  The permutation of (document `d`, layer `l`, query `i`) is drawn from a generator seeded
-  with `(seed, d, l, i)`, so results do not depend on batching, sharding or the other documents;
+  Ranking `r` of (document `d`, layer `l`, query `i`, head `h`) sorts the keys `j <= i` by
+  `entry_keys(seed, l, d * 2^32 + i, h * 2^40 + r * 2^24 + j)` (a counter-based hash, see
+  `ranking_keys`), so results do not depend on batching, sharding or the other documents;
 - `top_no_sink` — top-N with the sink positions removed from the candidates entirely.
 
-Everything streams layer by layer (`cw_lens.data.streaming.stream_corpus`) into exact sums
-(`cw_lens.core.accumulate.ExactSums`), so corpora and `torchrun` ranks merge exactly.
+Everything streams layer by layer (`cw_lens.data.streaming.stream_corpus`) into float64 sums
+on the model's device (`SelectionGeometryAccumulator`, `cw_lens.core.accumulators.StackedSums`);
+`torchrun` ranks merge them with collectives.
 Results follow the weights the model runs (a raw bridge); a bridge in compatibility mode gives
 results for its folded weights.
 
 The public functions' docstrings have runnable examples.
 """
 
-from cw_lens.analyses.selection.accumulation import ROW_BUDGET_BYTES, RULES
+from cw_lens.analyses.selection.accumulation import ROW_BUDGET_BYTES, RULES, SelectionSums
 from cw_lens.analyses.selection.geometry import (
     SINK_N,
     SMALL_N,
+    SelectionGeometryAccumulator,
     SelectionGeometryResult,
     head_f_ratio,
     selection_claims,
@@ -55,9 +58,13 @@ from cw_lens.analyses.selection.prf import (
     geometric_prf_batched,
     power_grid,
     prf_of_ranking,
+    prf_of_rankings,
     random_order,
     random_rankings,
+    ranking_entries,
+    ranking_keys,
     selection_distance,
+    selection_distances,
     top_order,
 )
 
@@ -70,16 +77,22 @@ __all__ = [
     "SINK_N",
     "SMALL_N",
     "Distance",
+    "SelectionGeometryAccumulator",
     "SelectionGeometryResult",
+    "SelectionSums",
     "geometric_prf",
     "geometric_prf_batched",
     "head_f_ratio",
     "power_grid",
     "prf_of_ranking",
+    "prf_of_rankings",
     "random_order",
     "random_rankings",
+    "ranking_entries",
+    "ranking_keys",
     "selection_claims",
     "selection_distance",
+    "selection_distances",
     "selection_geometry",
     "top_order",
 ]

@@ -16,22 +16,10 @@ import torch
 from jaxtyping import Float, Float64, Int
 from torch import Tensor
 
-from cw_lens.analyses.common import (
-    CorpusPlan,
-    check_count,
-    check_sinks,
-    layer_sums,
-    rounded_dict,
-    run_plan,
-)
-from cw_lens.analyses.selection.accumulation import RULES, _SelectionAccumulator
+from cw_lens.analyses.common import rounded_dict
+from cw_lens.analyses.selection.accumulation import RULES, SelectionSums
 from cw_lens.analyses.selection.claims import SINK_N, SMALL_N, head_f_ratio, selection_claims
-from cw_lens.analyses.selection.prf import (
-    Distance,
-    check_distance,
-    check_grid,
-    power_grid,
-)
+from cw_lens.analyses.selection.prf import Distance
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import claims_dict, with_intervals
 from cw_lens.core.errors import InputError
@@ -40,11 +28,8 @@ from cw_lens.core.registry import saveable
 from cw_lens.core.resampled import selection_numbers
 from cw_lens.core.results import Result
 from cw_lens.core.schema import Axes
-from cw_lens.data.documents import as_corpus
-from cw_lens.data.inputs import prepare_inputs
+from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
-from cw_lens.models.capture import resolve_layers
-from cw_lens.models.verify import require_verified
 
 
 @saveable
@@ -461,7 +446,7 @@ def selection_geometry(
         fig = geo.plot()
         ```
     """
-    plan = _plan_selection_geometry(
+    accumulator = SelectionGeometryAccumulator(
         model,
         corpus,
         n_grid=n_grid,
@@ -471,66 +456,74 @@ def selection_geometry(
         sink_positions=sink_positions,
         distance=distance,
         layers=layers,
+        batch_size=batch_size,
         prepend_bos=prepend_bos,
         per_document=per_document,
     )
     label = "selection geometry" if progress else False
-    return run_plan(
-        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    stats, _ = stream_corpus(
+        model, corpus, [accumulator], batch_size=batch_size, prepend_bos=prepend_bos, progress=label
     )
+    return accumulator.finish(stats)
 
 
-def _plan_selection_geometry(
-    model: Model,
-    corpus: Any,
-    *,
-    n_grid: Sequence[int] | None,
-    query: str,
-    n_random: int,
-    seed: int,
-    sink_positions: Sequence[int],
-    distance: Distance,
-    layers: int | Sequence[int] | None,
-    prepend_bos: bool,
-    per_document: bool,
-    **_: Any,
-) -> CorpusPlan:
-    """[`selection_geometry`][cw_lens.selection_geometry]'s checks and accumulator, as a
-    `CorpusPlan` (its other arguments, the pass's, are ignored here)."""
-    require_verified(model)
-    if query not in ("last", "all"):
-        raise InputError(f"query must be 'last' or 'all', got {query!r}.")
-    check_count(n_random, "n_random (16 in P2)", minimum=0)
-    check_distance(distance)
-    docs = as_corpus(corpus)
-    sinks = check_sinks(sink_positions, model=model, inputs=docs, prepend_bos=prepend_bos)
-    longest = int(prepare_inputs(model, docs, prepend_bos=prepend_bos).lengths.max())
-    grid = power_grid(longest) if n_grid is None else check_grid(n_grid)
-    if not grid or 2 * grid[-1] > longest:
-        raise InputError(
-            f"N={grid[-1] if grid else 1} needs queries with at least {2 * (grid or [1])[-1]} "
-            f"keys, but the longest document has {longest} tokens; lower n_grid or use longer "
-            "documents (load_corpus(max_tokens=...))."
-        )
-    layer_list = resolve_layers(model, layers)
-    record = (layer_list, model.cfg.n_heads, len(docs)) if per_document else None
-    accumulator = _SelectionAccumulator(grid, query, n_random, seed, sinks, distance, record)
-    model_name = str(getattr(model.cfg, "model_name", ""))
+class SelectionGeometryAccumulator(SelectionSums):
+    """The accumulator of [`selection_geometry`][cw_lens.selection_geometry] (`name`
+    `"selection"`): float64 sums of P_N, R_N, F_N and scored queries per (layer, rule, head,
+    N) over the corpus, `sums[layer, rule, head, n] = sum over scored queries of (P, R, F, 1)`
+    (the random rule: each query's mean over its rankings), and with `per_document=True` each
+    document's own; `finish` builds the
+    [`SelectionGeometryResult`][cw_lens.SelectionGeometryResult]. The arguments are
+    [`selection_geometry`][cw_lens.selection_geometry]'s, less the pass's `progress`.
 
-    def finish(accumulator: _SelectionAccumulator, stats: Any) -> SelectionGeometryResult:
-        sums, per_document = layer_sums(accumulator, layer_list, "f_and_count")
+    Examples:
+        ```python
+        import cw_lens
+        from cw_lens.analyses.selection import SelectionGeometryAccumulator
+        from cw_lens.data.streaming import stream_corpus
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        acc = SelectionGeometryAccumulator(model, corpus, n_random=4)
+        stats, _ = stream_corpus(model, corpus, [acc])
+        acc.finish(stats).f_by_n()
+        ```
+    """
+
+    def finish(self, stats: Any) -> SelectionGeometryResult:
+        """The result of the merged sums (moved to the host once).
+
+        Args:
+            stats: The pass's `StreamStats`.
+
+        Returns:
+            A `SelectionGeometryResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.SelectionGeometryAccumulator(model, texts)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).f_by_n()
+            ```
+        """
+        sums = self.sums.to_host()
+        self._cache = {}  # the last batch's tables go with the pass
+        record = sums.document_table()[..., 2:].clone() if self.per_document else None
         return SelectionGeometryResult(
-            sums=sums,
-            layers=layer_list,
-            n_grid=grid,
-            query=query,
-            n_random=n_random,
-            seed=seed,
-            sink_positions=sinks,
-            distance=distance,
+            sums=sums.total.clone(),
+            layers=list(self.layers),
+            n_grid=list(self.n_grid),
+            query=self.query,
+            n_random=self.n_random,
+            seed=self.seed,
+            sink_positions=self.sink_positions,
+            distance=self.distance,
             n_documents=stats.n_documents,
-            model_name=model_name,
-            per_document=per_document,
+            model_name=self.model_name,
+            per_document=record,
         )
-
-    return CorpusPlan("selection", accumulator, layer_list, finish)

@@ -14,6 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core.accumulators import entry_keys
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
@@ -99,16 +100,100 @@ def random_order(
     return torch.sort(draws, dim=-1, stable=True).indices
 
 
+def ranking_entries(
+    n_heads: int, n_random: int, n_keys: int, device: torch.device | str = "cpu"
+) -> Int[Tensor, "1 head 1 n_random key"]:
+    """The (head, ranking, key) coordinate of `ranking_keys`: `head * 2^40 + r * 2^24 + key`.
+
+    Args:
+        n_heads: Query heads.
+        n_random: Rankings per (head, query).
+        n_keys: Keys per ranking.
+        device: Where to make it.
+
+    Returns:
+        int64 `[1, head, 1, n_random, key]`.
+    """
+    head = torch.arange(n_heads, device=device)[:, None, None] << 40
+    rank = torch.arange(n_random, device=device)[:, None] << 24
+    return (head | rank | torch.arange(n_keys, device=device))[None, :, None]
+
+
+def ranking_keys(
+    seed: int,
+    layer: int,
+    documents: Int[Tensor, " batch"],
+    queries: Int[Tensor, "batch query"],
+    n_heads: int,
+    n_random: int,
+    n_keys: int,
+    *,
+    entries: Int[Tensor, "1 head 1 n_random key"] | None = None,
+) -> Int[Tensor, "batch head query n_random key"]:
+    """The random baseline's key of every (document, query, head, ranking, key) of one layer.
+
+    `entry_keys(seed, layer, document * 2^32 + query, head * 2^40 + r * 2^24 + key)`: a hash
+    of what the entry is, so a ranking depends neither on the batching, the sharding nor the
+    other documents, and ranking `r` is the same whatever `n_random`. Sorting a row's keys
+    ascending is a uniform random permutation of its keys (`random_rankings`).
+
+    Args:
+        seed: The seed.
+        layer: The layer.
+        documents: Each batch row's document (its index in the corpus).
+        queries: The query positions of each row.
+        n_heads: Query heads.
+        n_random: Rankings per (head, query).
+        n_keys: Keys per ranking (positions `0 .. n_keys - 1`).
+        entries: `ranking_entries(n_heads, n_random, n_keys)`, if the caller keeps it.
+
+    Returns:
+        int64 keys `[batch, head, query, n_random, key]`.
+
+    Examples:
+        >>> import torch
+        >>> ranking_keys(0, 1, torch.tensor([3]), torch.tensor([[5]]), 2, 4, 6).shape
+        torch.Size([1, 2, 1, 4, 6])
+    """
+    if entries is None:
+        entries = ranking_entries(n_heads, n_random, n_keys, queries.device)
+    row = (documents[:, None] << 32) | queries  # [batch, query]
+    return entry_keys(seed, layer, row[:, None, :, None, None], entries)
+
+
 def random_rankings(
     seed: int, document: int, layer: int, query: int, n_heads: int, n_random: int
 ) -> Int[Tensor, "head n_random key"]:
     """The random baseline's rankings of keys `0..query` for one (document, layer, query):
-    `random_order` with a generator seeded by `(seed, document, layer, query)`
-    (`document` = the document's index in the corpus), so a run is reproducible whatever the
-    batching or sharding."""
-    generator = _seeded_generator(seed, document, layer, query)
-    keys = torch.ones(n_heads, query + 1, dtype=torch.bool, device="cpu")
-    return random_order(keys, n_random, generator)
+    the keys sorted by `ranking_keys` (`document` = the document's index in the corpus), so
+    a run is reproducible whatever the batching or sharding. Nested across N: the N-key
+    selection is the first N keys of one ranking.
+
+    Args:
+        seed: The seed.
+        document: The document's index in the corpus.
+        layer: The layer.
+        query: The query position (the ranking covers keys `0..query`).
+        n_heads: Query heads.
+        n_random: Rankings per head.
+
+    Returns:
+        `[head, n_random, query + 1]` permutations of the keys.
+
+    Examples:
+        >>> random_rankings(0, 3, 1, 5, n_heads=2, n_random=4).shape
+        torch.Size([2, 4, 6])
+    """
+    keys = ranking_keys(
+        seed,
+        layer,
+        torch.tensor([document], device="cpu"),
+        torch.tensor([[query]], device="cpu"),
+        n_heads,
+        n_random,
+        query + 1,
+    )
+    return keys[0, :, 0].sort(dim=-1, stable=True).indices
 
 
 def prf_of_ranking(
@@ -159,6 +244,110 @@ def prf_of_ranking(
         undefined = n_candidates < n
         out.append([t.masked_fill(undefined, math.nan) for t in (p, r, f)])
     return PRF(*(torch.stack(ts, dim=-1) for ts in zip(*out, strict=True)))
+
+
+def selection_distances(
+    y: Float[Tensor, "*rows key d_head"],
+    s: Float[Tensor, "*rows aggregate d_head"],
+    distance: Distance = "euclidean",
+) -> Float[Tensor, "*rows key aggregate"]:
+    """`selection_distance` of every key to each of several aggregates, in one operation.
+
+    Euclidean: `torch.cdist` without the matrix-product shortcut (it computes `||y_j - s||`
+    itself, so a distance of 0 stays 0 and no `[key, aggregate, d_head]` tensor is formed);
+    cosine: the products `y_j * s` summed over `d_head` (a `[key, aggregate, d_head]`
+    temporary), rounded as `selection_distance` rounds them.
+
+    Args:
+        y: The attention-weighted values of each row's keys.
+        s: The aggregates `s_N` of each row.
+        distance: `"euclidean"` or `"cosine"`.
+
+    Returns:
+        `D[..., j, m]`, the distance of key `j` to aggregate `m`.
+
+    Examples:
+        >>> import torch
+        >>> y = torch.tensor([[[3.0, 4.0], [0.0, 0.0]]])
+        >>> selection_distances(y, torch.zeros(1, 1, 2))[..., 0].tolist()
+        [[5.0, 0.0]]
+    """
+    if distance == "euclidean":
+        return torch.cdist(y, s, compute_mode="donot_use_mm_for_euclid_dist")
+    # the products summed over d_head as `selection_distance` sums them (not a matrix product,
+    # which rounds differently): the value vectors of a repeated token are parallel, so their
+    # cosine distances tie at 0 up to rounding, and the tie must break as the definition's does
+    dot = (y[..., :, None, :] * s[..., None, :, :]).sum(-1)
+    norms = (
+        torch.linalg.vector_norm(y, dim=-1)[..., None]
+        * torch.linalg.vector_norm(s, dim=-1)[..., None, :]
+    )
+    return 1.0 - dot / norms.clamp_min(COSINE_EPS)
+
+
+def prf_of_rankings(
+    y: Float[Tensor, "*rows key d_head"],
+    orders: Int[Tensor, "*rows ranking key"],
+    candidates: Bool[Tensor, "*rows ranking key"],
+    n_grid: Sequence[int],
+    distance: Distance = "euclidean",
+    *,
+    grid: Int[Tensor, " n"] | None = None,
+) -> Float[Tensor, "*rows ranking n 3"]:
+    """`prf_of_ranking` of several rankings of the same keys per row, for the whole grid of N
+    at once (a fixed number of tensor operations, whatever the rows, rankings and N).
+
+    The same definition as `prf_of_ranking` (S = `order[:N]`, each set scored around its own
+    aggregate `s_N`; `F = 2PR / (P + R)`, written as `2 TP N / (N^2 + TP (N + FP))`); the
+    Euclidean distances come from `selection_distances`, so they may differ from
+    `prf_of_ranking`'s in the last bits.
+
+    Args:
+        y: Attention-weighted values `alpha[i,j] v_j` (float64 for the reference's rounding).
+        orders: Rankings of the keys, candidates first (`top_order`, sorted `ranking_keys`).
+        candidates: Keys each ranking may select; the others take no part at all.
+        n_grid: Selection sizes (sorted).
+        distance: `"euclidean"` or `"cosine"`.
+        grid: `n_grid` as an int64 tensor on the values' device, if the caller keeps one.
+
+    Returns:
+        `(P, R, F)` stacked on the last axis, `[*rows, ranking, len(grid), 3]` float64, NaN
+        where `N` exceeds the candidates.
+
+    Examples:
+        >>> import torch
+        >>> y = torch.tensor([[[0.0], [10.0], [1.0], [11.0]]], dtype=torch.float64)
+        >>> orders = torch.tensor([[[0, 1, 2, 3]]])
+        >>> candidates = torch.ones(1, 1, 4, dtype=torch.bool)
+        >>> prf_of_rankings(y, orders, candidates, [2]).tolist()
+        [[[[0.5, 0.5, 0.5]]]]
+    """
+    n_keys, d_head = y.shape[-2], y.shape[-1]
+    if grid is None:
+        grid = torch.tensor(list(n_grid), dtype=torch.long, device=y.device)
+    longest = min(max(n_grid), n_keys)
+    first = orders[..., :longest]
+    ranked = y[..., None, :, :].expand(*orders.shape, d_head)
+    ranked = ranked.gather(-2, first[..., None].expand(*first.shape, d_head))
+    aggregates = ranked.cumsum(-2).index_select(-2, grid.clamp_max(longest) - 1)
+    d = selection_distances(y, aggregates.flatten(-3, -2), distance)  # [*rows, key, M * N]
+    d = d.unflatten(-1, aggregates.shape[-3:-1]).movedim(-3, -1)  # [*rows, ranking, n, key]
+    positions = torch.arange(n_keys, device=y.device).expand_as(orders)
+    rank = torch.empty_like(orders).scatter_(-1, orders, positions)
+    selected = rank[..., None, :] < grid[:, None]
+    outside = candidates[..., None, :] > selected  # a candidate, not selected
+    rho_max = torch.where(selected, d, -math.inf).amax(-1, keepdim=True)
+    rho_min = torch.where(outside, d, math.inf).amin(-1, keepdim=True)
+    false_pos = (outside & (d <= rho_max)).sum(-1)
+    true_pos = (selected & (d < rho_min)).sum(-1)
+    size = grid.double()
+    scored = size + false_pos
+    prf = torch.stack(
+        [size / scored, true_pos / size, 2 * size * true_pos / (size * size + true_pos * scored)],
+        -1,
+    )
+    undefined = candidates.sum(-1, keepdim=True) < grid
+    return prf.masked_fill(undefined[..., None], math.nan)
 
 
 @check_keywords
@@ -330,8 +519,3 @@ def _index_mask(indices: Sequence[int] | None, n: int, device: Any) -> Tensor:
     mask = torch.zeros(n, dtype=torch.bool, device=device)
     mask[_check_indices(indices, n, "exclude")] = True
     return mask
-
-
-def _seeded_generator(*key: int) -> torch.Generator:
-    state = np.random.SeedSequence([int(k) for k in key]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))

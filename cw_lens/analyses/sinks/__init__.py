@@ -27,7 +27,11 @@ u^h)`.
 The public functions' docstrings have runnable examples.
 """
 
-from cw_lens.analyses.sinks.ablation import SinkAblationResult, sink_ablation
+from cw_lens.analyses.sinks.ablation import (
+    SinkAblationAccumulator,
+    SinkAblationResult,
+    sink_ablation,
+)
 from cw_lens.analyses.sinks.accumulation import (
     DRIFT_SHARE_BINNING,
     DRIVER_FACTORS,
@@ -36,6 +40,7 @@ from cw_lens.analyses.sinks.accumulation import (
     RATE_BINS,
     RECORDED_SUMS,
     SHARE_BINNING,
+    SinkStatisticsAccumulator,
     head_spearman,
 )
 from cw_lens.analyses.sinks.claims import (
@@ -68,9 +73,11 @@ __all__ = [
     "RECORDED_SUMS",
     "SHARE_BINNING",
     "SINK_RATE_THRESHOLD",
+    "SinkAblationAccumulator",
     "SinkAblationResult",
     "SinkPositions",
     "SinkSpec",
+    "SinkStatisticsAccumulator",
     "SinkStatisticsResult",
     "cone_axis",
     "detect_sinks",

@@ -14,10 +14,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens.analyses.common import CorpusPlan, check_sinks_inside, run_plan
-from cw_lens.analyses.sinks.cone import _AblationAccumulator
+from cw_lens.analyses.common import check_sinks_inside
+from cw_lens.analyses.sinks.cone import ABLATION_SUMS, ConeStatistics
 from cw_lens.analyses.sinks.detection import SinkSpec
-from cw_lens.core.accumulate import ExactSums, PerDocument
+from cw_lens.core.accumulators import StackedSums
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
@@ -29,7 +29,7 @@ from cw_lens.core.resampled import (
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
-from cw_lens.data.scoring import NLL_SUMS, NLLResult, corpus_nll
+from cw_lens.data.scoring import NLLResult, corpus_nll
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
 from cw_lens.models.interventions import patch_sink, per_layer_heads
@@ -344,8 +344,8 @@ def sink_ablation(
         batch_size: Documents per forward pass.
         prepend_bos: Prepend BOS to text (position 0 is then the usual sink).
         progress: Show a progress bar over document batches (a string: its label).
-        per_document: Also keep each document's per-head sums and NLL sums (`20 *
-            n_layers * n_heads + 19` bytes per document, 5.4 KB for SmolLM2-135M) for
+        per_document: Also keep each document's per-head sums and NLL sums (float64: `64 *
+            n_layers * n_heads + 35` bytes per document, 17 KB for SmolLM2-135M) for
             bootstrap intervals
             ([`SinkAblationResult.claims`][cw_lens.SinkAblationResult.claims]).
 
@@ -363,7 +363,7 @@ def sink_ablation(
         ablation.delta_ppl
         ```
     """
-    plan = _plan_sink_ablation(
+    acc = SinkAblationAccumulator(
         model,
         corpus,
         layers=layers,
@@ -378,121 +378,202 @@ def sink_ablation(
         per_document=per_document,
     )
     label = progress and "sink ablation"
-    return run_plan(
-        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    stats, _ = stream_corpus(
+        model, corpus, [acc], batch_size=batch_size, prepend_bos=prepend_bos, progress=label
     )
+    return acc.finish(stats)
 
 
-def _plan_sink_ablation(
-    model: Model,
-    corpus: Any,
-    *,
-    layers: Any,
-    heads: Any,
-    scale: float,
-    mode: str,
-    sink_positions: Sequence[int],
-    effect: str,
-    low_norm_quantile: float,
-    batch_size: int | None,
-    prepend_bos: bool,
-    per_document: bool,
-    **_: Any,
-) -> CorpusPlan:
-    """[`sink_ablation`][cw_lens.sink_ablation]'s checks and its clean pass's accumulator (the
-    activations and the clean NLL, from one forward pass), as a `CorpusPlan`; its `finish`
-    runs the patched passes (the patched NLL, and with `effect="total"` the patched
-    activations) and builds the result."""
-    if effect not in ("direct", "total"):
-        raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
-    if not 0 < low_norm_quantile < 1:
-        raise InputError(f"low_norm_quantile must lie in (0, 1), got {low_norm_quantile}.")
-    plan = per_layer_heads(model, layers, heads)
+class SinkAblationAccumulator(ConeStatistics):
+    """The clean pass of [`sink_ablation`][cw_lens.sink_ablation], and the patched passes its
+    `finish` runs.
 
-    def patch(batch: TokenBatch) -> list:
-        """The intervention for one document batch (its mask matters in norm_matched mode)."""
-        hook_set = patch_sink(
-            model,
-            heads=plan,
+    Per patched layer and every head `h` of it, over the counted queries `i` (real, not a
+    sink, after the row's first sink), float64 sums `[layer, head, statistic]`:
+    `norm_before = sum_i ||o_i^h||`, `cone_before = sum_i cos(o_i^h, u^h)`, `count_before`,
+    `rel_norm = sum_i ||o_i^h|| / mean_j ||pv_j^h||`, and with `effect="direct"` the same of
+    the output with the patch's share of the sink term removed (`norm_after`, `cone_after`,
+    `count_after`); plus the clean pass's next-token NLL sums from its logits. `finish` runs
+    the patched pass (the patched NLL; with `effect="total"` the patched run's own
+    `norm_after`, `cone_after`, `count_after` from the same pass) and builds a
+    `SinkAblationResult`: each mean is its sum over its count.
+
+    Args:
+        model: The model.
+        corpus: The documents.
+        layers: Layers to patch (`None` = all).
+        heads: Heads to patch (as in `sink_ablation`).
+        scale: The patch's `lambda`.
+        mode: `"scale"` or `"norm_matched"`.
+        sink_positions: The sink positions.
+        effect: `"direct"` or `"total"`.
+        low_norm_quantile: Share of heads called "low-norm".
+        batch_size: Documents per forward pass (of the patched passes run by `finish`).
+        prepend_bos: Prepend BOS to text.
+        per_document: Also keep each document's sums.
+
+    Examples:
+        ```python
+        import cw_lens
+        from cw_lens.analyses.sinks.ablation import SinkAblationAccumulator
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=4, max_tokens=32, model=model)
+        acc = SinkAblationAccumulator(model, corpus, layers=[1])
+        results = cw_lens.corpus_analyses(model, corpus, analyses=[acc], progress=False)
+        results["ablation"].delta_ppl
+        ```
+    """
+
+    name = "ablation"
+
+    @check_keywords
+    def __init__(
+        self,
+        model: Model,
+        corpus: Any,
+        *,
+        layers: Any = None,
+        heads: Any = None,
+        scale: float = 0.0,
+        mode: Literal["scale", "norm_matched"] = "scale",
+        sink_positions: Sequence[int] = (0,),
+        effect: Literal["direct", "total"] = "direct",
+        low_norm_quantile: float = 0.25,
+        batch_size: int | None = 8,
+        prepend_bos: bool = True,
+        per_document: bool = False,
+    ) -> None:
+        if effect not in ("direct", "total"):
+            raise InputError(f"effect must be 'direct' or 'total', got {effect!r}.")
+        if not 0 < low_norm_quantile < 1:
+            raise InputError(f"low_norm_quantile must lie in (0, 1), got {low_norm_quantile}.")
+        plan = per_layer_heads(model, layers, heads)
+        sinks = SinkSpec(sink_positions)
+        check_sinks_inside(model, corpus, sinks.default or (), prepend_bos=prepend_bos)
+        self.model, self.corpus, self.effect = model, corpus, effect
+        self.low_norm_quantile, self.batch_size = low_norm_quantile, batch_size
+        self.prepend_bos, self.sink_positions = prepend_bos, sink_positions
+        n_documents = len(as_corpus(corpus)) if per_document else None
+        outputs = ("before", "after") if effect == "direct" else ("before",)
+        super().__init__(
+            plan,
+            model.cfg.n_heads,
+            sinks,
+            outputs,
+            need_logits=True,
             scale=scale,
             mode=mode,
-            sink_positions=sink_positions,
+            n_documents=n_documents,
+            device=model.cfg.device,
+        )
+
+    def _patch(self, batch: TokenBatch) -> list:
+        """The intervention for one document batch (its mask matters in norm_matched mode)."""
+        hook_set = patch_sink(
+            self.model,
+            heads=self.plan,
+            scale=self.scale,
+            mode=self.mode,
+            sink_positions=self.sink_positions,
             attention_mask=batch.mask,
         )
         return [hook_set]
 
-    sinks = SinkSpec(sink_positions)
-    check_sinks_inside(model, corpus, sinks.default or (), prepend_bos=prepend_bos)
-    n_heads = model.cfg.n_heads
-    direct = effect == "direct"
-    n_docs = len(as_corpus(corpus)) if per_document else None
-    clean = NLLResult(ExactSums(), None if n_docs is None else PerDocument(NLL_SUMS, n_docs))
-    before = _AblationAccumulator(
-        plan, n_heads, sinks, scale, mode, "before", direct, n_docs, clean
-    )
+    def finish(self, stats: Any) -> SinkAblationResult:
+        """Run the patched pass and build the result (the sums reach the host once per pass).
 
-    def finish(before: _AblationAccumulator, stats: Any) -> SinkAblationResult:
-        kw = dict(layers=sorted(plan), batch_size=batch_size, prepend_bos=prepend_bos)
-        after_sums, record = before.sums, before.per_doc
-        if not direct:
-            after = _AblationAccumulator(plan, n_heads, sinks, scale, mode, "after", False, n_docs)
-            after, _ = stream_corpus(model, corpus, after, fwd_hooks=patch, **kw)
-            after_sums = after.sums
-            if record is not None:  # the two records keep disjoint statistics
-                record.values += after.per_doc.values
-        kw_nll = dict(batch_size=batch_size, prepend_bos=prepend_bos, per_document=per_document)
-        patched = corpus_nll(model, corpus, hooks=patch, **kw_nll)
-        per_head = _per_head_table(plan, before.sums, after_sums, low_norm_quantile)
+        Args:
+            stats: The clean pass's `StreamStats`.
+
+        Returns:
+            A `SinkAblationResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.SinkAblationAccumulator(model, texts)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).summary()
+            ```
+        """
+        super().finish(stats)
+        clean, before = NLLResult(self.nll), self.sums
+        recorded = before.per_document is not None
+        kw = dict(batch_size=self.batch_size, prepend_bos=self.prepend_bos)
+        if self.effect == "direct":
+            after = before
+            patched = corpus_nll(
+                self.model, self.corpus, hooks=self._patch, per_document=recorded, **kw
+            )
+        else:
+            run = ConeStatistics(
+                self.plan,
+                self.sums.shape[1],
+                self.sinks,
+                ("after",),
+                need_logits=True,
+                n_documents=before.per_document.shape[0] if recorded else None,
+                device=self.patched.device,
+            )
+            pass_stats, _ = stream_corpus(
+                self.model, self.corpus, [run], fwd_hooks=self._patch, **kw
+            )
+            after = run.finish(pass_stats).sums
+            patched = NLLResult(run.nll)
+        self.model = self.corpus = None  # finished: the pass's inputs are not kept
+        per_head = _per_head_table(self.plan, before, after, self.low_norm_quantile)
         per_doc = None
-        if record is not None:
-            planned = torch.zeros(len(plan), n_heads, dtype=torch.bool, device="cpu")
-            for i, layer in enumerate(sorted(plan)):
-                planned[i, plan[layer]] = True
-            nll = torch.cat([before.nll.per_doc.table(), patched.per_doc.table()], 1)
-            per_doc = (record.table(), nll, planned)
+        if recorded:
+            parts = {name: sums for sums in (before, after) for name in sums.names}
+            heads = torch.stack(
+                [parts[name].document_table(name) for name in ABLATION_SUMS], 1
+            )  # [document, statistic, layer, head]
+            nll = torch.cat([clean.document_table(), patched.document_table()], 1)
+            per_doc = (heads, nll, self.patched.cpu() > 0)
         return SinkAblationResult(
-            before.nll.mean_nll,
+            clean.mean_nll,
             patched.mean_nll,
             per_head,
-            scale,
-            mode,
-            effect,
-            sorted(plan),
+            self.scale,
+            self.mode,
+            self.effect,
+            self.layers,
             per_doc,
-            low_norm_quantile,
+            self.low_norm_quantile,
         )
-
-    return CorpusPlan("ablation", before, sorted(plan), finish, need_logits=True)
 
 
 def _per_head_table(
-    plan: dict[int, list[int]], before: Any, after: Any, low_norm_quantile: float
+    plan: dict[int, list[int]], before: StackedSums, after: StackedSums, low_norm_quantile: float
 ) -> pd.DataFrame:
     """One row per patched (layer, head) from the summed norms and cone alignments (`before`
-    and `after`: the exact sums of the clean and the patched pass; the same for the direct
-    effect)."""
-    rows = []
-    names = ("norm_before", "cone_before", "count_before", "rel_norm")
-    for layer, hs in sorted(plan.items()):
-        total = {n: before.total(f"{n}@{layer}") for n in names}
-        total.update(
-            {n: after.total(f"{n}@{layer}") for n in ("norm_after", "cone_after", "count_after")}
-        )
-        for h in hs:
-            nb = max(float(total["count_before"][h]), 1.0)
-            na = max(float(total["count_after"][h]), 1.0)
-            rows.append(
-                {
-                    "layer": layer,
-                    "head": h,
-                    "relative_output_norm": float(total["rel_norm"][h]) / nb,
-                    "norm_before": float(total["norm_before"][h]) / nb,
-                    "norm_after": float(total["norm_after"][h]) / na,
-                    "cone_before": float(total["cone_before"][h]) / nb,
-                    "cone_after": float(total["cone_after"][h]) / na,
-                }
-            )
-    df = pd.DataFrame(rows)
+    and `after`: the sums `[layer, head, statistic]` of the clean and the patched pass, on the
+    host; the same sums for the direct effect): each mean is its sum over its count (at least
+    1)."""
+    positions = [(i, layer, h) for i, (layer, hs) in enumerate(sorted(plan.items())) for h in hs]
+    index = torch.tensor([[i, h] for i, _, h in positions], dtype=torch.long, device="cpu")
+
+    def column(sums: StackedSums, name: str) -> np.ndarray:
+        return sums.column(name)[index[:, 0], index[:, 1]].numpy()
+
+    n_before = np.maximum(column(before, "count_before"), 1.0)
+    n_after = np.maximum(column(after, "count_after"), 1.0)
+    df = pd.DataFrame(
+        {
+            "layer": [layer for _, layer, _ in positions],
+            "head": [h for _, _, h in positions],
+            "relative_output_norm": column(before, "rel_norm") / n_before,
+            "norm_before": column(before, "norm_before") / n_before,
+            "norm_after": column(after, "norm_after") / n_after,
+            "cone_before": column(before, "cone_before") / n_before,
+            "cone_after": column(after, "cone_after") / n_after,
+        }
+    )
     cut = df["relative_output_norm"].quantile(low_norm_quantile)
     df["low_norm"] = df["relative_output_norm"] <= cut
     return df

@@ -1,25 +1,41 @@
-"""The streamed sink accumulator: per-layer sums, histograms and factor samples of one pass
-(docs/methods.md#sinks), and the per-head rank correlations of the sampled factors.
+"""The streamed sink accumulator (docs/methods.md#sinks): one block's statistics stacked into
+one float64 sum per (layer, head), three histograms, a per-document record and a factor sample,
+and the per-head rank correlations of the sampled factors.
 """
 
 from __future__ import annotations
 
-import copy
-import hashlib
 import math
+import warnings
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.analyses.sinks.detection import SinkSpec, queries_after_sink
+from cw_lens.analyses.sinks.detection import (
+    MIN_QUERY,
+    SinkPositions,
+    SinkSpec,
+    queries_after_sink,
+    resolve_sinks,
+)
 from cw_lens.core import geometry as geo
-from cw_lens.core.accumulate import ExactSums, Histogram, PerDocument, SampleReservoir
-from cw_lens.core.registry import saveable
-from cw_lens.models.batch import TokenBatch
+from cw_lens.core.accumulators import (
+    EMPTY_KEY,
+    Accumulator,
+    Histogram,
+    SampleReservoir,
+    StackedSums,
+    document_rows,
+    entry_keys,
+)
+from cw_lens.core.errors import InputError
+from cw_lens.core.keywords import check_keywords
+from cw_lens.data.documents import as_corpus
+from cw_lens.models.access import Model
+from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
 RATE_BINS = 20
@@ -52,10 +68,11 @@ RECORDED_SUMS = (
 # asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
 # two edge bins
 SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
+SHARE_BIN_SUMS = tuple(f"drift_share_{i}" for i in range(SHARE_BINNING["n_bins"] + 2))
 
 
-# factor samples kept per (layer, head) and group (sink / tail entries) for the per-head rank
-# correlations: a seeded bottom-k reservoir each (8 documents of the default run keep every draw)
+# factor samples kept per (layer, head) and group (sink / tail entries) over the whole corpus
+# for the per-head rank correlations: the entries with the smallest keys (`entry_keys`)
 MAX_SAMPLES_PER_HEAD = 1024
 FACTOR_COLUMNS = (
     "layer",
@@ -67,194 +84,219 @@ FACTOR_COLUMNS = (
     "cosine",
     "contribution",
 )
+SAMPLE_COLUMNS = (*FACTOR_COLUMNS, "document")
+GROUPS = ("sink", "tail")
+FACTOR_FIELDS = ("attention", "relative_norm", "cosine", "contribution")
+
+# The per-(layer, head) sums, in the order one block stacks them (the last axis of
+# `SinkStatisticsResult.sums`): per-query statistics summed over queries, the coarse
+# cancelled-share histogram, the factor sums over (query, key) entries of each group, and the
+# value geometry over (sink, tail token) pairs (first block of a layer only).
+QUERY_SUMS = (
+    "rate_sum",
+    "rate_count",
+    "cos_mixture_sum",
+    "cos_mixture_count",
+    "drift_neg",
+    "drift_count",
+    "s_star_lo",
+    "s_star_hi",
+    "s_star_n",
+    "rate_all_sum",
+    "rate_all_count",
+    "norm_sum",
+)
+FACTOR_SUMS = tuple(
+    f"{g}_{n}" for g in GROUPS for n in (*(f"{f}_sum" for f in FACTOR_FIELDS), "count")
+)
+GEOMETRY_SUMS = ("ratio_sum", "log_ratio_sum", "cos_token_sum", "geometry_count")
+SUM_NAMES = (*QUERY_SUMS, *SHARE_BIN_SUMS, *FACTOR_SUMS, *GEOMETRY_SUMS)
+RECORD_NAMES = (*RECORDED_SUMS, *SHARE_BIN_SUMS)
+_SHARE_BINS = Histogram((), **SHARE_BINNING)  # its bin_index only
 
 
-@saveable
-class SinkAccumulator:
-    """Folds streamed layers into exact sums, histograms and a factor-sample reservoir."""
+class SinkStatisticsAccumulator(Accumulator):
+    """The sink statistics of a corpus (docs/methods.md#sinks), folded one block at a time.
 
-    stored_fields: ClassVar[dict[str, Any]] = {
-        "layers": list[int],
-        "n_heads": int,
-        "sinks": SinkSpec,
-        "pos": dict[int, int],
-        "min_query": int,
-        "drift_k": int,
-        "samples_per_head": int,
-        "seed": int,
-        "sums": ExactSums,
-        "samples": SampleReservoir,
-        "s_star": Histogram,
-        "drift_cos": Histogram,
-        "drift_share": Histogram,
-        "per_doc": PerDocument | None,
-        "share_hist": PerDocument | None,
-        "_share_bins": Histogram,
-    }
-    optional_fields = ("_share_bins",)  # with the per-document record only
+    Per (layer, head), with `s_i` the sink rate of query `i`, `o_i` the head output, `m_i` the
+    tail mixture, `pv_j` the projected values, `d_i` the drift of the weak tail tokens:
 
+    - `sums` (`StackedSums`, `[layer, head, statistic]`, the names `SUM_NAMES`): over queries
+      after a sink, `sum s_i` and counts (`i >= min_query`, and all), `sum ||o_i||`,
+      `sum cos(pv_0, m_i)`, the drift counts, the s* edge counts, the coarse cancelled-share
+      histogram; over the (query, key) entries of each group (sink keys / tail keys) with a
+      defined weight, the sums of attention, relative norm, cosine and contribution weight
+      and their count; over (sink, tail token) pairs, `sum ||pv_j|| / ||pv_0||`, its log,
+      `sum cos(pv_0, pv_j)`, and the count. One `add` per block.
+    - `curve` (`StackedSums`, `[layer, head, bin, (norm, count)]`): `sum ||o_i||` and counts
+      per sink-rate bin (queries `i >= min_query`).
+    - `s_star`, `drift_cos`, `drift_share` (`Histogram`s): the counterfactual minimiser `s*`,
+      `cos(alpha_0 pv_0, d_i)` and the cancelled share `-<alpha_0 pv_0, d_i> / ||d_i||^2`.
+    - `record` (with `per_document=True`): each document's `RECORDED_SUMS` and coarse
+      cancelled-share histogram (`RECORD_NAMES`), for the bootstrap over documents.
+    - `samples` (`SampleReservoir`, unless `samples_per_head=0`): per (layer, head, group) the
+      `max_samples` valid entries with the smallest keys
+      `entry_keys(seed, layer, document, head, query, key)` over the whole corpus — a uniform
+      sample without replacement of the group's entries, the same for any batch size, query
+      block plan and sharding — with their factors and document (`SAMPLE_COLUMNS`).
+
+    Args:
+        model: A `TransformerBridge`.
+        corpus: The corpus (as `sink_statistics` takes it).
+        sink_positions: Sink positions, or `"detect"` (a pass of its own, here).
+        layers: Layers (`None` = all).
+        min_query: Queries `i >= min_query` define sink rates and curves.
+        drift_k: Top-attended tail tokens kept out of the drift.
+        samples_per_head: `0` keeps no factor sample; `None` (default) the rule above. Any
+            other value is deprecated (a `FutureWarning`): the sample is `max_samples` per head,
+            uniform over entries.
+        max_samples: Factor samples kept per (layer, head) and group.
+        seed: Seed of the sample's keys.
+        batch_size: Documents per forward pass (of the detection pass).
+        prepend_bos: Prepend BOS to text.
+        per_document: Keep the per-document record.
+
+    Examples:
+        ```python
+        import cw_lens
+        from cw_lens.analyses.sinks import SinkStatisticsAccumulator
+        from cw_lens.data.streaming import stream_corpus
+
+        model = cw_lens.load_model("testing:tiny-llama")
+        corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+        acc = SinkStatisticsAccumulator(model, corpus, min_query=4)
+        stats, _ = stream_corpus(model, corpus, [acc])
+        acc.finish(stats).heads()
+        ```
+    """
+
+    name = "sinks"
+
+    @check_keywords
     def __init__(
         self,
-        layers: list[int],
-        n_heads: int,
-        sinks: SinkSpec,
+        model: Model,
+        corpus: Any,
         *,
-        min_query: int,
-        drift_k: int,
-        samples_per_head: int,
-        max_samples: int,
-        seed: int,
-        n_documents: int | None = None,
+        sink_positions: SinkPositions = (0,),
+        layers: Any = None,
+        min_query: int = MIN_QUERY,
+        drift_k: int = 4,
+        samples_per_head: int | None = None,
+        max_samples: int = MAX_SAMPLES_PER_HEAD,
+        seed: int = 0,
+        batch_size: int | None = 8,
+        prepend_bos: bool = True,
+        per_document: bool = False,
     ) -> None:
-        self.layers, self.n_heads, self.sinks = layers, n_heads, sinks
-        self.pos = {layer: i for i, layer in enumerate(layers)}
-        self.min_query, self.drift_k = min_query, drift_k
-        self.samples_per_head, self.seed = samples_per_head, seed
-        n = len(layers)
-        self.sums = ExactSums()
-        self.samples = SampleReservoir(FACTOR_COLUMNS, capacity=max_samples, seed=seed)
-        self.s_star = Histogram((n, n_heads), 0.0, 1.0, 50)
-        self.drift_cos = Histogram((n, n_heads), -1.0, 1.0, 100)
-        self.drift_share = Histogram((n, n_heads), **DRIFT_SHARE_BINNING)
-        self.per_doc: PerDocument | None = None  # opt-in: the bootstrap's per-document record
-        self.share_hist: PerDocument | None = None
-        if n_documents is not None:
-            self.per_doc = PerDocument(RECORDED_SUMS, n_documents, (n, n_heads))
-            bins = SHARE_BINNING["n_bins"] + 2
-            self.share_hist = PerDocument(["drift_share"], n_documents, (n, n_heads, bins))
-            self._share_bins = Histogram((), **SHARE_BINNING)
+        if drift_k < 1:
+            raise InputError(f"drift_k must be at least 1, got {drift_k}.")
+        if min_query < 1:
+            raise InputError(f"min_query must be at least 1, got {min_query}.")
+        if samples_per_head is not None and samples_per_head < 0:
+            raise InputError(f"samples_per_head must be >= 0, got {samples_per_head}.")
+        if max_samples < 1:
+            raise InputError(f"max_samples must be at least 1, got {max_samples}.")
+        if samples_per_head not in (None, 0):
+            warnings.warn(
+                "samples_per_head is deprecated and ignored except 0 (no sample): the factor "
+                f"sample is now max_samples={max_samples} entries per (layer, head) and group, "
+                "uniform over the corpus's entries. Pass samples_per_head=None (or leave it out).",
+                FutureWarning,
+                stacklevel=3,
+            )
+        self.layers = resolve_layers(model, layers)
+        self.sinks: SinkSpec = resolve_sinks(
+            model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
+        )
+        self.n_heads = int(model.cfg.n_heads)
+        self.min_query, self.drift_k, self.seed = int(min_query), int(drift_k), int(seed)
+        self.pos = {layer: i for i, layer in enumerate(self.layers)}
+        n, h, device = len(self.layers), self.n_heads, model.cfg.device
+        self.sums = StackedSums(SUM_NAMES, (n, h), device=device)
+        self.curve = StackedSums(["norm", "count"], (n, h, RATE_BINS), device=device)
+        self.s_star = Histogram((n, h), 0.0, 1.0, 50, device=device)
+        self.drift_cos = Histogram((n, h), -1.0, 1.0, 100, device=device)
+        self.drift_share = Histogram((n, h), **DRIFT_SHARE_BINNING, device=device)
+        self.record = (
+            StackedSums(RECORD_NAMES, (n, h), n_documents=len(as_corpus(corpus)), device=device)
+            if per_document
+            else None
+        )
+        self.samples = (
+            None
+            if samples_per_head == 0
+            else SampleReservoir(n * len(GROUPS) * h, max_samples, SAMPLE_COLUMNS, device=device)
+        )
+        with torch.inference_mode(False):
+            self._record_index = torch.tensor(
+                [SUM_NAMES.index(name) for name in RECORD_NAMES], device=device
+            )
+        self._batch: tuple | None = None
 
-    def select_layer(self, layer: int) -> SinkAccumulator:
-        """The same accumulated numbers for layer NUMBER `layer` alone (the layer axis of
-        every histogram and per-document record kept with size 1).
+    # ------------------------------------------------------------------- per batch (host)
 
-        The exact sums are shared (they are keyed by layer number); the histograms, samples
-        and per-document records are new objects, so this accumulator is unchanged.
-
-        Args:
-            layer: A layer number in `layers`.
-
-        Returns:
-            An accumulator whose `layers` is `[layer]`.
-        """
-        i = self.pos[layer]
-        out = copy.copy(self)
-        out.layers, out.pos = [layer], {layer: 0}
-        for name in ("s_star", "drift_cos", "drift_share"):
-            hist = copy.copy(getattr(self, name))
-            hist.counts = hist.counts[i : i + 1].clone()
-            setattr(out, name, hist)
-        mine = [g for g in self.samples.groups() if g.split("/")[1] == str(layer)]
-        out.samples = self.samples.subset(mine)
-        for name in ("per_doc", "share_hist"):
-            record = getattr(self, name)
-            if record is not None:
-                record = copy.copy(record)
-                record.values = record.values[:, :, i : i + 1].clone()
-                record.shape = (1, *record.shape[1:])
-                setattr(out, name, record)
-        return out
-
-    def merge(self, other: SinkAccumulator) -> None:
-        self.sums.merge(other.sums)
-        self.samples.merge(other.samples)
-        for name in ("s_star", "drift_cos", "drift_share"):
-            getattr(self, name).merge(getattr(other, name))
-        if self.per_doc is not None:
-            self.per_doc.merge(other.per_doc)
-            self.share_hist.merge(other.share_hist)
-
-    def to_host(self) -> None:
-        """After a pass: bring what was accumulated on the model's device to the host (once)
-        and drop the batch the pass left cached."""
-        self.sums.to_host()
-        for part in (self.s_star, self.drift_cos, self.drift_share, self.per_doc, self.share_hist):
-            if part is not None:
-                part.to_host()
-        self.__dict__.pop("_batch_sinks", None)
-
-    def _sink_columns(
-        self, batch: TokenBatch, device: torch.device
-    ) -> tuple[Tensor, Tensor, list[int], int]:
+    def _sink_columns(self, lc: LayerContributionsResult) -> tuple[Tensor, Tensor]:
         """The batch's sink mask `[batch, pos]`, the positions that are a sink in some row
-        (ascending, on `device` and as a list: read from the token lengths on the host) and
-        the most sinks a row has: once per batch."""
-        cached = self.__dict__.get("_batch_sinks")
-        if cached is None or cached[0] is not batch or cached[1].device != device:
+        (ascending, on the device) and how many of them lie in each block: read from the
+        token lengths on the host, once per batch (one upload)."""
+        batch, device = lc.batch, lc.acts.pattern.device
+        if self._batch is None or self._batch[0] is not batch:
+            n_pos = batch.tokens.shape[1]
+            lengths = batch.lengths.tolist()
             rows = [
-                [p for p in self.sinks.positions(doc) if p < int(batch.lengths[row])]
-                for row, doc in enumerate(batch.documents)
+                [p for p in self.sinks.positions(doc) if p < n]
+                for doc, n in zip(batch.documents, lengths, strict=True)
             ]
             cols = sorted({p for r in rows for p in r})
-            on_device = torch.tensor(cols, dtype=torch.long, device=device)
-            mask = self.sinks.mask(batch, device)
-            cached = (batch, mask, on_device, cols, max(map(len, rows), default=0))
-            self._batch_sinks = cached
-        return cached[1:]
+            mask = [[False] * n_pos for _ in rows]
+            for r, ps in zip(mask, rows, strict=True):
+                for p in ps:
+                    r[p] = True
+            with torch.inference_mode(False):
+                on_device = (
+                    torch.tensor(mask, dtype=torch.bool, device=device),
+                    torch.tensor(cols, dtype=torch.long, device=device),
+                )
+            self._batch = (batch, *on_device, cols)
+        _, mask, cols_t, cols = self._batch
+        return mask, cols_t[: sum(c < lc.keys.stop for c in cols)]
 
-    def _commit(
-        self,
-        docs: list[int],
-        layer: int,
-        sums: list[tuple[str, Tensor]],
-        recorded: list[tuple[str, Tensor]],
-    ) -> None:
-        """A block's per-row sums (`name`, `[batch, ...]`) into the exact sums (keyed
-        `name@layer`, in the order of `sums`) and, with the per-document record, those of
-        `RECORDED_SUMS` and `recorded` (per-document only) into it: one call each."""
-        self.sums.add_many(docs, [(f"{name}@{layer}", rows) for name, rows in sums])
-        if self.per_doc is not None:
-            kept = [(n, rows) for n, rows in sums if n in RECORDED_SUMS] + recorded
-            self.per_doc.add_many(docs, kept, at=self.pos[layer])
+    # ------------------------------------------------------------------- per block
 
-    def _edges(self, s_star: Tensor, share: Tensor) -> list[tuple[str, Tensor]]:
-        """Per document and head: the s* edge counts (and the coarse cancelled-share
-        histogram, into `share_hist` directly)."""
-        counted = ~s_star.isnan()  # [b, h, q]
-        ok = ~share.isnan()  # [b, h, q]
-        bins = self._share_bins.bin_index(share.nan_to_num(0.0))
-        onehot = torch.nn.functional.one_hot(bins, SHARE_BINNING["n_bins"] + 2) * ok[..., None]
-        return [
-            ("s_star_lo", ((s_star <= 0) & counted).sum(-1)),
-            ("s_star_hi", ((s_star >= 1) & counted).sum(-1)),
-            ("s_star_n", counted.sum(-1)),
-            ("drift_share", onehot.sum(2)),
-        ]
+    def update(self, block: LayerContributionsResult) -> None:
+        """Fold one block of query rows into the stacked sums, histograms, record and sample.
 
-    def update(self, lc: LayerContributionsResult) -> None:
+        Args:
+            block: One layer's `LayerContributionsResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.SinkStatisticsAccumulator(model, texts, min_query=2)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).heads()
+            ```
+        """
         # Long: one block's statistics in the order of the methods page; each reads the last.
-        acts, docs, layer = lc.acts, lc.batch.documents, lc.layer
-        device = acts.pattern.device
-        sink_full, sink_cols, cols, most_sinks = self._sink_columns(lc.batch, device)
+        lc, acts, layer = block, block.acts, block.layer
+        li = self.pos[layer]
+        sink_full, in_block = self._sink_columns(lc)
         q, n_keys = lc.queries, lc.keys.stop
         qpos = lc.query_positions
-        valid_q = queries_after_sink(lc, sink_full)
+        valid_q = queries_after_sink(lc, sink_full)  # [b, q]
         sink_mask = sink_full[:, :n_keys]
-        att = lc.attention
-        gram = acts.weights.gram
+        att, gram = lc.attention, acts.weights.gram
         values = acts.values[:, :n_keys]
         s = geo.sink_rate(att, sink_mask)  # [b, h, q]
-        in_block = sink_cols[: sum(c < n_keys for c in cols)]
         st = geo.sink_term(att, values, sink_mask, cols=in_block)  # [b, q, h, d]
-        z = acts.z[:, q]
-        tail = z - st
-        o_norm = lc.head_output_norm
+        tail = acts.z[:, q] - st
         vq = valid_q[:, None, :].expand_as(s)
-        sums = self._value_geometry(lc, sink_full, sink_cols) if q.start == 0 else []
-
-        # sink rate (sink-head criterion) and the empirical curve, queries i >= min_query
-        late = vq & (qpos[None, None, :] >= self.min_query)
-        bins = (s * RATE_BINS).floor().clamp(0, RATE_BINS - 1).long()
-        onehot = torch.nn.functional.one_hot(bins, RATE_BINS).to(s.dtype) * late[..., None]
-        sums += [
-            ("rate_sum", (s * late).sum(-1)),
-            ("rate_count", late.sum(-1)),
-            ("rate_all_sum", (s * vq).sum(-1)),
-            ("rate_all_count", vq.sum(-1)),
-            ("norm_sum", (o_norm * vq).sum(-1)),
-            ("curve_norm", (onehot * o_norm[..., None]).sum(2)),
-            ("curve_count", onehot.sum(2)),
-        ]
+        late = vq & (qpos >= self.min_query)
 
         # tail mixture and sink direction
         has_sink = vq & (s > 1e-6)
@@ -263,154 +305,227 @@ class SinkAccumulator:
         ns2 = geo.gram_inner(st, st, gram)
         cross = geo.gram_inner(st, tail, gram)
         ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
-        cos_mix = cross / (nt2 * ns2).clamp_min(1e-30).sqrt()
-        sums += [
-            ("cos_mixture_sum", torch.where(ok_mix, cos_mix, 0.0).sum(-1)),
-            ("cos_mixture_count", ok_mix.sum(-1)),
-        ]
+        cos_mix = torch.where(ok_mix, cross / (nt2 * ns2).clamp_min(1e-30).sqrt(), 0.0)
 
         # counterfactual minimiser s* of the convex curve
         s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
         m = tail / (1 - s_t).clamp_min(1e-12)
         p = st / s_t.clamp_min(1e-12)
         s_star = geo.counterfactual_sink_rate(m, p, gram).masked_fill(~has_tail, math.nan)
-        self.s_star.add(s_star.permute(1, 0, 2).reshape(self.n_heads, -1), index=self.pos[layer])
+        counted = ~s_star.isnan()
 
         # semantic drift of the weak tokens
-        keys = torch.arange(n_keys, device=device)
-        causal = keys[None, :] <= qpos[:, None]
-        tail_keys = acts.mask[:, None, :n_keys] & ~sink_mask[:, None, :] & causal[None]
-        tail_mask = (tail_keys & valid_q[:, :, None])[:, None].expand_as(att)
-        drift, has_weak = geo.weak_tail(att, values, tail_mask, self.drift_k)
+        keys = torch.arange(n_keys, device=att.device)
+        causal = keys <= qpos[:, None]  # [q, k]
+        tail_keys = acts.mask[:, None, :n_keys] & ~sink_mask[:, None, :] & causal  # [b, q, k]
+        tail_entries = tail_keys & valid_q[:, :, None]
+        drift, has_weak = geo.weak_tail(
+            att, values, tail_entries[:, None].expand_as(att), self.drift_k
+        )
         nd2 = geo.gram_inner(drift, drift, gram)
         sd = geo.gram_inner(st, drift, gram)
         ok_drift = has_sink & has_weak & (nd2 > 0) & (ns2 > 0)
         cos_drift = (sd / (nd2 * ns2).clamp_min(1e-30).sqrt()).masked_fill(~ok_drift, math.nan)
         share = (-sd / nd2.clamp_min(1e-30)).masked_fill(~ok_drift, math.nan)
-        li = self.pos[layer]
-        self.drift_cos.add(cos_drift.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
-        self.drift_share.add(share.permute(1, 0, 2).reshape(self.n_heads, -1), index=li)
-        recorded = [] if self.per_doc is None else self._edges(s_star, share)
-        if recorded:
-            self.share_hist.add_rows(docs, *recorded.pop(), at=li)
-        sums += [
-            ("drift_neg", ((cos_drift < 0) & ok_drift).sum(-1)),
-            ("drift_count", ok_drift.sum(-1)),
-        ]
-        sums += self._factors(lc, sink_mask, tail_keys, valid_q, docs, most_sinks)
-        self._commit(docs, layer, sums, recorded)
+        for hist, v in (
+            (self.s_star, s_star),
+            (self.drift_cos, cos_drift),
+            (self.drift_share, share),
+        ):
+            hist.add(v.transpose(0, 1).contiguous(), index=li)  # (add views it flat)
+
+        # per-query statistics, summed over the block's queries in one reduction
+        o_norm = lc.head_output_norm
+        per_query = torch.stack(
+            [
+                s * late,
+                late,
+                cos_mix,
+                ok_mix,
+                (cos_drift < 0) & ok_drift,
+                ok_drift,
+                (s_star <= 0) & counted,
+                (s_star >= 1) & counted,
+                counted,
+                s * vq,
+                vq,
+                o_norm * vq,
+            ],
+            -1,
+        ).sum(2, dtype=torch.float32)  # [b, h, statistic]
+        share_bins = _SHARE_BINS.bin_index(share.nan_to_num(0.0))  # [b, h, q]
+        share_counts = torch.zeros((*s.shape[:2], len(SHARE_BIN_SUMS)), device=s.device)
+        share_counts.scatter_add_(2, share_bins, ok_drift.float())
+
+        # the empirical curve: mean ||o_i|| per sink-rate bin, queries i >= min_query
+        rate_bins = (s * RATE_BINS).floor().clamp(0, RATE_BINS - 1).long()
+        curve = torch.zeros((*s.shape[:2], RATE_BINS, 2), dtype=torch.float32, device=s.device)
+        curve.scatter_add_(
+            2, rate_bins[..., None].expand(-1, -1, -1, 2), torch.stack([o_norm * late, late], -1)
+        )
+
+        factors = self._factors(lc, sink_mask, tail_entries, valid_q)
+        geometry = (
+            self._value_geometry(lc, sink_full, self._batch[2])
+            if q.start == 0
+            else s.new_zeros((*s.shape[:2], len(GEOMETRY_SUMS)))
+        )
+        rows = torch.cat([per_query, share_counts, factors, geometry], -1)
+        docs = document_rows(lc.batch.documents, rows.device)
+        self.sums.add(rows, docs, at=li)
+        self.curve.add(curve, docs, at=li)
+        if self.record is not None:
+            self.record.add(rows.index_select(-1, self._record_index), docs, at=li)
 
     def _value_geometry(
         self, lc: LayerContributionsResult, sink_full: Tensor, cols: Tensor
-    ) -> list[tuple[str, Tensor]]:
+    ) -> Tensor:
+        """Per (row, head), over pairs (sink s, real non-sink token t) of the row with
+        `||pv_s|| > 0`: `sum ||pv_t|| / ||pv_s||`, its log, `sum cos(pv_s, pv_t)`, the count."""
         acts = lc.acts
-        gram = acts.weights.gram
         norms = lc.layer_projected_value_norm  # [b, h, pos], once per layer
         per_head = geo.values_per_head(acts.values, self.n_heads)  # [b, h, pos, d]
         tail = acts.mask & ~sink_full
         sink_v = per_head[:, :, cols]  # [b, h, s, d]
-        dots = torch.einsum("bhsd,hde,bhte->bhst", sink_v, gram, per_head)
-        sink_norm = norms[:, :, cols]  # [b, h, s]
+        dots = torch.einsum("bhsd,hde,bhte->bhst", sink_v, acts.weights.gram, per_head)
+        sink_norm = norms[:, :, cols, None]  # [b, h, s, 1]
         use = sink_full[:, cols][:, None, :, None] & tail[:, None, None, :]  # [b, 1, s, t]
-        use = use & (sink_norm[..., None] > 0)
-        ratio = norms[:, :, None, :] / sink_norm[..., None].clamp_min(1e-30)
-        cos = dots / (sink_norm[..., None] * norms[:, :, None, :]).clamp_min(1e-30)
-        use = use.expand_as(ratio)
-        return [
-            ("ratio_sum", torch.where(use, ratio, 0.0).sum((2, 3))),
-            ("log_ratio_sum", torch.where(use, ratio.clamp_min(1e-30).log(), 0.0).sum((2, 3))),
-            ("cos_token_sum", torch.where(use, cos, 0.0).sum((2, 3))),
-            ("geometry_count", use.sum((2, 3))),
-        ]
+        use = (use & (sink_norm > 0)).expand_as(dots)
+        ratio = norms[:, :, None, :] / sink_norm.clamp_min(1e-30)
+        cos = dots / (sink_norm * norms[:, :, None, :]).clamp_min(1e-30)
+        stacked = torch.stack([ratio, ratio.clamp_min(1e-30).log(), cos, use], -1)
+        return torch.where(use[..., None], stacked, 0.0).sum((2, 3), dtype=torch.float32)
 
     def _factors(
         self,
         lc: LayerContributionsResult,
         sink_mask: Tensor,
-        tail_keys: Tensor,
+        tail_entries: Tensor,
         valid_q: Tensor,
-        docs: list[int],
-        most_sinks: int,
-    ) -> list[tuple[str, Tensor]]:
-        """The three factors of the intra weight, for sink entries and tail entries: their
-        sums, and their samples (into the reservoir)."""
-        fields = {
-            "attention": lc.attention,
-            "relative_norm": lc.relative_norm("intra"),
-            "cosine": lc.cosine("intra"),
-            "contribution": lc.weights("intra"),
-        }
-        sink_entries = (sink_mask[:, None, :] & valid_q[:, :, None])[:, None].expand_as(
-            lc.attention
+    ) -> Tensor:
+        """The intra weight's three factors and the weight over the sink entries and the tail
+        entries: their sums and counts `[b, h, group * (4 + 1)]` (one batched product), and
+        the sample (into the reservoir)."""
+        fields = torch.stack(
+            [
+                lc.attention,
+                lc.relative_norm("intra"),
+                lc.cosine("intra"),
+                lc.weights("intra"),
+            ],
+            -1,
+        ).float()  # [b, h, q, k, 4]; float32 sums whatever the model's dtype
+        # every factor is finite where the contribution (their product) is not NaN
+        defined = ~fields[..., 3].isnan()
+        sink_entries = sink_mask[:, None, :] & valid_q[:, :, None]  # [b, q, k]
+        groups = torch.stack(
+            [sink_entries[:, None] & defined, tail_entries[:, None] & defined], -1
+        )  # [b, h, q, k, group]
+        fields = fields.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+        b, h, nq, nk, _ = fields.shape
+        ones = fields.new_ones(()).expand(b, h, nq, nk, 1)
+        with_count = torch.cat([fields, ones], -1).reshape(b * h, nq * nk, 5)
+        sums = groups.reshape(b * h, nq * nk, 2).to(fields.dtype).transpose(1, 2).bmm(with_count)
+        if self.samples is not None:
+            self._sample(lc, fields, groups)
+        return sums.reshape(b, h, 2 * 5)
+
+    def _sample(self, lc: LayerContributionsResult, fields: Tensor, groups: Tensor) -> None:
+        """Offer the block's valid entries of both groups to the reservoir: their keys
+        `entry_keys(seed, layer, document, head, query, key)` (`EMPTY_KEY` where not an entry
+        of the group); the reservoir gathers only the rows its `topk` picks."""
+        b, h, nq, nk, _ = fields.shape
+        device = fields.device
+        docs = document_rows(lc.batch.documents, device)
+        keys = entry_keys(
+            self.seed,
+            lc.layer,
+            docs[:, None, None, None],
+            torch.arange(h, device=device)[:, None, None],
+            lc.query_positions[:, None],
+            torch.arange(nk, device=device),
+        )  # [b, h, q, k]
+        keys = torch.where(groups, keys[..., None], EMPTY_KEY)  # [b, h, q, k, group]
+        keys = keys.permute(4, 1, 0, 2, 3).reshape(len(GROUPS) * h, b * nq * nk)
+        head = torch.arange(len(GROUPS) * h, device=device)[:, None] % h
+        start, li = lc.queries.start, self.pos[lc.layer]
+
+        def rows(chosen: Tensor) -> Tensor:
+            row, rest = chosen // (nq * nk), chosen % (nq * nk)
+            query, key = rest // nk, rest % nk
+            picked = fields[row, head, query, key]  # [group * head, k, 4]
+            coords = torch.stack(
+                [torch.full_like(chosen, lc.layer), head.expand_as(chosen), query + start, key], -1
+            )
+            return torch.cat([coords.float(), picked.float(), docs[row][..., None].float()], -1)
+
+        width = len(GROUPS) * h
+        self.samples.offer(keys, rows, groups=slice(li * width, (li + 1) * width))
+
+    # ------------------------------------------------------------------- result
+
+    def finish(self, stats: Any) -> Any:
+        """The `SinkStatisticsResult`: every part moved to the host once, as plain tensors.
+
+        Args:
+            stats: The pass's `StreamStats`.
+
+        Returns:
+            A `SinkStatisticsResult`.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.data.streaming import stream_corpus
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            texts = ["The cat sat on the mat.", "Heads look at BOS, mostly."]
+            accumulator = cw_lens.SinkStatisticsAccumulator(model, texts)
+            stats, _ = stream_corpus(model, texts, [accumulator])  # update(block) per block
+            accumulator.finish(stats).heads()
+            ```
+        """
+        # here, not at the top: the result's module imports this one
+        from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
+
+        for _, part in self.parts():
+            part.to_host()
+        self._batch = None  # the last batch's sink mask (and the batch) go
+        result = SinkStatisticsResult(
+            layers=list(self.layers),
+            n_heads=self.n_heads,
+            sinks=self.sinks.describe(),
+            n_documents=stats.n_documents,
+            n_tokens=stats.n_tokens,
+            min_query=self.min_query,
+            sum_names=list(SUM_NAMES),
+            sums=self.sums.total,
+            curve_sums=self.curve.total,
+            s_star=self.s_star,
+            drift_cos=self.drift_cos,
+            drift_share=self.drift_share,
+            samples_table=self._sample_table(),
+            record_names=None if self.record is None else list(RECORD_NAMES),
+            record=None if self.record is None else self.record.document_table().float(),
         )
-        tail_entries = (tail_keys & valid_q[:, :, None])[:, None].expand_as(lc.attention)
-        # a (row, head) of a group has at most this many entries in the block
-        rows = lc.queries.stop - lc.queries.start
-        most = {"sink": most_sinks * rows, "tail": lc.keys.stop * rows}
-        sums, drawn = [], []
-        defined = ~fields["contribution"].isnan()
-        for group, entries in (("sink", sink_entries), ("tail", tail_entries)):
-            # every field is finite where the contribution (their product) is not NaN
-            entries = entries & defined
-            for name, t in fields.items():
-                sums.append((f"{group}_{name}_sum", torch.where(entries, t, 0.0).sum((2, 3))))
-            sums.append((f"{group}_count", entries.sum((2, 3))))
-            drawn.append(self._draw(lc, entries, docs, group, most[group]))
-        self._sample(lc, fields, docs, drawn)
-        return sums
+        if bool(result.sink_rate.isnan().all()):
+            warnings.warn(
+                f"No query at position >= min_query={self.min_query} after a sink: the documents "
+                "are too short (or no sink position lies inside them), so sink rates are NaN and "
+                "no head is a sink head. Use longer texts or a smaller min_query.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return result
 
-    def _draw(
-        self, lc: LayerContributionsResult, entries: Tensor, docs: list[int], group: str, most: int
-    ) -> Tensor | None:
-        """Up to `samples_per_head` seeded random valid entries per head of each row
-        (seeded per document, layer and query block, so any sharding samples the same), as
-        indices `[m, 4]`; every valid entry, and no draw, when no (row, head) can have more."""
-        if self.samples_per_head <= 0:
-            return None
-        if most <= self.samples_per_head:  # the seeded draw would keep every entry
-            return entries.nonzero()
-        keys = []
-        for doc in docs:
-            key = f"{self.seed}/{doc}/{lc.layer}/{lc.queries.start}/{group}".encode()
-            gen = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:12], 16))
-            keys.append(torch.rand(entries.shape[1:], generator=gen, device="cpu"))
-        return _draw_per_head(entries, torch.stack(keys).to(entries.device), self.samples_per_head)
-
-    def _sample(
-        self,
-        lc: LayerContributionsResult,
-        fields: dict[str, Tensor],
-        docs: list[int],
-        drawn: list[Tensor | None],
-    ) -> None:
-        """The drawn entries of both groups (sink, then tail) into the reservoir, in one
-        call (the reservoir keeps the same rows in any order)."""
-        if drawn[0] is None:
-            return
-        n_heads, layer = lc.shape[1], lc.layer
-        idx = torch.cat(drawn)
-        row, h, qi, k = idx.unbind(1)
-        cols = [torch.full_like(h, layer), h, qi + lc.queries.start, k]
-        cols += [fields[n][row, h, qi, k] for n in FACTOR_COLUMNS[4:]]
-        table = torch.stack([c.float() for c in cols], 1)
-        group = torch.cat([torch.full_like(d[:, 1], g * n_heads) for g, d in enumerate(drawn)])
-        heads = [f"{g}/{layer}/{head}" for g in ("sink", "tail") for head in range(n_heads)]
-        self.samples.add_many(docs, heads, table, row_doc=row, row_group=h + group)
-
-
-def _draw_per_head(
-    valid: Bool[Tensor, "batch head query key"], keys: Float[Tensor, "batch head query key"], n: int
-) -> Tensor:
-    """Up to `n` distinct True entries of `valid` per (row, head): those with the `n`
-    smallest `keys` (uniform random: a uniform sample without replacement). Returns indices
-    `[m, 4]` (row, head, query, key), grouped by row."""
-    b, h, q, k = valid.shape
-    flat = torch.where(valid, keys, 2.0).reshape(b * h, q * k)
-    drawn, picks = flat.topk(min(n, q * k), dim=1, largest=False)
-    keep = drawn < 2.0
-    rows = torch.arange(b * h, device=valid.device)[:, None].expand_as(picks)[keep]
-    flat_index = picks[keep]  # (torch.unravel_index is ~100x slower here)
-    return torch.stack([rows // h, rows % h, flat_index // k, flat_index % k], 1)
+    def _sample_table(self) -> Tensor:
+        """The kept sample rows, `[row, "group" + SAMPLE_COLUMNS]` (group 0: sink, 1: tail)."""
+        if self.samples is None:
+            return torch.zeros(0, 1 + len(SAMPLE_COLUMNS), device="cpu")
+        held = self.samples.held()
+        group = torch.arange(held.shape[0], device="cpu") // self.n_heads % len(GROUPS)
+        group = group[:, None].expand_as(held)[held].float()
+        return torch.cat([group[:, None], self.samples.rows[held]], 1)
 
 
 def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:

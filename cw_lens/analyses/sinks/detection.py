@@ -10,6 +10,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from cw_lens.analyses.common import check_sinks_inside
+from cw_lens.core.accumulators import Accumulator, document_rows
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
@@ -96,42 +97,84 @@ def queries_after_sink(
     return lc.query_mask & ~sink_full[:, lc.queries] & (qpos[None, :] > first_sink[:, None])
 
 
-class _MaxAttention:
+class _MaxAttention(Accumulator):
     """Per document: the keys whose max over (layer, head) of the mean attention from later
     queries exceeds `threshold`.
 
     Only keys read by at least `min_later` later (real) queries are candidates: near the end
-    of a document a previous-token head alone would put a key over any threshold. The running
-    max lives for one batch (its layers stream in order); after `last_layer` the batch's
-    documents keep only their sink positions.
+    of a document a previous-token head alone would put a key over any threshold. Per
+    document and key, the running max over the layers lives in `best` (`[document, key]` on
+    the device, updated with one `index_copy_` per layer: a document lies in one batch);
+    `finish` reads the positions from it on the host, once.
+
+    Args:
+        model: The model (its device).
+        corpus: The corpus (its number of documents).
+        layers: The layers whose heads count.
+        min_later: Only keys that at least this many later queries read are candidates.
+        threshold: The mean attention from later queries a sink exceeds.
     """
 
-    def __init__(self, min_later: int, threshold: float, last_layer: int) -> None:
-        self.min_later, self.threshold, self.last_layer = min_later, threshold, last_layer
-        self.positions: dict[int, tuple[int, ...]] = {}
-        self._best: Tensor | None = None  # [batch, key] of the batch in flight
+    name = "detect_sinks"
 
-    def update(self, lc: LayerContributionsResult) -> None:
-        if lc.queries.start != 0:
+    def __init__(
+        self, model: Model, corpus: Any, layers: list[int], min_later: int, threshold: float
+    ) -> None:
+        self.layers, self.min_later, self.threshold = layers, min_later, threshold
+        with torch.inference_mode(False):
+            self.best = torch.zeros(len(as_corpus(corpus)), 1, device=model.cfg.device)
+
+    def update(self, block: LayerContributionsResult) -> None:
+        if block.queries.start != 0:
             return
-        acts = lc.acts
+        acts = block.acts
         n_pos = acts.pattern.shape[-1]
+        if self.best.shape[1] < n_pos:  # the widest batch so far (once per width)
+            grown = self.best.new_zeros(self.best.shape[0], n_pos)
+            grown[:, : self.best.shape[1]] = self.best
+            self.best = grown
         later = torch.ones(n_pos, n_pos, dtype=torch.bool, device=acts.mask.device).tril(-1)
         real = acts.mask[:, :, None] & acts.mask[:, None, :]
-        weight = (later[None] & real).to(acts.pattern.dtype)  # [batch, query, key]
+        weight = (later & real).to(acts.pattern.dtype)  # [batch, query, key]
         n_later = weight.sum(1)  # [batch, key]
         mean = (acts.pattern * weight[:, None]).sum(2) / n_later[:, None].clamp_min(1)
         best = mean.amax(1).masked_fill(n_later < self.min_later, 0.0)  # [batch, key]
-        self._best = best if self._best is None else torch.maximum(self._best, best)
-        if lc.layer == self.last_layer:
-            above = (self._best > self.threshold).cpu()
-            for row, doc in enumerate(lc.batch.documents):
-                n = int(lc.batch.lengths[row])
-                self.positions[doc] = tuple(int(p) for p in above[row, :n].nonzero().flatten())
-            self._best = None
+        docs = document_rows(block.batch.documents, best.device)
+        seen = self.best[:, :n_pos]  # each document lies in one batch: no duplicate rows
+        seen.index_copy_(0, docs, torch.maximum(seen.index_select(0, docs), best.float()))
 
     def merge(self, other: _MaxAttention) -> None:
-        self.positions.update(other.positions)
+        width = max(self.best.shape[1], other.best.shape[1])
+        theirs = _padded(other, width).to(self.best.device)
+        self.best = torch.maximum(_padded(self, width), theirs)
+
+    def all_reduce(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            width = torch.tensor([self.best.shape[1]], device=self.best.device)
+            dist.all_reduce(width, op=dist.ReduceOp.MAX)
+            self.best = _padded(self, int(width))
+            dist.all_reduce(self.best, op=dist.ReduceOp.MAX)
+
+    def finish(self, stats: Any) -> list[tuple[int, ...]]:
+        """The sink positions of every document (its BOS included, as the pass saw it).
+
+        Args:
+            stats: The pass's `StreamStats` (unused).
+
+        Returns:
+            One tuple of positions per document.
+        """
+        above = (self.best > self.threshold).cpu()
+        return [tuple(above[d].nonzero().flatten().tolist()) for d in range(above.shape[0])]
+
+
+def _padded(acc: _MaxAttention, width: int) -> Tensor:
+    """`acc.best` padded with zeros to `width` keys."""
+    out = acc.best.new_zeros(acc.best.shape[0], width)
+    out[:, : acc.best.shape[1]] = acc.best
+    return out
 
 
 @check_keywords
@@ -176,12 +219,6 @@ def detect_sinks(
     if min_later < 1:
         raise InputError(f"min_later must be at least 1, got {min_later}.")
     layer_list = resolve_layers(model, layers)
-    acc, _ = stream_corpus(
-        model,
-        corpus,
-        _MaxAttention(min_later, threshold, max(layer_list)),
-        layers=layer_list,
-        batch_size=batch_size,
-        prepend_bos=prepend_bos,
-    )
-    return [acc.positions[doc] for doc in range(len(as_corpus(corpus)))]
+    acc = _MaxAttention(model, corpus, layer_list, min_later, threshold)
+    stats, _ = stream_corpus(model, corpus, [acc], batch_size=batch_size, prepend_bos=prepend_bos)
+    return acc.finish(stats)

@@ -7,23 +7,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import copy
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
+import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens.analyses.sinks.accumulation import (
     DRIVER_FACTORS,
     RECORDED_SUMS,
+    SHARE_BIN_SUMS,
     SHARE_BINNING,
-    SinkAccumulator,
     head_spearman,
 )
 from cw_lens.analyses.sinks.claims import LAYER_NUMBERS, MIN_S_STAR_QUERIES, sink_claims
 from cw_lens.analyses.sinks.detection import MIN_QUERY, SINK_RATE_THRESHOLD
-from cw_lens.analyses.sinks.statistics_pass import _plan_sink_statistics as _plan_sink_statistics
 from cw_lens.analyses.sinks.statistics_pass import sink_statistics as sink_statistics
 from cw_lens.analyses.sinks.statistics_tables import (
     curve_table,
@@ -35,6 +36,7 @@ from cw_lens.analyses.sinks.statistics_tables import (
     s_star_table,
     sample_table,
 )
+from cw_lens.core.accumulators import Histogram
 from cw_lens.core.bootstrap import Bootstrap, require_record
 from cw_lens.core.claims import claims_dict, with_intervals
 from cw_lens.core.deprecation import keyword_only
@@ -58,6 +60,13 @@ class SinkStatisticsResult(Result):
     Use `heads` for the per-head table, `curve` for the empirical sink-rate curves,
     `decomposition` for the factor analysis, `claims` for P1's claims as measured,
     and the `plot_*` methods for figures.
+
+    What `SinkStatisticsAccumulator.finish` built, as plain tensors: `sums` (`[layer, head,
+    statistic]` float64, the statistics `sum_names`), `curve_sums` (`[layer, head, bin, (norm,
+    count)]`), the histograms `s_star`, `drift_cos`, `drift_share`, `samples_table` (the factor
+    sample, `[row, ("group", *SAMPLE_COLUMNS)]`, group 0 the sink entries, 1 the tail entries)
+    and, with `per_document=True`, `record` (`[document, layer, head, recorded]`, the
+    statistics `record_names`).
     """
 
     layers: list[int]
@@ -65,7 +74,15 @@ class SinkStatisticsResult(Result):
     sinks: str
     n_documents: int
     n_tokens: int
-    acc: SinkAccumulator = field(repr=False)
+    sum_names: list[str]
+    sums: Float[Tensor, "layer head statistic"]
+    curve_sums: Float[Tensor, "layer head bin part"]
+    s_star: Histogram
+    drift_cos: Histogram
+    drift_share: Histogram
+    samples_table: Float[Tensor, "sample column"]
+    record_names: list[str] | None = None
+    record: Float[Tensor, "document layer head recorded"] | None = None
     min_query: int = MIN_QUERY
     threshold: float = SINK_RATE_THRESHOLD
 
@@ -124,8 +141,25 @@ class SinkStatisticsResult(Result):
             stats.layer(1).to_dataframe()  # one row per head of layer 1
             ```
         """
-        self.layer_index(layer)
-        return replace(self, layers=[layer], acc=self.acc.select_layer(layer))
+        i = self.layer_index(layer)
+
+        def one(hist: Histogram) -> Histogram:
+            out = copy.copy(hist)
+            out.counts = hist.counts[i : i + 1].clone()
+            return out
+
+        samples = self.samples_table
+        return replace(
+            self,
+            layers=[layer],
+            sums=self.sums[i : i + 1].clone(),
+            curve_sums=self.curve_sums[i : i + 1].clone(),
+            s_star=one(self.s_star),
+            drift_cos=one(self.drift_cos),
+            drift_share=one(self.drift_share),
+            samples_table=samples[samples[:, 1] == layer].clone(),
+            record=None if self.record is None else self.record[:, i : i + 1].clone(),
+        )
 
     def to_dataframe(self) -> pd.DataFrame:
         """The per-head table ([`heads`][cw_lens.SinkStatisticsResult.heads]).
@@ -306,7 +340,7 @@ class SinkStatisticsResult(Result):
             ```
         """
         claims = sink_claims(self.heads(), self.drivers())
-        if self.acc.share_hist is not None:  # the cancelled share read as its interval reads it
+        if self.record is not None:  # the cancelled share read as its interval reads it
             name = "median_cancelled_share"  # from the coarse histograms (core.resampled)
             share = float(sink_numbers(self._point_fields(), MIN_S_STAR_QUERIES)[name][0])
             for claim in claims:
@@ -347,12 +381,13 @@ class SinkStatisticsResult(Result):
             numbers, fields = stats.replicates(Bootstrap(resamples=50), drivers=False)
             ```
         """
-        per_doc = require_record(self.acc.per_doc, "sink_statistics")
-        record = per_doc.table()
-        reps = bootstrap.resample(record)  # [rows, statistic, layer, head]
+        record = require_record(self.record, "sink_statistics")
+        reps = bootstrap.resample(record)  # [rows, layer, head, recorded]
+        names = list(self.record_names)
+        share = [names.index(n) for n in SHARE_BIN_SUMS]
         fields = sink_head_fields(
-            {name: reps[:, i] for i, name in enumerate(per_doc.names)},
-            bootstrap.resample(self.acc.share_hist.table("drift_share")),
+            {name: reps[..., names.index(name)] for name in RECORDED_SUMS},
+            reps[..., share],
             SHARE_BINNING,
             self.threshold,
         )
@@ -408,11 +443,11 @@ class SinkStatisticsResult(Result):
     def _point_fields(self) -> dict[str, Tensor]:
         """`cw_lens.core.resampled.sink_head_fields` of the corpus totals (one row): what the
         replicates' formula gives on the whole corpus, the cancelled share read from the coarse
-        per-document histograms summed (needs `per_document=True`)."""
+        per-document histograms summed (their corpus totals)."""
         exact = {name: layer_total(self, name)[None] for name in RECORDED_SUMS[:11]}
-        counts = self.acc.s_star.counts[None].double()
+        counts = self.s_star.counts[None].double()
         exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
-        share = self.acc.share_hist.table("drift_share").double().sum(0)[None]
+        share = torch.stack([layer_total(self, n) for n in SHARE_BIN_SUMS], -1)[None]
         return sink_head_fields(exact, share, SHARE_BINNING, self.threshold)
 
     # plots

@@ -1,22 +1,18 @@
-"""The streamed pass of [`sink_statistics`][cw_lens.sink_statistics]: its checks, its sink
-positions (detected by a pass of their own with `"detect"`) and its accumulator, as the
-`CorpusPlan` that one pass (or [`corpus_analyses`][cw_lens.corpus_analyses]) runs, and the entry
-point itself. `cw_lens.analyses.sinks.statistics` holds the result it builds.
+"""The streamed pass of [`sink_statistics`][cw_lens.sink_statistics]: the entry point, which
+builds a `SinkStatisticsAccumulator` and streams the corpus through it (one pass, or
+[`corpus_analyses`][cw_lens.corpus_analyses] with others). `cw_lens.analyses.sinks.statistics`
+holds the result it builds.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
-from cw_lens.analyses.common import CorpusPlan, run_plan
-from cw_lens.analyses.sinks.accumulation import MAX_SAMPLES_PER_HEAD, SinkAccumulator
-from cw_lens.analyses.sinks.detection import MIN_QUERY, SinkPositions, resolve_sinks
-from cw_lens.core.errors import InputError
+from cw_lens.analyses.sinks.accumulation import MAX_SAMPLES_PER_HEAD, SinkStatisticsAccumulator
+from cw_lens.analyses.sinks.detection import MIN_QUERY, SinkPositions
 from cw_lens.core.keywords import check_keywords
-from cw_lens.data.documents import as_corpus
+from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
-from cw_lens.models.capture import resolve_layers
 
 if TYPE_CHECKING:
     from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
@@ -32,7 +28,7 @@ def sink_statistics(
     batch_size: int | None = 8,
     min_query: int = MIN_QUERY,
     drift_k: int = 4,
-    samples_per_head: int = 128,
+    samples_per_head: int | None = None,
     max_samples: int = MAX_SAMPLES_PER_HEAD,
     seed: int = 0,
     prepend_bos: bool = True,
@@ -53,19 +49,23 @@ def sink_statistics(
         batch_size: Documents per forward pass.
         min_query: Queries `i >= min_query` define sink rates and curves (methods page: 16).
         drift_k: Top-attended tail tokens kept out of the drift (methods page: 4).
-        samples_per_head: Factor samples per (document, layer, head) and group (sink /
-            tail entries) for the per-head rank correlations
-            ([`SinkStatisticsResult.drivers`][cw_lens.SinkStatisticsResult.drivers]).
-        max_samples: Factor samples kept per (layer, head) and group over the whole corpus (a
-            seeded bottom-k reservoir: the same sample whatever the sharding; memory fixed at
-            about 80 bytes per sample, 44 MB for SmolLM2's 270 heads at the default); small
-            corpora keep every sample drawn.
-        seed: Seed of the factor sampling (per document, so sharded runs sample the same).
+        samples_per_head: `0` keeps no factor sample (no
+            [`SinkStatisticsResult.drivers`][cw_lens.SinkStatisticsResult.drivers]); `None`
+            (default) the sample of `max_samples`. Deprecated: any other value warns
+            (`FutureWarning`) and acts as `None` (until 0.4.1 it was a per-document draw).
+        max_samples: Factor samples kept per (layer, head) and group (sink / tail entries)
+            over the whole corpus for the per-head rank correlations: the `max_samples` valid
+            entries with the smallest keys `entry_keys(seed, layer, document, head, query,
+            key)`, a uniform sample without replacement of the group's entries, the same for
+            any batch size, query-block plan and sharding (memory fixed at about 44 bytes per
+            sample, 24 MB for SmolLM2's 270 heads at the default); small corpora keep every
+            entry.
+        seed: Seed of the factor sample's keys.
         prepend_bos: Prepend BOS to text.
         progress: Show a progress bar.
         per_document: Also keep each document's sums per head (`RECORDED_SUMS` and a coarse
-            cancelled-share histogram: `4 * (14 + 26) * n_layers * n_heads + 2` bytes per
-            document, 43.2 KB for SmolLM2-135M's 270 heads) so that
+            cancelled-share histogram, float64: `8 * (14 + 26) * n_layers * n_heads` bytes per
+            document, 86.4 KB for SmolLM2-135M's 270 heads) so that
             [`SinkStatisticsResult.claims`][cw_lens.SinkStatisticsResult.claims] can give bootstrap
             intervals.
 
@@ -83,87 +83,22 @@ def sink_statistics(
         stats.top(5)
         ```
     """
-    plan = _plan_sink_statistics(
+    acc = SinkStatisticsAccumulator(
         model,
         corpus,
         sink_positions=sink_positions,
         layers=layers,
-        batch_size=batch_size,
         min_query=min_query,
         drift_k=drift_k,
         samples_per_head=samples_per_head,
         max_samples=max_samples,
         seed=seed,
+        batch_size=batch_size,
         prepend_bos=prepend_bos,
         per_document=per_document,
     )
     label = progress and "sink statistics"
-    return run_plan(
-        model, corpus, plan, batch_size=batch_size, prepend_bos=prepend_bos, progress=label
+    stats, _ = stream_corpus(
+        model, corpus, [acc], batch_size=batch_size, prepend_bos=prepend_bos, progress=label
     )
-
-
-def _plan_sink_statistics(
-    model: Model,
-    corpus: Any,
-    *,
-    sink_positions: SinkPositions,
-    layers: Any,
-    batch_size: int | None,
-    min_query: int,
-    drift_k: int,
-    samples_per_head: int,
-    max_samples: int,
-    seed: int,
-    prepend_bos: bool,
-    per_document: bool,
-    **_: Any,
-) -> CorpusPlan:
-    """[`sink_statistics`][cw_lens.sink_statistics]'s checks, sink positions (detected by a
-    pass of their own with `"detect"`) and accumulator, as a `CorpusPlan`."""
-    if drift_k < 1:
-        raise InputError(f"drift_k must be at least 1, got {drift_k}.")
-    if min_query < 1:
-        raise InputError(f"min_query must be at least 1, got {min_query}.")
-    if samples_per_head < 0:
-        raise InputError(f"samples_per_head must be >= 0, got {samples_per_head}.")
-    layer_list = resolve_layers(model, layers)
-    sinks = resolve_sinks(
-        model, corpus, sink_positions, batch_size=batch_size, prepend_bos=prepend_bos
-    )
-    accumulator = SinkAccumulator(
-        layer_list,
-        model.cfg.n_heads,
-        sinks,
-        min_query=min_query,
-        drift_k=drift_k,
-        samples_per_head=samples_per_head,
-        max_samples=max_samples,
-        seed=seed,
-        n_documents=len(as_corpus(corpus)) if per_document else None,
-    )
-
-    def finish(acc: SinkAccumulator, stats: Any) -> SinkStatisticsResult:
-        # here, not at the top: the result's module imports this one (and re-exports its functions)
-        from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
-
-        result = SinkStatisticsResult(
-            layer_list,
-            model.cfg.n_heads,
-            sinks.describe(),
-            stats.n_documents,
-            stats.n_tokens,
-            acc,
-            min_query,
-        )
-        if bool(result.sink_rate.isnan().all()):
-            warnings.warn(
-                f"No query at position >= min_query={min_query} after a sink: the documents are "
-                "too short (or no sink position lies inside them), so sink rates are NaN and no "
-                "head is a sink head. Use longer texts or a smaller min_query.",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        return result
-
-    return CorpusPlan("sinks", accumulator, layer_list, finish)
+    return acc.finish(stats)

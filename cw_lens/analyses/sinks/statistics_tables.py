@@ -1,7 +1,7 @@
-"""The tables of a [`SinkStatisticsResult`][cw_lens.SinkStatisticsResult], read from its
-accumulator (`cw_lens.analyses.sinks.accumulation.SinkAccumulator`): the per-layer totals and means
-of its sums, the per-head table, the sink-rate curve, the histogram of `s*`, the factor samples and
-their decomposition.
+"""The tables of a [`SinkStatisticsResult`][cw_lens.SinkStatisticsResult], read from the
+tensors `SinkStatisticsAccumulator.finish` built: the per-layer totals and means of its sums, the
+per-head table, the sink-rate curve, the histogram of `s*`, the factor samples and their
+decomposition.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cw_lens.analyses.sinks.accumulation import DRIVER_FACTORS, FACTOR_COLUMNS, RATE_BINS
+from cw_lens.analyses.sinks.accumulation import (
+    DRIVER_FACTORS,
+    FACTOR_COLUMNS,
+    GROUPS,
+    RATE_BINS,
+    SAMPLE_COLUMNS,
+)
 from cw_lens.core.errors import InputError
 
 if TYPE_CHECKING:
@@ -22,24 +28,18 @@ if TYPE_CHECKING:
 
 
 def layer_total(stats: SinkStatisticsResult, name: str) -> Tensor:
-    """The corpus total of the sum `name` per layer of the result (zeros for a layer without it).
+    """The corpus total of the sum `name` per (layer, head) of the result.
 
     Args:
         stats: The result.
-        name: The sum, as the accumulator names it without its layer (`"rate_sum"`).
+        name: The sum, one of `stats.sum_names` (`"rate_sum"`).
 
     Returns:
-        A float64 tensor `[layer, head, ...]`.
+        A float64 tensor `[layer, head]`.
     """
-    rows = []
-    for layer in stats.layers:
-        key = f"{name}@{layer}"
-        rows.append(
-            stats.acc.sums.total(key)
-            if key in stats.acc.sums
-            else torch.zeros(stats.n_heads, dtype=torch.float64, device="cpu")
-        )
-    return torch.stack(rows)  # [layer, head, ...]
+    if name not in stats.sum_names:
+        raise InputError(f"Unknown sum {name!r}; the result keeps {stats.sum_names}.")
+    return stats.sums[..., stats.sum_names.index(name)]
 
 
 def layer_mean(stats: SinkStatisticsResult, name: str, count: str) -> Tensor:
@@ -84,13 +84,13 @@ def head_table(stats: SinkStatisticsResult) -> pd.DataFrame:
             data[f"{group}_{name}"] = layer_mean(
                 stats, f"{group}_{name}_sum", f"{group}_count"
             ).flatten()
-    data["s_star_median"] = stats.acc.s_star.quantile(0.5).flatten()
-    data["s_star_at_0"] = stats.acc.s_star.share_at_or_below_lo().flatten()
-    data["s_star_at_1"] = stats.acc.s_star.share_at_or_above_hi().flatten()
-    data["s_star_count"] = stats.acc.s_star.total.flatten()
-    data["drift_cos_median"] = stats.acc.drift_cos.quantile(0.5).flatten()
+    data["s_star_median"] = stats.s_star.quantile(0.5).flatten()
+    data["s_star_at_0"] = stats.s_star.share_at_or_below_lo().flatten()
+    data["s_star_at_1"] = stats.s_star.share_at_or_above_hi().flatten()
+    data["s_star_count"] = stats.s_star.total.flatten()
+    data["drift_cos_median"] = stats.drift_cos.quantile(0.5).flatten()
     data["drift_negative_share"] = layer_mean(stats, "drift_neg", "drift_count").flatten()
-    data["drift_cancelled_median"] = stats.acc.drift_share.quantile(0.5).flatten()
+    data["drift_cancelled_median"] = stats.drift_share.quantile(0.5).flatten()
     data["drift_count"] = layer_total(stats, "drift_count").flatten()
     df = pd.DataFrame({k: np.asarray(v) for k, v in data.items()})
     df["s_star_interior"] = (
@@ -109,7 +109,7 @@ def curve_table(stats: SinkStatisticsResult, *, sink_heads_only: bool) -> pd.Dat
     Returns:
         The table of [`curve`][cw_lens.SinkStatisticsResult.curve].
     """
-    norm, count = layer_total(stats, "curve_norm"), layer_total(stats, "curve_count")
+    norm, count = stats.curve_sums[..., 0], stats.curve_sums[..., 1]
     rows = []
     heads = stats.sink_heads
     for li, layer in enumerate(stats.layers):
@@ -133,7 +133,7 @@ def s_star_table(stats: SinkStatisticsResult, *, sink_heads_only: bool) -> pd.Da
     Returns:
         The table of [`s_star_distribution`][cw_lens.SinkStatisticsResult.s_star_distribution].
     """
-    hist = stats.acc.s_star
+    hist = stats.s_star
     sel = stats.sink_heads if sink_heads_only else torch.ones_like(stats.sink_heads)
     counts = hist.counts[sel].sum(0).double()
     edges = hist.edges.numpy()
@@ -157,44 +157,34 @@ def sample_table(stats: SinkStatisticsResult, group: str) -> pd.DataFrame:
     Returns:
         The table of [`samples`][cw_lens.SinkStatisticsResult.samples].
     """
-    if group not in ("sink", "tail"):
+    if group not in GROUPS:
         raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
-    reservoir = stats.acc.samples
-    groups = [g for g in reservoir.groups() if g.split("/")[0] == group]
-    rows = torch.cat(
-        [reservoir.table(g) for g in groups] or [torch.zeros(0, len(FACTOR_COLUMNS), device="cpu")]
-    )
-    docs = torch.cat([reservoir.documents(g) for g in groups] or [torch.zeros(0, device="cpu")])
-    df = pd.DataFrame(rows.numpy(), columns=list(FACTOR_COLUMNS))
-    df["document"] = docs.numpy().astype("int64")
+    table = stats.samples_table
+    rows = table[table[:, 0] == GROUPS.index(group), 1:]
+    df = pd.DataFrame(rows.double().numpy(), columns=list(SAMPLE_COLUMNS))
     df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
-    return df.astype({c: "int64" for c in ("layer", "head", "query", "key")})
+    return df.astype({c: "int64" for c in ("layer", "head", "query", "key", "document")})
 
 
-def driver_samples(stats: SinkStatisticsResult) -> list[tuple[int, int, Tensor, Tensor]] | None:
+def driver_samples(stats: SinkStatisticsResult) -> list[tuple[int, int, Tensor, Tensor]]:
     """Per head, the sink group's factor samples and their documents, as
-    `cw_lens.core.resampled.driver_numbers` reads them (None if any document is
-    unknown).
+    `cw_lens.core.resampled.driver_numbers` reads them.
 
     Args:
         stats: The result.
 
     Returns:
-        `(layer index, head, samples [n, factors + contribution] float64, documents)` per head,
-        or None.
+        `(layer index, head, samples [n, factors + contribution] float64, documents)` per head
+        with samples.
     """
-    reservoir, index = stats.acc.samples, {layer: i for i, layer in enumerate(stats.layers)}
-    columns = [FACTOR_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
+    index = {layer: i for i, layer in enumerate(stats.layers)}
+    table = stats.samples_table
+    table = table[table[:, 0] == GROUPS.index("sink"), 1:].double()
+    columns = [SAMPLE_COLUMNS.index(c) for c in (*DRIVER_FACTORS, "contribution")]
     out = []
-    for group in reservoir.groups():
-        kind, layer, head = group.split("/")
-        if kind != "sink":
-            continue
-        docs = reservoir.documents(group)
-        if (docs < 0).any():
-            return None
-        table = reservoir.table(group)[:, columns]
-        out.append((index[int(layer)], int(head), table.double(), docs))
+    for layer, head in sorted({(int(a), int(h)) for a, h in table[:, :2].tolist()}):
+        mine = table[(table[:, 0] == layer) & (table[:, 1] == head)]
+        out.append((index[layer], head, mine[:, columns], mine[:, -1].long()))
     return out
 
 
