@@ -39,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_contributions import RESULTS, peak_mb, reset_peak, rss_mb
 
+from cw_lens import reproduction
+
 ANALYSES = (
     "sink_statistics",
     "sink_ablation",
@@ -66,12 +68,16 @@ def child(analysis: str, n_docs: int, n_tokens: int, corpus: str) -> None:
     tokens = int(prepare_inputs(model, corpus).mask.sum())
     torch.set_grad_enabled(False)
     jobs = {
-        "sink_statistics": lambda: cw_lens.sink_statistics(model, corpus).claims(),
-        "sink_ablation": lambda: cw_lens.sink_ablation(model, corpus, layers=[10]).claims(),
-        "selection_geometry": lambda: cw_lens.selection_geometry(
-            model, corpus, progress=False
-        ).claims(),
-        "head_taxonomy": lambda: cw_lens.head_taxonomy(model, corpus, progress=False).claims(),
+        "sink_statistics": lambda: reproduction.claims(cw_lens.sink_statistics(model, corpus)),
+        "sink_ablation": lambda: reproduction.claims(
+            cw_lens.sink_ablation(model, corpus, layers=[10])
+        ),
+        "selection_geometry": lambda: reproduction.claims(
+            cw_lens.selection_geometry(model, corpus, progress=False)
+        ),
+        "head_taxonomy": lambda: reproduction.claims(
+            cw_lens.head_taxonomy(model, corpus, progress=False)
+        ),
         "faithfulness": lambda: cw_lens.faithfulness(
             model,
             corpus,

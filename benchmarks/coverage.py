@@ -7,7 +7,8 @@ Protocol (``docs/coverage.md`` holds the table and the run's numbers):
    geometry, head taxonomy) runs once on it with ``per_document=True``. The results are cached
    under ``benchmarks/results/coverage_pool_<pool>/`` so reruns only redo step 2.
 2. The truth of each interval-bearing claim number is its value on the whole pool (the
-   analysis's own replicate formula on the pool's corpus row, :mod:`cw_lens.core.resampled`).
+   analysis's own replicate formula on the pool's corpus row,
+   :mod:`cw_lens.reproduction.resampled`).
 3. For each document count ``n`` (``--sizes``) and each of ``--draws`` draws: ``n`` documents
    drawn from the pool with replacement (the pool is the population, so the truth is exactly
    the pool's number), seeded by the draw's index; the bootstrap (``--resamples``, its seed
@@ -35,7 +36,6 @@ study measures the intervals given them.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -45,6 +45,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+
+from cw_lens import reproduction
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = ("percentile", "bca", "expanded", "basic", "bias_corrected")
@@ -111,7 +113,7 @@ def run_results(run: Path, analyses: tuple[str, ...]) -> dict[str, object]:
     """Each analysis as a finished main-job run stored it (``cw-lens figures --out RUN``): its
     per-document records are the pool, so the pool costs nothing beyond the run itself."""
     wanted = {JOB_STEPS[name][0] for name in analyses}
-    from cw_lens.reporting.stored_steps import STEP_SUFFIX, load_step
+    from cw_lens.reproduction.stored_steps import STEP_SUFFIX, load_step
 
     states = [
         d
@@ -139,11 +141,12 @@ def replicate_numbers(
 ) -> dict[str, torch.Tensor]:
     """The claim numbers of one analysis in every row of ``bootstrap.weights`` (the sink
     statistics without their driver numbers when ``drivers`` is False)."""
-    takes_drivers = "drivers" in inspect.signature(result.replicates).parameters
-    if drivers or not takes_drivers:  # only the sink statistics have driver numbers
-        reps = result.replicates(bootstrap)
+    from cw_lens import SinkStatisticsResult
+
+    if drivers or not isinstance(result, SinkStatisticsResult):  # only they have driver numbers
+        reps = reproduction.replicates(result, bootstrap)
     else:
-        reps = result.replicates(bootstrap, drivers=False)
+        reps = reproduction.replicates(result, bootstrap, drivers=False)
     if isinstance(reps, tuple):  # sink statistics: (numbers, per-head fields)
         reps = reps[0]
     return {k: v for k, v in reps.items() if v.dim() == 1}
@@ -173,8 +176,8 @@ def draw_documents(n_pool: int, n: int, gen: torch.Generator, replace: bool = Tr
 
 def bias_to_se(reps: torch.Tensor, resamples: int) -> float:
     """``|mean(t*) - t| / sd(t*)`` of one number's replicates (``t`` the corpus row): the
-    library's ``cw_lens.core.bootstrap.bias_to_se``."""
-    from cw_lens.core.bootstrap import bias_to_se as library_bias_to_se
+    library's ``cw_lens.reproduction.bootstrap.bias_to_se``."""
+    from cw_lens.reproduction.bootstrap import bias_to_se as library_bias_to_se
 
     return library_bias_to_se(float(reps[resamples]), reps[:resamples])
 
@@ -209,7 +212,7 @@ def study(
     only): a result holding only those rows, bootstrapped as a whole — the same replicates as
     ``Bootstrap(documents=docs)`` on the whole result, at a cost in ``n``, not the pool.
     ``draw(n_pool, n, gen)``: another design of the draws (default ``draw_documents``)."""
-    from cw_lens.core.bootstrap import Bootstrap, interval
+    from cw_lens.reproduction.bootstrap import Bootstrap, interval
 
     rows = []
     for name, result in results.items():

@@ -132,7 +132,7 @@ def manifest(model: Any, corpus: Any) -> dict[str, Any]:
     import random
 
     import cw_lens
-    from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
+    from cw_lens.reproduction.provenance import corpus_provenance, weights_provenance
 
     n = len(corpus)
     paper = sorted(random.Random(WINDOW_SEED).sample(range(n), PAPER_DOCS))
@@ -324,7 +324,7 @@ def settings(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def sink_sums() -> tuple[str, ...]:
-    from cw_lens.analyses.sinks.accumulation import RECORDED_SUMS
+    from cw_lens.analyses.sinks import RECORDED_SUMS
 
     return RECORDED_SUMS
 
@@ -566,20 +566,21 @@ def lower_bound(covered: int, draws: int, confidence: float = 0.95) -> float:
 def certified(coverage: float, lower: float) -> bool:
     """An interval certifies a document count when its coverage is at least 0.93 and the
     coverage's lower 95% bound at least 0.91 (docs/coverage.md#the-population; the library's
-    rule, ``cw_lens.reporting.interval_coverage.certifies``)."""
-    from cw_lens.reporting.interval_coverage import certifies
+    rule, ``cw_lens.reproduction.interval_coverage.certifies``)."""
+    from cw_lens.reproduction.interval_coverage import certifies
 
     return certifies(coverage, lower)
 
 
 def within_target(any_differ: int, draws: int) -> bool:
     """Whether ``cw-lens compare``'s measured family-wise error meets its 0.05 target, by the
-    certificate's own rule (``certified``, i.e. ``cw_lens.reporting.interval_coverage.certifies``)
-    read on the share of draws with no false ``differ`` (the simultaneous coverage Holm's
-    adjustment promises at 0.95): that share at least 0.93 and its one-sided Clopper-Pearson
-    lower 95% bound at least 0.91. In error terms: a family-wise error of at most 0.07 and an
-    upper 95% bound (``1 -`` that lower bound) of at most 0.09, as a coverage certifies with at
-    most 7% misses and a miss rate bounded by 9% (docs/reproducing.md)."""
+    certificate's own rule (``certified``, i.e.
+    ``cw_lens.reproduction.interval_coverage.certifies``) read on the share of draws with no false
+    ``differ`` (the simultaneous coverage Holm's adjustment promises at 0.95): that share at least
+    0.93 and its one-sided Clopper-Pearson lower 95% bound at least 0.91. In error terms: a
+    family-wise error of at most 0.07 and an upper 95% bound (``1 -`` that lower bound) of at most
+    0.09, as a coverage certifies with at most 7% misses and a miss rate bounded by 9%
+    (docs/reproducing.md)."""
     clean = draws - any_differ
     return certified(clean / draws, lower_bound(clean, draws))
 
@@ -593,9 +594,9 @@ def sub_pools(n_rows: int, parts: int = 4) -> list[list[int]]:
 
 def shipped_method(number: str) -> str:
     """The interval method the library ships for ``number``
-    (``cw_lens.core.bootstrap.needs_bias_correction``): the bias-corrected interval for a
+    (``cw_lens.reproduction.bootstrap.needs_bias_correction``): the bias-corrected interval for a
     plug-in known to be biased (the geometric means), the expanded one otherwise."""
-    from cw_lens.core.bootstrap import Bootstrap, needs_bias_correction
+    from cw_lens.reproduction.bootstrap import Bootstrap, needs_bias_correction
 
     boot = Bootstrap()
     return boot.biased_method if needs_bias_correction(number) else boot.method
@@ -641,8 +642,8 @@ def with_bounds(rows: list[dict[str, Any]], pool: str) -> list[dict[str, Any]]:
 def certified_from(rows: list[dict[str, Any]]) -> dict[str, int | None]:
     """Per number: the smallest document count ``n`` from which the shipped method certifies
     on the whole population at ``n`` and at every larger studied count (None: not even at the
-    largest; ``cw_lens.reporting.interval_coverage.smallest_certified``)."""
-    from cw_lens.reporting.interval_coverage import smallest_certified
+    largest; ``cw_lens.reproduction.interval_coverage.smallest_certified``)."""
+    from cw_lens.reproduction.interval_coverage import smallest_certified
 
     counts: dict[str, dict[int, bool]] = {}
     for row in rows:
@@ -933,7 +934,7 @@ def merge_draw_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"meta": meta, "rows": rows}
 
 
-PACKAGE_TABLE = Path(__file__).parents[1] / "cw_lens" / "reporting" / "interval_coverage.json"
+PACKAGE_TABLE = Path(__file__).parents[1] / "cw_lens" / "reproduction" / "interval_coverage.json"
 
 
 def package_table(
@@ -943,7 +944,7 @@ def package_table(
     second: list[dict[str, Any]] | None = None,
     second_single_pool: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The table the reports read (``cw_lens/reporting/interval_coverage.json``): the
+    """The table the reports read (``cw_lens/reproduction/interval_coverage.json``): the
     population study's rows of the shipped method (whole population, ``source``
     ``"population"``) and, for the numbers it does not measure (the causal analyses,
     ``median_abs_rho_*``), single-pool rows (``"single_pool"``): those of ``single_pool``
@@ -1031,11 +1032,11 @@ def write_run(
     numbers, not verdicts), each with the shipped interval and its replicates."""
     import hashlib
 
-    from cw_lens.core.bootstrap import Bootstrap
-    from cw_lens.core.claims import Check, Claim, claims_dict
-    from cw_lens.core.replicates import FILE, pack
-    from cw_lens.core.resampled import is_biased_plugin
-    from cw_lens.reporting.interval_coverage import STUDIED_MODEL
+    from cw_lens.reproduction.bootstrap import Bootstrap
+    from cw_lens.reproduction.interval_coverage import STUDIED_MODEL
+    from cw_lens.reproduction.resampled import is_biased_plugin
+    from cw_lens.reproduction.run_replicates import FILE, pack
+    from cw_lens.reproduction.verdicts import Check, Claim, claims_dict
 
     cov = _load_benchmark("coverage")
     boot = Bootstrap(resamples=resamples, seed=seed)  # on the subset: as documents=docs
@@ -1088,8 +1089,8 @@ def compare_study(
 
     from scipy.stats import beta
 
-    from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE
-    from cw_lens.reporting.run_comparison import compare_runs
+    from cw_lens.reproduction.run_comparison import compare_runs
+    from cw_lens.reproduction.run_replicates import DIFFER, NOT_COMPARABLE
 
     cov = _load_benchmark("coverage")
     n_rows = cov.n_records(next(iter(results.values())))

@@ -3,9 +3,8 @@
 Public API (re-exports only; each function's module docstring states its formula and paper):
 
 - models: [`load_model`][cw_lens.load_model]
-- the result protocol every result follows: [`Result`][cw_lens.Result]; claims tables:
-  [`ClaimsTable`][cw_lens.ClaimsTable]; results saved by `result.save(path)` load with
-  [`load_result`][cw_lens.load_result]
+- the result protocol every result follows: [`Result`][cw_lens.Result]; results saved by
+  `result.save(path)` load with [`load_result`][cw_lens.load_result]
 - data: [`load_corpus`][cw_lens.load_corpus], [`Corpus`][cw_lens.Corpus],
   [`Document`][cw_lens.Document]
 - contributions (P1): [`contribution_weights`][cw_lens.contribution_weights],
@@ -29,8 +28,10 @@ Public API (re-exports only; each function's module docstring states its formula
 - live sink patching: [`compare_sink_patch`][cw_lens.compare_sink_patch] (clean vs patched, one
   text), [`sink_patcher`][cw_lens.sink_patcher] (the Jupyter widget; `pip install
   'cw_lens[widget]'`)
-- several runs of the main job side by side: [`compare_runs`][cw_lens.compare_runs],
-  [`RunComparisonResult`][cw_lens.RunComparisonResult]
+- the papers' reproduction, above the toolkit (`cw_lens.reproduction`): a result's claims,
+  their intervals and verdicts (`cw_lens.reproduction.claims(result, bootstrap)`, a
+  [`ClaimsTable`][cw_lens.ClaimsTable]); several runs of the main job side by side:
+  [`compare_runs`][cw_lens.compare_runs], [`RunComparisonResult`][cw_lens.RunComparisonResult]
 - contribution flow (docs/methods.md#flow): [`residual_shares`][cw_lens.residual_shares],
   [`stream_shares`][cw_lens.stream_shares], [`contribution_rollout`][cw_lens.contribution_rollout],
   [`attention_rollout`][cw_lens.attention_rollout], [`routes`][cw_lens.routes],
@@ -61,8 +62,10 @@ if TYPE_CHECKING:
         SelectionGeometryAccumulator,
         SelectionGeometryResult,
         geometric_prf,
-        geometric_prf_batched,
         selection_geometry,
+    )
+    from cw_lens.analyses.selection import (
+        geometric_prf_batched as geometric_prf_batched,  # deprecated (0.5): not in __all__
     )
     from cw_lens.analyses.sinks import (
         SinkAblationAccumulator,
@@ -88,7 +91,7 @@ if TYPE_CHECKING:
         ModelLoadError,
         UnsupportedModelError,
     )
-    from cw_lens.core.results import ClaimsTable, Result, load_result
+    from cw_lens.core.results import Result, load_result
     from cw_lens.data.corpora import load_corpus
     from cw_lens.data.documents import Corpus, Document
     from cw_lens.data.streaming import stream_contributions
@@ -118,7 +121,8 @@ if TYPE_CHECKING:
     from cw_lens.models.layer_contributions import LayerContributionsResult
     from cw_lens.models.load import load_model
     from cw_lens.models.verify import ModelVerificationResult, verify_model
-    from cw_lens.reporting.run_comparison import RunComparisonResult, compare_runs
+    from cw_lens.reproduction.run_comparison import RunComparisonResult, compare_runs
+    from cw_lens.reproduction.verdicts import ClaimsTable
 
 __all__ = [
     "Accumulator",
@@ -168,7 +172,6 @@ __all__ = [
     "detect_sinks",
     "faithfulness",
     "geometric_prf",
-    "geometric_prf_batched",
     "head_taxonomy",
     "ioi_route_statistics",
     "load_corpus",

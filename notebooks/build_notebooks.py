@@ -130,7 +130,7 @@ stats.heads().query("sink_head")[["layer", "head", "sink_rate", "norm_ratio", "c
 paper = nb([
 ("md", """# Regenerating the paper figures
 
-`cw_lens.reporting.job.run_figures` is what `cw-lens figures` / `make figures` runs: every analysis of
+`cw_lens.reproduction.job.run_figures` is what `cw-lens figures` / `make figures` runs: every analysis of
 P1 and P2 on one model and corpus, stored step by step (a rerun resumes), then figures,
 `summary.json` and `REPORT.md`. Here at notebook sizes; the defaults (8 documents × 128 tokens)
 take a few minutes on a laptop CPU."""),
@@ -138,8 +138,8 @@ take a few minutes on a laptop CPU."""),
 from pathlib import Path
 import pandas as pd
 from IPython.display import Image, Markdown, display
-from cw_lens.reporting.job import JobConfig, run_figures
-from cw_lens.reporting.markdown import claims_table
+from cw_lens.reproduction.job import JobConfig, run_figures
+from cw_lens.reproduction.markdown import claims_table
 
 QUICK = os.environ.get("CW_LENS_QUICK") == "1"
 out = Path(os.environ.get("CW_LENS_NOTEBOOK_OUT", "figures-notebook"))
@@ -179,7 +179,7 @@ the first run with the 95% bootstrap interval of the difference. `cw-lens compar
 prints the same tables and writes the figure."""),
 ("code", """import dataclasses
 import sysconfig
-from cw_lens.reporting.run_comparison import compare_runs
+from cw_lens.reproduction.run_comparison import compare_runs
 
 licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
 second = str(licence) if licence.is_file() else "stdlib"  # the built-in docstring corpus

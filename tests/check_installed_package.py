@@ -25,7 +25,7 @@ from pathlib import Path
 
 PACKAGE_DATA = {
     "cw_lens.viz": ("template.html", "view.css", "view.js", "routes.html", "routes.js"),
-    "cw_lens.reporting": ("interval_coverage.json",),
+    "cw_lens.reproduction": ("interval_coverage.json",),
 }
 
 
@@ -55,7 +55,7 @@ def main(out: Path) -> None:
         missing = [n for n in names if not folder.joinpath(n).is_file()]
         if missing:
             raise SystemExit(f"package data missing from {package}: {missing}")
-    from cw_lens.reporting.interval_coverage import measured
+    from cw_lens.reproduction.interval_coverage import measured
 
     assert measured(), "the interval-coverage table is empty"
     print("[package] package data present: " + ", ".join(sum(PACKAGE_DATA.values(), ())))

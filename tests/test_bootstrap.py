@@ -15,13 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cw_lens
+from cw_lens import reproduction
 from cw_lens.analyses import pruning
 from cw_lens.core.accumulators import StackedSums, document_rows
-from cw_lens.core.bootstrap import BIAS_SE_LIMIT, Bootstrap, bias_to_se, masked_median
-from cw_lens.core.claims import Check, Claim, with_intervals
 from cw_lens.core.errors import InputError
 from cw_lens.core.memory import state_bytes
-from cw_lens.core.resampled import pruning_numbers, weighted_spearman
+from cw_lens.reproduction.bootstrap import BIAS_SE_LIMIT, Bootstrap, bias_to_se, masked_median
+from cw_lens.reproduction.resampled import pruning_numbers, weighted_spearman
+from cw_lens.reproduction.verdicts import Check, Claim, with_intervals
 
 WORDS = "the sink holds attention while tokens drift in cones of value space".split()
 
@@ -117,7 +118,7 @@ def test_bca_and_expanded_intervals_match_their_definitions():
     the expanded interval reads the t-widened tail (0.57% at 8 documents)."""
     from scipy import stats
 
-    from cw_lens.core.bootstrap import expanded_tail
+    from cw_lens.reproduction.bootstrap import expanded_tail
 
     x = np.random.default_rng(0).lognormal(size=12)
     boot = Bootstrap(20000, seed=1, method="bca")
@@ -145,7 +146,7 @@ def test_biased_numbers_get_an_interval_that_covers_where_the_percentile_ones_do
     such numbers (Bootstrap.biased_method) about 0.93 (300 samples: fails below 0.88, three
     binomial SEs under 0.93). The method follows the name only: the same number unnamed keeps
     the expanded interval, however large its bootstrap |bias| / SE."""
-    from cw_lens.core.resampled import is_biased_plugin
+    from cw_lens.reproduction.resampled import is_biased_plugin
 
     assert is_biased_plugin("geomean_head_ratio_n2") and not is_biased_plugin("delta_ppl")
     gen = torch.Generator().manual_seed(0)
@@ -193,7 +194,7 @@ def test_draw_weights_resample_the_random_draws_with_the_documents():
 def test_basic_and_bias_corrected_intervals_match_their_definitions():
     """basic: ``2 t - q`` at the expanded tail, reflected; bias_corrected: the expanded interval
     minus twice ``mean(t*) - t``. Replicates centred above the point move both intervals down."""
-    from cw_lens.core.bootstrap import expanded_tail
+    from cw_lens.reproduction.bootstrap import expanded_tail
 
     boot = torch.arange(2000.0).double() / 1000  # mean 0.9995
     point, jack = 0.8, torch.zeros(8).double()
@@ -330,7 +331,7 @@ def test_doc_weighted_spearman_float32_ranks_equal_float64_bit_for_bit(monkeypat
     """Whole-number weights: the ranks' product in float32 (exact for half-integers) gives the
     float64 product's rho bit for bit; fractional or negative weights never take the float32
     path."""
-    import cw_lens.core.resampled as resampled
+    import cw_lens.reproduction.resampled as resampled
 
     gen = torch.Generator().manual_seed(0)
     n, n_docs = 400, 12
@@ -409,7 +410,7 @@ def _check_against_reruns(texts, run, claims_of, skip=(), rtol=2e-5):
 
 def _sink_claims(stats, bootstrap):
     stats.threshold = 0.025  # the tiny model has no sink head at 0.3: make some
-    return stats.claims(bootstrap)
+    return reproduction.claims(stats, bootstrap)
 
 
 def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
@@ -446,8 +447,8 @@ def test_sink_intervals_are_the_statistics_of_the_resampled_corpora(llama):
 def test_sink_replicates_without_drivers_leave_out_only_the_driver_numbers(llama):
     stats = cw_lens.sink_statistics(llama, _texts(6, 20, 30), min_query=4, per_document=True)
     boot = Bootstrap(50, seed=3)
-    full, _ = stats.replicates(boot)
-    lean, _ = stats.replicates(boot, drivers=False)
+    full, _ = reproduction.replicates(stats, boot)
+    lean, _ = reproduction.replicates(stats, boot, drivers=False)
     drivers = {k for k in full if k.startswith("median_abs_rho_")}
     assert len(drivers) == 2 and set(lean) == set(full) - drivers
     for k, v in lean.items():
@@ -458,7 +459,7 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
     texts = _texts(6, 20, 30)
     stats = cw_lens.sink_statistics(llama, texts, min_query=4, per_document=True)
     stats.threshold = 0.025
-    claims = stats.claims(Bootstrap(300))
+    claims = reproduction.claims(stats, Bootstrap(300))
     heads = stats.heads()
     for layer, row in zip(
         (0, 1), claims["sink_value_norm_ratio"]["per_layer"], strict=True
@@ -472,12 +473,12 @@ def test_sink_per_layer_rows_and_the_record_is_opt_in(llama):
     bare = cw_lens.sink_statistics(llama, texts, min_query=4)
     assert bare.record is None
     with pytest.raises(InputError, match="per_document=True"):
-        bare.claims(Bootstrap(10))
+        reproduction.claims(bare, Bootstrap(10))
 
 
 def test_taxonomy_interval_is_the_share_of_the_resampled_corpora(llama):
     run = lambda t: cw_lens.head_taxonomy(llama, t, per_document=True, progress=False)  # noqa: E731
-    _check_against_reruns(_texts(8, 6, 12), run, lambda res, b: res.claims(b))
+    _check_against_reruns(_texts(8, 6, 12), run, lambda res, b: reproduction.claims(res, b))
 
 
 def test_selection_intervals_are_the_statistics_of_the_resampled_corpora(llama):
@@ -488,7 +489,7 @@ def test_selection_intervals_are_the_statistics_of_the_resampled_corpora(llama):
     reps = _check_against_reruns(
         _texts(8, 10, 14),
         run,
-        lambda res, b: res.claims(b),
+        lambda res, b: reproduction.claims(res, b),
         skip=("min_over_n_f_top_minus_random", "largest_gap_n2_n4_minus_larger_n"),
     )
     assert "min_over_n_f_top_minus_random" in reps
@@ -497,8 +498,8 @@ def test_selection_intervals_are_the_statistics_of_the_resampled_corpora(llama):
     texts = _texts(8, 10, 14)
     result, boot = run(texts), Bootstrap(200, seed=1)
     plain = Bootstrap(200, seed=1, biased_method="expanded")  # every number expanded
-    numbers, seen = result.replicates(boot), 0
-    for claim in result.claims(boot).values():
+    numbers, seen = reproduction.replicates(result, boot), 0
+    for claim in reproduction.claims(result, boot).values():
         for check in claim["checks"]:
             number, reps = check["number"], numbers[check["number"]]
             ratio = bias_to_se(float(reps[200]), reps[:200])
@@ -523,12 +524,16 @@ def test_faithfulness_intervals_are_the_aopcs_of_the_resampled_corpora(llama):
             llama, t, fractions=(0.1, 0.5), per_document=True, progress=False, batch_size=4
         )
 
-    _check_against_reruns(_texts(6, 8, 12), run, lambda res, b: res.claims(b), rtol=1e-4)
+    _check_against_reruns(
+        _texts(6, 8, 12), run, lambda res, b: reproduction.claims(res, b), rtol=1e-4
+    )
 
 
 def test_ablation_intervals_are_the_statistics_of_the_resampled_corpora(llama):
     run = lambda t: cw_lens.sink_ablation(llama, t, per_document=True)  # noqa: E731
-    _check_against_reruns(_texts(6, 8, 12), run, lambda res, b: res.claims(b), rtol=1e-4)
+    _check_against_reruns(
+        _texts(6, 8, 12), run, lambda res, b: reproduction.claims(res, b), rtol=1e-4
+    )
 
 
 def test_pruning_intervals_are_the_statistics_of_the_resampled_corpora(llama, monkeypatch):
@@ -552,7 +557,9 @@ def test_pruning_intervals_are_the_statistics_of_the_resampled_corpora(llama, mo
             per_document=True,
         )
 
-    _check_against_reruns(texts, run, lambda res, b: res.claims(bootstrap=b), rtol=1e-4)
+    _check_against_reruns(
+        texts, run, lambda res, b: reproduction.claims(res, bootstrap=b), rtol=1e-4
+    )
 
 
 def _pruning_record(draw_deltas: list[float], n_docs: int = 10) -> pruning.PruningResult:
@@ -594,7 +601,7 @@ def test_pruning_interval_resamples_the_random_draws_with_the_documents():
     deltas = [0.005 + 0.02 * (k % 2) for k in range(20)]  # ΔNLL 0.005 / 0.025 vs taxonomy 0.01
     result = _pruning_record(deltas)
     boot = Bootstrap(2000, seed=0)
-    reps = result.replicates(boot)["random_minus_taxonomy_delta_ppl_at_0.9"]
+    reps = reproduction.replicates(result, boot)["random_minus_taxonomy_delta_ppl_at_0.9"]
     low, high = boot.pair(reps)
     assert high - low > 0.01  # the draws' spread, although every document is the same
     assert reps[2000] > 0  # the point: mean random ΔPPL above taxonomy's
@@ -604,7 +611,7 @@ def test_pruning_interval_resamples_the_random_draws_with_the_documents():
     assert float(fixed[:2000].max() - fixed[:2000].min()) < 1e-9  # documents alone: no spread
     # few draws: no verdict, however far apart the numbers
     few = _pruning_record([0.5, 0.6, 0.7])
-    claim = few.claims(bootstrap=Bootstrap(2000))["pruning_signal"]
+    claim = reproduction.claims(few, bootstrap=Bootstrap(2000))["pruning_signal"]
     assert claim["measured"]["random_draws"] == 3
     assert all(math.isnan(c["interval"][0]) for c in claim["checks"])
     assert claim["holds"] == "inconclusive"

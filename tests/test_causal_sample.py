@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from cw_lens.core.replicates import RunReplicates, pack, unpack
 from cw_lens.data.documents import Corpus, Document
-from cw_lens.reporting.provenance import causal_sample_markdown, causal_sample_record
-from cw_lens.reporting.state import Job, JobConfig, causal_indices, causal_samples
+from cw_lens.reproduction.provenance import causal_sample_markdown, causal_sample_record
+from cw_lens.reproduction.run_replicates import RunReplicates, pack, unpack
+from cw_lens.reproduction.state import Job, JobConfig, causal_indices, causal_samples
 
 
 def windows(n: int) -> Corpus:
@@ -66,7 +66,7 @@ def test_the_causal_seed_is_part_of_the_fingerprint():
 def test_the_causal_steps_receive_exactly_the_sampled_documents(tmp_path, monkeypatch):
     import cw_lens.analyses.faithfulness as faithfulness_module
     import cw_lens.analyses.pruning as pruning_module
-    from cw_lens.reporting.steps import step_faithfulness, step_pruning
+    from cw_lens.reproduction.steps import step_faithfulness, step_pruning
 
     seen: dict[str, list] = {"faithfulness": [], "pruning": []}
 
@@ -106,7 +106,7 @@ def test_pruning_cross_fits_on_the_halves_of_the_sample(tmp_path, monkeypatch, l
     not on halves of the corpus's first windows."""
     import cw_lens
     from cw_lens.analyses.pruning import passes
-    from cw_lens.reporting.steps import step_pruning
+    from cw_lens.reproduction.steps import step_pruning
 
     halves = []
     learn = passes._head_statistics
@@ -176,8 +176,8 @@ def test_replicates_pair_causal_claims_only_on_the_same_sample(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_records_its_sample_in_summary_and_report(tmp_path):
-    from cw_lens.core.replicates import unpack as read_replicates
-    from cw_lens.reporting.job import run_figures
+    from cw_lens.reproduction.job import run_figures
+    from cw_lens.reproduction.run_replicates import unpack as read_replicates
 
     config = JobConfig(
         model="testing:tiny-llama",

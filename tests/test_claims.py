@@ -13,13 +13,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cw_lens import reproduction
 from cw_lens.analyses.faithfulness import FaithfulnessResult
 from cw_lens.analyses.pruning import ORDERS, PruningResult
-from cw_lens.analyses.selection import head_f_ratio, selection_claims
-from cw_lens.analyses.sinks import SinkAblationResult, sink_claims
+from cw_lens.analyses.selection import head_f_ratio
+from cw_lens.analyses.sinks import SinkAblationResult
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult
-from cw_lens.core.claims import VERDICTS, Check, Claim, claims_dict, combine, with_intervals
 from cw_lens.core.errors import InputError
+from cw_lens.reproduction.selection_claims import selection_claims
+from cw_lens.reproduction.sink_claims import sink_claims
+from cw_lens.reproduction.verdicts import (
+    VERDICTS,
+    Check,
+    Claim,
+    claims_dict,
+    combine,
+    with_intervals,
+)
 
 # methods § Claims's criterion column, verbatim
 CRITERIA = {
@@ -475,14 +485,21 @@ def ablation(low=(0.2, 0.5), other=(0.5, 0.6), clean=3.0, patched=3.5):
 
 def test_sink_ablation_cone_on_both_sides():
     # low-norm heads rise 0.3, others 0.1, PPL up: holds (although low-norm heads end lower)
-    claim = ablation().claims()["sink_ablation_cone"]
+    claim = reproduction.claims(ablation())["sink_ablation_cone"]
     assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["sink_ablation_cone"]
     assert claim["measured"]["cone_rise_low_norm_minus_other"] == pytest.approx(0.2)
     assert claim["measured"]["delta_ppl"] == pytest.approx(math.exp(3.5) - math.exp(3.0))
-    assert ablation(patched=2.9).claims()["sink_ablation_cone"]["holds"] == "no"  # PPL down
-    assert ablation(patched=3.0).claims()["sink_ablation_cone"]["holds"] == "no"  # unchanged
     assert (
-        ablation(low=(0.2, 0.3), other=(0.4, 0.6)).claims()["sink_ablation_cone"]["holds"] == "no"
+        reproduction.claims(ablation(patched=2.9))["sink_ablation_cone"]["holds"] == "no"
+    )  # PPL down
+    assert (
+        reproduction.claims(ablation(patched=3.0))["sink_ablation_cone"]["holds"] == "no"
+    )  # unchanged
+    assert (
+        reproduction.claims(ablation(low=(0.2, 0.3), other=(0.4, 0.6)))["sink_ablation_cone"][
+            "holds"
+        ]
+        == "no"
     )
 
 
@@ -595,7 +612,7 @@ def test_head_f_ratio_counts_a_head_with_no_sink_free_gain_as_infinite():
 def test_retriever_share_range_is_closed(n_retrievers, holds):
     regimes = ["Retriever"] * n_retrievers + ["Mixer"] * (1000 - n_retrievers)
     table = pd.DataFrame({"layer": 0, "head": range(1000), "regime": regimes})
-    claim = HeadTaxonomyResult(table, (0,), 1).claims()["retriever_share"]
+    claim = reproduction.claims(HeadTaxonomyResult(table, (0,), 1))["retriever_share"]
     assert claim["holds"] == ("yes" if holds else "no")
     assert claim["measured"]["retriever_share"] == n_retrievers / 1000
     assert claim["criterion"] == CRITERIA["retriever_share"]
@@ -638,15 +655,22 @@ RANDOM = ((0.5, 4.0, 4.5), (5.0, 5.0, 8.0), (20.0, 20.0, 20.0), (40.0, 40.0, 40.
 
 def test_pruning_signal_on_both_sides():
     result = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)  # beats the mean draw (3, 6), not the min
-    claim = result.claims()["pruning_signal"]
+    claim = reproduction.claims(result)["pruning_signal"]
     assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["pruning_signal"]
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.9"] == pytest.approx(2.0)
     assert claim["measured"]["random_minus_taxonomy_delta_ppl_at_0.75"] == pytest.approx(4.0)
     assert claim["measured"]["best_order"] == {"0.5": "magnitude", "0.25": "magnitude"}
-    assert pruning((1.0, 7.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
-    assert pruning((3.5, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
     assert (
-        pruning((3.0, 2.0, 10.0, 30.0), RANDOM).claims()["pruning_signal"]["holds"] == "no"
+        reproduction.claims(pruning((1.0, 7.0, 10.0, 30.0), RANDOM))["pruning_signal"]["holds"]
+        == "no"
+    )
+    assert (
+        reproduction.claims(pruning((3.5, 2.0, 10.0, 30.0), RANDOM))["pruning_signal"]["holds"]
+        == "no"
+    )
+    assert (
+        reproduction.claims(pruning((3.0, 2.0, 10.0, 30.0), RANDOM))["pruning_signal"]["holds"]
+        == "no"
     )  # tie
 
 
@@ -654,16 +678,16 @@ def test_pruning_signal_is_judged_on_the_per_layer_ranking():
     per_layer = pruning((1.0, 2.0, 10.0, 30.0), RANDOM)
     global_ = pruning((240.0, 300.0, 400.0, 500.0), RANDOM, scope="global")
     for claim in (
-        per_layer.claims(other_scope=global_)["pruning_signal"],
-        global_.claims(other_scope=per_layer)["pruning_signal"],
+        reproduction.claims(per_layer, other_scope=global_)["pruning_signal"],
+        reproduction.claims(global_, other_scope=per_layer)["pruning_signal"],
     ):
         assert claim["holds"] == "yes"
         variant = claim["measured"]["global_ranking"]
         assert variant["random_minus_taxonomy"]["0.9"] == pytest.approx(3.0 - 240.0)
     with pytest.raises(InputError, match="per-layer ranking"):
-        global_.claims()
+        reproduction.claims(global_)
     failing = pruning((9.0, 2.0, 10.0, 30.0), RANDOM)
-    assert global_.claims(other_scope=failing)["pruning_signal"]["holds"] == "no"
+    assert reproduction.claims(global_, other_scope=failing)["pruning_signal"]["holds"] == "no"
 
 
 # =========================================================================== faithfulness
@@ -699,7 +723,7 @@ HOLDS_SUFF = (0.5, 0.4, 0.3, 0.2, 0.05)  # random (a control) lower still: not c
 
 
 def test_faithfulness_order_on_both_sides():
-    claim = faithfulness_result(HOLDS_COMP, HOLDS_SUFF).claims()["faithfulness_order"]
+    claim = reproduction.claims(faithfulness_result(HOLDS_COMP, HOLDS_SUFF))["faithfulness_order"]
     assert claim["holds"] == "yes" and claim["criterion"] == CRITERIA["faithfulness_order"]
     values = {c["number"]: c["value"] for c in claim["checks"]}
     assert values == pytest.approx(
@@ -726,7 +750,9 @@ def test_faithfulness_order_on_both_sides():
     ],
 )
 def test_faithfulness_order_fails_on_counter_fixtures(comp, suff):
-    assert faithfulness_result(comp, suff).claims()["faithfulness_order"]["holds"] == "no"
+    assert (
+        reproduction.claims(faithfulness_result(comp, suff))["faithfulness_order"]["holds"] == "no"
+    )
 
 
 def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
@@ -741,7 +767,7 @@ def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
         0,
     )
     with pytest.raises(InputError, match="pairs granularity"):
-        tokens_only.claims()
+        reproduction.claims(tokens_only)
     no_vno = FaithfulnessResult(
         result.curves[result.curves["metric"] != "value_norm_output"],
         result.clean,
@@ -752,7 +778,7 @@ def test_faithfulness_order_needs_pairs_granularity_and_every_metric():
         0,
     )
     with pytest.raises(InputError, match="value_norm_output"):
-        no_vno.claims()
+        reproduction.claims(no_vno)
 
 
 # =========================================================================== coverage rules
@@ -760,7 +786,7 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     """docs/methods.md#verdicts: a check run at fewer documents than the smallest count at
     which its interval's coverage was certified (>= 0.93) is inconclusive, and says why; at or
     above that count (and for a number the study never measured) the verdict stands."""
-    from cw_lens.reporting.interval_coverage import (
+    from cw_lens.reproduction.interval_coverage import (
         LOWER_TARGET,
         STUDIED_MODEL,
         TARGET,
@@ -769,8 +795,8 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
         coverage_at,
         settle_by_coverage,
     )
-    from cw_lens.reporting.job import JobConfig
-    from cw_lens.reporting.markdown import size_limits
+    from cw_lens.reproduction.job import JobConfig
+    from cw_lens.reproduction.markdown import size_limits
 
     share = "retriever_share"
     # the committed table: the population study certifies it from 8 documents; the sink-tail
@@ -831,7 +857,7 @@ def test_a_coverage_above_the_target_with_a_low_lower_bound_does_not_certify(mon
     covers 0.95 (bound 0.924), it would be certified were it not for 32 above it."""
     from scipy.stats import beta
 
-    from cw_lens.reporting import interval_coverage as ic
+    from cw_lens.reproduction import interval_coverage as ic
 
     def row(n, covered, draws=300):  # the one-sided Clopper-Pearson bound, as the study's
         lower = float(beta.ppf(0.05, covered, draws - covered + 1))
@@ -862,7 +888,7 @@ def test_a_run_on_another_model_below_every_studied_count_is_inconclusive():
     """No study shows an interval covers at fewer than 8 documents on any model: a 2-document
     run of another model is inconclusive and its report says why; at 8 documents its
     verdict stands (indicative: the report says its coverage was not measured)."""
-    from cw_lens.reporting.interval_coverage import (
+    from cw_lens.reproduction.interval_coverage import (
         coverage_limits,
         settle_by_coverage,
         smallest_studied,
@@ -896,26 +922,26 @@ def test_a_run_on_another_model_below_every_studied_count_is_inconclusive():
 
 def test_the_cancelled_share_value_is_the_number_its_interval_is_of(llama):
     """The median cancelled share's interval reads the coarse per-document histograms
-    (`cw_lens.core.resampled`): its value must be the same formula on the whole corpus (the
+    (`cw_lens.reproduction.resampled`): its value must be the same formula on the whole corpus (the
     replicates' corpus row), not the fine histogram's median (the gallery once showed 0.1799
     against an interval of the coarse 0.1788), in `claims()` with and without a bootstrap."""
     import cw_lens
-    from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.reproduction.bootstrap import Bootstrap
 
     words = "the a sink head token drift value norm cosine share query key".split()
     texts = [" ".join(words[(i * 5 + k) % len(words)] for k in range(20 + 3 * i)) for i in range(6)]
     stats = cw_lens.sink_statistics(llama, texts, min_query=4, per_document=True, progress=False)
     stats.threshold = 0.025  # the tiny model has no sink head at 0.3: make some
     boot = Bootstrap(200, seed=1)
-    numbers, _ = stats.replicates(boot, drivers=False)
+    numbers, _ = reproduction.replicates(stats, boot, drivers=False)
     corpus_row = float(numbers["median_cancelled_share"][boot.resamples])
     assert not math.isnan(corpus_row)
     [check] = [
         c
-        for c in stats.claims(boot)["sink_cancels_drift"]["checks"]
+        for c in reproduction.claims(stats, boot)["sink_cancels_drift"]["checks"]
         if c["number"] == "median_cancelled_share"
     ]
     assert check["value"] == pytest.approx(corpus_row, rel=1e-9, abs=1e-12)
     assert check["interval"] == pytest.approx(list(boot.pair(numbers["median_cancelled_share"])))
-    plain = stats.claims()["sink_cancels_drift"]["measured"]["median_cancelled_share"]
+    plain = reproduction.claims(stats)["sink_cancels_drift"]["measured"]["median_cancelled_share"]
     assert plain == check["value"]

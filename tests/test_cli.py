@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import cw_lens
 from cw_lens.models.testing import tiny_llama
-from cw_lens.reporting.cli import app
+from cw_lens.reproduction.cli import app
 
 
 def test_analyze_prints_top_tokens_per_layer_and_writes_html(tmp_path):
@@ -55,7 +55,7 @@ def test_analyze_bad_layer_is_a_clear_error():
 
 def fake_figures(monkeypatch) -> dict:
     """Replace the job by a recorder of what the command passes it (the job: test_report)."""
-    import cw_lens.reporting.job as report
+    import cw_lens.reproduction.job as report
 
     seen: dict = {}
 
@@ -93,7 +93,7 @@ def test_figures_options_reach_the_job_config(monkeypatch, tmp_path):
 
 
 def test_every_job_setting_is_an_option_of_figures():
-    from cw_lens.reporting.job import JobConfig
+    from cw_lens.reproduction.job import JobConfig
 
     options = {p.name for p in typer.main.get_command(app).commands["figures"].params}
     missing = [f.name for f in dataclasses.fields(JobConfig) if f.name not in options]
@@ -114,9 +114,9 @@ def test_figures_steps_and_skip_and_default_folder(monkeypatch):
 
 def test_step_selection_adds_what_a_step_needs_and_names_unknown_steps():
     from cw_lens.core.errors import InputError
-    from cw_lens.reporting.cli import STEP_NAMES
-    from cw_lens.reporting.job import STEP_NAMES as JOB_STEPS
-    from cw_lens.reporting.job import select_steps
+    from cw_lens.reproduction.cli import STEP_NAMES
+    from cw_lens.reproduction.job import STEP_NAMES as JOB_STEPS
+    from cw_lens.reproduction.job import select_steps
 
     assert STEP_NAMES == JOB_STEPS  # the help lists the job's steps
     assert select_steps() == JOB_STEPS
@@ -153,7 +153,7 @@ def test_the_entry_point_does_not_import_torch():
     """`cw-lens --help` / `--version` stay fast: importing the CLI (and so the cw_lens package)
     imports neither torch nor TransformerLens; the commands import them when they run."""
     code = (
-        "import sys, cw_lens.reporting.cli, cw_lens; cw_lens.__version__; dir(cw_lens); "
+        "import sys, cw_lens.reproduction.cli, cw_lens; cw_lens.__version__; dir(cw_lens); "
         "print(sorted(m for m in ('torch', 'transformer_lens', 'transformers', 'pandas') "
         "if m in sys.modules))"
     )

@@ -1,4 +1,4 @@
-"""``cw_lens.reporting.run_comparison`` and ``cw-lens compare``: several summaries side by side.
+"""``cw_lens.reproduction.run_comparison`` and ``cw-lens compare``: several summaries side by side.
 
 Two hand-written runs in tests/fixtures/compare: ``run_a`` (schema 2: intervals, string
 verdicts, one inconclusive claim) and ``run_b`` (schema 1: bool verdicts, no intervals, and one
@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from cw_lens.core.claims import Check, Claim, claims_dict
 from cw_lens.core.errors import InputError
-from cw_lens.plots.compare import VERDICT_COLOURS
-from cw_lens.reporting.cli import app
-from cw_lens.reporting.run_comparison import compare_runs
+from cw_lens.reproduction.cli import app
+from cw_lens.reproduction.comparison_plots import VERDICT_COLOURS
+from cw_lens.reproduction.run_comparison import compare_runs
+from cw_lens.reproduction.verdicts import Check, Claim, claims_dict
 
 FIXTURES = Path(__file__).parent / "fixtures" / "compare"
 RUN_A, RUN_B = FIXTURES / "run_a", FIXTURES / "run_b"
@@ -120,7 +120,8 @@ def test_schema_1_bools_map_to_yes_no_and_have_no_interval(comparison):
 
 
 def test_reads_what_the_claims_module_writes():
-    """Claims as cw_lens.core.claims writes them (no intervals asked for) read back unchanged."""
+    """Claims as cw_lens.reproduction.claims writes them (no intervals asked for) read back
+    unchanged."""
     claims = claims_dict(
         [
             Claim("c1", "p", "crit", [Check("x", 0.25, "<", 0.5), Check("y", 2.0, ">", 3.0)]),
@@ -342,7 +343,7 @@ def test_cli_bad_run_is_a_one_line_error(tmp_path):
 def test_compare_reads_two_runs_of_the_main_job(tmp_path):
     """Two corpora through the real job on the tiny model: compare lines up exactly the claims,
     numbers and verdicts each run's summary.json holds, whatever schema the job writes now."""
-    from cw_lens.reporting.job import JobConfig, run_figures
+    from cw_lens.reproduction.job import JobConfig, run_figures
 
     licence = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
     text = tmp_path / "licence.txt"
@@ -392,7 +393,7 @@ def test_compare_reads_two_runs_of_the_main_job(tmp_path):
 def test_holm_adjusts_known_p_values():
     """Holm's step-down: sorted p times (m, m - 1, ...), made non-decreasing, capped at 1; NaN
     (a number not compared) is left out of the family."""
-    from cw_lens.core.replicates import holm
+    from cw_lens.reproduction.run_replicates import holm
 
     assert holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
     with_nan = holm([0.01, math.nan, 0.04])
@@ -409,7 +410,7 @@ def test_holm_adjusts_known_p_values():
 def test_holm_rejects_what_the_step_down_procedure_rejects(p, alpha):
     """Adjusted p <= alpha exactly for the hypotheses Holm's sequential procedure rejects:
     the i-th smallest p (from 0) against alpha / (m - i), stopping at the first that fails."""
-    from cw_lens.core.replicates import holm
+    from cw_lens.reproduction.run_replicates import holm
 
     m, rejected = len(p), set()
     for i, j in enumerate(sorted(range(m), key=lambda k: (p[k], k))):
@@ -428,8 +429,8 @@ def test_the_p_value_is_the_level_at_which_the_difference_interval_reaches_zero(
     interval p = 2 x that share. And p < 0.05 agrees with the one test's interval."""
     import numpy as np
 
-    from cw_lens.core.bootstrap import expanded_tail
-    from cw_lens.core.replicates import DIFFER, difference_p_value, difference_test
+    from cw_lens.reproduction.bootstrap import expanded_tail
+    from cw_lens.reproduction.run_replicates import DIFFER, difference_p_value, difference_test
 
     rng = np.random.default_rng(0)
     diff = rng.normal(1.0, 0.5, 2000)
@@ -457,8 +458,8 @@ def test_results_are_decided_by_the_holm_adjusted_p_values():
     second says that its interval excluded 0 but the adjustment did not pass it."""
     import pandas as pd
 
-    from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE, SAME
-    from cw_lens.reporting.run_comparison import holm_results
+    from cw_lens.reproduction.run_comparison import holm_results
+    from cw_lens.reproduction.run_replicates import DIFFER, NOT_COMPARABLE, SAME
 
     table = pd.DataFrame(
         {
@@ -487,7 +488,7 @@ def _run_with(
 
     import numpy as np
 
-    from cw_lens.core.replicates import FILE, pack
+    from cw_lens.reproduction.run_replicates import FILE, pack
 
     checks = []
     for number, (value, reps) in numbers.items():
@@ -515,7 +516,7 @@ def test_compare_adjusts_every_number_of_every_run_together(tmp_path):
     Holm's adjustment of all their p-values, and `differ` exactly where it is below 0.05."""
     import numpy as np
 
-    from cw_lens.core.replicates import DIFFER, holm
+    from cw_lens.reproduction.run_replicates import DIFFER, holm
 
     def reps(centre: float, seed: int) -> np.ndarray:
         return np.random.default_rng(seed).normal(centre, 0.1, 2000).astype(np.float32)
@@ -539,7 +540,7 @@ def test_biased_numbers_are_bias_corrected_or_not_compared_across_document_count
     replicates and points, the other from its own (the same bias in both runs cancels)."""
     import numpy as np
 
-    from cw_lens.core.replicates import NOT_COMPARABLE, bias_to_se
+    from cw_lens.reproduction.run_replicates import NOT_COMPARABLE, bias_to_se
 
     rng = np.random.default_rng(0)
     unbiased = rng.normal(1.0, 0.1, 2000).astype(np.float32)
@@ -574,8 +575,8 @@ def test_numbers_not_certified_at_a_runs_document_count_are_not_compared(tmp_pat
     256; on another model only runs below the smallest studied count (8 documents)."""
     import numpy as np
 
-    from cw_lens.core.replicates import NOT_COMPARABLE
-    from cw_lens.reporting.interval_coverage import STUDIED_MODEL, certified_from
+    from cw_lens.reproduction.interval_coverage import STUDIED_MODEL, certified_from
+    from cw_lens.reproduction.run_replicates import NOT_COMPARABLE
 
     cosine, share = "median_cos_sink_tail_mixture", "retriever_share"
     assert certified_from(cosine) == 256 and certified_from(share) == 8
@@ -615,7 +616,7 @@ def test_numbers_not_certified_at_a_runs_document_count_are_not_compared(tmp_pat
 
 def test_the_compare_study_judges_its_family_wise_error_by_the_certificates_rule():
     """`benchmarks/population.py compare-study`'s `within_target` is the coverage certificate
-    (`cw_lens.reporting.interval_coverage.certifies`) read on the share of draws with no false
+    (`cw_lens.reproduction.interval_coverage.certifies`) read on the share of draws with no false
     `differ`: at least 0.93 with a one-sided Clopper-Pearson lower 95% bound of at least 0.91,
     i.e. a family-wise error <= 0.07 with an upper bound <= 0.09. The rule it replaces (the rate
     within 0.05 plus two Monte Carlo standard errors, no bound) passed 12 false `differ` in 200
@@ -624,7 +625,7 @@ def test_the_compare_study_judges_its_family_wise_error_by_the_certificates_rule
 
     from scipy.stats import beta
 
-    from cw_lens.reporting.interval_coverage import certifies
+    from cw_lens.reproduction.interval_coverage import certifies
 
     root = Path(__file__).resolve().parents[1] / "benchmarks"
     spec = importlib.util.spec_from_file_location(

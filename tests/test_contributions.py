@@ -258,3 +258,81 @@ def test_text_containing_the_pad_token_is_text_not_padding(llama):
     result = cw_lens.contribution_weights(llama, f"answer{pad}")
     assert result.tokens[0, -1].item() == llama.tokenizer.pad_token_id
     assert result.mask.all()
+
+
+def test_a_block_kept_from_the_consumer_stays_valid(llama):
+    """What `stream_contributions` hands its consumer is the consumer's to keep: fields taken
+    inside the call and fields first read after the stream has moved on (over blocks of other
+    layers and query rows) equal the same blocks streamed one at a time."""
+    tokens = random_tokens(llama, 2, 21, seed=8)
+    kept, taken = [], []
+
+    def keep(lc):
+        kept.append(lc)
+        taken.append((lc.weights("inter"), lc.cosine("intra"), lc.value_norm()))
+
+    cw_lens.stream_contributions(llama, tokens, keep, query_chunk=4, progress=False)
+    later = [(lc.weights("intra"), lc.relative_norm("inter")) for lc in kept]
+    fresh = []
+    cw_lens.stream_contributions(
+        llama,
+        tokens,
+        lambda lc: fresh.append(
+            tuple(
+                t.clone()
+                for t in (
+                    lc.weights("inter"),
+                    lc.cosine("intra"),
+                    lc.value_norm(),
+                    lc.weights("intra"),
+                    lc.relative_norm("inter"),
+                )
+            )
+        ),
+        query_chunk=4,
+        progress=False,
+        reuse_buffers=True,
+    )
+    assert len(kept) == len(fresh) == 12  # 2 layers x 6 query blocks
+    for got_in, got_after, want in zip(taken, later, fresh, strict=True):
+        for got, ref in zip((*got_in, *got_after), want, strict=True):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_view_block_must_be_copied_to_be_kept(llama):
+    """With `reuse_buffers=True` the block is a view valid only during the call: one read
+    after the stream moved on raises instead of reading overwritten buffers, and
+    `detach_copy()` taken inside the call keeps the block's values."""
+    tokens = random_tokens(llama, 2, 21, seed=8)
+    views, copies, want = [], [], []
+
+    def keep(lc):
+        views.append(lc)
+        want.append(lc.weights("inter").clone())
+        copies.append(lc.detach_copy())
+
+    cw_lens.stream_contributions(
+        llama, tokens, keep, query_chunk=4, progress=False, reuse_buffers=True
+    )
+    for copy, ref in zip(copies, want, strict=True):
+        assert not copy.is_view
+        torch.testing.assert_close(copy.weights("inter"), ref, rtol=0, atol=0, equal_nan=True)
+    assert views[-1].is_view
+    with pytest.raises(InputError, match="detach_copy"):
+        views[0].weights("inter")
+    with pytest.raises(InputError, match="detach_copy"):
+        views[0].detach_copy()
+
+
+def test_blocks_given_to_on_block_stay_valid(llama):
+    """`contribution_weights(on_block=...)`: a kept block still equals the result's layer."""
+    tokens = random_tokens(llama, 2, 21, seed=8)
+    kept = []
+    result = cw_lens.contribution_weights(
+        llama, tokens, kind="inter", query_chunk=4, on_block=kept.append
+    )
+    assert len(kept) == 12
+    for lc in kept:
+        rows, keys = lc.queries, lc.keys
+        ref = result.weights[:, result.layers.index(lc.layer), :, rows, keys]
+        torch.testing.assert_close(lc.weights("inter"), ref, atol=1e-6, rtol=1e-5, equal_nan=True)

@@ -15,11 +15,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cw_lens.core.bootstrap import Bootstrap
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
 from cw_lens.core.errors import InputError
-from cw_lens.core.replicates import DIFFER, FILE, NOT_COMPARABLE, SAME, difference_test, pack
-from cw_lens.reporting.run_comparison import compare_runs
+from cw_lens.reproduction.bootstrap import Bootstrap
+from cw_lens.reproduction.run_comparison import compare_runs
+from cw_lens.reproduction.run_replicates import (
+    DIFFER,
+    FILE,
+    NOT_COMPARABLE,
+    SAME,
+    difference_test,
+    pack,
+)
+from cw_lens.reproduction.verdicts import Check, Claim, claims_dict, with_intervals
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 

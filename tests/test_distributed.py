@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cw_lens.data.distributed import merge_across_ranks
-from cw_lens.reporting.job import Job, JobConfig
+from cw_lens.reproduction.job import Job, JobConfig
 
 
 class _Count:

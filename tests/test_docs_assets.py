@@ -114,7 +114,7 @@ def test_the_pages_name_the_checks_the_certificate_leaves_undecided():
     import json
     import re
 
-    from cw_lens.reporting.interval_coverage import _rows, certified_from, not_certified_because
+    from cw_lens.reproduction.interval_coverage import _rows, certified_from, not_certified_because
 
     summary = json.loads((ROOT / "figures" / "summary.json").read_text(encoding="utf-8"))
     checks = [

@@ -82,7 +82,7 @@ def test_the_paper_presets_time_is_the_recorded_range():
     steps as recorded, and those are figures/REPORT.md's Run line."""
     from typer.testing import CliRunner
 
-    from cw_lens.reporting.cli import app
+    from cw_lens.reproduction.cli import app
 
     paper = _record("timings")["paper_preset"]
     walls = [run["wall_s"] for run in paper["runs"]]
@@ -137,7 +137,7 @@ def test_the_quick_preset_and_make_test_times_are_the_recorded_ones():
     assert f"about {quick} minutes ({low}–{high} s over several runs)" in _flat(
         "docs/reproducing.md"
     )
-    assert f"(8 x 128 tokens of pydoc, about {quick} min)" in _read("cw_lens/reporting/cli.py")
+    assert f"(8 x 128 tokens of pydoc, about {quick} min)" in _read("cw_lens/reproduction/cli.py")
     assert f"**about {quick} minutes** ({low}–{high} s over several runs" in _flat(
         "docs/benchmarks.md"
     )
@@ -324,7 +324,7 @@ def test_the_coverage_pages_second_studies_are_the_package_tables_pooled_rows():
     pooled, certified) is the pooled row `interval_coverage.json` certifies from, each
     `coverage [lower bound]` to three digits; every pooled row is on the page; the count the
     causal table's sentence gives is the number of pooled causal rows."""
-    table = json.loads((ROOT / "cw_lens/reporting/interval_coverage.json").read_text())
+    table = json.loads((ROOT / "cw_lens/reproduction/interval_coverage.json").read_text())
     pooled = {(r["number"], r["n"]): r for r in table["rows"] if "studies" in r}
 
     def cell(row: dict) -> str:
@@ -393,7 +393,7 @@ def test_the_quick_presets_profile_is_its_latest_run():
         assert row in page, row
     assert f"{wall - 420:.0f} s over" in page  # the goal: 7 minutes
     from cw_lens.analyses.faithfulness.ranking import ALL_METRICS, FRACTIONS, MODES
-    from cw_lens.reporting.state import JobConfig
+    from cw_lens.reproduction.state import JobConfig
 
     grans = JobConfig.preset("quick").faithfulness_granularity
     passes = 1 + len(grans) * len(ALL_METRICS) * len(MODES) * len(FRACTIONS)

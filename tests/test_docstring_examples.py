@@ -30,18 +30,36 @@ EMBEDDED = re.compile(r"load_model\((\)|api=|\"smollm2)")
 FENCE = re.compile(r"```(?:python|py)?\n(.*?)```", re.S)
 
 
-def _entry_points() -> dict[str, object]:
+def _public() -> dict[str, object]:
+    """`cw_lens`'s public names, then the reproduction layer's (`reproduction.<name>`)."""
+    from cw_lens import reproduction
+
     found = {}
     for name in sorted(cw_lens.__all__):
         if name == "sink_patcher" and importlib.util.find_spec("anywidget") is None:
             continue  # the optional widget extra
-        obj = getattr(cw_lens, name)
+        found[name] = getattr(cw_lens, name)
+    for name in sorted(reproduction.__all__):
+        if getattr(reproduction, name) not in found.values():
+            found[f"reproduction.{name}"] = getattr(reproduction, name)
+    return found
+
+
+def _entry_points() -> dict[str, object]:
+    """Every public function, and every public method of a public class, but the deprecated
+    forwards of methods that moved (`__moved_to__`: their replacement has the example)."""
+    found = {}
+    for name, obj in _public().items():
         if inspect.isfunction(obj):
             found[name] = obj
         elif inspect.isclass(obj) and obj.__module__.startswith("cw_lens."):
             for attr, value in vars(obj).items():
                 func = value.__func__ if isinstance(value, classmethod | staticmethod) else value
-                if not attr.startswith("_") and inspect.isfunction(func):
+                if (
+                    not attr.startswith("_")
+                    and inspect.isfunction(func)
+                    and not hasattr(func, "__moved_to__")
+                ):
                     found[f"{name}.{attr}"] = func
     return found
 

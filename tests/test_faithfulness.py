@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cw_lens
+from cw_lens import reproduction
 from cw_lens.analyses.faithfulness import (
     faithfulness,
     n_removed,
@@ -16,9 +17,9 @@ from cw_lens.analyses.faithfulness import (
     token_scores,
 )
 from cw_lens.analyses.faithfulness.ranking import Ranks
-from cw_lens.core.bootstrap import Bootstrap
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.data.scoring import run_logits, token_nll
+from cw_lens.reproduction.bootstrap import Bootstrap
 
 TEXTS = ["attention is not explanation, says one paper", "contribution weights project values"]
 
@@ -215,7 +216,9 @@ def test_random_draws_are_independent_and_their_spread_is_reported(llama):
         assert spread.loc[row, "mean"] == pytest.approx(mean)
         assert spread.loc[row, "sd"] == pytest.approx(sd)
         assert (spread.loc[row, "min"], spread.loc[row, "max"]) == (values[0], values[2])
-    measured = three.claims(Bootstrap(resamples=50, seed=0))["faithfulness_order"]["measured"]
+    assert (one.n_random_draws, three.n_random_draws) == (1, 3)
+    claim = reproduction.claims(three, Bootstrap(resamples=50, seed=0))["faithfulness_order"]
+    measured = claim["measured"]
     reported = measured["random_aopc_over_draws"]["comprehensiveness_pairs"]
     assert reported["n_draws"] == 3
     assert reported["sd"] == pytest.approx(spread.loc[("pairs", "comprehensiveness"), "sd"])
@@ -225,11 +228,14 @@ def test_random_draws_are_independent_and_their_spread_is_reported(llama):
     assert "random_aopc_over_draws" not in one_draw_claims(llama)
     # replicates(): the claim's numbers in every bootstrap row, the intervals the claim reports
     boot = Bootstrap(resamples=50, seed=0)
-    checks = three.claims(boot)["faithfulness_order"]["checks"]
-    reps = three.replicates(boot)
+    checks = reproduction.claims(three, boot)["faithfulness_order"]["checks"]
+    reps = reproduction.replicates(three, boot)
     assert {c["number"] for c in checks} == set(reps)
+    numbers, per_layer = reproduction.intervals(three, boot)
+    assert set(numbers) == set(reps) and per_layer == {}
     for check in checks:
         assert check["interval"] == pytest.approx(list(boot.pair(reps[check["number"]])))
+        assert check["interval"] == pytest.approx(list(numbers[check["number"]]))
         assert check["value"] == pytest.approx(float(reps[check["number"]][50]))
     with pytest.raises(cw_lens.InputError, match="needs the 'random' metric"):
         faithfulness(llama, TEXTS, metrics=("attention",), n_random=2, progress=False)
@@ -239,11 +245,12 @@ def test_random_draws_are_independent_and_their_spread_is_reported(llama):
     no_random = faithfulness(llama, TEXTS, metrics="attention", fractions=(0.1,), progress=False)
     with pytest.raises(cw_lens.InputError, match="no random ranking"):
         no_random.random_spread()
+    assert no_random.n_random_draws == 0
 
 
 def one_draw_claims(model) -> dict:
     result = faithfulness(model, TEXTS, fractions=(0.5,), progress=False)
-    return result.claims()["faithfulness_order"]["measured"]
+    return reproduction.claims(result)["faithfulness_order"]["measured"]
 
 
 def test_task_corpus_reports_answer_logprob_and_accuracy(llama):
@@ -272,7 +279,7 @@ def test_aopc_and_claims_structure(llama):
     manual = result.curves.groupby(["mode", "metric"])["delta_nll"].mean()
     for (mode, metric), value in manual.items():
         assert aopc.loc[("pairs", mode), metric] == pytest.approx(value)
-    claim = result.claims()["faithfulness_order"]
+    claim = reproduction.claims(result)["faithfulness_order"]
     assert claim["holds"] in ("yes", "no") and "aopc_comprehensiveness_pairs" in claim["measured"]
     fig = result.plot()
     assert len(fig.axes) == 2

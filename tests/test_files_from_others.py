@@ -511,7 +511,7 @@ def test_a_pandas_dtype_that_names_a_file_is_refused_without_opening_it(saved, t
 
 
 def test_a_stored_step_from_someone_else_is_recomputed_never_trusted(tmp_path, capsys):
-    from cw_lens.reporting.state import Job, JobConfig
+    from cw_lens.reproduction.state import Job, JobConfig
 
     job = Job(JobConfig(model="testing:tiny-llama"), tmp_path / "out")
     job.state_dir.mkdir(parents=True)
@@ -789,3 +789,12 @@ def test_struct_helpers_agree_with_the_gguf_layout(gguf_file):
     assert tensor_count == len(reader.tensors) and kv_count == len(reader.fields) - 3
     for at, t in zip(sections["dimensions"], reader.tensors, strict=True):
         assert struct.unpack_from("<Q", data, at)[0] == t.shape[0]
+
+
+def test_a_class_that_moved_loads_under_the_name_older_files_give_it():
+    from cw_lens.core.registry import MOVED_CLASSES, registered_class
+    from cw_lens.reproduction.verdicts import ClaimsTable
+
+    assert registered_class("cw_lens.core.results:ClaimsTable") is ClaimsTable
+    assert all(registered_class(new) is not None for new in MOVED_CLASSES.values())
+    assert not any(registered_class(old) is None for old in MOVED_CLASSES)

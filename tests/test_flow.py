@@ -438,3 +438,39 @@ def test_attention_rollout_rows_sum_to_one_with_learned_sink_logits():
     both = cw_lens.contribution_rollout(b.bridge, tokens)
     assert torch.allclose(both.attention, got, atol=1e-6)
     assert torch.allclose(both.contribution.sum(-1), torch.ones(()), atol=1e-4)
+
+
+def test_a_kept_block_stays_valid_after_the_stream(llama):
+    """A LayerSharesResult the consumer keeps owns its pair shares by default: read after the
+    stream, each equals the block read inside the call (which the next block's buffer would
+    have overwritten when the buffers were reused)."""
+    tokens = random_tokens(llama, 2, 10)
+    inside, kept = [], []
+
+    def consumer(block):
+        inside.append(block.pairs().clone())
+        kept.append(block)
+
+    cw_lens.stream_shares(llama, tokens, consumer, query_chunk=4)
+    read_after = [block.pairs() for block in kept]  # every read before any comparison
+    assert len(kept) > 2 and not any(block.is_view for block in kept)
+    for got, want in zip(read_after, inside, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_view_refuses_to_be_read_late_and_its_copy_stays_valid(llama):
+    tokens = random_tokens(llama, 2, 10)
+    inside, views, copies = [], [], []
+
+    def consumer(block):
+        inside.append(block.pairs().clone())
+        views.append(block)
+        copies.append(block.detach_copy())
+
+    cw_lens.stream_shares(llama, tokens, consumer, query_chunk=4, reuse_buffers=True)
+    assert all(block.is_view for block in views)
+    with pytest.raises(InputError, match=r"view.*detach_copy\(\)"):
+        views[0].pairs()
+    read_after = [copy.pairs() for copy in copies]
+    for got, want in zip(read_after, inside, strict=True):
+        assert torch.equal(got, want)

@@ -10,6 +10,7 @@ import torch
 from apis import needs_both
 
 import cw_lens
+from cw_lens import reproduction
 from cw_lens.analyses.selection import RULES
 from cw_lens.models import load as models
 from cw_lens.models.gguf_cache import load_gguf_hf
@@ -126,7 +127,11 @@ def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, p
     # near-tied samples, so they move with the thread count. Measured on these 2 x 48 tokens
     # (TL 3.9, transformers 5.25): median_abs_rho_cosine_minus_attention 0.02674 vs 0.02641
     # with one torch thread (a pytest-xdist worker), equal to 1e-4 with two
-    _assert_same_claims(ours.claims(), theirs.claims(), loose=("sink_contribution_drivers.",))
+    _assert_same_claims(
+        reproduction.claims(ours),
+        reproduction.claims(theirs),
+        loose=("sink_contribution_drivers.",),
+    )
     # P_N and R_N count keys on either side of a distance threshold, so a hook difference of
     # ~5e-6 (relative) flips a count wherever two keys are that close: attention tied at the
     # top-N boundary (L10H1 q44: a 3e-7 gap at alpha 0.15) or, for random selections, two
@@ -143,4 +148,4 @@ def test_hooked_and_bridge_smollm_give_the_same_results(smollm, smollm_hooked, p
         flipped = int((f_sums[:, r] > 1e-9).sum())
         limit = 0.15 if rule == "random" else 0.02
         assert flipped <= limit * f_sums[:, r].numel(), (rule, flipped)
-    _assert_same_claims(ours.claims(), theirs.claims(), atol=1e-3)
+    _assert_same_claims(reproduction.claims(ours), reproduction.claims(theirs), atol=1e-3)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from cw_lens.core.bootstrap import (
+from cw_lens.reproduction.bootstrap import (
     BIAS_SE_LIMIT,
     Bootstrap,
     bias_flagged,
@@ -21,9 +21,9 @@ from cw_lens.core.bootstrap import (
     interval,
     needs_bias_correction,
 )
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
-from cw_lens.core.resampled import per_layer_rows
-from cw_lens.reporting.markdown import BIAS_MARK, FLAG_MARK, bias_note, claims_markdown
+from cw_lens.reproduction.markdown import BIAS_MARK, FLAG_MARK, bias_note, claims_markdown
+from cw_lens.reproduction.resampled import per_layer_rows
+from cw_lens.reproduction.verdicts import Check, Claim, claims_dict, with_intervals
 
 R, DOCS = 2000, 8
 GEOMEAN = "geomean_head_ratio_n2"

@@ -55,6 +55,23 @@ RENAMED_0_3 = {
 }  # fmt: skip
 
 
+# entry points merged into another in 0.5: still importable from cw_lens (not in __all__), each
+# call warns and names its replacement; removed in 0.6
+DEPRECATED_0_5 = {"geometric_prf_batched": "geometric_prf"}
+
+
+def test_merged_entry_points_warn_and_name_their_replacement():
+    import torch
+
+    values, attention = torch.randn(3, 6, 4), torch.softmax(torch.randn(3, 6), -1)
+    calls = {"geometric_prf_batched": lambda f: f(values, attention, [1, 2])}
+    assert set(calls) == set(DEPRECATED_0_5)
+    for old, new in DEPRECATED_0_5.items():
+        assert old not in cw_lens.__all__ and new in cw_lens.__all__
+        with pytest.warns(DeprecationWarning, match=rf"{old}\(.*{new}\(.*removed in cw_lens 0\.6"):
+            calls[old](getattr(cw_lens, old))
+
+
 def test_public_names_are_those_of_0_2():
     # the result protocol (0.3), the model type, the memory budget's error, loading saved results
     # and several corpus analyses from one pass (0.4.1), the accumulators (0.5)
@@ -62,7 +79,8 @@ def test_public_names_are_those_of_0_2():
     added |= {"corpus_analyses"}
     added |= {"Accumulator", "SinkStatisticsAccumulator", "SelectionGeometryAccumulator"}
     added |= {"HeadTaxonomyAccumulator", "SinkAblationAccumulator"}
-    now = sorted({RENAMED_0_3.get(name, name) for name in PUBLIC_0_2} | added)
+    kept = {RENAMED_0_3.get(name, name) for name in PUBLIC_0_2} - set(DEPRECATED_0_5)
+    now = sorted(kept | added)
     assert sorted(cw_lens.__all__) == now
     for name in now:
         if name == "sink_patcher" and importlib.util.find_spec("anywidget") is None:
@@ -250,3 +268,87 @@ def test_every_tensor_cw_lens_creates_names_its_device():
         "torch factory calls without device= (the inputs' device, or 'cpu' for what stays "
         f"there; cw_lens.core.devices.to_tensor for a value that may be a tensor): {unnamed}"
     )
+
+
+# ---------------------------------------------------------------------- seams between modules
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """Every module of the package and the modules it imports, deferred imports included."""
+    import grimp
+
+    graph = grimp.build_graph("cw_lens")
+    return {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+
+
+def test_there_is_no_import_cycle_deferred_imports_included():
+    import networkx as nx
+
+    edges = [(m, d) for m, deps in _package_imports().items() for d in deps]
+    cycles = sorted(sorted(c) for c in nx.simple_cycles(nx.DiGraph(edges)))
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def _private_imports(source: str) -> list[tuple[int, str, str]]:
+    """`(line, module, name)` of every `from cw_lens... import _name` in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cw_lens"):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append((node.lineno, node.module, alias.name))
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name another module uses is public: `from cw_lens.x import _y` is refused anywhere in
+    the package (tests and benchmarks may reach in)."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {name} from {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module, name in _private_imports(path.read_text())
+    ]
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_private_import_check_catches_one():
+    source = "from cw_lens.analyses.pruning.passes import (\n    public,\n    _hidden,\n)\n"
+    assert _private_imports(source) == [(1, "cw_lens.analyses.pruning.passes", "_hidden")]
+
+
+TOOLKIT = ("analyses", "core", "data", "flow", "interactive", "models", "plots", "reference", "viz")
+
+
+def test_the_toolkit_never_imports_the_reproduction():
+    """The contract lint-imports checks, read from the import graph itself (deferred imports
+    included): no toolkit module imports `cw_lens.reproduction` or anything in it."""
+    offenders = sorted(
+        f"{m} -> {d}"
+        for m, deps in _package_imports().items()
+        if m.split(".")[1:2] and m.split(".")[1] in TOOLKIT
+        for d in deps
+        if d == "cw_lens.reproduction" or d.startswith("cw_lens.reproduction.")
+    )
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_every_mutant_names_a_snippet_that_occurs_once():
+    """`make mutants` applies each curated wrong formula to one snippet of one file; a snippet
+    that moved or changed would make the mutant an error instead of a check, so every snippet
+    is checked here, on every `make test`."""
+    import sys
+
+    sys.path.insert(0, str(PACKAGE.parent / "tests"))
+    try:
+        import mutants
+    finally:
+        sys.path.pop(0)
+    stale = [
+        f"{mu.name}: {mu.path} holds the snippet {count} times"
+        for mu in mutants.MUTANTS
+        for count in [(PACKAGE.parent / mu.path).read_text().count(mu.old)]
+        if count != 1
+    ]
+    assert stale == [], "\n".join(stale)
+    tests = {t.split("::")[0] for mu in mutants.MUTANTS for t in mu.tests}
+    assert all((PACKAGE.parent / t).exists() for t in tests), tests

@@ -166,7 +166,7 @@ def _comparison(model):
 
 
 def _claims(model):
-    from cw_lens.plots.claims import plot_per_layer_intervals
+    from cw_lens.reproduction.claim_plots import plot_per_layer_intervals
 
     rows = [
         {"layer": i, "number": HOSTILE[2], "value": 0.5, "low": 0.4, "high": 0.6} for i in (0, 1)

@@ -12,8 +12,8 @@ import pytest
 from cw_lens.core.errors import InputError
 from cw_lens.data import Corpus, Document
 from cw_lens.models.gguf_cache import WEIGHTS_RECORD, gguf_weights
-from cw_lens.reporting.job import MIN_RESAMPLES, JobConfig, job_bootstrap
-from cw_lens.reporting.provenance import (
+from cw_lens.reproduction.job import MIN_RESAMPLES, JobConfig, job_bootstrap
+from cw_lens.reproduction.provenance import (
     NOT_FINGERPRINTED,
     corpus_provenance,
     document_hashes,

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cw_lens.core.bootstrap import Bootstrap
-from cw_lens.core.claims import VERDICTS, combine
-from cw_lens.reporting.job import CLAIM_ORDER, STEPS, JobConfig, run_figures
-from cw_lens.reporting.markdown import size_limits
+from cw_lens.reproduction.bootstrap import Bootstrap
+from cw_lens.reproduction.job import CLAIM_ORDER, STEPS, JobConfig, run_figures
+from cw_lens.reproduction.markdown import size_limits
+from cw_lens.reproduction.verdicts import VERDICTS, combine
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +127,7 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     assert causal["lone_costs"]["n_documents"] == 2
     assert "The causal claims rest on windows drawn at random (causal seed 0)" in report
     # the claims' replicates beside the summary: one float32 vector per number with an interval
-    from cw_lens.core.replicates import unpack
+    from cw_lens.reproduction.run_replicates import unpack
 
     kept = summary["replicates"]
     reps = unpack(out / kept["file"], kept["sha256"])
@@ -156,7 +156,7 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
     assert fresh["claims"] == summary["claims"]
     assert (tmp_path / "again" / "summary.json").read_text() == (out / "summary.json").read_text()
 
-    import cw_lens.reporting.job as report
+    import cw_lens.reproduction.job as report
 
     def fail(job):
         raise AssertionError("a finished step was recomputed")
@@ -170,7 +170,7 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
     # a resumed run reports how long its loaded steps took when they were computed, and how
     # the corpus steps' one shared pass is split between them
     assert timing_line in (out / "REPORT.md").read_text().splitlines()
-    from cw_lens.reporting.markdown import SHARED_PASS_NOTE
+    from cw_lens.reproduction.markdown import SHARED_PASS_NOTE
 
     assert SHARED_PASS_NOTE in (out / "REPORT.md").read_text().splitlines()
     with pytest.raises(AssertionError, match="recomputed"):
@@ -178,7 +178,7 @@ def test_rerun_is_deterministic_and_resumes_without_recomputing(tiny_run, tmp_pa
 
 
 def _cli(*args: str, env: dict | None = None) -> list[str]:
-    return [sys.executable, "-m", "cw_lens.reporting.cli", "figures", *CLI_ARGS, *args]
+    return [sys.executable, "-m", "cw_lens.reproduction.cli", "figures", *CLI_ARGS, *args]
 
 
 def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
@@ -209,7 +209,7 @@ def test_killed_run_resumes_and_leaves_nothing_half_written(tiny_run, tmp_path):
 def _console_agrees_with_the_report(stdout: str, out: Path) -> None:
     """The console's count line and per-claim verdicts say what REPORT.md and summary.json
     say, in the report's words, and the counts add up to the claims."""
-    from cw_lens.reporting.markdown import VERDICT_MARK
+    from cw_lens.reproduction.markdown import VERDICT_MARK
 
     claims = claims_of(out)["claims"]
     lines = stdout.strip().splitlines()
@@ -241,7 +241,7 @@ def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
         "--nproc-per-node",
         "2",
         "-m",
-        "cw_lens.reporting.cli",
+        "cw_lens.reproduction.cli",
         "figures",
         *CLI_ARGS,
         "--out",
@@ -275,7 +275,7 @@ def test_random_draws_change_the_fingerprint_only_when_used():
 
 
 def test_report_reads_the_random_controls_spread():
-    from cw_lens.reporting.figure_text import _random_draws_text
+    from cw_lens.reproduction.figure_text import _random_draws_text
 
     assert _random_draws_text(None) == ""
     spread = {"comprehensiveness_pairs": dict(n_draws=3.0, mean=0.5, sd=0.1, min=0.4, max=0.6)}
@@ -311,7 +311,7 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     random pruning orders; the quick default's report names the verdicts its size cannot
     settle (its intervals, pruning's 3 random orders), the paper run's only the intervals'."""
     from cw_lens.core.errors import InputError
-    from cw_lens.reporting.markdown import number_name
+    from cw_lens.reproduction.markdown import number_name
 
     paper = JobConfig.preset("paper")
     assert (paper.corpus, paper.n_docs, paper.max_tokens) == ("pydoc+stdlib", 256, 256)
@@ -319,7 +319,7 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     assert JobConfig.preset("quick") == JobConfig()
     assert JobConfig.preset("paper", n_docs=64, corpus=None).n_docs == 64  # None: the preset's
     assert JobConfig.preset("paper", corpus=None).corpus == "pydoc+stdlib"
-    from cw_lens.reporting.interval_coverage import (
+    from cw_lens.reproduction.interval_coverage import (
         LOWER_TARGET,
         STUDIED_MODEL,
         TARGET,
@@ -342,7 +342,7 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     docs = {"sink_lowers_fn": 8, "pruning_signal": 8, "retriever_share": 8}
     quick = "\n".join(size_limits(JobConfig(), summary, docs))
     assert "`pruning_signal`: 3 random orders" in quick
-    # the measured coverage decides (cw_lens/reporting/interval_coverage.json)
+    # the measured coverage decides (cw_lens/reproduction/interval_coverage.json)
     assert (f"{number_name(lowers)}, coverage" in quick) == (not certified_at(lowers, 8))
     assert (f"{number_name(pruning)}, coverage" in quick) == (not certified_at(pruning, 8))
     # below the smallest certified count (8 here): inconclusive, and the report says from when
@@ -371,14 +371,14 @@ def test_checks_whose_interval_undercovers_at_the_run_size_are_inconclusive():
     """A decisive check whose interval was measured to cover less than 0.93 at the run's size
     becomes inconclusive (the claim recombined); one that covers, or a run the study does not
     speak for, keeps its verdict."""
-    from cw_lens.reporting.interval_coverage import (
+    from cw_lens.reproduction.interval_coverage import (
         STUDIED_MODEL,
         TARGET,
         coverage_at,
         settle_by_coverage,
         where_measured,
     )
-    from cw_lens.reporting.markdown import claims_markdown
+    from cw_lens.reproduction.markdown import claims_markdown
 
     # the sink-tail cosine covers 0.905 at 8 documents and 0.983 at 256 (population study)
     share, ppl = "median_cos_sink_tail_mixture", "delta_ppl"
@@ -429,8 +429,8 @@ def _render_committed_gallery(folder: Path) -> tuple[str, str]:
     step timings and its figures (the report's own Run line and figure headings)."""
     import re
 
-    from cw_lens.reporting.markdown import build_report
-    from cw_lens.reporting.state import Job
+    from cw_lens.reproduction.markdown import build_report
+    from cw_lens.reproduction.state import Job
 
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     committed = (folder / "REPORT.md").read_text(encoding="utf-8")
@@ -451,7 +451,7 @@ def test_the_committed_gallery_report_is_what_the_renderer_writes():
     the 0.4.0 report wrote pruning's ΔPPL as `{0.9: {...}, ...}`), each interval's coverage in
     words that cannot be read as the interval containing a value, every check under a plain
     name with its key in the glossary at the end, and a caption under every figure."""
-    from cw_lens.reporting.markdown import FIGURE_CAPTIONS, number_name
+    from cw_lens.reproduction.markdown import FIGURE_CAPTIONS, number_name
 
     folder = Path(__file__).parents[1] / "figures"
     committed, rendered = _render_committed_gallery(folder)
@@ -482,7 +482,7 @@ def test_the_report_shows_nested_numbers_as_small_tables():
     row each in a table whose columns are the keys, a mapping of mappings and a list of
     records each as their own table, a mapping holding mappings as its own block; every value
     is written (none cut off), a run of layers as its first and last."""
-    from cw_lens.reporting.markdown import criteria_sections, measured_tables
+    from cw_lens.reproduction.markdown import criteria_sections, measured_tables
 
     measured = {
         "n": 3,

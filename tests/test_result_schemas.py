@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from test_results import _assert_same, model, results  # noqa: F401  (fixtures)
 
 import cw_lens
+from cw_lens import reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.loading import read_file
 from cw_lens.core.registry import class_name, registered_classes
@@ -72,13 +73,13 @@ def instances(results):  # noqa: F811  (the fixture imported above)
     classes no result holds by default (built small, the way their analyses build them)."""
     from cw_lens.analyses.selection.prf import PRF
     from cw_lens.analyses.sinks.detection import SinkSpec
-    from cw_lens.core.results import ClaimsTable
+    from cw_lens.reproduction.verdicts import ClaimsTable
 
     found: dict[str, Any] = {}
     for result in results.values():
         _walk(result, found)
     prf = PRF(*(torch.rand(2, 3, dtype=torch.float64) for _ in range(3)))
-    claims = ClaimsTable(results["SinkStatisticsResult"].claims())
+    claims = ClaimsTable(reproduction.claims(results["SinkStatisticsResult"]))
     for extra in (SinkSpec((0,)), prf, claims):
         _walk(extra, found)
     return found

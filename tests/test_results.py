@@ -15,11 +15,12 @@ import pytest
 import torch
 
 import cw_lens
-from cw_lens.core.claims import VERDICTS
+from cw_lens import reproduction
 from cw_lens.core.errors import InputError
-from cw_lens.core.results import ClaimsTable, Result
+from cw_lens.core.results import Result
 from cw_lens.core.saving import object_state
 from cw_lens.models.testing import tiny_llama
+from cw_lens.reproduction.verdicts import VERDICTS, ClaimsTable
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -122,7 +123,7 @@ CLAIMS = ["SinkStatisticsResult", "SinkAblationResult", "SelectionGeometryResult
 
 @pytest.mark.parametrize("name", CLAIMS)
 def test_claims_are_a_printable_table(results, name):
-    claims = results[name].claims()
+    claims = reproduction.claims(results[name])
     assert isinstance(claims, ClaimsTable) and claims
     cid = next(iter(claims))
     assert all(c["holds"] in VERDICTS for c in claims.values())
@@ -132,6 +133,20 @@ def test_claims_are_a_printable_table(results, name):
     assert list(frame["claim"]) == list(claims) and len(frame) == len(claims)
     assert type(claims.to_dict()) is dict and claims.to_dict() == claims
     assert f"`{cid}`" in claims._repr_markdown_()
+
+
+@pytest.mark.parametrize("name", CLAIMS)
+def test_the_old_claims_method_warns_and_gives_what_the_reproduction_gives(results, name):
+    result = results[name]
+    with pytest.warns(DeprecationWarning, match=r"cw_lens\.reproduction\.claims\(result"):
+        old = result.claims()
+    new = reproduction.claims(result)
+    assert json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True)  # NaN-aware
+
+
+def test_a_result_without_claims_is_told_which_results_have_them(results):
+    with pytest.raises(InputError, match=r"bears on none of the papers.*HeadTaxonomyResult"):
+        reproduction.claims(results["ContributionResult"])
 
 
 def test_layer_selects_by_layer_number(model):
@@ -301,7 +316,11 @@ def test_a_saved_result_loads_equal(results, name, tmp_path):
     if hasattr(result, "top"):
         _assert_same(result.top(k=3), loaded.top(k=3), f"{name}.top()")
     if name in CLAIMS:
-        _assert_same(result.claims().to_dict(), loaded.claims().to_dict(), f"{name}.claims()")
+        _assert_same(
+            reproduction.claims(result).to_dict(),
+            reproduction.claims(loaded).to_dict(),
+            f"reproduction.claims({name})",
+        )
 
 
 def test_a_result_file_is_safetensors_with_json_metadata(results, tmp_path):

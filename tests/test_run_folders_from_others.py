@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import cw_lens
 from cw_lens.core.errors import InputError
-from cw_lens.reporting.job import JobConfig, clean_partial_files, run_figures
-from cw_lens.reporting.state import Job
+from cw_lens.reproduction.job import JobConfig, clean_partial_files, run_figures
+from cw_lens.reproduction.state import Job
 
 SETTINGS = settings(
     max_examples=60,
@@ -332,7 +332,7 @@ def test_a_stored_step_holding_no_value_of_the_step_is_recomputed(sinks_run, tmp
         write_file({}, step, file_format=STEP_FORMAT)
         expected = "records no digest"
     else:
-        from cw_lens.reporting.stored_steps import store_step
+        from cw_lens.reproduction.stored_steps import store_step
 
         assert Job(JobConfig(**TINY), folder).state_dir == step.parent
         store_step(step, {}, json.loads(_metadata(step)["step_key"]))  # the run's own record

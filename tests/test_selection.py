@@ -30,6 +30,33 @@ def t64(rows):
     return torch.tensor(rows, dtype=torch.float64)
 
 
+def floats(prf):
+    """A PRF of 0-d tensors (one query, one N) as a tuple of floats."""
+    return tuple(float(t) for t in prf)
+
+
+def reference_prf(values, attention, n, *, distance="euclidean", exclude=(), ranking=None):
+    """P, R, F of one query and one N in Python floats, written from the definition: the keys
+    ranked by a Python (stable) sort or by `ranking`, excluded keys dropped, and the counts of
+    the keys on each side of rho_max and rho_min (the scalar form `geometric_prf` had)."""
+    n_keys = attention.shape[0]
+    if ranking is None:
+        scores = attention.tolist()
+        ranked = sorted((j for j in range(n_keys) if j not in exclude), key=lambda j: -scores[j])
+    else:
+        ranked = [j for j in ranking if j not in exclude]
+    y = attention[:, None] * values
+    d = sel.selection_distance(y, y[ranked].cumsum(0)[n - 1], distance)
+    selected, others = d[ranked[:n]], d[ranked[n:]]
+    rho_max = selected.max()
+    rho_min = others.min() if len(others) else torch.tensor(math.inf, dtype=d.dtype)
+    false_pos = int((others <= rho_max).sum())
+    true_pos = int((selected < rho_min).sum())
+    p = n / (n + false_pos)
+    r = true_pos / n
+    return p, r, (2 * p * r / (p + r) if p + r > 0 else 0.0)
+
+
 # =========================================================================== geometric_prf by hand
 
 
@@ -39,12 +66,12 @@ def test_ties_go_to_the_smaller_index():
     # F = 4/7; {0, 2} would give 1, 1, 1.)
     values = t64([[0.0], [10.0], [1.0], [11.0]])
     attention = t64([1.0, 1.0, 1.0, 1.0])
-    assert sel.geometric_prf(values, attention, 2) == (0.5, 0.5, 0.5)
-    assert sel.geometric_prf(values, attention, 2, ranking=[2, 3, 0, 1]) == pytest.approx(
+    assert floats(sel.geometric_prf(values, attention, 2)) == (0.5, 0.5, 0.5)
+    assert floats(sel.geometric_prf(values, attention, 2, ranking=[2, 3, 0, 1])) == pytest.approx(
         (2 / 3, 0.5, 4 / 7)
     )
-    batched = sel.geometric_prf_batched(values, attention, [2])
-    assert [float(t[0]) for t in batched] == [0.5, 0.5, 0.5]
+    grid = sel.geometric_prf(values, attention, [2])
+    assert [float(t[0]) for t in grid] == [0.5, 0.5, 0.5]
 
 
 def test_f1_is_one_for_any_rule_with_euclidean_distance():
@@ -53,8 +80,8 @@ def test_f1_is_one_for_any_rule_with_euclidean_distance():
         values = torch.randn(9, 4, generator=gen, dtype=torch.float64)
         attention = torch.softmax(torch.randn(9, generator=gen, dtype=torch.float64), 0)
         ranking = torch.randperm(9, generator=gen).tolist()
-        assert sel.geometric_prf(values, attention, 1) == (1.0, 1.0, 1.0)
-        assert sel.geometric_prf(values, attention, 1, ranking=ranking) == (1.0, 1.0, 1.0)
+        assert floats(sel.geometric_prf(values, attention, 1)) == (1.0, 1.0, 1.0)
+        assert floats(sel.geometric_prf(values, attention, 1, ranking=ranking)) == (1.0, 1.0, 1.0)
 
 
 def test_ties_at_rho_max_and_rho_min_by_hand():
@@ -66,8 +93,9 @@ def test_ties_at_rho_max_and_rho_min_by_hand():
     values = t64([[8.0], [12.0], [24.0], [-16.0]])
     assert (attention[:, None] * values).flatten().tolist() == [4.0, 3.0, 3.0, -1.0]
     expected = (2 / 3, 0.5, pytest.approx(4 / 7, abs=1e-15))
-    assert sel.geometric_prf(values, attention, 2) == expected
-    p, r, f = sel.geometric_prf_batched(values, attention, [2])
+    assert floats(sel.geometric_prf(values, attention, 2)) == expected
+    assert reference_prf(values, attention, 2) == expected
+    p, r, f = sel.geometric_prf(values, attention, [2])
     assert (float(p[0]), float(r[0]), float(f[0])) == expected
     order = torch.tensor([0, 1, 2, 3])
     p, r, f = sel.prf_of_ranking(
@@ -79,7 +107,7 @@ def test_ties_at_rho_max_and_rho_min_by_hand():
 def test_separable_selection_scores_one():
     values = t64([[10, 0], [10, 0.1], [0, 1], [0, -1], [1, 0], [-1, 0]])
     attention = t64([0.4, 0.4, 0.05, 0.05, 0.05, 0.05])
-    assert sel.geometric_prf(values, attention, 2) == (1.0, 1.0, 1.0)
+    assert floats(sel.geometric_prf(values, attention, 2)) == (1.0, 1.0, 1.0)
 
 
 def test_contaminated_selection_by_hand():
@@ -87,10 +115,10 @@ def test_contaminated_selection_by_hand():
     # P = 2 / (2 + 1) (key 2 inside), R = 1 / 2 (key 1 is not closer than key 2), F = 4/7
     attention = t64([0.4, 0.3, 0.2, 0.1])
     values = t64([[4.0], [3.0], [3.5], [-1.0]]) / attention[:, None]
-    p, r, f = sel.geometric_prf(values, attention, 2)
+    p, r, f = floats(sel.geometric_prf(values, attention, 2))
     assert (p, r) == pytest.approx((2 / 3, 1 / 2)) and f == pytest.approx(4 / 7)
     # N = 3: S = {0, 1, 2}, s = 10.5, D = [6.5, 7.5, 7, 11.5] -> P = 1, R = 1
-    assert sel.geometric_prf(values, attention, 3) == (1.0, 1.0, 1.0)
+    assert floats(sel.geometric_prf(values, attention, 3)) == (1.0, 1.0, 1.0)
 
 
 def test_cosine_distance_by_hand():
@@ -99,12 +127,12 @@ def test_cosine_distance_by_hand():
     y = t64([[0.4, 0.0], [0.0, 0.3], [0.2, 0.2], [1.0, 0.75]])
     values = y / attention[:, None]
     # cosine: D = [0.2, 0.4, 1 - 0.7/(0.5 sqrt 2) ~ 0.0101, 0] -> P = 2/4, R = 0, F = 0
-    assert sel.geometric_prf(values, attention, 2, distance="cosine") == (0.5, 0.0, 0.0)
+    assert floats(sel.geometric_prf(values, attention, 2, distance="cosine")) == (0.5, 0.0, 0.0)
     d = sel.selection_distance(y, y[:2].sum(0), "cosine")
     expected = t64([0.2, 0.4, 1 - 0.7 / (0.5 * math.sqrt(2)), 0.0])
     assert torch.allclose(d, expected, atol=1e-12)
     # euclidean: D = [0.3, 0.4, 0.2236, 0.75] -> P = 2/3, R = 0
-    assert sel.geometric_prf(values, attention, 2) == (2 / 3, 0.0, 0.0)
+    assert floats(sel.geometric_prf(values, attention, 2)) == (2 / 3, 0.0, 0.0)
     # a zero value vector gets distance 1 (the 1e-12 guard), never NaN
     values[3] = 0.0
     d = sel.selection_distance(attention[:, None] * values, y[:2].sum(0), "cosine")
@@ -119,7 +147,8 @@ def test_exclude_equals_removing_the_key():
     for n in (1, 2, 3, 7):
         for distance in ("euclidean", "cosine"):
             got = sel.geometric_prf(values, attention, n, exclude=[0], distance=distance)
-            assert got == sel.geometric_prf(values[1:], attention[1:], n, distance=distance)
+            want = sel.geometric_prf(values[1:], attention[1:], n, distance=distance)
+            assert floats(got) == floats(want)
     with pytest.raises(InputError, match="between 1 and the number of candidate keys"):
         sel.geometric_prf(values, attention, 8, exclude=[0])
 
@@ -144,18 +173,20 @@ def query_cases(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(query_cases())
-def test_prf_invariants_and_batched_equals_single(case):
+def test_prf_invariants_and_grid_equals_the_per_query_reference(case):
     values, attention, exclude, distance = case
     n_cand = len(attention) - len(exclude)
     grid = list(range(1, n_cand + 1))
-    batched = sel.geometric_prf_batched(values, attention, grid, distance=distance, exclude=exclude)
+    batched = sel.geometric_prf(values, attention, grid, distance=distance, exclude=exclude)
     candidates = [j for j in range(len(attention)) if j not in exclude]
     ranked = sorted(candidates, key=lambda j: (-float(attention[j]), j))
     y = attention[:, None] * values
     for k, n in enumerate(grid):
-        prf = sel.geometric_prf(values, attention, n, distance=distance, exclude=exclude)
+        prf = reference_prf(values, attention, n, distance=distance, exclude=exclude)
         assert all(0.0 <= x <= 1.0 for x in prf)
         assert prf == tuple(float(t[k]) for t in batched)  # exactly
+        one = sel.geometric_prf(values, attention, n, distance=distance, exclude=exclude)
+        assert all(t.dim() == 0 for t in one) and floats(one) == prf
         d = sel.selection_distance(y, y[ranked[:n]].cumsum(0)[-1], distance)
         rho_max = float(d[ranked[:n]].max())
         rho_min = float(d[ranked[n:]].min()) if n < n_cand else math.inf
@@ -169,10 +200,10 @@ def test_prf_in_row_blocks_equals_one_block_bit_for_bit(monkeypatch, distance):
     gen = torch.Generator().manual_seed(3)
     values = torch.randn(7, 3, 40, 16, generator=gen)
     attention = torch.softmax(3 * torch.randn(7, 3, 40, generator=gen), -1)
-    full = sel.geometric_prf_batched(values, attention, [1, 2, 4, 8], distance=distance)
+    full = sel.geometric_prf(values, attention, [1, 2, 4, 8], distance=distance)
     row_bytes = 3 * 40 * 16 * 4
     monkeypatch.setattr(sel.prf, "DISTANCE_BLOCK_BYTES", 2 * row_bytes)  # blocks of 2 rows
-    blocked = sel.geometric_prf_batched(values, attention, [1, 2, 4, 8], distance=distance)
+    blocked = sel.geometric_prf(values, attention, [1, 2, 4, 8], distance=distance)
     for a, b in zip(full, blocked, strict=True):
         assert torch.equal(a, b)
 
@@ -188,11 +219,17 @@ def test_random_rankings_are_nested_and_match_the_single_form(case, seed):
     grid = list(range(1, n_keys + 1))
     y = (attention[:, None] * values).expand(3, -1, -1)
     batched = sel.prf_of_ranking(y, orders, torch.ones(3, n_keys, dtype=torch.bool), grid, distance)
+    rows = sel.geometric_prf(  # the rankings as [rows, key], one row per ranking
+        values.expand(3, -1, -1), attention.expand(3, -1), grid, distance=distance, ranking=orders
+    )
     for r, order in enumerate(orders.tolist()):
         assert sorted(order) == list(range(n_keys))
         for k, n in enumerate(grid):  # each N uses the first N keys of one permutation
-            single = sel.geometric_prf(values, attention, n, distance=distance, ranking=order)
+            single = reference_prf(values, attention, n, distance=distance, ranking=order)
             assert single == tuple(float(t[r, k]) for t in batched)
+            assert single == tuple(float(t[r, k]) for t in rows)
+            one = sel.geometric_prf(values, attention, n, distance=distance, ranking=order)
+            assert floats(one) == single
 
 
 def test_random_rankings_are_seeded():
@@ -214,6 +251,69 @@ def test_power_grid():
     assert sel.power_grid(1) == []
 
 
+def test_geometric_prf_one_n_drops_the_n_axis_of_the_grid():
+    gen = torch.Generator().manual_seed(5)
+    values = torch.randn(2, 3, 10, 4, generator=gen, dtype=torch.float64)
+    attention = torch.softmax(torch.randn(2, 3, 10, generator=gen, dtype=torch.float64), -1)
+    grid = sel.geometric_prf(values, attention, [4, 1, 2, 2], exclude=[0])  # sorted, no repeats
+    assert grid.f.shape == (2, 3, 3) and grid.f.dtype == torch.float64
+    for k, n in enumerate([1, 2, 4]):
+        one = sel.geometric_prf(values, attention, n, exclude=[0])
+        assert one.f.shape == (2, 3)
+        for a, b in zip(one, grid, strict=True):
+            assert torch.equal(a, b[..., k])
+    p, r, f = sel.geometric_prf(values[0, 0], attention[0, 0], 2)  # one query: 0-d tensors
+    assert p.shape == r.shape == () and 0.0 <= float(f) <= 1.0
+    # a row with fewer candidates than N is NaN, as on the grid
+    candidates = torch.ones(2, 3, 10, dtype=torch.bool)
+    candidates[0, 0, 3:] = False
+    masked = sel.geometric_prf(values, attention, 4, candidates=candidates)
+    assert masked.f[0, 0].isnan() and not masked.f[1].isnan().any()
+    # one ranking for every row equals that ranking given per row
+    order = torch.randperm(10, generator=gen)
+    shared = sel.geometric_prf(values, attention, [1, 2, 4], ranking=order.tolist())
+    per_row = sel.geometric_prf(values, attention, [1, 2, 4], ranking=order.expand(2, 3, -1))
+    for a, b in zip(shared, per_row, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_geometric_prf_batched_is_a_deprecated_forward():
+    gen = torch.Generator().manual_seed(6)
+    values = torch.randn(4, 8, 3, generator=gen)
+    attention = torch.softmax(torch.randn(4, 8, generator=gen), -1)
+    with pytest.warns(DeprecationWarning, match=r"is now geometric_prf\(\.\.\.\)") as record:
+        old = sel.geometric_prf_batched(values, attention, [2, 1], distance="cosine", exclude=[0])
+    assert record[0].filename == __file__  # the warning points at the caller
+    new = sel.geometric_prf(values, attention, [1, 2], distance="cosine", exclude=[0])
+    for a, b in zip(old, new, strict=True):
+        assert a.shape == (4, 2) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"n": 0}, "between 1 and the number of candidate keys"),
+        ({"n": 2.0}, "n must be an integer"),
+        ({"n": True}, "n must be an integer"),
+        ({"n": []}, "non-empty list of positive integers"),
+        ({"n": [1, 0]}, "non-empty list of positive integers"),
+        ({"n": 2, "ranking": [0, 1, 2]}, "permutation of the 4 key indices"),
+        ({"n": 2, "ranking": [0, 1, 1, 2]}, "permutation of the 4 key indices"),
+        ({"n": 2, "ranking": [0, 1, 2, 7]}, "key indices in"),
+        ({"n": 2, "ranking": torch.tensor([0.0, 1.0, 2.0, 3.0])}, "integer key indices"),
+        ({"n": 2, "exclude": [4]}, "exclude must hold key indices"),
+        ({"n": 2, "candidates": torch.ones(3, dtype=torch.bool)}, "candidates"),
+        ({"n": 2, "candidates": torch.ones(4)}, "boolean mask"),
+    ],
+)
+def test_geometric_prf_rejects_bad_input(kwargs, match):
+    values, attention = t64([[0.0], [10.0], [1.0], [11.0]]), t64([0.4, 0.3, 0.2, 0.1])
+    with pytest.raises(InputError, match=match):
+        sel.geometric_prf(values, attention, **kwargs)
+    with pytest.raises(InputError, match="same rows and keys"):
+        sel.geometric_prf(values, attention[:3], 2)
+
+
 # =========================================================================== tiny-model pipeline
 
 
@@ -229,7 +329,7 @@ def run_cached(model, texts):
 
 
 def reference_geometry(model, batch, cache, grid, query, n_random, seed):
-    """Per-query loops over geometric_prf: mean F per (layer, rule, head, n)."""
+    """Per-query loops over reference_prf: mean F per (layer, rule, head, n)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     group = n_heads // cache["blocks.0.attn.hook_v"].shape[2]
     sums = torch.zeros(n_layers, 3, n_heads, len(grid), 2, dtype=torch.float64)
@@ -247,13 +347,10 @@ def reference_geometry(model, batch, cache, grid, query, n_random, seed):
                         if 2 * n > q + 1:
                             continue
                         rules = [
-                            sel.geometric_prf(v, a, n)[2],
-                            sum(
-                                sel.geometric_prf(v, a, n, ranking=r)[2]
-                                for r in rankings[h].tolist()
-                            )
+                            reference_prf(v, a, n)[2],
+                            sum(reference_prf(v, a, n, ranking=r)[2] for r in rankings[h].tolist())
                             / n_random,
-                            sel.geometric_prf(v, a, n, exclude=[0])[2],
+                            reference_prf(v, a, n, exclude=[0])[2],
                         ]
                         for r, f in enumerate(rules):
                             sums[layer, r, h, k] += torch.tensor([f, 1.0], dtype=torch.float64)
@@ -576,6 +673,30 @@ def test_magnitude_on_gpt2(gpt2):
 def test_pruning_rejects_bad_input(model, kwargs, match):
     with pytest.raises(InputError, match=match):
         prn.prune_heads(model, TEXTS, progress=False, **kwargs)
+
+
+def test_claims_read_the_registered_intervals(model):
+    """`cw_lens.reproduction.claims` of a selection or taxonomy result with a bootstrap sets
+    on each check the interval that `intervals` gives (and on retriever_share its per-layer
+    rows); the toolkit summary carries no verdict."""
+    from cw_lens.reproduction import Bootstrap, claims, intervals, replicates
+
+    bootstrap = Bootstrap(resamples=40)
+    geo = sel.selection_geometry(model, TEXTS, n_random=2, per_document=True, progress=False)
+    tax = taxo.head_taxonomy(model, TEXTS, per_document=True, progress=False)
+    assert "claims_hold" not in geo.summary_dict()
+    for result in (geo, tax):
+        numbers, per_layer = intervals(result, bootstrap)
+        assert set(numbers) <= set(replicates(result, bootstrap))
+        judged = claims(result, bootstrap)
+        checks = [c for claim in judged.values() for c in claim["checks"]]
+        assert checks and all(c["interval"] == list(numbers[c["number"]]) for c in checks)
+        for cid, rows in per_layer.items():
+            assert judged[cid]["per_layer"] == rows
+    assert [row["layer"] for row in intervals(tax, bootstrap)[1]["retriever_share"]] == tax.layers
+    assert all(c["interval"] is None for c in claims(geo)["sink_lowers_fn"]["checks"])
+    with pytest.raises(InputError, match="per_document=True"):
+        intervals(sel.selection_geometry(model, TEXTS, progress=False), bootstrap)
 
 
 def test_summaries_are_json_ready(model, pruned):

@@ -18,8 +18,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import cw_lens
-from cw_lens.core.bootstrap import Bootstrap
+from cw_lens import reproduction
 from cw_lens.models.testing import tiny_llama
+from cw_lens.reproduction.bootstrap import Bootstrap
 
 pytestmark = pytest.mark.slow
 TEXTS = [
@@ -50,7 +51,9 @@ def _tables() -> dict[str, pd.DataFrame]:
         "sink_replicates": pd.DataFrame(
             {
                 k: v.flatten().numpy()
-                for k, v in results.sinks.replicates(Bootstrap(resamples=20))[0].items()
+                for k, v in reproduction.replicates(results.sinks, Bootstrap(resamples=20))[
+                    0
+                ].items()
                 if v.ndim == 1
             }
         ),

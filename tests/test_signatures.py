@@ -59,7 +59,6 @@ POSITIONAL = {
     "stream_contributions": 3,  # (model, inputs, consumer)
     "stream_shares": 3,
     "geometric_prf": 3,  # pure math on tensors: (values, attention, n)
-    "geometric_prf_batched": 3,
 }
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from reference import planted_sink_tensors, reference_ablation_heads, reference_sink_heads
 
 import cw_lens
+from cw_lens import reproduction
 from cw_lens.core import geometry as geo
 from cw_lens.data.inputs import prepare_inputs
 from cw_lens.data.scoring import run_logits
@@ -150,7 +151,7 @@ GEOMETRY_CLAIMS = (
 
 
 def failing_claims(stats, names):
-    claims = stats.claims()
+    claims = reproduction.claims(stats)
     return [name for name in names if claims[name]["holds"] != "yes"]
 
 
@@ -259,6 +260,28 @@ def test_ablation_direct_equals_total_for_one_layer_and_identity_at_scale_one(ll
     assert same.delta_nll == 0.0
     assert (same.per_head["cone_after"] == same.per_head["cone_before"]).all()
     assert direct.per_head["low_norm"].sum() == 1  # a quarter of 4 heads
+
+
+def test_ablation_intervals_are_those_its_claims_read(llama):
+    """`intervals(ablation, bootstrap)` (registered with the ablation's claims and replicates)
+    gives the intervals `claims(ablation, bootstrap)` judges, and no per-layer detail."""
+    texts = ["the sink holds the rest in check", "semantic cones and drift", "a third text"]
+    ablation = cw_lens.sink_ablation(llama, texts, layers=[1], per_document=True, progress=False)
+    bootstrap = reproduction.Bootstrap(resamples=50)
+    found, per_layer = reproduction.intervals(ablation, bootstrap)
+    assert per_layer == {}
+    checks = reproduction.claims(ablation, bootstrap)["sink_ablation_cone"]["checks"]
+    assert (
+        {c["number"] for c in checks}
+        == set(found)
+        == {
+            "cone_rise_low_norm_minus_other",
+            "delta_ppl",
+        }
+    )
+    for check in checks:
+        assert check["interval"] == pytest.approx(list(found[check["number"]]), nan_ok=True)
+        assert np.isfinite(check["interval"]).all()
 
 
 def test_intervention_argument_errors(llama):

@@ -35,12 +35,10 @@ from torch import Tensor
 
 from cw_lens.analyses.common import check_sinks, kv_of_heads, rounded_dict
 from cw_lens.core.accumulators import Accumulator, StackedSums, document_rows
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.deprecation import moved_to_reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import per_layer_rows, taxonomy_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_corpus
@@ -50,7 +48,6 @@ from cw_lens.models.verify import require_verified
 
 CATEGORIES = ("current", "sink", "other")
 REGIMES = ("Retriever", "Mixer", "Reset")  # the regime of each category, in tie-break order
-RETRIEVER_RANGE = (0.058, 0.172)  # P2's range of Retriever shares (docs/methods.md#claims)
 
 
 def source_winners(
@@ -291,7 +288,7 @@ class HeadTaxonomyResult(Result):
         return self.table.copy()
 
     def regime_shares(self) -> pd.Series:
-        """Share of heads in each regime (claim `retriever_share`: Retrievers 5.8–17.2%).
+        """Share of heads in each regime.
 
         Returns:
             A Series indexed by regime (`Retriever`, `Mixer`, `Reset`).
@@ -381,7 +378,7 @@ class HeadTaxonomyResult(Result):
         return self.table.sort_values(by, ascending=False, kind="stable").head(k)
 
     def summary_dict(self) -> dict[str, Any]:
-        """Headline numbers of the claim `retriever_share`: head count and regime shares.
+        """Headline numbers: head count and regime shares.
 
         Returns:
             A JSON-ready dict (`summary()`: this dict as a one-row DataFrame).
@@ -405,87 +402,8 @@ class HeadTaxonomyResult(Result):
             "dominant_regime": str(shares.idxmax()),
         }
 
-    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's taxonomy claim (docs/methods.md#claims `retriever_share`), measured.
-
-        Args:
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, the interval over documents
-                and the per-layer intervals (needs `per_document=True`).
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
-            `measured` numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            tax = cw_lens.head_taxonomy(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            tax.claims()["retriever_share"]["holds"]
-            tax.claims(Bootstrap(resamples=100))
-            ```
-        """
-        claims = [self._claim()]
-        if bootstrap is not None:
-            reps = self.replicates(bootstrap)
-            layers = self.layers
-            point = self.table.groupby("layer")["regime"].apply(lambda r: (r == "Retriever").mean())
-            rows = per_layer_rows(
-                layers,
-                "retriever_share",
-                torch.tensor(point.loc[layers].to_numpy(), device="cpu"),
-                *bootstrap.judged(reps["retriever_share_per_layer"], number="retriever_share"),
-            )
-            share = bootstrap.pair(reps["retriever_share"], number="retriever_share")
-            intervals = {"retriever_share": share}
-            claims = with_intervals(claims, intervals, {"retriever_share": rows})
-        return claims_dict(claims)
-
-    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """`retriever_share` in every row of `bootstrap.weights`.
-
-        Each row reclassifies every head from its winner counts.
-
-        Args:
-            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-
-        Returns:
-            `{number: tensor}`: the share `[rows]` and per layer `[rows, layer]`.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            tax = cw_lens.head_taxonomy(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            replicates = tax.replicates(Bootstrap(resamples=100))
-            ```
-        """
-        record = require_record(self.per_document, "head_taxonomy")
-        return taxonomy_numbers(bootstrap.resample(record))
-
-    def _claim(self) -> Claim:
-        shares = self.regime_shares()
-        claim = Claim(
-            "retriever_share",
-            paper="Retrievers are a minority, 5.8-17.2% of heads (P2)",
-            criterion="Retriever share in [5.8%, 17.2%]",
-            checks=[Check("retriever_share", float(shares["Retriever"]), "in", RETRIEVER_RANGE)],
-            measured={
-                "regime_shares": rounded_dict(shares),
-                "dominant_regime": str(shares.idxmax()),
-                "n_heads": len(self.table),
-            },
-        )
-        return claim
+    claims = moved_to_reproduction("claims")  # deprecated: cw_lens.reproduction.claims(result)
+    replicates = moved_to_reproduction("replicates")
 
     def plot(self, **kwargs: Any) -> Any:
         """Regimes over depth: stacked shares of heads per layer (claim `retriever_share`).
@@ -542,8 +460,7 @@ def head_taxonomy(
         progress: Show a progress bar over document batches.
         per_document: Also keep each document's winner counts per head (`12 * n_layers *
             n_heads + 1` bytes per document, 3.2 KB for SmolLM2-135M) for bootstrap
-            intervals
-            ([`HeadTaxonomyResult.claims`][cw_lens.HeadTaxonomyResult.claims]).
+            intervals over documents (`cw_lens.reproduction.claims(result, Bootstrap(...))`).
 
     Returns:
         A [`HeadTaxonomyResult`][cw_lens.HeadTaxonomyResult].

@@ -3,7 +3,9 @@
 
 - `renamed_kwargs` — a function's keyword argument renamed (`n_draws=` -> `n_random=`);
 - `keyword_only` — arguments that were positional and are now keyword-only;
-- `deprecated` — any other old behaviour kept reachable: warn, then do it.
+- `deprecated` — any other old behaviour kept reachable: warn, then do it;
+- `moved_to_reproduction` — a result method that moved to `cw_lens.reproduction` (the
+  papers' claims, replicates and intervals), kept on the result for one minor version.
 
 Example:
 
@@ -31,10 +33,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 REMOVED_IN = "0.5"
 
 
-def deprecated(message: str, *, stacklevel: int = 3) -> None:
-    """Warn that an old spelling or behaviour goes away in `REMOVED_IN`."""
+def deprecated(message: str, *, stacklevel: int = 3, removed_in: str = REMOVED_IN) -> None:
+    """Warn that an old spelling or behaviour goes away in `removed_in`.
+
+    Args:
+        message: What is deprecated and what replaces it.
+        stacklevel: The frame the warning points at (the caller of the deprecated call).
+        removed_in: The version that removes it.
+    """
     warnings.warn(
-        f"{message} (deprecated; removed in cw_lens {REMOVED_IN})",
+        f"{message} (deprecated; removed in cw_lens {removed_in})",
         DeprecationWarning,
         stacklevel=stacklevel,
     )
@@ -94,3 +102,41 @@ def keyword_only(*names: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+# The result methods that moved to the reproduction layer in 0.5 go in 0.6.
+REPRODUCTION_METHODS_REMOVED_IN = "0.6"
+
+
+def moved_to_reproduction(name: str) -> Callable[..., Any]:
+    """A result method `name` (`claims`, `replicates` or `intervals`) that is now the function
+    `cw_lens.reproduction.<name>(result, ...)`: it warns, then calls that function.
+
+    The toolkit never imports the reproduction layer (the import contract in pyproject.toml);
+    this forward looks the function up by name when a deprecated method is called, and goes
+    with the methods in `REPRODUCTION_METHODS_REMOVED_IN`.
+
+    Args:
+        name: The method's name, which is also the function's.
+
+    Returns:
+        The method to set in the result class's body.
+    """
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        deprecated(
+            f"{type(self).__name__}.{name}() is now cw_lens.reproduction.{name}(result, ...)",
+            removed_in=REPRODUCTION_METHODS_REMOVED_IN,
+        )
+        import importlib
+
+        function = getattr(importlib.import_module("cw_lens.reproduction"), name)
+        return function(self, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = (
+        f"Deprecated: `cw_lens.reproduction.{name}(result, ...)` (removed in cw_lens "
+        f"{REPRODUCTION_METHODS_REMOVED_IN})."
+    )
+    method.__moved_to__ = f"cw_lens.reproduction.{name}"  # type: ignore[attr-defined]
+    return method

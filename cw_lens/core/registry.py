@@ -20,6 +20,8 @@ Examples:
     'Histogram'
     >>> registered_class("os:system") is None
     True
+    >>> registered_class("cw_lens.core.results:ClaimsTable").__module__  # written before 0.5
+    'cw_lens.reproduction.verdicts'
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ T = TypeVar("T", bound=type)
 # tests/test_saving_security.py). Importing them registers their classes.
 SAVEABLE_MODULES = (
     "cw_lens.core.accumulators",
-    "cw_lens.core.results",
     "cw_lens.models.access",
     "cw_lens.models.batch",
     "cw_lens.models.blocks",
@@ -55,8 +56,12 @@ SAVEABLE_MODULES = (
     "cw_lens.flow.routes",
     "cw_lens.flow.shares",
     "cw_lens.interactive.comparison",
-    "cw_lens.reporting.run_comparison",
+    "cw_lens.reproduction.verdicts",
+    "cw_lens.reproduction.run_comparison",
 )
+
+# classes that moved, by the name files written before the move give them
+MOVED_CLASSES = {"cw_lens.core.results:ClaimsTable": "cw_lens.reproduction.verdicts:ClaimsTable"}
 
 _CLASSES: dict[str, type] = {}
 _loaded = False
@@ -121,7 +126,9 @@ def registered_class(name: str) -> type | None:
         The class, or `None` where no cw_lens class is registered under that name.
     """
     load_registry()
-    return _CLASSES.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    return _CLASSES.get(MOVED_CLASSES.get(name, name))
 
 
 def registered_classes() -> dict[str, type]:

@@ -13,10 +13,9 @@ on all of them:
     cw.layer(20)         # the same result restricted to layer 20 (by layer NUMBER)
     cw.top(5)            # the 5 largest rows (k first; every other argument by keyword)
     cw.save("cw.safetensors"); cw_lens.load_result("cw.safetensors")   # a file, no pickle
-    stats.claims()       # a ClaimsTable: prints as a table, stats.claims()["sink_anti_alignment"]
 
-[`ClaimsTable`][cw_lens.ClaimsTable] is the printable `{claim id: claim}` mapping every `claims()`
-returns.
+A result holds numbers and per-document tables; which of the papers' claims they support is
+judged above the toolkit, by `cw_lens.reproduction.claims(result)`.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from torch import Tensor
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.loading import read_file
-from cw_lens.core.registry import class_name, saveable
+from cw_lens.core.registry import class_name
 from cw_lens.core.saving import write_file
 
 _REPR_LIMIT = 380
@@ -74,8 +73,6 @@ class Result:
       dict or a string in 0.2 keep it as `summary_dict()` / `summary_text()`.
     - `result.to_dataframe()`: the full tidy table behind the result.
     - `result.plot(...)`: the result's figure (a matplotlib `Figure`), where it has one.
-    - `result.claims(...)`: where the result carries claims of the papers, a
-      [`ClaimsTable`][cw_lens.ClaimsTable] (a `{claim id: claim}` mapping that prints as a table).
     - `result.layer(n)`: for results over a subset of layers (`layers=[10, 20]`), the same
       result restricted to layer NUMBER `n` (`layers == [n]`, the layer axis kept with size
       1); `result.layer_index(n)` is that layer's position on the layer axis. A layer that is
@@ -327,80 +324,3 @@ def resolve_row(mask: Bool[Tensor, "batch pos"], batch: int, query: int | None) 
 def dict_frame(values: dict[str, Any]) -> pd.DataFrame:
     """A dict of headline numbers as a one-row DataFrame (lists and dicts kept as cells)."""
     return pd.DataFrame([{k: v for k, v in values.items()}])
-
-
-@saveable
-class ClaimsTable(dict):
-    """The claims of a result: `{claim id: claim dict}` (`paper`, `measured`, `holds`,
-    `criterion`, `checks`) that prints as a table.
-
-    It is a `dict`, so `claims["sink_anti_alignment"]["holds"]`, iteration, `json.dumps`
-    and `.update` work as before; `to_dataframe()` is one row per claim, `to_dict()` the
-    plain nested dict, and Jupyter renders it as a Markdown table.
-    """
-
-    stored_items: ClassVar[Any] = dict[str, dict[str, Any]]  # what a file stores of it
-
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The plain nested dict.
-
-        Returns:
-            `{claim id: claim dict}` (copies of the claims).
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            claims = cw_lens.head_taxonomy(model, corpus, progress=False).claims()
-            claims.to_dict()
-            ```
-        """
-        return {cid: dict(claim) for cid, claim in self.items()}
-
-    def to_dataframe(self) -> pd.DataFrame:
-        """One row per claim.
-
-        Returns:
-            A DataFrame with `claim`, `holds`, `paper`, `criterion` and the claim's checked
-            numbers as `number=value` text.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            claims = cw_lens.head_taxonomy(model, corpus, progress=False).claims()
-            claims.to_dataframe()
-            ```
-        """
-        rows = [
-            {
-                "claim": cid,
-                "holds": claim.get("holds"),
-                "paper": claim.get("paper"),
-                "criterion": claim.get("criterion"),
-                "numbers": ", ".join(
-                    f"{c['number']}={c['value']:.3g}" for c in claim.get("checks", [])
-                ),
-            }
-            for cid, claim in self.items()
-        ]
-        return pd.DataFrame(rows, columns=["claim", "holds", "paper", "criterion", "numbers"])
-
-    def __repr__(self) -> str:
-        if not self:
-            return "ClaimsTable(no claims)"
-        df = self.to_dataframe()[["claim", "holds", "numbers"]]
-        return "ClaimsTable\n" + df.to_string(index=False, max_colwidth=70)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self))
-
-    def _repr_markdown_(self) -> str:
-        lines = ["| claim | holds | paper | numbers |", "|---|---|---|---|"]
-        for row in self.to_dataframe().itertuples(index=False):
-            lines.append(f"| `{row.claim}` | {row.holds} | {row.paper} | {row.numbers} |")
-        return "\n".join(lines)

@@ -11,7 +11,7 @@ CPU, nccl on GPU.
 
 Example (2 CPU processes):
 
-    torchrun --nproc-per-node 2 -m cw_lens.reporting.cli figures --out figures-ddp
+    torchrun --nproc-per-node 2 -m cw_lens.reproduction.cli figures --out figures-ddp
 """
 
 from __future__ import annotations

@@ -204,14 +204,19 @@ def stream_contributions(
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
     progress: bool = True,
     count_nan: Sequence[str] = (),
-    reuse_buffers: bool = True,
+    reuse_buffers: bool = False,
     shard: tuple[int, int] | None = None,
 ) -> StreamStats:
     """Stream one layer (and one block of query rows) at a time to `consumer`.
 
     The consumer is called inside the forward pass with a
     [`LayerContributionsResult`][cw_lens.LayerContributionsResult]; it should fold what it needs
-    into a small accumulator and keep no references to full tensors.
+    into a small accumulator (a kept block holds its layer's activations). By default each block
+    owns what it computes: a block or a field kept from the call stays valid after the stream has
+    moved on. With `reuse_buffers=True` the block is a view (`block.is_view`) whose fields live
+    in buffers the next block overwrites, valid only during the call: keep
+    `block.detach_copy()` instead (a view read after a later block has begun raises
+    [`InputError`][cw_lens.InputError]; a tensor taken from it is not guarded: `.clone()` it).
 
     Args:
         model: A `TransformerBridge`.
@@ -231,8 +236,9 @@ def stream_contributions(
         on_logits: If given, the passes run to the end and this gets `(batch, logits)`.
         progress: Show a tqdm bar over document batches.
         count_nan: Kinds (`"intra"`/`"inter"`) whose zero-norm rows to count and warn about.
-        reuse_buffers: Reuse one buffer per field across blocks (fast; tensors handed to the
-            consumer are then valid only during the call). `False` allocates fresh tensors.
+        reuse_buffers: Hand the consumer views: one buffer per field, reused by every block
+            (no allocation per block; the block and its tensors are valid only during the call,
+            see above). `False` (the default): every block allocates its own fields.
         shard: `(rank, world)`: process only document batches `rank, rank + world, ...` of
             the batch plan (the plan itself is the same on every rank).
 
@@ -316,7 +322,9 @@ def stream_corpus(
     Each accumulator ([`Accumulator`][cw_lens.core.accumulators.Accumulator]: `layers`,
     `need_logits`, `update(block)`, `update_logits(batch, logits)`, `all_reduce()`) is handed
     the blocks of the layers it reads, in the order given, so what two of them both read (the
-    attention, the per-head output norms) is computed once. Under torchrun the document batches
+    attention, the per-head output norms) is computed once. The blocks are views
+    (`reuse_buffers=True` of `stream_contributions`: no allocation or copy per block), valid
+    only during `update`, which folds them into its sums. Under torchrun the document batches
     are sharded over the ranks and every accumulator is then reduced across them with
     collectives (`all_reduce`); the stats are summed likewise.
 
@@ -365,6 +373,7 @@ def stream_corpus(
         on_logits=on_logits if any(a.need_logits for a in accumulators) else None,
         progress=progress,
         count_nan=count_nan,
+        reuse_buffers=True,
         shard=current_shard(),
     )
     for accumulator in accumulators:

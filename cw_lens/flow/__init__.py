@@ -2,6 +2,6 @@
 
 `geometry` (pure tensor math of the flow quantities), `capture` (one block at a time, checked
 against the model), `shares`, `rollout`, `routes` and `evaluation` (rollout deletion,
-route faithfulness). Top layer (see `docs/architecture.md`), beside `interactive` and
-`reporting`.
+route faithfulness). Beside `interactive`, below the reproduction layer (see
+`docs/architecture.md`).
 """

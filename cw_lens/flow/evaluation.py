@@ -539,6 +539,7 @@ def ioi_route_statistics(
             attention_mask=sub.mask.long(),
             batch_size=None,
             progress=False,
+            reuse_buffers=True,  # reduced inside the call
         )
         edges, nodes, sequential = collector.tables()
         for r, doc in enumerate(sub.documents):

@@ -43,8 +43,15 @@ class LayerSharesResult(Result):
 
     Pair tensors are `[batch, head, query, key]` over the rows `queries` and the keys
     `0 .. queries.stop - 1`; per-position pieces are `[batch, query]`. Rows at padding and
-    rows whose stream norm is zero are NaN. With a reusing workspace, `pairs` lives in a
-    buffer the next block overwrites: reduce it in the callback or `.clone()` it.
+    rows whose stream norm is zero are NaN.
+
+    Lifetime: by default ([`stream_shares`][cw_lens.stream_shares] with `reuse_buffers=False`) a
+    block owns what it computes, so a block kept from the consumer stays valid after the stream
+    has moved on. With `reuse_buffers=True` (what cw_lens's own flow analyses use) the block is a
+    view (`is_view`): `pairs()` lives in a buffer that the next block overwrites, so the block is
+    valid only during the consumer call. Reduce it there, or keep
+    [`detach_copy()`][cw_lens.LayerSharesResult.detach_copy]; a view read after a later block has
+    begun raises [`InputError`][cw_lens.InputError].
 
     `into` names the stream the shares are of: `"post"`, `x_{l+1}` (residual, pairs,
     bias and MLP sum to 1), or `"mid"`, `m_l = x_l + A(o + b_O) (+ beta)`, the stream the
@@ -64,7 +71,10 @@ class LayerSharesResult(Result):
         "_ws": Workspace,
         "_model_name": str,
         "_pairs": None,
+        "_generation": int,
     }
+    optional_fields: ClassVar[tuple[str, ...]] = ("_generation",)  # files of 0.4 lack it
+    _generation: int = 0
 
     def __init__(
         self,
@@ -98,6 +108,7 @@ class LayerSharesResult(Result):
         self._stream = block.resid_post if into == "post" else block.resid_mid
         self._shared = shared
         self._ws = workspace
+        self._generation = workspace.generation  # the stream begins a block before building it
         self._model_name = model_name
         self._pairs: Tensor | None = None
 
@@ -119,9 +130,61 @@ class LayerSharesResult(Result):
 
     @cached_property
     def _mid(self) -> LayerSharesResult:
-        return LayerSharesResult(
+        mid = LayerSharesResult(
             self.block, self.queries, self._shared, self._ws, self._model_name, into="mid"
         )
+        mid._generation = self._generation  # the same block's view
+        return mid
+
+    @property
+    def is_view(self) -> bool:
+        """True when `pairs()` lives in a buffer that later blocks reuse (`reuse_buffers=True`):
+        the block is then valid only during the consumer call."""
+        return self._ws.reuse
+
+    def detach_copy(self) -> LayerSharesResult:
+        """This block as one that owns its fields, valid after the consumer call returns.
+
+        The copy reads the same activations (which the stream never reuses) and computes its
+        pair shares in a tensor of its own when they are read (the same numbers); nothing is
+        cloned, so a copy that is not read costs nothing. Call it inside the consumer.
+
+        Returns:
+            A [`LayerSharesResult`][cw_lens.LayerSharesResult] that is not a view.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            kept = []
+            cw_lens.stream_shares(
+                model, "The cat sat on the mat.", lambda b: kept.append(b.detach_copy()),
+                reuse_buffers=True,
+            )
+            kept[0].pairs().shape  # still valid after the stream
+            ```
+        """
+        self._check_current()
+        return LayerSharesResult(
+            self.block,
+            self.queries,
+            dict(self._shared),
+            Workspace(reuse=False),
+            self._model_name,
+            into=self.into,
+        )
+
+    def _check_current(self) -> None:
+        """Raise when this is a view whose buffer a later block may have overwritten."""
+        if self._ws.reuse and self._ws.generation != self._generation:
+            raise InputError(
+                f"This LayerSharesResult (layer {self.layer}, queries {self.queries.start}.."
+                f"{self.queries.stop - 1}) is a view into a buffer that the stream reuses "
+                "(reuse_buffers=True), valid only during the consumer call, and a later block "
+                "has overwritten it. Keep block.detach_copy() from inside the call, or stream "
+                "with reuse_buffers=False (the default)."
+            )
 
     def into_mid(self) -> LayerSharesResult:
         """The shares of the same rows in `m_l` (sequential blocks only).
@@ -251,6 +314,7 @@ class LayerSharesResult(Result):
             cw_lens.stream_shares(model, "The cat sat on the mat.", consumer)
             ```
         """
+        self._check_current()
         if self._pairs is None:
             acts = self.block.acts
             buf = self._ws.get(f"pairs_{self.into}", self.shape, acts.pattern.device)
@@ -376,7 +440,7 @@ def stream_shares(
     fwd_hooks: Sequence | Callable[[TokenBatch], Sequence] = (),
     on_logits: Callable[[TokenBatch, Tensor], None] | None = None,
     progress: bool = True,
-    reuse_buffers: bool = True,
+    reuse_buffers: bool = False,
 ) -> StreamStats:
     """Stream one block (and one block of query rows) at a time to `consumer`.
 
@@ -395,7 +459,9 @@ def stream_shares(
             document batch that returns them).
         on_logits: If given, the passes run to the end and this gets `(batch, logits)`.
         progress: Show a tqdm bar over document batches.
-        reuse_buffers: Reuse one buffer for the pair shares across blocks.
+        reuse_buffers: Reuse one buffer for the pair shares across blocks: each block is then a
+            view, valid only during its consumer call (`LayerSharesResult.detach_copy` keeps
+            one); `False` (the default): every block owns its pair shares.
 
     Returns:
         A `StreamStats` (documents and tokens seen).
@@ -427,6 +493,7 @@ def stream_shares(
     label = progress if isinstance(progress, str) else "shares"
 
     def on_rows(block: BlockActivations, rows: slice, shared: dict[str, Any]) -> None:
+        workspace.begin_block()
         consumer(LayerSharesResult(block, rows, shared, workspace, name))
 
     run_batches(

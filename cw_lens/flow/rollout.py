@@ -271,6 +271,7 @@ def rollout_batches(
             on_logits=keep if need_logits else None,
             query_chunk=query_chunk,
             progress=False,
+            reuse_buffers=True,  # reduced inside the call
         )
         contribution, attention = acc.finish(sub.mask)
         yield sub, contribution, attention, got.pop("logits", None)

@@ -338,6 +338,7 @@ def residual_shares(
         batch_size=batch_size,
         attention_mask=batch.mask.long(),
         progress=False,
+        reuse_buffers=True,  # reduced inside the call
     )
     n_nan = int((filler.pieces["residual"].isnan() & batch.mask[:, None, :]).sum())
     if n_nan:

@@ -50,8 +50,8 @@ from cw_lens.core.results import Result
 from cw_lens.core.schema import Axes
 from cw_lens.data.inputs import TokenBatch, one_text, prepare_inputs
 from cw_lens.data.scoring import token_nll
-from cw_lens.interactive.cone_means import _ConeMeans
-from cw_lens.interactive.deprecations import _k_first
+from cw_lens.interactive.cone_means import ConeMeans
+from cw_lens.interactive.deprecations import warn_positional_top
 from cw_lens.interactive.resume import CleanStream, ResumePlan
 from cw_lens.models.access import Model, resolve_heads, resolve_layers
 from cw_lens.models.edits import HookSet
@@ -301,7 +301,7 @@ def run_text(
     if not 1 <= int(top_k) <= n_vocab:
         raise InputError(f"top_k must be in 1..{n_vocab}, got {top_k!r}.")
     cone_list = sorted(set(cone_layers))
-    cone = _ConeMeans(cone_list, model.cfg.n_heads, SinkSpec(sinks))
+    cone = ConeMeans(cone_list, model.cfg.n_heads, SinkSpec(sinks))
     got: dict[str, Tensor] = {}
 
     def keep_logits(_: TokenBatch, logits: Tensor) -> None:
@@ -372,7 +372,7 @@ class SinkPatchComparisonResult(Result):
             }
         )
 
-    @_k_first
+    @warn_positional_top
     def top(self, k: int = 10, *, position: int | None = None) -> pd.DataFrame:
         """The top-k next tokens after `position`, clean and patched.
 

@@ -1,6 +1,6 @@
 """Call forms of the interactive results kept with a warning after their meaning changed.
 
-`_k_first` wraps `SinkPatchComparisonResult.top`, whose first positional argument was the
+`warn_positional_top` wraps `SinkPatchComparisonResult.top`, whose first positional argument was the
 position until 0.3.3 and is now `k`, as in every result's `top`.
 """
 
@@ -14,9 +14,16 @@ from typing import Any
 import pandas as pd
 
 
-def _k_first(top: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
+def warn_positional_top(top: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
     """`SinkPatchComparisonResult.top(n)` read `n` as the position until 0.3.3; now `n` is
-    `k`, as in every result's `top`: a positional argument warns (FutureWarning)."""
+    `k`, as in every result's `top`: a positional argument warns (FutureWarning).
+
+    Args:
+        top: The method `SinkPatchComparisonResult.top`.
+
+    Returns:
+        The method, warning when it is given a positional argument.
+    """
 
     @functools.wraps(top)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> pd.DataFrame:

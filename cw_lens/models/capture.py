@@ -25,8 +25,8 @@ every number describe something the model did not compute — it raises instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,23 +206,6 @@ def check_consistent(
         )
 
 
-# Benchmarks only: `benchmarks/bench_contributions.py` measures what the per-layer checks cost
-# by timing passes inside `_checks_skipped`. Not part of the API (no analysis or option
-# turns the checks off: a model whose hooks do not add up must raise, never give a number).
-_SKIP_CHECKS = False
-
-
-@contextmanager
-def _checks_skipped() -> Iterator[None]:
-    """For benchmarks: `run_layers` skips its per-layer checks inside this context."""
-    global _SKIP_CHECKS
-    _SKIP_CHECKS = True
-    try:
-        yield
-    finally:
-        _SKIP_CHECKS = False
-
-
 def run_layers(
     model: Any,
     batch: TokenBatch,
@@ -270,18 +253,16 @@ def run_layers(
         if not w.offloaded:  # an offloaded layer's copy is read again in the next pass, so
             weights[layer] = w  # that what is kept does not grow with the depth
         pattern, values, z = got["pattern"].float(), got["values"].float(), got["z"].float()
-        if not _SKIP_CHECKS:
-            check_finite(layer, values, z)
+        check_finite(layer, values, z)
         for edit in access.edits_at(layer):
             if edit.on_output:  # realised after hook_z: z still shows the unedited value
                 z = z - edit.delta(pattern, values)
         raw = pattern
         for edit in access.edits_at(layer):
             pattern = edit.effective_pattern(pattern, values)
-        if not _SKIP_CHECKS:
-            raw = None if raw is pattern else raw
-            dtype[:] = dtype or [access.parameter_dtype()]
-            check_consistent(access, layer, pattern, values, z, mask, raw, dtype=dtype[0])
+        raw = None if raw is pattern else raw
+        dtype[:] = dtype or [access.parameter_dtype()]
+        check_consistent(access, layer, pattern, values, z, mask, raw, dtype=dtype[0])
         on_layer(
             LayerActivations(
                 layer=layer,

@@ -20,7 +20,7 @@ The public functions' docstrings have runnable examples.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
@@ -35,7 +35,10 @@ from cw_lens.core.results import Result
 from cw_lens.core.schema import NoValue
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import LayerActivations
-from cw_lens.models.head_space import HeadSpaceReads
+
+# One concept: one streamed block of contributions and its lifetime (the buffers it may reuse,
+# the check that a view is still current, the copy that owns its fields) are one object, as the
+# consumer of `stream_contributions` receives it.
 
 Kind = Literal["intra", "inter"]
 KINDS = ("intra", "inter")
@@ -53,17 +56,47 @@ class Workspace:
     """Reusable float32 buffers for the streamed `[batch, head, query, key]` tensors.
 
     Fresh multi-megabyte tensors cost page faults on every allocation; reusing one buffer per
-    role makes the streamed arithmetic several times cheaper. With `reuse=False` every request
-    gets a fresh tensor.
+    role makes the streamed arithmetic cheaper. With `reuse=False` every request gets a fresh
+    tensor. A reusing workspace counts the blocks built on it (`generation`): only the newest
+    one may read its buffers, since every block writes its fields into the same ones.
+
+    Args:
+        reuse: Hand out one buffer per role, reused by every block (else fresh tensors).
     """
 
-    stored_fields: ClassVar[dict[str, Any]] = {"reuse": bool, "_buffers": dict[str, Tensor]}
+    stored_fields: ClassVar[dict[str, Any]] = {
+        "reuse": bool,
+        "generation": int,
+        "_buffers": dict[str, Tensor],
+    }
+    optional_fields: ClassVar[tuple[str, ...]] = ("generation",)  # files of 0.4 lack it
+    generation: int = 0
 
     def __init__(self, reuse: bool = True) -> None:
         self.reuse = reuse
+        self.generation = 0
         self._buffers: dict[str, Tensor] = {}
 
+    def begin_block(self) -> int:
+        """Register a new block whose fields go into these buffers.
+
+        Returns:
+            The block's generation: the buffers are its own while no later block has begun.
+        """
+        self.generation += 1
+        return self.generation
+
     def get(self, name: str, shape: Sequence[int], device: torch.device) -> Tensor:
+        """A float32 tensor of `shape` for the role `name`.
+
+        Args:
+            name: The role (one buffer per role when reusing).
+            shape: The tensor's shape.
+            device: Where it lives.
+
+        Returns:
+            A view of the role's buffer (reusing), or a fresh tensor; its values are garbage.
+        """
         numel = math.prod(shape)
         if not self.reuse:
             return torch.empty(tuple(shape), device=device)
@@ -73,9 +106,21 @@ class Workspace:
             self._buffers[name] = buf
         return buf[:numel].view(tuple(shape))
 
+    def holds(self, t: Tensor) -> bool:
+        """Whether `t` lives in one of this workspace's reused buffers.
+
+        Args:
+            t: A tensor.
+
+        Returns:
+            True when `t` shares storage with a buffer (it is overwritten by a later block).
+        """
+        ptr = t.untyped_storage().data_ptr()
+        return any(ptr == b.untyped_storage().data_ptr() for b in self._buffers.values())
+
 
 @saveable
-class LayerContributionsResult(HeadSpaceReads, Result):
+class LayerContributionsResult(Result):
     """Contribution geometry of one layer for one block of query rows (the streaming unit).
 
     Tensors are `[batch, head, query, key]` over the selected heads, the query rows
@@ -83,9 +128,15 @@ class LayerContributionsResult(HeadSpaceReads, Result):
     rows, so they are left out: every field would be 0 there). Quantities are computed lazily
     in head space and cached for the life of the block.
 
-    With a reusing `Workspace` (the default of
-    [`stream_contributions`][cw_lens.stream_contributions]) the returned tensors live in buffers
-    that the next block overwrites: reduce them inside the callback, or `.clone()` what you keep.
+    Lifetime: by default ([`stream_contributions`][cw_lens.stream_contributions] with
+    `reuse_buffers=False`) a block owns what it computes, so a block or a tensor kept from the
+    consumer stays valid after the stream has moved on. A block built on a reusing `Workspace`
+    (`reuse_buffers=True`, what the corpus analyses use) is a view (`is_view`): its
+    `[batch, head, query, key]` fields live in buffers that the next block overwrites, so it is
+    valid only during the consumer call. Reduce it there, or keep
+    [`detach_copy()`][cw_lens.LayerContributionsResult.detach_copy]; a view read after a later
+    block has begun raises [`InputError`][cw_lens.InputError] (a tensor taken from it and
+    kept is overwritten, not guarded: `.clone()` it).
 
     Conventions: entries with `j > i` are 0; rows of padded queries and of queries with a
     numerically zero output norm are NaN at `j <= i`.
@@ -102,8 +153,11 @@ class LayerContributionsResult(HeadSpaceReads, Result):
         "keys": slice,
         "_shared": dict[str, NoValue],
         "_ws": Workspace,
+        "_generation": int,
         "_cache": dict[str, NoValue],
     }
+    optional_fields: ClassVar[tuple[str, ...]] = ("_generation",)  # files of 0.4 lack it
+    _generation: int = 0
 
     def __init__(
         self,
@@ -131,10 +185,126 @@ class LayerContributionsResult(HeadSpaceReads, Result):
         self.keys = slice(0, self.queries.stop)
         self._shared = {} if shared is None else shared
         self._ws = workspace if workspace is not None else Workspace(reuse=False)
+        self._generation = self._ws.begin_block()
         self._cache: dict[Any, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_shared": {}, "_cache": {}}
+
+    # ------------------------------------------------------------------ head-space reads
+    # What a block reads from its layer's captured activations before any field is formed:
+    # the selected heads, `z_i^h` and `z_i^h G^h` for the block's rows, the projected value
+    # norms `||pv_j^h||` of every key and their running maximum (once per layer, shared by its
+    # blocks through `_shared`), the values with the key/value heads first, and their grouped
+    # `query x key` product.
+    def _memo(self, key: Any, fn: Callable[[], Any]) -> Any:
+        self._check_current()
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def _layer_memo(self, key: str, fn: Callable[[], Tensor]) -> Tensor:
+        if key not in self._shared:
+            self._shared[key] = fn()
+        return self._shared[key]
+
+    @cached_property
+    def _head_index(self) -> Tensor:
+        return torch.tensor(self.heads, device=self.acts.pattern.device)
+
+    def _sel(self, t: Tensor, axis: int = 1) -> Tensor:
+        return t if self._all_heads else t.index_select(axis, self._head_index)
+
+    @cached_property
+    def _full_key_norms(self) -> Float[Tensor, "batch head key"]:
+        return self._layer_memo(
+            "pv_norm", lambda: geo.projected_value_norms(self.acts.values, self.acts.weights.gram)
+        )
+
+    @cached_property
+    def _key_scale(self) -> Float[Tensor, "batch head query"]:
+        """`max_{j<=i} ||pv_j^h||` over all heads (for zero-norm detection)."""
+        full = self._layer_memo("pv_scale", lambda: geo.key_norm_scale(self._full_key_norms))
+        return full[..., self.queries]
+
+    @cached_property
+    def _z(self) -> Tensor:
+        return self.acts.z[:, self.queries]
+
+    @cached_property
+    def _z_gram(self) -> Float[Tensor, "batch head query d_head"]:
+        """`z_i^h G^h` for this block's rows, heads first (the layout of the grouped
+        products): the intra query side and `||o_i^h||^2`."""
+        return torch.matmul(self._z.transpose(1, 2), self.acts.weights.gram)
+
+    @cached_property
+    def _values_kv(self) -> Float[Tensor, "batch kv_head key d_head"]:
+        """The values with the key/value heads first, contiguous (once per layer): every
+        block's products read their keys as a transposed view, without a copy."""
+        return self._layer_memo("values_kv", lambda: self.acts.values.transpose(1, 2).contiguous())
+
+    def _grouped(self, query_side: Tensor, out: Tensor) -> Tensor:
+        """`<query_side[b,h,i], v_j^{g(h)}>` for the selected heads and this block's keys
+        (`query_side` is `[batch, head, query, d_head]` over the selected heads)."""
+        values = self._values_kv[:, :, : self.keys.stop]
+        if self._all_heads:
+            return geo.grouped_scores_heads_first(query_side, values, out=out)
+        group = self.acts.n_heads // values.shape[1]
+        kv = torch.tensor([h // group for h in self.heads], device=values.device)
+        return torch.matmul(query_side, values.index_select(1, kv).transpose(-1, -2))
+
+    # ------------------------------------------------------------------ lifetime
+    @property
+    def is_view(self) -> bool:
+        """True when the fields live in buffers that later blocks reuse (`reuse_buffers=True`):
+        the block is then valid only during the consumer call."""
+        return self._ws.reuse
+
+    def _check_current(self) -> None:
+        """Raise when this is a view whose buffers a later block may have overwritten."""
+        if self._ws.reuse and self._ws.generation != self._generation:
+            raise InputError(
+                f"This LayerContributionsResult (layer {self.layer}, queries "
+                f"{self.queries.start}..{self.queries.stop - 1}) is a view into buffers that the "
+                "stream reuses (reuse_buffers=True), valid only during the consumer call, and a "
+                "later block has overwritten them. Keep block.detach_copy() from inside the "
+                "call, or stream with reuse_buffers=False (the default)."
+            )
+
+    def detach_copy(self) -> LayerContributionsResult:
+        """This block as one that owns its fields, valid after the consumer call returns.
+
+        The copy reads the same activations (which the stream never reuses) and computes its
+        `[batch, head, query, key]` fields in tensors of its own when they are read (the same
+        numbers as this block's); nothing is cloned, so a copy that is not read costs nothing.
+        Call it inside the consumer.
+
+        Returns:
+            A [`LayerContributionsResult`][cw_lens.LayerContributionsResult] with
+            `is_view == False`, equal to this block.
+
+        Examples:
+            ```python
+            import cw_lens
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            kept = []
+
+            def consumer(block):  # a view: valid only inside this call
+                kept.append(block.detach_copy())
+
+            cw_lens.stream_contributions(model, "The cat sat.", consumer, reuse_buffers=True)
+            kept[0].weights("inter").shape
+            ```
+        """
+        self._check_current()
+        copy = LayerContributionsResult(
+            self.acts, self.heads, self.queries, dict(self._shared), Workspace(reuse=False)
+        )
+        for key, value in self._cache.items():  # the small per-row values; not the buffers
+            if not (isinstance(value, Tensor) and self._ws.reuse and self._ws.holds(value)):
+                copy._cache[key] = value
+        return copy
 
     # ------------------------------------------------------------------ raw pieces
     @property
@@ -527,6 +697,7 @@ class LayerContributionsResult(HeadSpaceReads, Result):
             cw_lens.stream_contributions(model, "The cat sat on the mat.", consumer)
             ```
         """
+        self._check_current()
         if not self._padded:
             return self.attention
         buf = self._ws.get("attention", self.shape, self.acts.pattern.device)

@@ -3,8 +3,6 @@ results and returns a `matplotlib.figure.Figure`; nothing here runs a model or c
 statistic. Figures are named after the claim they illustrate (docs/methods.md#claims).
 """
 
-from cw_lens.plots._style import save_figure
-from cw_lens.plots.claims import plot_per_layer_intervals
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
 from cw_lens.plots.flow import (
@@ -27,12 +25,12 @@ from cw_lens.plots.sinks import (
     plot_sink_contribution_drivers,
     plot_sink_value_geometry,
 )
+from cw_lens.plots.style import save_figure
 
 __all__ = [
     "plot_attention_vs_contribution",
     "plot_convex_sink_curve",
     "plot_faithfulness_curves",
-    "plot_per_layer_intervals",
     "plot_pruning_signal",
     "plot_residual_shares",
     "plot_retriever_share",

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.plots._style import SIGNED_CMAP, literal_text, plt, signed_norm, token_ticks
+from cw_lens.plots.style import SIGNED_CMAP, literal_text, plt, signed_norm, token_ticks
 
 
 def plot_attention_vs_contribution(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cw_lens.plots._style import literal_text, plt
+from cw_lens.plots.style import literal_text, plt
 
 METRIC_COLOURS = {
     "attention": "tab:gray",

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from cw_lens.plots._style import (
+from cw_lens.plots.style import (
     SIGNED_CMAP,
     literal_text,
     plt,

@@ -9,7 +9,7 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
-from cw_lens.plots._style import literal_text, plt
+from cw_lens.plots.style import literal_text, plt
 
 RULE_STYLE = {
     "top": {"color": "C0", "label": "top-N by attention"},

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from cw_lens.plots._style import literal_text, plt
+from cw_lens.plots.style import literal_text, plt
 
 
 def plot_sink_attention_vs_contribution(heads: pd.DataFrame, *, figsize: tuple = (9, 4)) -> Any:

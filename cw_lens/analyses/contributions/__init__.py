@@ -57,7 +57,11 @@ from jaxtyping import Bool, Float, Float32, Int
 from torch import Tensor
 
 from cw_lens.analyses.contributions.cache_checks import activations_from_cache
-from cw_lens.analyses.contributions.filling import _Both, _ResultFiller, check_result_memory
+from cw_lens.analyses.contributions.filling import (
+    FillerAndOnBlock,
+    ResultFiller,
+    check_result_memory,
+)
 from cw_lens.analyses.contributions.tables import long_table, top_table
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
@@ -399,8 +403,9 @@ def contribution_weights(
         on_logits: If given, the pass runs to the end and this gets `(batch, logits)` of
             the same pass (one forward pass for weights and predictions).
         on_block: If given, also called with every streamed
-            [`LayerContributionsResult`][cw_lens.LayerContributionsResult] (inside the pass; see
-            [`stream_contributions`][cw_lens.stream_contributions] for the lifetime rules).
+            [`LayerContributionsResult`][cw_lens.LayerContributionsResult] (inside the pass); a
+            block it keeps stays valid (it owns its fields, as with the default of
+            [`stream_contributions`][cw_lens.stream_contributions]).
         block_layers: The layers whose blocks go to `on_block` (default: `layers`); those
             not in `layers` are streamed for `on_block` only, not stored in the result.
         memory_budget: Bytes the result may take, fields derived on access included (`8e9`,
@@ -438,13 +443,15 @@ def contribution_weights(
     if extra and on_block is None:
         raise InputError("block_layers needs on_block (the function that gets those blocks).")
     device = model_device(model)
-    filler = _ResultFiller(
+    filler = ResultFiller(
         batch.tokens.shape[0], batch.tokens.shape[1], layer_list, len(head_list), kind, device
     )
     stats = stream_contributions(
         model,
         batch.tokens,
-        filler if on_block is None else _Both(filler, on_block, block_layers is not None, extra),
+        filler
+        if on_block is None
+        else FillerAndOnBlock(filler, on_block, block_layers is not None, extra),
         layers=sorted(set(layer_list) | set(extra)),
         heads=None if len(head_list) == model.cfg.n_heads else head_list,
         query_chunk=query_chunk,
@@ -453,6 +460,7 @@ def contribution_weights(
         count_nan=(kind,),
         on_logits=on_logits,
         progress=False,
+        reuse_buffers=True,  # views for the filler; on_block gets copies (FillerAndOnBlock)
     )
     filler.mark_padding(batch.lengths.tolist())
     return ContributionResult(

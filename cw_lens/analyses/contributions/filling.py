@@ -16,7 +16,7 @@ from cw_lens.models.access import Model, model_device
 from cw_lens.models.layer_contributions import Kind, LayerContributionsResult
 
 
-class _ResultFiller:
+class ResultFiller:
     """Consumer that writes each streamed block into preallocated result tensors.
 
     Args:
@@ -49,6 +49,11 @@ class _ResultFiller:
         self.head_norm = torch.full(shape[:4], math.nan, device=device)
 
     def __call__(self, lc: LayerContributionsResult) -> None:
+        """Write one block into the result tensors (it may be a view: nothing is kept).
+
+        Args:
+            lc: A block of one of `layers`.
+        """
         li = self.layer_pos[lc.layer]
         q, k = lc.queries, lc.keys
         docs = lc.batch.documents
@@ -81,8 +86,13 @@ class _ResultFiller:
             self.pv_norm[b, :, :, n:] = math.nan
 
 
-class _Both:
+class FillerAndOnBlock:
     """The result filler (its layers) and a user's `on_block` (its own layers, or all).
+
+    The stream hands this consumer views (no allocation per block for the filler); `on_block`
+    gets each block's [`detach_copy`][cw_lens.LayerContributionsResult.detach_copy] (nothing
+    cloned: it computes what it is asked for in tensors of its own), which stays valid after the
+    call, as a block handed to a user's function must.
 
     Args:
         filler: The result filler.
@@ -92,15 +102,20 @@ class _Both:
     """
 
     def __init__(
-        self, filler: _ResultFiller, on_block: Callable, restrict: bool, layers: list[int]
+        self, filler: ResultFiller, on_block: Callable, restrict: bool, layers: list[int]
     ) -> None:
         self.filler, self.on_block, self.restrict, self.layers = filler, on_block, restrict, layers
 
     def __call__(self, lc: LayerContributionsResult) -> None:
+        """Fill the result with the block, then hand `on_block` a copy it may keep.
+
+        Args:
+            lc: A streamed block (a view, valid during this call).
+        """
         if lc.layer in self.filler.layer_pos:
             self.filler(lc)
         if not self.restrict or lc.layer in self.layers:
-            self.on_block(lc)
+            self.on_block(lc.detach_copy())
 
 
 # the result's [batch, layer, head, query, key] fields: attention and cosine stored, then

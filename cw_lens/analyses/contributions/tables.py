@@ -6,18 +6,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from cw_lens.analyses.contributions import ContributionResult
+
+class ContributionFields(Protocol):
+    """What the tables read of a [`ContributionResult`][cw_lens.ContributionResult]: its
+    `FIELDS` (each an attribute `[batch, layer, head, query, key]`), `mask`, `layers`, `heads`
+    and `str_tokens` (a protocol, so that this module does not import the result's)."""
+
+    FIELDS: tuple[str, ...]
+    mask: Tensor
+    layers: list[int]
+    heads: list[int]
+    str_tokens: list[list[str]]
 
 
 def long_table(
-    result: ContributionResult,
+    result: ContributionFields,
     b_idx: Sequence[int],
     l_idx: Sequence[int],
     h_idx: Sequence[int],
@@ -27,7 +36,7 @@ def long_table(
     heads given by their index.
 
     Args:
-        result: The result.
+        result: The [`ContributionResult`][cw_lens.ContributionResult].
         b_idx: Rows of the batch.
         l_idx: Entries of the layer axis.
         h_idx: Entries of the head axis.
@@ -62,7 +71,7 @@ def long_table(
 
 
 def top_table(
-    result: ContributionResult,
+    result: ContributionFields,
     scores: Tensor,
     layers: list[int],
     heads: list[int],
@@ -78,7 +87,7 @@ def top_table(
     them.
 
     Args:
-        result: The result.
+        result: The [`ContributionResult`][cw_lens.ContributionResult].
         scores: The field `by` of the query, `[layer, head, key]` over `layers` and `heads`.
         layers: Entries of the layer axis.
         heads: Entries of the head axis.

@@ -24,9 +24,8 @@ comprehensiveness/sufficiency tests of DeYoung et al. 2020):
    per key token (`token_scores`; for the inter contribution, the token's share of the
    layer output), and the chosen tokens are removed from every head.
 
-P1's claim (docs/methods.md#claims `faithfulness_order`), judged at pairs granularity: the AOPC of
-comprehensiveness strictly increases attention < value_norm < value_norm_output < contribution,
-and contribution has the lowest sufficiency AOPC of the four.
+P1's claim (docs/methods.md#claims `faithfulness_order`) is judged from these AOPCs in
+`cw_lens.reproduction.faithfulness_claims`.
 
 Example:
 
@@ -38,11 +37,7 @@ Example:
     result.plot()
 """
 
-from cw_lens.analyses.faithfulness.curves import (
-    FaithfulnessResult,
-    faithfulness,
-    faithfulness_claim,
-)
+from cw_lens.analyses.faithfulness.curves import FaithfulnessResult, faithfulness
 from cw_lens.analyses.faithfulness.ranking import (
     ALL_METRICS,
     FRACTIONS,
@@ -62,7 +57,6 @@ __all__ = [
     "MODES",
     "FaithfulnessResult",
     "faithfulness",
-    "faithfulness_claim",
     "n_removed",
     "random_draw_names",
     "rank_candidates",

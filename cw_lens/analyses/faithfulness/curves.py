@@ -1,7 +1,8 @@
 """The faithfulness run over a corpus ([`faithfulness`][cw_lens.faithfulness]): clean ranks, the
 removal passes, their curves and AOPC, and its result class
-([`FaithfulnessResult`][cw_lens.FaithfulnessResult]); its claim is judged in
-`cw_lens.analyses.faithfulness.claims`, its sums kept in `cw_lens.analyses.faithfulness.outcomes`.
+([`FaithfulnessResult`][cw_lens.FaithfulnessResult]); its sums are kept in
+`cw_lens.analyses.faithfulness.outcomes`, its claim judged in
+`cw_lens.reproduction.faithfulness_claims`.
 
 The protocol, its formulas, citations and a runnable example are in the package docstring,
 `cw_lens.analyses.faithfulness`.
@@ -18,7 +19,6 @@ import pandas as pd
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cw_lens.analyses.faithfulness.claims import faithfulness_claim
 from cw_lens.analyses.faithfulness.outcomes import TASK_SUMS, TEXT_SUMS, Outcomes
 from cw_lens.analyses.faithfulness.ranking import (
     ALL_METRICS,
@@ -28,13 +28,10 @@ from cw_lens.analyses.faithfulness.ranking import (
     Ranks,
     random_draw_names,
 )
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import claims_dict, with_intervals
-from cw_lens.core.deprecation import keyword_only, renamed_kwargs
+from cw_lens.core.deprecation import keyword_only, moved_to_reproduction, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard
 from cw_lens.data.documents import as_corpus
@@ -42,7 +39,6 @@ from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_
 from cw_lens.data.scoring import run_logits
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
-from cw_lens.models.layer_contributions import METRICS
 from cw_lens.models.verify import require_verified
 
 
@@ -193,86 +189,15 @@ class FaithfulnessResult(Result):
         ascending = mode == "sufficiency"
         return table.sort_values(table.columns[0], ascending=ascending).head(k)
 
-    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's faithfulness ordering, measured (docs/methods.md#claims `faithfulness_order`).
+    @property
+    def n_random_draws(self) -> int:
+        """How many draws of the random ranking the curves hold (`random`, `random#2`, ...; 0
+        without the `random` metric)."""
+        return sum(str(m).startswith("random") for m in self.curves["metric"].unique())
 
-        With several random draws (`n_random`), `measured["random_aopc_over_draws"]` holds their
-        spread ([`random_spread`][cw_lens.FaithfulnessResult.random_spread]).
-
-        Args:
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, every number's interval over
-                documents and, in `measured`, every AOPC's (`aopc_interval_<mode>_<granularity>`,
-                the random ranking's included: its interval over documents, per draw). Intervals
-                need `per_document=True`.
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
-            numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            faith = cw_lens.faithfulness(
-                model, corpus, fractions=(0.5,), per_document=True, progress=False
-            )
-            from cw_lens.core.bootstrap import Bootstrap
-
-            faith.claims()["faithfulness_order"]["holds"]
-            faith.claims(Bootstrap(resamples=100))  # with intervals over documents
-            ```
-        """
-        point = self.aopc()
-        claim = faithfulness_claim(point, self.value_column, self.clean)
-        claim.measured["first_query"] = self.first_query
-        if _random_columns(point).shape[1] > 1:
-            spread = self.random_spread()
-            claim.measured["random_aopc_over_draws"] = {
-                f"{mode}_{g}": {k: float(v) for k, v in row.items()}
-                for (g, mode), row in spread.iterrows()
-            }
-        if bootstrap is None:
-            return claims_dict([claim])
-        aopc = self._aopc_replicates(bootstrap)
-        for (g, mode, metric), reps in aopc.items():
-            key = f"aopc_interval_{mode}_{g}"
-            claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps, number=key))
-        numbers = faithfulness_numbers(aopc, METRICS)
-        intervals = {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
-        claim = with_intervals([claim], intervals)[0]
-        return claims_dict([claim])
-
-    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """`faithfulness_order`'s numbers in every row of `bootstrap.weights`.
-
-        Args:
-            bootstrap: The documents' resampling (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-
-        Returns:
-            `{number: tensor of one value per resample}`.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            faith = cw_lens.faithfulness(
-                model, corpus, fractions=(0.5,), per_document=True, progress=False
-            )
-            from cw_lens.core.bootstrap import Bootstrap
-
-            replicates = faith.replicates(Bootstrap(resamples=100))
-            ```
-        """
-        return faithfulness_numbers(self._aopc_replicates(bootstrap), METRICS)
-
-    def _aopc_replicates(self, bootstrap: Bootstrap) -> dict[tuple[str, str, str], Tensor]:
-        names, table, configs = require_record(self.per_document, "faithfulness")
-        return aopc_numbers(bootstrap.resample(table), names, configs, self.task)
+    # deprecated: cw_lens.reproduction.claims(result, bootstrap)
+    claims = moved_to_reproduction("claims")
+    replicates = moved_to_reproduction("replicates")
 
     def plot(self, **kw: Any) -> Any:
         """The perturbation curves: the damage against the fraction removed, per metric.
@@ -353,7 +278,7 @@ def faithfulness(
         per_document: Also keep each document's NLL (or answer log-probability) sum and count
             per configuration (`8 * (1 + configurations) + 1` bytes per document, 969 bytes
             with both granularities and the defaults) for bootstrap intervals of the AOPCs
-            ([`FaithfulnessResult.claims`][cw_lens.FaithfulnessResult.claims]).
+            (`cw_lens.reproduction.claims(result, bootstrap)`).
         n_random: Independent draws of the `random` ranking (metrics `random`,
             `random#2`, ...; the first is the same with any number of draws), for the
             control's spread over draws

@@ -35,6 +35,8 @@ from cw_lens.analyses.pruning.lone_heads import (
     lone_head_costs,
 )
 from cw_lens.analyses.pruning.orders import (
+    AGGRESSIVE,
+    MODERATE,
     ORDERS,
     RETENTION,
     Head,
@@ -45,13 +47,10 @@ from cw_lens.analyses.pruning.orders import (
     weight_magnitude,
 )
 from cw_lens.analyses.pruning.prune import (
-    AGGRESSIVE,
     LEARNT,
     MIN_RANDOM_DRAWS,
-    MODERATE,
     PruningResult,
     prune_heads,
-    pruning_claim,
 )
 
 __all__ = [
@@ -67,7 +66,6 @@ __all__ = [
     "lone_head_costs",
     "n_removed",
     "prune_heads",
-    "pruning_claim",
     "pruning_rankings",
     "removed_heads",
     "weight_magnitude",

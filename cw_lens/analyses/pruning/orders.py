@@ -18,6 +18,10 @@ from cw_lens.models.access import model_access
 
 ORDERS = ("taxonomy", "magnitude", "entropy", "random")
 RETENTION = (0.9, 0.75, 0.5, 0.25)
+# the moderate retention levels: every random draw is evaluated there (`draws_everywhere`), and
+# P2's `pruning_signal` compares the taxonomy order with random there
+MODERATE = (0.9, 0.75)
+AGGRESSIVE = (0.5, 0.25)  # the aggressive levels, where P2 reports the best order
 
 
 def weight_magnitude(

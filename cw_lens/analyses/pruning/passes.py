@@ -12,9 +12,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from cw_lens.analyses.pruning.claims import MODERATE
 from cw_lens.analyses.pruning.lone_heads import row_removal
-from cw_lens.analyses.pruning.orders import Head, head_magnitudes, removed_heads
+from cw_lens.analyses.pruning.orders import MODERATE, Head, head_magnitudes, removed_heads
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult, head_taxonomy
 from cw_lens.core.errors import InputError
 from cw_lens.data.documents import Corpus
@@ -54,7 +53,7 @@ def _head_statistics(
     return stats.merge(taxonomy.table, on=["layer", "head"], how="left")
 
 
-def _fold_rankings(
+def fold_statistics(
     model: Any,
     docs: Corpus,
     layers: list[int],
@@ -66,7 +65,23 @@ def _fold_rankings(
     """The head statistics to report and those each fold's documents are ranked by: one fold
     (every document, ranked on the whole corpus) or, cross-fitted (`learnt` orders), two —
     the even-indexed documents ranked by statistics of the odd-indexed ones and vice versa
-    (the reported statistics: those learnt on the odd ones)."""
+    (the reported statistics: those learnt on the odd ones).
+
+    Args:
+        model: A `TransformerBridge`.
+        docs: The corpus.
+        layers: The prunable layers.
+        orders: The orders ranked (the taxonomy statistics are measured when `taxonomy` or
+            `entropy` is among them).
+        taxonomy: A taxonomy already computed on the whole corpus (only without `learnt`).
+        stream_args: Passed to [`head_taxonomy`][cw_lens.head_taxonomy] (`sink_positions`,
+            `batch_size`, `prepend_bos`, `progress`).
+        learnt: The orders learnt on held-out documents (cross-fitting); empty: one fold.
+
+    Returns:
+        `(reported statistics, [statistics fold f is ranked by])`, one row per prunable head
+        (`layer`, `head`, `magnitude` and, when measured, the taxonomy columns).
+    """
     if not learnt:
         stats = _head_statistics(model, docs, layers, orders, taxonomy, stream_args)
         return stats, [stats]
@@ -99,7 +114,7 @@ def _fold_hooks(model: Any, removed: tuple[frozenset, ...]) -> Any:
     return hooks
 
 
-def _pruning_table(
+def pruning_table(
     model: Any,
     docs: Corpus,
     folds: list[dict[str, list[list[Head]]]],
@@ -109,10 +124,26 @@ def _pruning_table(
     progress: bool,
 ) -> tuple[pd.DataFrame, dict | None]:
     """ΔPPL per (order, draw, level) and, when `nll_args` asks for it, each document's (NLL
-    sum, count) per (order, draw, level) with `"clean"`'s. `folds[f]`: the rankings of
-    the documents whose index is `f` modulo `len(folds)`; `plan_args`: the retention
-    levels, the scope and how many random draws run at every level (the others at
-    `MODERATE` only)."""
+    sum, count) per (order, draw, level) with `"clean"`'s. A set of removed heads met twice
+    is evaluated once.
+
+    Args:
+        model: A `TransformerBridge`.
+        docs: The corpus.
+        folds: `folds[f]`: the rankings (`{order: [ranking per draw]}`) of the documents whose
+            index is `f` modulo `len(folds)`.
+        plan_args: The retention levels, the scope (`"layer"` or `"global"`) and how many
+            random draws run at every level (the others at `MODERATE` only; `None`: all).
+        clean: The unpruned model's NLL on `docs`.
+        nll_args: Passed to `cw_lens.data.scoring.corpus_nll` (`batch_size`,
+            `prepend_bos`, `per_document`).
+        progress: Show a progress bar over the passes.
+
+    Returns:
+        `(table, record)`: one row per (order, draw, retention) with `n_removed`, `n_heads`,
+        `ppl`, `delta_ppl`, `nll`, `delta_nll`; and, with `per_document`, `{(order, draw,
+        retention) or "clean": [document, 2] (NLL sum, count)}`, else None.
+    """
     levels, scope, everywhere = plan_args
 
     def removed(name: str, draw: int, level: float) -> tuple[frozenset, ...]:
@@ -149,8 +180,8 @@ def _pruning_table(
             }
         )
     per_doc = None
-    if clean.per_doc is not None:
-        per_doc = {"clean": clean.per_doc.table()}
+    if clean.sums.per_document is not None:
+        per_doc = {"clean": clean.sums.document_table()}
         for name, draw, level, sets, _ in plan:
-            per_doc[(name, draw, level)] = scores[sets].per_doc.table()
+            per_doc[(name, draw, level)] = scores[sets].sums.document_table()
     return pd.DataFrame(rows), per_doc

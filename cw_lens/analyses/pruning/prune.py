@@ -1,7 +1,7 @@
 """Structured head pruning over a corpus ([`prune_heads`][cw_lens.prune_heads]): ΔPPL of each order
 at each retention level, the lone-head costs and its result class
 ([`PruningResult`][cw_lens.PruningResult]); its passes run in `cw_lens.analyses.pruning.passes`, its
-claim is judged in `cw_lens.analyses.pruning.claims`.
+claim is judged in `cw_lens.reproduction.pruning_claims`.
 
 The orders, formulas, citation and a runnable example are in the package docstring,
 `cw_lens.analyses.pruning`.
@@ -16,32 +16,32 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from torch import Tensor
 
 from cw_lens.analyses.common import check_count, check_sinks
-from cw_lens.analyses.pruning.claims import AGGRESSIVE as AGGRESSIVE  # re-exported
-from cw_lens.analyses.pruning.claims import MIN_RANDOM_DRAWS, MODERATE, pruning_claim
 from cw_lens.analyses.pruning.lone_heads import (
     check_lone_heads,
     lone_head_batch,
     lone_head_costs,
 )
+from cw_lens.analyses.pruning.orders import AGGRESSIVE as AGGRESSIVE  # re-exported
+from cw_lens.analyses.pruning.orders import MODERATE as MODERATE  # re-exported
 from cw_lens.analyses.pruning.orders import ORDERS, RETENTION, Head, pruning_rankings
-from cw_lens.analyses.pruning.passes import _fold_rankings, _pruning_table
+from cw_lens.analyses.pruning.passes import fold_statistics, pruning_table
 from cw_lens.analyses.taxonomy import HeadTaxonomyResult
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import claims_dict, with_intervals
-from cw_lens.core.deprecation import renamed_kwargs
+from cw_lens.core.deprecation import moved_to_reproduction, renamed_kwargs
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import pruning_numbers
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.scoring import corpus_nll
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.verify import require_verified
+
+# random orders P2's `pruning_signal` needs for a verdict (methods § Claims): with fewer, the
+# spread of the random control is not known well enough
+MIN_RANDOM_DRAWS = 20
 
 
 @saveable
@@ -201,98 +201,14 @@ class PruningResult(Result):
             ]
         return out
 
-    def claims(
-        self, other_scope: PruningResult | None = None, bootstrap: Bootstrap | None = None
-    ) -> dict[str, dict[str, Any]]:
-        """P2's pruning claim (docs/methods.md#claims `pruning_signal`), measured.
-
-        The criterion reads the per-layer ranking (`scope="layer"`). With fewer than
-        `MIN_RANDOM_DRAWS` random draws the control's spread is not known well enough for a
-        verdict: no interval (the verdict is `inconclusive`), and `measured["random_draws"]` says
-        how many there were.
-
-        Args:
-            other_scope: A result of the other scope (either way round), reported as the variant.
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
-                documents and random draws resampled together
-                ([`replicates`][cw_lens.PruningResult.replicates]; the per-layer result needs
-                `per_document=True`).
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
-            numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            pruned = cw_lens.prune_heads(
-                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
-            )
-            from cw_lens.core.bootstrap import Bootstrap
-
-            pruned.claims()["pruning_signal"]["holds"]
-            pruned.claims(bootstrap=Bootstrap(resamples=100))
-            ```
-        """
-        results = [r for r in (self, other_scope) if r is not None]
-        per_layer = [r for r in results if r.scope == "layer"]
-        if not per_layer:
-            raise InputError(
-                "pruning_signal is judged on the per-layer ranking: pass a prune_heads(..., "
-                "scope='layer') result (the default), optionally with the global one as "
-                "other_scope."
-            )
-        main = per_layer[0]
-        variants = [r for r in results if r is not main]
-        claims = [pruning_claim(main, variants[0] if variants else None)]
-        if bootstrap is not None:
-            reps = main.replicates(bootstrap)
-            enough = main.n_random_draws >= MIN_RANDOM_DRAWS
-            nan = (math.nan, math.nan)
-            intervals = {k: bootstrap.pair(v, number=k) if enough else nan for k, v in reps.items()}
-            claims = with_intervals(claims, intervals)
-        return claims_dict(claims)
+    # deprecated: cw_lens.reproduction.claims(result, bootstrap, other_scope=...)
+    claims = moved_to_reproduction("claims")
+    replicates = moved_to_reproduction("replicates")
 
     @property
     def n_random_draws(self) -> int:
         """How many random orders were drawn (0 without the `random` order)."""
         return len(self.rankings.get("random", []))
-
-    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """`pruning_signal`'s numbers in every row of `bootstrap.weights`.
-
-        Documents are resampled, and the random draws with them
-        (`cw_lens.core.bootstrap.Bootstrap.draw_weights`).
-
-        Args:
-            bootstrap: The resampling (`cw_lens.core.bootstrap.Bootstrap`); the result needs
-                `per_document=True`.
-
-        Returns:
-            `{number: tensor of one value per resample}`.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            pruned = cw_lens.prune_heads(
-                model, corpus, retention=(0.5,), n_random=2, per_document=True, progress=False
-            )
-            from cw_lens.core.bootstrap import Bootstrap
-
-            replicates = pruned.replicates(Bootstrap(resamples=100))
-            ```
-        """
-        record = require_record(self.per_document, "prune_heads")
-        n_docs = record["clean"].shape[0]
-        draws = bootstrap.draw_weights(n_docs, self.n_random_draws) if self.n_random_draws else None
-        resampled = bootstrap.resample_each(record)
-        return pruning_numbers(resampled, MODERATE, draws)
 
     def plot(self, **kwargs: Any) -> Any:
         """ΔPPL against retention per order (claim `pruning_signal`).
@@ -425,7 +341,7 @@ def prune_heads(
         per_document: Also keep each document's NLL sum and count per pruned configuration
             (`9 * (1 + rankings * levels)` bytes per document — a ranking per order and
             random draw: 225 bytes with the defaults) for bootstrap intervals
-            ([`PruningResult.claims`][cw_lens.PruningResult.claims]).
+            (`cw_lens.reproduction.claims(result, bootstrap)`).
 
     Returns:
         A [`PruningResult`][cw_lens.PruningResult].
@@ -468,14 +384,14 @@ def prune_heads(
         "progress": progress,
     }
     learnt = tuple(o for o in LEARNT if o in orders) if cross_fit else ()
-    stats, folds = _fold_rankings(model, docs, layer_list, orders, taxonomy, stream_args, learnt)
+    stats, folds = fold_statistics(model, docs, layer_list, orders, taxonomy, stream_args, learnt)
     folds = [pruning_rankings(s, orders, n_random, seed) for s in folds]
     nll_args = {"batch_size": batch_size, "prepend_bos": prepend_bos, "per_document": per_document}
     clean = corpus_nll(model, docs, **nll_args)
     if draws_everywhere is not None:
         check_count(draws_everywhere, "draws_everywhere")
     plan_args = (levels, scope, draws_everywhere)
-    table, per_doc = _pruning_table(model, docs, folds, plan_args, clean, nll_args, progress)
+    table, per_doc = pruning_table(model, docs, folds, plan_args, clean, nll_args, progress)
     result = PruningResult(
         table=table,
         head_stats=stats,

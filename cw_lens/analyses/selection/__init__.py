@@ -41,12 +41,9 @@ The public functions' docstrings have runnable examples.
 
 from cw_lens.analyses.selection.accumulation import ROW_BUDGET_BYTES, RULES, SelectionSums
 from cw_lens.analyses.selection.geometry import (
-    SINK_N,
-    SMALL_N,
     SelectionGeometryAccumulator,
     SelectionGeometryResult,
     head_f_ratio,
-    selection_claims,
     selection_geometry,
 )
 from cw_lens.analyses.selection.prf import (
@@ -74,8 +71,6 @@ __all__ = [
     "PRF",
     "ROW_BUDGET_BYTES",
     "RULES",
-    "SINK_N",
-    "SMALL_N",
     "Distance",
     "SelectionGeometryAccumulator",
     "SelectionGeometryResult",
@@ -90,7 +85,6 @@ __all__ = [
     "random_rankings",
     "ranking_entries",
     "ranking_keys",
-    "selection_claims",
     "selection_distance",
     "selection_distances",
     "selection_geometry",

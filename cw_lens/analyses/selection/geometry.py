@@ -1,6 +1,6 @@
 """Selection geometry over a corpus ([`selection_geometry`][cw_lens.selection_geometry]): P/R/F of
 the top, random and sink-free selections per head, streamed into exact sums, and its result class
-(its claims are judged in `cw_lens.analyses.selection.claims`).
+(its claims are judged in `cw_lens.reproduction.selection_claims`).
 """
 
 from __future__ import annotations
@@ -18,18 +18,38 @@ from torch import Tensor
 
 from cw_lens.analyses.common import rounded_dict
 from cw_lens.analyses.selection.accumulation import RULES, SelectionSums
-from cw_lens.analyses.selection.claims import SINK_N, SMALL_N, head_f_ratio, selection_claims
 from cw_lens.analyses.selection.prf import Distance
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import claims_dict, with_intervals
+from cw_lens.core.deprecation import moved_to_reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import selection_numbers
 from cw_lens.core.results import Result
 from cw_lens.core.schema import Axes
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
+
+
+def head_f_ratio(f_without: pd.Series, f_with: pd.Series) -> pd.Series:
+    """Per head: F(sink excluded) / F(sink allowed); `inf` where only the sink-free F is
+    positive, NaN where both are 0.
+
+    Args:
+        f_without: Per head, F with the sink excluded (`top_no_sink`).
+        f_with: Per head, F with the sink allowed (`top`), on the same index.
+
+    Returns:
+        The ratio per head.
+
+    Examples:
+        ```python
+        import pandas as pd
+        from cw_lens.analyses.selection import head_f_ratio
+
+        head_f_ratio(pd.Series([0.5, 0.3, 0.0]), pd.Series([0.25, 0.0, 0.0]))  # 2, inf, NaN
+        ```
+    """
+    ratio = f_without / f_with.where(f_with > 0)
+    return ratio.mask((f_with == 0) & (f_without > 0), math.inf)
 
 
 @saveable
@@ -255,7 +275,7 @@ class SelectionGeometryResult(Result):
         return df.sort_values("f", ascending=False, kind="stable").head(k).reset_index(drop=True)
 
     def summary_dict(self) -> dict[str, Any]:
-        """Headline numbers of the claims `topn_beats_random` and `sink_lowers_fn`.
+        """Headline numbers: mean F per N of each rule, and the sink's effect on it.
 
         Returns:
             A JSON-ready dict (`summary()` is this dict as a one-row DataFrame).
@@ -283,64 +303,10 @@ class SelectionGeometryResult(Result):
         if "random" in table:
             out["f_random"] = rounded_dict(table["random"])
             out["top_over_random"] = rounded_dict(table["top_over_random"])
-        out["claims_hold"] = {cid: claim["holds"] for cid, claim in self.claims().items()}
         return out
 
-    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P2's selection claims (docs/methods.md#claims) with the numbers measured here.
-
-        Args:
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
-                documents (`cw_lens.core.resampled.selection_numbers`; needs `per_document=True`).
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with its verdict and `measured`
-            numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            geo = cw_lens.selection_geometry(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            geo.claims()["topn_beats_random"]["holds"]
-            geo.claims(Bootstrap(resamples=100))
-            ```
-        """
-        claims = selection_claims(self.to_dataframe())
-        if bootstrap is not None:
-            reps = self.replicates(bootstrap)
-            intervals = {k: bootstrap.pair(v, number=k) for k, v in reps.items()}
-            claims = with_intervals(claims, intervals)
-        return claims_dict(claims)
-
-    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """The claims' numbers in every row of `bootstrap.weights`.
-
-        Args:
-            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-
-        Returns:
-            `{number: tensor of one value per resample}`.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            geo = cw_lens.selection_geometry(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            replicates = geo.replicates(Bootstrap(resamples=100))
-            ```
-        """
-        record = require_record(self.per_document, "selection_geometry")
-        return selection_numbers(bootstrap.resample(record), self.n_grid, RULES, SMALL_N, SINK_N)
+    claims = moved_to_reproduction("claims")  # deprecated: cw_lens.reproduction.claims(result)
+    replicates = moved_to_reproduction("replicates")
 
     def plot(self, **kwargs: Any) -> Any:
         """F_N against N for top-N and the random baseline (claim `topn_beats_random`).
@@ -429,8 +395,8 @@ def selection_geometry(
         progress: Show a progress bar over document batches.
         per_document: Also keep each document's F sums and scored queries per (layer, rule,
             head, N) (`24 * n_layers * n_heads * len(n_grid) + 1` bytes per document, 45 KB
-            for SmolLM2-135M at 128 tokens) for bootstrap intervals
-            ([`SelectionGeometryResult.claims`][cw_lens.SelectionGeometryResult.claims]).
+            for SmolLM2-135M at 128 tokens) for bootstrap intervals over documents
+            (`cw_lens.reproduction.claims(result, Bootstrap(...))`).
 
     Returns:
         A [`SelectionGeometryResult`][cw_lens.SelectionGeometryResult].

@@ -15,6 +15,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from cw_lens.core.accumulators import entry_keys
+from cw_lens.core.deprecation import deprecated
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
@@ -351,6 +352,95 @@ def prf_of_rankings(
 
 
 @check_keywords
+def geometric_prf(
+    values: Float[Tensor, "*rows key d_head"],
+    attention: Float[Tensor, "*rows key"],
+    n: int | Sequence[int],
+    *,
+    distance: Distance = "euclidean",
+    candidates: Bool[Tensor, "*rows key"] | None = None,
+    exclude: Sequence[int] | None = None,
+    ranking: Int[Tensor, "*rows key"] | Sequence[int] | None = None,
+) -> PRF:
+    """Precision, recall and F of the top-N selection of each query row (a (layer, head, query),
+    or any leading axes of them) — methods § Token selection (docs/methods.md#selection).
+
+    For one row: `y_j = alpha_j v_j`, `S` = the first N candidates by attention (ties: the
+    smaller index) or by `ranking`, `s_N = sum_{j in S} y_j`, `D_j` = the distance of `y_j` to
+    `s_N`; `P = N / (N + #{j not in S : D_j <= max_S D})`,
+    `R = #{j in S : D_j < min_{not S} D} / N`, `F = 2PR / (P + R)` (0 when both are 0).
+    Vectorised over every leading axis, the keys and the grid of N.
+
+    Args:
+        values: The head's value vectors `v_j` of each row's keys `[*rows, key, d_head]`.
+        attention: Each row's attention `alpha[i, j]` over those keys `[*rows, key]`.
+        n: Selection size N (an int: the N axis is dropped), or a grid of N (a sequence:
+            sorted, repeats dropped, one entry per N on the last axis).
+        distance: `"euclidean"` (`||y_j - s_N||`) or `"cosine"`.
+        candidates: Keys each row may select `[*rows, key]` (default all; e.g. `key <= query`
+            and real); the others take no part at all.
+        exclude: Key indices removed from every row's candidates (e.g. `[0]`, the sink).
+        ranking: Rank the candidates in this order instead of by attention (e.g. a random
+            permutation): a permutation of the key indices per row `[*rows, key]`, or one
+            sequence for every row; non-candidates are dropped from it.
+
+    Returns:
+        A `PRF` (`precision`, `recall`, `f`) of float64 tensors `[*rows]` for an int `n`
+        (0-d for one query: `p, r, f = geometric_prf(values, attention, 2)`, `float(p)`),
+        `[*rows, len(n)]` for a grid; NaN where N exceeds a row's candidates.
+
+    Raises:
+        InputError: Shapes that do not match, non-finite values, a bad `n`, `distance`,
+            `exclude`, `ranking` or `candidates`, or an int `n` larger than every row's
+            number of candidates.
+
+    Examples:
+        ```python
+        import torch
+        import cw_lens
+
+        values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.1]])
+        attention = torch.tensor([0.5, 0.4, 0.1])
+        p, r, f = cw_lens.geometric_prf(values, attention, 2)  # the top-2 keys of one query
+
+        values = torch.randn(4, 8, 16)                      # 4 queries, 8 keys, d_head 16
+        attention = torch.softmax(torch.randn(4, 8), -1)
+        prf = cw_lens.geometric_prf(values, attention, [1, 2, 4], exclude=[0])
+        prf.f.shape                                         # [4, 3]: one F per query and N
+        ```
+    """
+    values, attention = _check_query(values, attention)
+    check_distance(distance)
+    single = isinstance(n, int) and not isinstance(n, bool)
+    if not single and (not isinstance(n, Sequence) or isinstance(n, str)):
+        raise InputError(
+            f"n must be an integer (one N) or a sequence of integers (a grid of N), got {n!r}."
+        )
+    n_keys = attention.shape[-1]
+    allowed = _check_candidates(candidates, attention)
+    allowed = allowed & ~_index_mask(exclude, n_keys, attention.device)
+    if single:
+        most = int(allowed.sum(-1).max())
+        if not 1 <= n <= most:
+            raise InputError(
+                f"n must be an integer between 1 and the number of candidate keys ({most} of "
+                f"{n_keys} after exclusions), got {n!r}; lower n."
+            )
+        grid = [n]
+    else:
+        grid = check_grid(n, "n (a grid of N)")
+    if ranking is None:
+        order = top_order(attention, allowed)
+    else:  # the ranking with the candidates first, in its order
+        order = _check_ranking(ranking, attention)
+        flags = allowed.gather(-1, order)
+        order = order.gather(-1, torch.sort((~flags).to(torch.uint8), dim=-1, stable=True).indices)
+    y = attention[..., None] * values
+    prf = prf_of_ranking(y, order, allowed, grid, distance)
+    return PRF(*(t[..., 0] for t in prf)) if single else prf
+
+
+@check_keywords
 def geometric_prf_batched(
     values: Float[Tensor, "*rows key d_head"],
     attention: Float[Tensor, "*rows key"],
@@ -360,107 +450,42 @@ def geometric_prf_batched(
     candidates: Bool[Tensor, "*rows key"] | None = None,
     exclude: Sequence[int] | None = None,
 ) -> PRF:
-    """[`geometric_prf`][cw_lens.geometric_prf] for many queries (and heads, layers, documents) and
-    a grid of N.
-
-    Vectorised over every leading axis and the keys; agrees exactly with
-    [`geometric_prf`][cw_lens.geometric_prf] row by row.
+    """Deprecated: [`geometric_prf`][cw_lens.geometric_prf] with a grid of N (removed in
+    cw_lens 0.6).
 
     Args:
         values: `v_j` per row `[*rows, key, d_head]`.
         attention: `alpha[i, j]` per row `[*rows, key]`.
         n_grid: Selection sizes N.
         distance: `"euclidean"` or `"cosine"`.
-        candidates: Keys each row may select (default all; e.g. `key <= query` and real).
-        exclude: Key indices removed from every row's candidates (e.g. the sink, `[0]`).
+        candidates: Keys each row may select (default all).
+        exclude: Key indices removed from every row's candidates.
 
     Returns:
-        A `PRF` (`precision`, `recall`, `f`), each `[*rows, len(n_grid)]`; NaN where N exceeds
-        a row's candidates.
+        `geometric_prf(values, attention, list(n_grid), ...)`: each `[*rows, len(n_grid)]`.
 
     Examples:
         ```python
         import torch
         import cw_lens
 
-        values = torch.randn(4, 8, 16)                      # 4 queries, 8 keys, d_head 16
+        values = torch.randn(4, 8, 16)
         attention = torch.softmax(torch.randn(4, 8), -1)
-        prf = cw_lens.geometric_prf_batched(values, attention, [1, 2, 4], exclude=[0])
-        prf.f.shape                                         # [4, 3]: one F per query and N
+        cw_lens.geometric_prf(values, attention, [1, 2, 4], exclude=[0])  # not _batched
         ```
     """
-    check_distance(distance)
-    grid = check_grid(n_grid)
-    if candidates is None:
-        candidates = torch.ones(attention.shape, dtype=torch.bool, device=attention.device)
-    candidates = candidates & ~_index_mask(exclude, attention.shape[-1], attention.device)
-    y = attention[..., None] * values
-    return prf_of_ranking(y, top_order(attention, candidates), candidates, grid, distance)
-
-
-@check_keywords
-def geometric_prf(
-    values: Float[Tensor, "key d_head"],
-    attention: Float[Tensor, " key"],
-    n: int,
-    *,
-    distance: Distance = "euclidean",
-    exclude: Sequence[int] | None = None,
-    ranking: Sequence[int] | None = None,
-) -> tuple[float, float, float]:
-    """Precision, recall and F of the top-N selection of one (layer, head, query) — methods § Token
-    selection (docs/methods.md#selection).
-
-    Args:
-        values: The head's value vectors `v_j` of the query's keys `[key, d_head]`.
-        attention: The query's attention `alpha[i, j]` over those keys `[key]`.
-        n: Selection size N (1 <= N <= number of candidates).
-        distance: `"euclidean"` (`||y_j - s_N||`) or `"cosine"`.
-        exclude: Key indices removed from the candidates entirely (e.g. `[0]`, the sink).
-        ranking: Rank the candidates in this order instead of by attention (e.g. a random
-            permutation; excluded keys are dropped from it).
-
-    Returns:
-        `(precision, recall, f)` as floats.
-
-    Examples:
-        ```python
-        import torch
-        import cw_lens
-
-        values = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.1, 0.1]])
-        attention = torch.tensor([0.5, 0.4, 0.1])
-        cw_lens.geometric_prf(values, attention, 2)  # (precision, recall, f) of the top-2 keys
-        ```
-    """
-    values, attention = _check_query(values, attention)
-    check_distance(distance)
-    n_keys = attention.shape[0]
-    excluded = set(_check_indices(exclude, n_keys, "exclude"))
-    if ranking is None:  # Python's sort is stable: ties keep the smaller index first
-        scores = attention.tolist()
-        ranked = sorted((j for j in range(n_keys) if j not in excluded), key=lambda j: -scores[j])
-    else:
-        ranked = [j for j in _check_ranking(ranking, n_keys) if j not in excluded]
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ranked):
-        raise InputError(
-            f"n must be an integer between 1 and the number of candidate keys ({len(ranked)} of "
-            f"{n_keys} after exclusions), got {n!r}; lower n."
-        )
-    y = attention[:, None] * values
-    aggregate = y[ranked].cumsum(0)[n - 1]
-    d = selection_distance(y, aggregate, distance)
-    selected, others = d[ranked[:n]], d[ranked[n:]]
-    rho_max = selected.max()
-    rho_min = (
-        others.min() if len(others) else torch.tensor(math.inf, dtype=d.dtype, device=d.device)
+    # stacklevel 4: past this function and its keyword check, the caller's line
+    deprecated(
+        "geometric_prf_batched(...) is now geometric_prf(...)", stacklevel=4, removed_in="0.6"
     )
-    false_pos = int((others <= rho_max).sum())
-    true_pos = int((selected < rho_min).sum())
-    p = n / (n + false_pos)
-    r = true_pos / n
-    f = 2 * p * r / (p + r) if p + r > 0 else 0.0
-    return p, r, f
+    return geometric_prf(
+        values,
+        attention,
+        check_grid(n_grid),
+        distance=distance,
+        candidates=candidates,
+        exclude=exclude,
+    )
 
 
 # ---------------------------------------------------------------------- input checks
@@ -471,10 +496,10 @@ def check_distance(distance: str) -> None:
         raise InputError(f"distance must be 'euclidean' or 'cosine', got {distance!r}.")
 
 
-def check_grid(n_grid: Sequence[int]) -> list[int]:
+def check_grid(n_grid: Sequence[int], what: str = "n_grid") -> list[int]:
     grid = list(n_grid)
     if not grid or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in grid):
-        raise InputError(f"n_grid must be a non-empty list of positive integers, got {n_grid!r}.")
+        raise InputError(f"{what} must be a non-empty list of positive integers, got {n_grid!r}.")
     return sorted(set(grid))
 
 
@@ -485,18 +510,32 @@ def _check_query(values: Any, attention: Any) -> tuple[Tensor, Tensor]:
         values = values.double()
     if not attention.is_floating_point():
         attention = attention.to(values.dtype)
-    if values.ndim != 2 or attention.ndim != 1 or values.shape[0] != attention.shape[0]:
+    if values.ndim < 2 or tuple(values.shape[:-1]) != tuple(attention.shape):
         raise InputError(
-            f"geometric_prf takes one query: values [key, d_head] and attention [key] with the "
-            f"same number of keys; got {tuple(values.shape)} and {tuple(attention.shape)}. Use "
-            "geometric_prf_batched for many queries."
+            f"geometric_prf takes values [*rows, key, d_head] and attention [*rows, key] with "
+            f"the same rows and keys; got {tuple(values.shape)} and {tuple(attention.shape)}."
         )
-    if values.shape[0] == 0:
+    if values.shape[-2] == 0:
         raise InputError("There are no keys to select from.")
     if not (torch.isfinite(values).all() and torch.isfinite(attention).all()):
         raise InputError("values and attention must be finite (no NaN or inf).")
     dtype = torch.promote_types(values.dtype, attention.dtype)
     return values.to(dtype), attention.to(dtype)
+
+
+def _check_candidates(candidates: Any, attention: Tensor) -> Tensor:
+    if candidates is None:
+        return torch.ones(attention.shape, dtype=torch.bool, device=attention.device)
+    candidates = torch.as_tensor(candidates, device=attention.device)
+    if candidates.dtype != torch.bool:
+        raise InputError(f"candidates must be a boolean mask, got dtype {candidates.dtype}.")
+    try:
+        return candidates.expand(attention.shape)
+    except RuntimeError:
+        raise InputError(
+            f"candidates {tuple(candidates.shape)} must match attention "
+            f"{tuple(attention.shape)} ([*rows, key])."
+        ) from None
 
 
 def _check_indices(indices: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -508,11 +547,28 @@ def _check_indices(indices: Sequence[int] | None, n: int, what: str) -> list[int
     return out
 
 
-def _check_ranking(ranking: Sequence[int], n: int) -> list[int]:
-    ranked = _check_indices(list(ranking), n, "ranking")
-    if sorted(ranked) != list(range(n)):
+def _check_ranking(ranking: Any, attention: Tensor) -> Tensor:
+    """`ranking` as int64 `[*rows, key]` on the attention's device; each row a permutation."""
+    n = attention.shape[-1]
+    if not isinstance(ranking, Tensor):
+        ranking = _check_indices(list(ranking), n, "ranking")
+    ranking = torch.as_tensor(ranking, device=attention.device)
+    if ranking.dtype == torch.bool or ranking.is_floating_point() or ranking.is_complex():
+        raise InputError(f"ranking must hold integer key indices, got dtype {ranking.dtype}.")
+    ranking = ranking.long()
+    if ranking.ndim == 0 or ranking.shape[-1] != n or ranking.ndim > attention.ndim:
         raise InputError(f"ranking must be a permutation of the {n} key indices.")
-    return ranked
+    try:
+        ranking = ranking.expand(attention.shape)
+    except RuntimeError:
+        raise InputError(
+            f"ranking {tuple(ranking.shape)} must match attention {tuple(attention.shape)} "
+            "([*rows, key]), or be one permutation for every row."
+        ) from None
+    keys = torch.arange(n, device=ranking.device)
+    if not bool((ranking.sort(-1).values == keys).all()):
+        raise InputError(f"ranking must be a permutation of the {n} key indices.")
+    return ranking
 
 
 def _index_mask(indices: Sequence[int] | None, n: int, device: Any) -> Tensor:

@@ -32,22 +32,7 @@ from cw_lens.analyses.sinks.ablation import (
     SinkAblationResult,
     sink_ablation,
 )
-from cw_lens.analyses.sinks.accumulation import (
-    DRIFT_SHARE_BINNING,
-    DRIVER_FACTORS,
-    FACTOR_COLUMNS,
-    MAX_SAMPLES_PER_HEAD,
-    RATE_BINS,
-    RECORDED_SUMS,
-    SHARE_BINNING,
-    SinkStatisticsAccumulator,
-    head_spearman,
-)
-from cw_lens.analyses.sinks.claims import (
-    LAYER_NUMBERS,
-    MIN_S_STAR_QUERIES,
-    sink_claims,
-)
+from cw_lens.analyses.sinks.accumulation import SinkStatisticsAccumulator
 from cw_lens.analyses.sinks.cone import ABLATION_SUMS, cone_axis, norm_and_cone
 from cw_lens.analyses.sinks.detection import (
     MIN_QUERY,
@@ -58,17 +43,25 @@ from cw_lens.analyses.sinks.detection import (
     queries_after_sink,
 )
 from cw_lens.analyses.sinks.rates import sink_rates
-from cw_lens.analyses.sinks.statistics import SinkStatisticsResult, sink_statistics
+from cw_lens.analyses.sinks.statistics import SinkStatisticsResult, head_spearman
+from cw_lens.analyses.sinks.statistics_layout import (
+    DRIFT_SHARE_BINNING,
+    DRIVER_FACTORS,
+    FACTOR_COLUMNS,
+    MAX_SAMPLES_PER_HEAD,
+    RATE_BINS,
+    RECORDED_SUMS,
+    SHARE_BINNING,
+)
+from cw_lens.analyses.sinks.statistics_pass import sink_statistics
 
 __all__ = [
     "ABLATION_SUMS",
     "DRIFT_SHARE_BINNING",
     "DRIVER_FACTORS",
     "FACTOR_COLUMNS",
-    "LAYER_NUMBERS",
     "MAX_SAMPLES_PER_HEAD",
     "MIN_QUERY",
-    "MIN_S_STAR_QUERIES",
     "RATE_BINS",
     "RECORDED_SUMS",
     "SHARE_BINNING",
@@ -85,7 +78,6 @@ __all__ = [
     "norm_and_cone",
     "queries_after_sink",
     "sink_ablation",
-    "sink_claims",
     "sink_rates",
     "sink_statistics",
 ]

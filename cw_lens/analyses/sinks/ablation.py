@@ -18,14 +18,10 @@ from cw_lens.analyses.common import check_sinks_inside
 from cw_lens.analyses.sinks.cone import ABLATION_SUMS, ConeStatistics
 from cw_lens.analyses.sinks.detection import SinkSpec
 from cw_lens.core.accumulators import StackedSums
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import Check, Claim, claims_dict, with_intervals
+from cw_lens.core.deprecation import moved_to_reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import (
-    ablation_numbers,
-)
 from cw_lens.core.results import Result
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch
@@ -181,100 +177,8 @@ class SinkAblationResult(Result):
         cols = ["cone_before", "cone_after", "norm_before", "norm_after"]
         return df.groupby("group")[cols].mean()
 
-    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1's ablation claim (docs/methods.md#claims `sink_ablation_cone`), measured.
-
-        Args:
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, each number's interval over
-                documents (each resample re-picks the low-norm quarter; needs `per_document=True`).
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
-            `measured` numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            ablation = cw_lens.sink_ablation(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            ablation.claims()["sink_ablation_cone"]["holds"]
-            ablation.claims(Bootstrap(resamples=100))
-            ```
-        """
-        claims = [self._claim()]
-        if bootstrap is not None:
-            reps = self.replicates(bootstrap)
-            claims = with_intervals(
-                claims, {k: bootstrap.pair(v, number=k) for k, v in reps.items()}
-            )
-        return claims_dict(claims)
-
-    def replicates(self, bootstrap: Bootstrap) -> dict[str, Tensor]:
-        """The claim's numbers in every row of `bootstrap.weights`.
-
-        Args:
-            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-
-        Returns:
-            `{number: tensor of one value per resample}`.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            ablation = cw_lens.sink_ablation(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            replicates = ablation.replicates(Bootstrap(resamples=100))
-            ```
-        """
-        heads, nll, planned = require_record(self.per_document, "sink_ablation")
-        return ablation_numbers(
-            bootstrap.resample(heads), bootstrap.resample(nll), planned, self.low_norm_quantile
-        )
-
-    def _claim(self) -> Claim:
-        summary = self.summary()
-
-        def mean(group: str, column: str) -> float:
-            return float(summary.loc[group, column]) if group in summary.index else math.nan
-
-        cone = {
-            f"{prefix}_cone_{when}": mean(group, f"cone_{when}")
-            for prefix, group in (("low_norm", "low-norm heads"), ("other", "other heads"))
-            for when in ("before", "after")
-        }
-        rise_low = cone["low_norm_cone_after"] - cone["low_norm_cone_before"]
-        rise_other = cone["other_cone_after"] - cone["other_cone_before"]
-        claim = Claim(
-            "sink_ablation_cone",
-            paper="removing the sink norm collapses low-norm heads into the semantic cone, PPL "
-            "up (P1)",
-            criterion="cone alignment rises more in low-norm heads than in the others, and PPL "
-            "rises",
-            checks=[
-                Check("cone_rise_low_norm_minus_other", rise_low - rise_other, ">", 0.0),
-                Check("delta_ppl", self.delta_ppl, ">", 0.0),
-            ],
-            measured={
-                **cone,
-                "clean_ppl": self.clean_ppl,
-                "patched_ppl": self.patched_ppl,
-                "delta_nll": self.delta_nll,
-                "effect": self.effect,
-                "layers": self.layers,
-                "scale": self.scale,
-                "mode": self.mode,
-            },
-        )
-        return claim
+    claims = moved_to_reproduction("claims")  # deprecated: cw_lens.reproduction.claims(result)
+    replicates = moved_to_reproduction("replicates")
 
     def plot(self, **kw: Any) -> Any:
         """Cone alignment and output norm before and after, low-norm heads against the rest.
@@ -345,9 +249,9 @@ def sink_ablation(
         prepend_bos: Prepend BOS to text (position 0 is then the usual sink).
         progress: Show a progress bar over document batches (a string: its label).
         per_document: Also keep each document's per-head sums and NLL sums (float64: `64 *
-            n_layers * n_heads + 35` bytes per document, 17 KB for SmolLM2-135M) for
-            bootstrap intervals
-            ([`SinkAblationResult.claims`][cw_lens.SinkAblationResult.claims]).
+            n_layers * n_heads + 35` bytes per document, 17 KB for SmolLM2-135M): what a
+            bootstrap over documents reads
+            (`cw_lens.reproduction.claims(ablation, Bootstrap(...))`).
 
     Returns:
         A [`SinkAblationResult`][cw_lens.SinkAblationResult].

@@ -1,16 +1,15 @@
 """The streamed sink accumulator (docs/methods.md#sinks): one block's statistics stacked into
-one float64 sum per (layer, head), three histograms, a per-document record and a factor sample,
-and the per-head rank correlations of the sampled factors.
+one float64 sum per (layer, head), three histograms, a per-document record and a factor sample
+(their layout in `cw_lens.analyses.sinks.statistics_layout`), finished into a
+[`SinkStatisticsResult`][cw_lens.SinkStatisticsResult].
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
 import torch
 from torch import Tensor
 
@@ -20,6 +19,19 @@ from cw_lens.analyses.sinks.detection import (
     SinkSpec,
     queries_after_sink,
     resolve_sinks,
+)
+from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
+from cw_lens.analyses.sinks.statistics_layout import (
+    DRIFT_SHARE_BINNING,
+    GEOMETRY_SUMS,
+    GROUPS,
+    MAX_SAMPLES_PER_HEAD,
+    RATE_BINS,
+    RECORD_NAMES,
+    SAMPLE_COLUMNS,
+    SHARE_BIN_SUMS,
+    SHARE_BINNING,
+    SUM_NAMES,
 )
 from cw_lens.core import geometry as geo
 from cw_lens.core.accumulators import (
@@ -38,80 +50,6 @@ from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
 from cw_lens.models.layer_contributions import LayerContributionsResult
 
-RATE_BINS = 20
-
-
-# the cancelled share is a ratio without a natural range: asinh bins, ~0.2% wide near 0 and
-# 1.9% relative beyond, over +-1e9 (docs/methods.md#claims reads per-head medians from unclipped
-# values)
-DRIFT_SHARE_BINNING = dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3)
-DRIVER_FACTORS = ("attention", "relative_norm", "cosine")
-# the per-document record a bootstrap over documents reads (`per_document=True`): these sums
-# per (layer, head), and the s* edge counts (s* <= 0, s* >= 1, counted)
-RECORDED_SUMS = (
-    "rate_sum",
-    "rate_count",
-    "sink_attention_sum",
-    "sink_contribution_sum",
-    "sink_count",
-    "ratio_sum",
-    "geometry_count",
-    "cos_mixture_sum",
-    "cos_mixture_count",
-    "drift_neg",
-    "drift_count",
-    "s_star_lo",
-    "s_star_hi",
-    "s_star_n",
-)
-# and a coarse histogram of the cancelled share per (layer, head): 24 bins equal in
-# asinh(v / 1e-3) on [-10, 10] (an edge at 0; ~1e-3 wide near 0, 2.5x relative beyond) plus the
-# two edge bins
-SHARE_BINNING = dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3)
-SHARE_BIN_SUMS = tuple(f"drift_share_{i}" for i in range(SHARE_BINNING["n_bins"] + 2))
-
-
-# factor samples kept per (layer, head) and group (sink / tail entries) over the whole corpus
-# for the per-head rank correlations: the entries with the smallest keys (`entry_keys`)
-MAX_SAMPLES_PER_HEAD = 1024
-FACTOR_COLUMNS = (
-    "layer",
-    "head",
-    "query",
-    "key",
-    "attention",
-    "relative_norm",
-    "cosine",
-    "contribution",
-)
-SAMPLE_COLUMNS = (*FACTOR_COLUMNS, "document")
-GROUPS = ("sink", "tail")
-FACTOR_FIELDS = ("attention", "relative_norm", "cosine", "contribution")
-
-# The per-(layer, head) sums, in the order one block stacks them (the last axis of
-# `SinkStatisticsResult.sums`): per-query statistics summed over queries, the coarse
-# cancelled-share histogram, the factor sums over (query, key) entries of each group, and the
-# value geometry over (sink, tail token) pairs (first block of a layer only).
-QUERY_SUMS = (
-    "rate_sum",
-    "rate_count",
-    "cos_mixture_sum",
-    "cos_mixture_count",
-    "drift_neg",
-    "drift_count",
-    "s_star_lo",
-    "s_star_hi",
-    "s_star_n",
-    "rate_all_sum",
-    "rate_all_count",
-    "norm_sum",
-)
-FACTOR_SUMS = tuple(
-    f"{g}_{n}" for g in GROUPS for n in (*(f"{f}_sum" for f in FACTOR_FIELDS), "count")
-)
-GEOMETRY_SUMS = ("ratio_sum", "log_ratio_sum", "cos_token_sum", "geometry_count")
-SUM_NAMES = (*QUERY_SUMS, *SHARE_BIN_SUMS, *FACTOR_SUMS, *GEOMETRY_SUMS)
-RECORD_NAMES = (*RECORDED_SUMS, *SHARE_BIN_SUMS)
 _SHARE_BINS = Histogram((), **SHARE_BINNING)  # its bin_index only
 
 
@@ -485,9 +423,6 @@ class SinkStatisticsAccumulator(Accumulator):
             accumulator.finish(stats).heads()
             ```
         """
-        # here, not at the top: the result's module imports this one
-        from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
-
         for _, part in self.parts():
             part.to_host()
         self._batch = None  # the last batch's sink mask (and the batch) go
@@ -526,16 +461,3 @@ class SinkStatisticsAccumulator(Accumulator):
         group = torch.arange(held.shape[0], device="cpu") // self.n_heads % len(GROUPS)
         group = group[:, None].expand_as(held)[held].float()
         return torch.cat([group[:, None], self.samples.rows[held]], 1)
-
-
-def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:
-    """Per (layer, head): Spearman's rank correlation `rho_<factor>` of each factor with the
-    `contribution` over the head's sampled entries (average ranks for ties; NaN with fewer
-    than 3 samples or a constant column), and `n_samples`."""
-    columns = ["layer", "head", "n_samples", *(f"rho_{f}" for f in factors)]
-    rows = []
-    for (layer, head), g in samples.groupby(["layer", "head"], sort=True):
-        corr = g[[*factors, "contribution"]].corr(method="spearman", min_periods=3)
-        rho = corr["contribution"]
-        rows.append([int(layer), int(head), len(g), *(float(rho[f]) for f in factors)])
-    return pd.DataFrame(rows, columns=columns)

@@ -191,7 +191,9 @@ def detect_sinks(
     """Sink positions per document: keys whose mean attention from later queries exceeds
     `threshold` (0.3) in at least one head (of the given layers). Only keys that at least
     `min_later` (16) later queries read are candidates, so the last positions of a document
-    are never sinks.
+    are never sinks. [`sink_statistics`][cw_lens.sink_statistics] and
+    [`sink_rates`][cw_lens.sink_rates] run it (with these defaults) for
+    `sink_positions="detect"`.
 
     Args:
         model: A TransformerLens model.

@@ -15,6 +15,8 @@ from torch import Tensor
 from cw_lens.analyses.sinks.detection import SinkPositions, resolve_sinks
 from cw_lens.core import geometry as geo
 from cw_lens.core.keywords import check_keywords
+from cw_lens.data.documents import as_corpus
+from cw_lens.data.inputs import prepare_inputs
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
 from cw_lens.models.capture import resolve_layers
@@ -33,6 +35,10 @@ def sink_rates(
     """Per-query sink rate `s_i^h` for a few texts (NaN at padding and at sink queries);
     `sink_positions` as in [`sink_statistics`][cw_lens.sink_statistics] (positions or
     `"detect"`).
+
+    Every query's own value, held in memory (`[batch, layer, head, query]`): for a few texts.
+    Over a corpus, [`sink_statistics`][cw_lens.sink_statistics] streams the per-head means
+    (`heads()["sink_rate"]`) in fixed memory.
 
     Args:
         model: A TransformerLens model.
@@ -56,8 +62,7 @@ def sink_rates(
         rates.shape  # [batch, layer, head, query]
         ```
     """
-    from cw_lens.data.inputs import prepare_inputs
-
+    inputs = as_corpus(inputs)  # once: the batch and the sink positions read this Corpus
     layer_list = resolve_layers(model, layers)
     batch = prepare_inputs(model, inputs, prepend_bos=prepend_bos)
     sinks = resolve_sinks(model, inputs, sink_positions, prepend_bos=prepend_bos)

@@ -1,55 +1,42 @@
 """The sink statistics of a corpus: their result class
-([`SinkStatisticsResult`][cw_lens.SinkStatisticsResult]) and the entry point
-([`sink_statistics`][cw_lens.sink_statistics], whose pass is in
-`cw_lens.analyses.sinks.statistics_pass`; the result's tables are read in
-`cw_lens.analyses.sinks.statistics_tables`).
+([`SinkStatisticsResult`][cw_lens.SinkStatisticsResult]) and the tables it reads from the
+tensors `SinkStatisticsAccumulator.finish` built (laid out as
+`cw_lens.analyses.sinks.statistics_layout` says): the per-layer totals and means of its sums,
+the per-head table, the sink-rate curve, the histogram of `s*`, the factor samples, their
+per-head rank correlations and their decomposition. The entry point,
+[`sink_statistics`][cw_lens.sink_statistics], is in `cw_lens.analyses.sinks.statistics_pass`.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.analyses.sinks.accumulation import (
-    DRIVER_FACTORS,
-    RECORDED_SUMS,
-    SHARE_BIN_SUMS,
-    SHARE_BINNING,
-    head_spearman,
-)
-from cw_lens.analyses.sinks.claims import LAYER_NUMBERS, MIN_S_STAR_QUERIES, sink_claims
 from cw_lens.analyses.sinks.detection import MIN_QUERY, SINK_RATE_THRESHOLD
-from cw_lens.analyses.sinks.statistics_pass import sink_statistics as sink_statistics
-from cw_lens.analyses.sinks.statistics_tables import (
-    curve_table,
-    decomposition_table,
-    driver_samples,
-    head_table,
-    layer_mean,
-    layer_total,
-    s_star_table,
-    sample_table,
+from cw_lens.analyses.sinks.statistics_layout import (
+    DRIVER_FACTORS,
+    FACTOR_COLUMNS,
+    GROUPS,
+    RATE_BINS,
+    SAMPLE_COLUMNS,
 )
 from cw_lens.core.accumulators import Histogram
-from cw_lens.core.bootstrap import Bootstrap, require_record
-from cw_lens.core.claims import claims_dict, with_intervals
-from cw_lens.core.deprecation import keyword_only
+from cw_lens.core.deprecation import keyword_only, moved_to_reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.registry import saveable
-from cw_lens.core.resampled import (
-    driver_numbers,
-    per_layer_rows,
-    sink_head_fields,
-    sink_numbers,
-    sink_numbers_per_layer,
-)
 from cw_lens.core.results import Result
+
+# One concept: the result and the tables it reads from its own tensors (one module, so that
+# neither imports the other; until 0.5 the tables were `statistics_tables`).
 
 
 @saveable
@@ -58,8 +45,8 @@ class SinkStatisticsResult(Result):
     """Sink geometry of a corpus, per (layer, head); see the module docstring for formulas.
 
     Use `heads` for the per-head table, `curve` for the empirical sink-rate curves,
-    `decomposition` for the factor analysis, `claims` for P1's claims as measured,
-    and the `plot_*` methods for figures.
+    `decomposition` for the factor analysis and the `plot_*` methods for figures; P1's claims
+    as measured here are `cw_lens.reproduction.claims(stats)`.
 
     What `SinkStatisticsAccumulator.finish` built, as plain tensors: `sums` (`[layer, head,
     statistic]` float64, the statistics `sum_names`), `curve_sums` (`[layer, head, bin, (norm,
@@ -310,145 +297,9 @@ class SinkStatisticsResult(Result):
         """
         return decomposition_table(self)
 
-    def claims(self, bootstrap: Bootstrap | None = None) -> dict[str, dict[str, Any]]:
-        """P1/P2's sink claims (docs/methods.md#claims) with the numbers measured here.
-
-        With `per_document=True`, `median_cancelled_share` is read as its interval is: from the
-        coarse per-document histograms, summed (`cw_lens.core.resampled`); without, from the
-        fine histogram of [`heads`][cw_lens.SinkStatisticsResult.heads].
-
-        Args:
-            bootstrap: With a `cw_lens.core.bootstrap.Bootstrap`, every number's interval over
-                documents and the per-layer detail
-                ([`intervals`][cw_lens.SinkStatisticsResult.intervals]; needs `per_document=True`).
-
-        Returns:
-            `{claim id: claim}`, each claim a JSON-ready dict with whether it holds and its
-            `measured` numbers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            sorted(stats.claims())
-            stats.claims(Bootstrap(resamples=50))
-            ```
-        """
-        claims = sink_claims(self.heads(), self.drivers())
-        if self.record is not None:  # the cancelled share read as its interval reads it
-            name = "median_cancelled_share"  # from the coarse histograms (core.resampled)
-            share = float(sink_numbers(self._point_fields(), MIN_S_STAR_QUERIES)[name][0])
-            for claim in claims:
-                claim.checks = [
-                    replace(c, value=share) if c.number == name else c for c in claim.checks
-                ]
-        if bootstrap is not None:
-            claims = with_intervals(claims, *self.intervals(bootstrap))
-        return claims_dict(claims)
-
-    def replicates(
-        self, bootstrap: Bootstrap, *, drivers: bool = True
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The sink claims' numbers in every row of `bootstrap.weights`.
-
-        Rows are the resamples, the corpus and the leave-one-out corpora (`cw_lens.core.resampled`
-        says what each number is of).
-
-        Args:
-            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-            drivers: `False` leaves out `sink_contribution_drivers`' numbers, most of the cost at
-                hundreds of documents.
-
-        Returns:
-            `({number: [rows]}, {per-head field: [rows, ...]})`: the numbers and the per-head
-            fields they come from.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            numbers, fields = stats.replicates(Bootstrap(resamples=50), drivers=False)
-            ```
-        """
-        record = require_record(self.record, "sink_statistics")
-        reps = bootstrap.resample(record)  # [rows, layer, head, recorded]
-        names = list(self.record_names)
-        share = [names.index(n) for n in SHARE_BIN_SUMS]
-        fields = sink_head_fields(
-            {name: reps[..., names.index(name)] for name in RECORDED_SUMS},
-            reps[..., share],
-            SHARE_BINNING,
-            self.threshold,
-        )
-        numbers = sink_numbers(fields, MIN_S_STAR_QUERIES)
-        samples = driver_samples(self) if drivers else None
-        if samples is not None:  # None: samples stored without their documents (before 0.2.1)
-            weights = bootstrap.weights(record.shape[0])
-            numbers.update(driver_numbers(samples, DRIVER_FACTORS, weights, fields["sink"]))
-        return numbers, fields
-
-    def intervals(
-        self, bootstrap: Bootstrap
-    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[dict[str, Any]]]]:
-        """Bootstrap intervals over documents of the sink claims' numbers.
-
-        `median_abs_rho_*`: the factor samples are weighted by how often their document is drawn
-        (`cw_lens.core.resampled.driver_numbers`).
-
-        Args:
-            bootstrap: The resampling of documents (`cw_lens.core.bootstrap.Bootstrap`); the result
-                needs `per_document=True`.
-
-        Returns:
-            `({number: (low, high)}, {claim id: per-layer rows})` for the claims about layers.
-
-        Examples:
-            ```python
-            import cw_lens
-
-            model = cw_lens.load_model("testing:tiny-llama")
-            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
-            stats = cw_lens.sink_statistics(model, corpus, per_document=True, progress=False)
-            from cw_lens.core.bootstrap import Bootstrap
-
-            intervals, per_layer = stats.intervals(Bootstrap(resamples=50))
-            ```
-        """
-        numbers, fields = self.replicates(bootstrap)
-        intervals = {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
-        point_layers = sink_numbers_per_layer(self._point_fields(), MIN_S_STAR_QUERIES)
-        rep_layers = sink_numbers_per_layer(fields, MIN_S_STAR_QUERIES)
-        per_layer = {
-            cid: per_layer_rows(
-                self.layers,
-                number,
-                point_layers[number][0],
-                *bootstrap.judged(rep_layers[number], number=number),
-            )
-            for cid, number in LAYER_NUMBERS.items()
-        }
-        return intervals, per_layer
-
-    def _point_fields(self) -> dict[str, Tensor]:
-        """`cw_lens.core.resampled.sink_head_fields` of the corpus totals (one row): what the
-        replicates' formula gives on the whole corpus, the cancelled share read from the coarse
-        per-document histograms summed (their corpus totals)."""
-        exact = {name: layer_total(self, name)[None] for name in RECORDED_SUMS[:11]}
-        counts = self.s_star.counts[None].double()
-        exact.update(s_star_lo=counts[..., 0], s_star_hi=counts[..., -1], s_star_n=counts.sum(-1))
-        share = torch.stack([layer_total(self, n) for n in SHARE_BIN_SUMS], -1)[None]
-        return sink_head_fields(exact, share, SHARE_BINNING, self.threshold)
+    claims = moved_to_reproduction("claims")  # deprecated: cw_lens.reproduction.claims(result)
+    replicates = moved_to_reproduction("replicates")
+    intervals = moved_to_reproduction("intervals")
 
     # plots
     def plot_value_geometry(self, **kw: Any) -> Any:
@@ -565,3 +416,203 @@ class SinkStatisticsResult(Result):
         from cw_lens.plots.sinks import plot_sink_attention_vs_contribution
 
         return plot_sink_attention_vs_contribution(self.heads(), **kw)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def layer_total(stats: SinkStatisticsResult, name: str) -> Tensor:
+    """The corpus total of the sum `name` per (layer, head) of the result.
+
+    Args:
+        stats: The result.
+        name: The sum, one of `stats.sum_names` (`"rate_sum"`).
+
+    Returns:
+        A float64 tensor `[layer, head]`.
+    """
+    if name not in stats.sum_names:
+        raise InputError(f"Unknown sum {name!r}; the result keeps {stats.sum_names}.")
+    return stats.sums[..., stats.sum_names.index(name)]
+
+
+def layer_mean(stats: SinkStatisticsResult, name: str, count: str) -> Tensor:
+    """Sum / count; NaN where nothing was counted (e.g. no query reached min_query).
+
+    Args:
+        stats: The result.
+        name: The sum.
+        count: The sum that counts its entries.
+
+    Returns:
+        A tensor `[layer, head, ...]`.
+    """
+    total, n = layer_total(stats, name), layer_total(stats, count)
+    return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, math.nan))
+
+
+def head_table(stats: SinkStatisticsResult) -> pd.DataFrame:
+    """One row per (layer, head): rates, value geometry, factors, s*, drift.
+
+    Args:
+        stats: The result.
+
+    Returns:
+        The table of [`heads`][cw_lens.SinkStatisticsResult.heads].
+    """
+    rate = stats.sink_rate
+    data = {
+        "layer": np.repeat(stats.layers, stats.n_heads),
+        "head": np.tile(np.arange(stats.n_heads), len(stats.layers)),
+        "sink_rate": rate.flatten(),
+        "sink_head": stats.sink_heads.flatten(),
+        "sink_rate_all_queries": layer_mean(stats, "rate_all_sum", "rate_all_count").flatten(),
+        "output_norm": layer_mean(stats, "norm_sum", "rate_all_count").flatten(),
+        "norm_ratio": layer_mean(stats, "ratio_sum", "geometry_count").flatten(),
+        "norm_ratio_geomean": layer_mean(stats, "log_ratio_sum", "geometry_count").exp().flatten(),
+        "cos_sink_token": layer_mean(stats, "cos_token_sum", "geometry_count").flatten(),
+        "cos_sink_mixture": layer_mean(stats, "cos_mixture_sum", "cos_mixture_count").flatten(),
+    }
+    for group in ("sink", "tail"):
+        for name in FACTOR_COLUMNS[4:]:
+            data[f"{group}_{name}"] = layer_mean(
+                stats, f"{group}_{name}_sum", f"{group}_count"
+            ).flatten()
+    data["s_star_median"] = stats.s_star.quantile(0.5).flatten()
+    data["s_star_at_0"] = stats.s_star.share_at_or_below_lo().flatten()
+    data["s_star_at_1"] = stats.s_star.share_at_or_above_hi().flatten()
+    data["s_star_count"] = stats.s_star.total.flatten()
+    data["drift_cos_median"] = stats.drift_cos.quantile(0.5).flatten()
+    data["drift_negative_share"] = layer_mean(stats, "drift_neg", "drift_count").flatten()
+    data["drift_cancelled_median"] = stats.drift_share.quantile(0.5).flatten()
+    data["drift_count"] = layer_total(stats, "drift_count").flatten()
+    df = pd.DataFrame({k: np.asarray(v) for k, v in data.items()})
+    df["s_star_interior"] = (
+        (df["s_star_count"] > 0) & (df["s_star_at_0"] < 0.5) & (df["s_star_at_1"] < 0.5)
+    )
+    return df
+
+
+def curve_table(stats: SinkStatisticsResult, *, sink_heads_only: bool) -> pd.DataFrame:
+    """Mean `||o_i^h||` per sink-rate bin and head.
+
+    Args:
+        stats: The result.
+        sink_heads_only: Keep the sink heads only (else every head).
+
+    Returns:
+        The table of [`curve`][cw_lens.SinkStatisticsResult.curve].
+    """
+    norm, count = stats.curve_sums[..., 0], stats.curve_sums[..., 1]
+    rows = []
+    heads = stats.sink_heads
+    for li, layer in enumerate(stats.layers):
+        for h in range(stats.n_heads):
+            if sink_heads_only and not heads[li, h]:
+                continue
+            for b in range(RATE_BINS):
+                n = int(count[li, h, b])
+                if n:
+                    rows.append((layer, h, (b + 0.5) / RATE_BINS, float(norm[li, h, b]) / n, n))
+    return pd.DataFrame(rows, columns=["layer", "head", "sink_rate", "output_norm", "count"])
+
+
+def s_star_table(stats: SinkStatisticsResult, *, sink_heads_only: bool) -> pd.DataFrame:
+    """The histogram of `s*` pooled over (sink) heads.
+
+    Args:
+        stats: The result.
+        sink_heads_only: Pool the sink heads only (else every head).
+
+    Returns:
+        The table of [`s_star_distribution`][cw_lens.SinkStatisticsResult.s_star_distribution].
+    """
+    hist = stats.s_star
+    sel = stats.sink_heads if sink_heads_only else torch.ones_like(stats.sink_heads)
+    counts = hist.counts[sel].sum(0).double()
+    edges = hist.edges.numpy()
+    centres = np.concatenate([[0.0], (edges[:-1] + edges[1:]) / 2, [1.0]])
+    return pd.DataFrame(
+        {
+            "s_star": centres,
+            "count": counts.numpy(),
+            "edge": ["=0"] + ["interior"] * hist.n_bins + ["=1"],
+        }
+    )
+
+
+def sample_table(stats: SinkStatisticsResult, group: str) -> pd.DataFrame:
+    """The sampled factor entries of one group, one row per entry.
+
+    Args:
+        stats: The result.
+        group: `"sink"` or `"tail"`.
+
+    Returns:
+        The table of [`samples`][cw_lens.SinkStatisticsResult.samples].
+    """
+    if group not in GROUPS:
+        raise InputError(f"group must be 'sink' or 'tail', got {group!r}.")
+    table = stats.samples_table
+    rows = table[table[:, 0] == GROUPS.index(group), 1:]
+    df = pd.DataFrame(rows.double().numpy(), columns=list(SAMPLE_COLUMNS))
+    df = df.sort_values(["layer", "head", "query", "key"], kind="stable", ignore_index=True)
+    return df.astype({c: "int64" for c in ("layer", "head", "query", "key", "document")})
+
+
+def decomposition_table(stats: SinkStatisticsResult) -> pd.DataFrame:
+    """How each factor drives the weight, per group (sink / tail entries of sink heads).
+
+    Args:
+        stats: The result.
+
+    Returns:
+        The table of [`decomposition`][cw_lens.SinkStatisticsResult.decomposition].
+    """
+    drivers = stats.drivers()
+    drivers = drivers[drivers["sink_head"].eq(True)]
+    heads = set(map(tuple, stats.sink_heads.nonzero().tolist()))
+    rows = []
+    for group in ("sink", "tail"):
+        table = stats.samples(group)
+        layer_index = table["layer"].map({layer: i for i, layer in enumerate(stats.layers)})
+        keep = [(a, h) in heads for a, h in zip(layer_index, table["head"], strict=True)]
+        table = table[np.asarray(keep, dtype=bool)]
+        rho = drivers[drivers["group"] == group]
+        for name in (*DRIVER_FACTORS, "contribution"):
+            values = table[name].to_numpy()
+            col = f"rho_{name}"
+            rows.append(
+                {
+                    "group": group,
+                    "factor": name,
+                    "mean": float(np.nanmean(values)) if len(values) else math.nan,
+                    "median": float(np.nanmedian(values)) if len(values) else math.nan,
+                    "median_head_rho": float(rho[col].median()) if col in rho else 1.0,
+                    "median_head_abs_rho": float(rho[col].abs().median()) if col in rho else 1.0,
+                    "n_samples": len(values),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def head_spearman(samples: pd.DataFrame, factors: Sequence[str] = DRIVER_FACTORS) -> pd.DataFrame:
+    """Per (layer, head): Spearman's rank correlation `rho_<factor>` of each factor with the
+    `contribution` over the head's sampled entries (average ranks for ties; NaN with fewer
+    than 3 samples or a constant column), and `n_samples`.
+
+    Args:
+        samples: Sampled entries with `layer`, `head`, the factors and `contribution` (as
+            [`SinkStatisticsResult.samples`][cw_lens.SinkStatisticsResult.samples] gives them).
+        factors: The factor columns.
+
+    Returns:
+        One row per (layer, head): `layer, head, n_samples, rho_<factor>...`.
+    """
+    columns = ["layer", "head", "n_samples", *(f"rho_{f}" for f in factors)]
+    rows = []
+    for (layer, head), g in samples.groupby(["layer", "head"], sort=True):
+        corr = g[[*factors, "contribution"]].corr(method="spearman", min_periods=3)
+        rho = corr["contribution"]
+        rows.append([int(layer), int(head), len(g), *(float(rho[f]) for f in factors)])
+    return pd.DataFrame(rows, columns=columns)

@@ -6,16 +6,16 @@ holds the result it builds.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cw_lens.analyses.sinks.accumulation import MAX_SAMPLES_PER_HEAD, SinkStatisticsAccumulator
+from cw_lens.analyses.sinks.accumulation import SinkStatisticsAccumulator
 from cw_lens.analyses.sinks.detection import MIN_QUERY, SinkPositions
+from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
+from cw_lens.analyses.sinks.statistics_layout import MAX_SAMPLES_PER_HEAD
 from cw_lens.core.keywords import check_keywords
+from cw_lens.data.documents import as_corpus
 from cw_lens.data.streaming import stream_corpus
 from cw_lens.models.access import Model
-
-if TYPE_CHECKING:
-    from cw_lens.analyses.sinks.statistics import SinkStatisticsResult
 
 
 @check_keywords
@@ -39,7 +39,9 @@ def sink_statistics(
 
     Args:
         model: A `TransformerBridge`.
-        corpus: `load_corpus(...)` output or a list of strings.
+        corpus: What [`cw_lens.load_corpus`][cw_lens.load_corpus] returns, a string, a list of
+            strings, or token ids (read as [`cw_lens.Corpus`][cw_lens.Corpus] once, here: the
+            sink detection, the accumulator and the pass read that corpus).
         sink_positions: Sink positions (default BOS, position 0) or `"detect"` (per document,
             keys whose mean attention exceeds 0.3 in some head). Positions count from each
             document's first token (BOS is 0; right padding never shifts them) and must be
@@ -65,9 +67,8 @@ def sink_statistics(
         progress: Show a progress bar.
         per_document: Also keep each document's sums per head (`RECORDED_SUMS` and a coarse
             cancelled-share histogram, float64: `8 * (14 + 26) * n_layers * n_heads` bytes per
-            document, 86.4 KB for SmolLM2-135M's 270 heads) so that
-            [`SinkStatisticsResult.claims`][cw_lens.SinkStatisticsResult.claims] can give bootstrap
-            intervals.
+            document, 86.4 KB for SmolLM2-135M's 270 heads): what a bootstrap over documents
+            reads (`cw_lens.reproduction.claims(stats, Bootstrap(...))`).
 
     Returns:
         A [`SinkStatisticsResult`][cw_lens.SinkStatisticsResult].
@@ -83,6 +84,7 @@ def sink_statistics(
         stats.top(5)
         ```
     """
+    corpus = as_corpus(corpus)  # once: every step below reads this Corpus
     acc = SinkStatisticsAccumulator(
         model,
         corpus,

@@ -1,7 +1,7 @@
 r"""The claims' headline numbers recomputed on bootstrap replicates of per-document sums.
 
 Each function takes the replicates `[R, ...]` of the sums an analysis keeps (what
-`cw_lens.core.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
+`cw_lens.reproduction.bootstrap.Bootstrap.resample` returns from a per-document record) and returns
 every headline number of its claims for all `R` replicates at once, `{number: [R]}`, by the
 same formula as the claim's point value (docs/methods.md#claims). Applied to the corpus totals (`R
 = 1`) they give the point values back, which the tests check. Pure tensor math: no model, no
@@ -13,7 +13,7 @@ What each interval is of, where the exact number cannot be recomputed from per-d
   head's median cancelled share read from per-document *coarse* histograms (24 bins equal in
   `asinh(v / 1e-3)` on `[-10, 10]`, an edge at 0, plus the two edge bins: the sign of a
   head's median is exact, its size resolved to a factor of about 2.5). The claim's value is
-  read from the same histograms summed over the corpus (`SinkStatisticsResult.claims`), not
+  read from the same histograms summed over the corpus (`sink_claims.sink_statistics_claims`), not
   from the fine histogram of `heads()`' `drift_cancelled_median`, so the value and its interval
   are one number's (on the gallery's 256 windows: 0.1788, where the fine histogram reads 0.1799).
 - `median_abs_rho_*` (`sink_contribution_drivers`): per head, the Spearman rho over the
@@ -28,8 +28,8 @@ What each interval is of, where the exact number cannot be recomputed from per-d
 
 Example:
 
-    from cw_lens.core.bootstrap import Bootstrap
-    from cw_lens.core.resampled import taxonomy_numbers
+    from cw_lens.reproduction.bootstrap import Bootstrap
+    from cw_lens.reproduction.resampled import taxonomy_numbers
     boot = Bootstrap(1000, seed=0)
     counts = boot.resample(per_doc_counts)        # [R, layer, head, 3]
     reps = taxonomy_numbers(counts)["retriever_share"]
@@ -47,8 +47,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from cw_lens.core.accumulators import Histogram
-from cw_lens.core.bootstrap import is_biased_plugin as is_biased_plugin  # re-exported
-from cw_lens.core.bootstrap import masked_mean, masked_median, ratio
+from cw_lens.reproduction.bootstrap import is_biased_plugin as is_biased_plugin  # re-exported
+from cw_lens.reproduction.bootstrap import masked_mean, masked_median, ratio
 
 Tables = dict[str, Tensor]
 
@@ -258,7 +258,7 @@ def per_layer_rows(
         value: Its point value per layer `[L]`.
         interval: Its interval per layer `[2, L]`.
         bias_se: Its bootstrap `|bias| / SE` per layer `[L]` (NaN: not computable), as
-            `cw_lens.core.bootstrap.Bootstrap.judged` gives it; None: not recorded.
+            `cw_lens.reproduction.bootstrap.Bootstrap.judged` gives it; None: not recorded.
         methods: The interval method of each layer (`Bootstrap.judged`'s); None: not
             recorded.
 
@@ -303,7 +303,7 @@ def selection_numbers(
     sink_n: tuple[int, ...],
 ) -> dict[str, Tensor]:
     """`topn_beats_random` and `sink_lowers_fn`'s numbers from sums of (F, scored queries)
-    per (layer, rule, head, N), as `cw_lens.analyses.selection.selection_claims` reads
+    per (layer, rule, head, N), as `cw_lens.reproduction.selection_claims.selection_claims` reads
     them: the mean over heads of each head's mean F per rule and N; the geometric mean over
     heads of F(sink excluded) / F(sink allowed) (`geometric_mean_ratio`)."""
     f = ratio(sums[..., 0], sums[..., 1])  # [R, L, rule, H, n]; NaN where nothing was scored
@@ -381,7 +381,7 @@ def faithfulness_numbers(
     aopc: dict[tuple[str, str, str], Tensor], metrics: tuple[str, ...]
 ) -> dict[str, Tensor]:
     """`faithfulness_order`'s numbers from AOPC replicates, as
-    `cw_lens.analyses.faithfulness.faithfulness_claim` reads them (pairs granularity)."""
+    `cw_lens.reproduction.faithfulness_claims.faithfulness_claim` reads them (pairs granularity)."""
     comp = {m: aopc[("pairs", "comprehensiveness", m)] for m in metrics}
     suff = {m: aopc[("pairs", "sufficiency", m)] for m in metrics}
     out = {
@@ -404,7 +404,7 @@ def ablation_numbers(
 ) -> dict[str, Tensor]:
     """`sink_ablation_cone`'s numbers from resampled per-head sums (`cone_before, count_before,
     cone_after, count_after, rel_norm`) of the patched heads and NLL sums (clean nll, count,
-    patched nll, count), as `cw_lens.analyses.sinks.SinkAblationResult.claims`: the low-norm
+    patched nll, count), as `sink_claims.sink_ablation_claims` does: the low-norm
     heads (relative output norm at or below its `low_norm_quantile`, re-picked per resample)
     against the others."""
     cone_b, n_b, cone_a, n_a, rel = (heads[:, i][:, planned] for i in range(5))  # [R, heads]
@@ -432,7 +432,7 @@ def pruning_numbers(
     """`pruning_signal`'s numbers, ΔPPL(random, mean of draws) - ΔPPL(taxonomy) per level,
     from resampled (NLL sum, count) per `(order, draw, level)` and `"clean"`. The mean over
     the random draws counts draw `k` `draw_weights[r, k]` times in row `r`
-    (`cw_lens.core.bootstrap.Bootstrap.draw_weights`: the draws resampled with the
+    (`cw_lens.reproduction.bootstrap.Bootstrap.draw_weights`: the draws resampled with the
     documents); `None` = each once."""
 
     def ppl(t: Tensor) -> Tensor:

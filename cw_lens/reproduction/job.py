@@ -6,7 +6,7 @@ written to a partial file and renamed) and a rerun skips the finished steps, so 
 interrupted job resumes where it stopped;
 `force=True` recomputes everything. The fingerprint covers the model, corpus, sizes, seeds and
 cw_lens version, so changing any of them starts afresh; a stored step is loaded only when the
-record and digest it carries are this run's (`cw_lens.reporting.stored_steps`), else
+record and digest it carries are this run's (`cw_lens.reproduction.stored_steps`), else
 recomputed. A run first removes the partial files a killed run left: only cw_lens's own
 (`cw_lens.core.partial_files`), at the top of the output folder and in its state folders. The
 figures (one PNG and one PDF each), `summary.json` and `REPORT.md` are rebuilt from the stored
@@ -29,14 +29,15 @@ from typing import Any
 
 import torch
 
-from cw_lens.core.bootstrap import Bootstrap
-from cw_lens.core.claims import ClaimsDict
+from cw_lens import reproduction
 from cw_lens.core.errors import InputError
 from cw_lens.core.partial_files import remove_partial_files
-from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.data.distributed import barrier, is_main_process, process_group_from_env
-from cw_lens.reporting.markdown import build_report
-from cw_lens.reporting.state import (
+from cw_lens.reproduction.bootstrap import Bootstrap
+from cw_lens.reproduction.claim_plots import plot_per_layer_intervals
+from cw_lens.reproduction.markdown import build_report
+from cw_lens.reproduction.run_replicates import FILE as REPLICATES_FILE
+from cw_lens.reproduction.state import (
     CAUSAL_PARTS,
     MIN_RESAMPLES,
     PRESETS,
@@ -45,22 +46,23 @@ from cw_lens.reporting.state import (
     causal_samples,
     claim_documents,
 )
-from cw_lens.reporting.steps import (
+from cw_lens.reproduction.steps import (
     STEP_NAMES,
     STEP_NEEDS,
     STEPS,
     select_steps,
     stored_value_problem,
 )
-from cw_lens.reporting.stored_steps import (
+from cw_lens.reproduction.stored_steps import (
     TIMINGS_FILE,
     atomic_write_bytes,
     atomic_write_text,
     state_root,
 )
+from cw_lens.reproduction.verdicts import ClaimsDict
 
-# the steps live in reporting.steps, the settings and the state in reporting.state; re-exported
-# for the CLI and the tests
+# the steps live in reproduction.steps, the settings and the state in reproduction.state;
+# re-exported for the CLI and the tests
 __all__ = [
     "MIN_RESAMPLES",
     "PRESETS",
@@ -141,7 +143,7 @@ def clean_partial_files(out: Path) -> int:
 
     Raises:
         InputError: when `out/.state` is a symbolic link
-            (`cw_lens.reporting.stored_steps.state_root`).
+            (`cw_lens.reproduction.stored_steps.state_root`).
     """
     n = remove_partial_files(out)
     root = state_root(out)
@@ -155,7 +157,7 @@ def clean_partial_files(out: Path) -> int:
 
 def run_provenance(job: Job) -> dict[str, Any]:
     """What the run measured on: the weights' record and the corpus windows' record
-    (`cw_lens.reporting.provenance`); summary.json's `provenance` block, and the inputs every
+    (`cw_lens.reproduction.provenance`); summary.json's `provenance` block, and the inputs every
     stored step records (`Job.inputs`).
 
     Args:
@@ -164,7 +166,7 @@ def run_provenance(job: Job) -> dict[str, Any]:
     Returns:
         `{"weights": ..., "corpus": ...}`.
     """
-    from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
+    from cw_lens.reproduction.provenance import corpus_provenance, weights_provenance
 
     cfg = job.config
     return {
@@ -219,7 +221,7 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
         if r["pruning"]["global"] is not None:
             figures["pruning_signal_global"] = r["pruning"]["global"].plot()
     if summary is not None and summary["claims"]:
-        figures["per_layer_intervals"] = plots.plot_per_layer_intervals(summary["claims"])
+        figures["per_layer_intervals"] = plot_per_layer_intervals(summary["claims"])
     written = {}
     for name, fig in figures.items():
         written[name] = plots.save_figure(fig, job.out / name)
@@ -271,25 +273,25 @@ def collect_claims(job: Job) -> ClaimsDict:
         claims.replicates.update(getattr(part, "replicates", {}))
 
     if "sinks" in r:
-        add(r["sinks"]["stats"].claims(boot))
+        add(reproduction.claims(r["sinks"]["stats"], boot))
     if "ablation" in r:
-        add(r["ablation"]["ablation"].claims(boot))
+        add(reproduction.claims(r["ablation"]["ablation"], boot))
     if "faithfulness" in r:
-        add(r["faithfulness"]["result"].claims(boot))
+        add(reproduction.claims(r["faithfulness"]["result"], boot))
     if r.get("task_faithfulness") and "faithfulness_order" in claims:
         task = r["task_faithfulness"]
-        task_claim = task["result"].claims()["faithfulness_order"]
+        task_claim = reproduction.claims(task["result"])["faithfulness_order"]
         claims["faithfulness_order"]["measured"][f"task_{task['task']}"] = {
             "n_items": task["n_items"],
             **task_claim["measured"],
         }
     if "selection" in r:
-        add(r["selection"]["result"].claims(boot))
+        add(reproduction.claims(r["selection"]["result"], boot))
     if "taxonomy" in r:
-        add(r["taxonomy"]["result"].claims(boot))
+        add(reproduction.claims(r["taxonomy"]["result"], boot))
     if "pruning" in r:
         pruning = r["pruning"]["result"]
-        add(pruning.claims(other_scope=r["pruning"]["global"], bootstrap=boot))
+        add(reproduction.claims(pruning, boot, other_scope=r["pruning"]["global"]))
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
     missing = [c for c in CLAIM_ORDER if c not in claims]
@@ -305,12 +307,12 @@ CAUSAL_CLAIMS = {"faithfulness_order": "faithfulness", "pruning_signal": "prunin
 
 
 def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
-    """`replicates.npz` of the run (`cw_lens.core.replicates`): the claims' replicates, the
-    documents' token-id hashes, how many documents each claim resampled and which ones for
+    """`replicates.npz` of the run (`cw_lens.reproduction.run_replicates`): the claims' replicates,
+    the documents' token-id hashes, how many documents each claim resampled and which ones for
     the causal claims (their random samples), so that a comparison pairs two runs' causal
     claims only when both resampled the same documents."""
-    from cw_lens.core.replicates import pack
-    from cw_lens.reporting.provenance import document_hashes
+    from cw_lens.reproduction.provenance import document_hashes
+    from cw_lens.reproduction.run_replicates import pack
 
     per_claim = claim_documents(job, claims)
     samples = causal_samples(job)
@@ -324,8 +326,8 @@ def build_summary(job: Job) -> tuple[dict[str, Any], bytes]:
     """`summary.json`'s content and `replicates.npz`'s bytes (the summary records their
     SHA-256, so a comparison never reads another run's replicates)."""
     from cw_lens.models.load import model_name
-    from cw_lens.reporting.interval_coverage import settle_by_coverage
-    from cw_lens.reporting.provenance import causal_sample_record, versions
+    from cw_lens.reproduction.interval_coverage import settle_by_coverage
+    from cw_lens.reproduction.provenance import causal_sample_record, versions
 
     cfg = job.config
     corpus = job.corpus

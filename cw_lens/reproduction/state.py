@@ -1,9 +1,9 @@
 """The main job's settings and state: `JobConfig` (and its presets) and `Job`, which stores each
 step's result and loads it again on a rerun (the files, their records and digests:
-`cw_lens.reporting.stored_steps`); which documents the causal analyses run on
+`cw_lens.reproduction.stored_steps`); which documents the causal analyses run on
 (`causal_indices`) and how many documents each claim's numbers come from.
 
-The lowest of the reporting modules but `stored_steps`: `job` (which runs the job), `steps`
+The lowest of the reproduction modules but `stored_steps`: `job` (which runs the job), `steps`
 (the analyses it runs) and `markdown` (REPORT.md) all read a `Job`, and this module imports
 none of them.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 from cw_lens.core.errors import InputError
 from cw_lens.data.distributed import barrier, is_main_process, main_process_decides
-from cw_lens.reporting.stored_steps import (
+from cw_lens.reproduction.stored_steps import (
     MAX_TIMINGS_BYTES,
     MISSING,
     STEP_SUFFIX,

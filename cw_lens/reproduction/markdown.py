@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from cw_lens.core.bootstrap import BIAS_SE_LIMIT, bias_flagged
-from cw_lens.reporting.figure_text import FIGURE_CAPTIONS, _fmt, figure_readings
+from cw_lens.reproduction.bootstrap import BIAS_SE_LIMIT, bias_flagged
+from cw_lens.reproduction.figure_text import FIGURE_CAPTIONS, compact_text, figure_readings
 
 if TYPE_CHECKING:
-    from cw_lens.reporting.state import Job, JobConfig
+    from cw_lens.reproduction.state import Job, JobConfig
 
 
 # The plain name of every check's number: the report writes these, and its glossary maps each
@@ -157,8 +157,8 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
     Returns:
         The report's Markdown.
     """
-    from cw_lens.reporting.provenance import causal_sample_markdown, provenance_markdown
-    from cw_lens.reporting.state import claim_documents
+    from cw_lens.reproduction.provenance import causal_sample_markdown, provenance_markdown
+    from cw_lens.reproduction.state import claim_documents
 
     lines = [
         f"# cw_lens report — {summary['model']}",
@@ -283,7 +283,7 @@ def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str,
     intervals not shown to cover at the claims' document counts (`documents`;
     `interval_coverage`), pruning with too few random orders."""
     from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
-    from cw_lens.reporting.interval_coverage import coverage_limits
+    from cw_lens.reproduction.interval_coverage import coverage_limits
 
     limits = coverage_limits(summary, documents, name=number_name)
     if config.pruning_draws < MIN_RANDOM_DRAWS:
@@ -335,8 +335,9 @@ def claims_markdown(summary: dict[str, Any]) -> str:
     ]
     for cid, claim in summary["claims"].items():
         checks = "<br>".join(
-            f"{number_name(c['number'])} = {_fmt(c['value'])} {_interval_text(c.get('interval'))}"
-            f"{_corrected_mark(c)} ({_check_text(c)}: {c['holds']}"
+            f"{number_name(c['number'])} = {compact_text(c['value'])} "
+            f"{_interval_text(c.get('interval'))}{_corrected_mark(c)} "
+            f"({_check_text(c)}: {c['holds']}"
             + (f"; {plain_reason(c['undecided_because'])}" if c.get("undecided_because") else "")
             + ")"
             for c in claim.get("checks", [])

@@ -17,7 +17,7 @@ bootstrap distribution:
 and the 95% interval of the `Δ_r` (the expanded percentile interval, the method
 the claims' intervals use), and the test's p-value (`difference_p_value`: the smallest level
 at which that interval excludes 0), which `holm` adjusts for the many numbers a comparison
-tests (`cw_lens.reporting.run_comparison`). The one test's result is `"differ"` when the hull
+tests (`cw_lens.reproduction.run_comparison`). The one test's result is `"differ"` when the hull
 of the point `Δ` and its interval excludes 0, `"same within uncertainty"` when it includes 0,
 `"not comparable"` when either number is missing or not measured, a run kept no replicates
 (summaries of schema 1 and 2), or `Δ` is undefined in more resamples than the interval's
@@ -26,7 +26,7 @@ overstates the spread of `Δ` when the two runs share documents (a conservative 
 
 Example:
 
-    from cw_lens.core.replicates import difference_test
+    from cw_lens.reproduction.run_replicates import difference_test
     difference_test(0.5, reps_a, 0.8, reps_b, paired=False).result    # "differ" or ...
 """
 
@@ -47,10 +47,10 @@ import numpy as np
 import torch
 from scipy import stats
 
-from cw_lens.core.bootstrap import BIAS_SE_LIMIT as BIAS_SE_LIMIT  # re-exported
-from cw_lens.core.bootstrap import bias_to_se as bias_to_se  # re-exported
-from cw_lens.core.bootstrap import expanded_tail, quantiles
 from cw_lens.core.errors import InputError
+from cw_lens.reproduction.bootstrap import BIAS_SE_LIMIT as BIAS_SE_LIMIT  # re-exported
+from cw_lens.reproduction.bootstrap import bias_to_se as bias_to_se  # re-exported
+from cw_lens.reproduction.bootstrap import expanded_tail, quantiles
 
 FILE = "replicates.npz"
 FORMAT = 1
@@ -280,7 +280,7 @@ def bias_corrected(value: float, replicates: np.ndarray) -> tuple[float, np.ndar
 
     Returns:
         The corrected point `t - b` and replicates `t* - 2 b` (`b = mean(t*) - t`): the
-        replicates the `bias_corrected` interval reads (`cw_lens.core.bootstrap`), centred
+        replicates the `bias_corrected` interval reads (`cw_lens.reproduction.bootstrap`), centred
         on the corrected point.
 
     Examples:
@@ -375,7 +375,7 @@ def difference_test(
 ) -> Difference:
     """The test of `value_b - value_a` (module docstring). `paired` only when replicate r
     of both resampled the same documents (`RunReplicates.pairs_with`). The interval is
-    the claims' expanded percentile interval (`cw_lens.core.bootstrap.expanded_tail`) for
+    the claims' expanded percentile interval (`cw_lens.reproduction.bootstrap.expanded_tail`) for
     `n_documents` (the smaller run's documents); the plain percentile one when it is None."""
     delta = value_b - value_a
 

@@ -19,7 +19,7 @@ app = typer.Typer(
     help="Contribution weights and attention-sink geometry for TransformerLens models.",
 )
 
-# the main job's steps in order (reporting.job.STEP_NAMES; tests/test_cli.py checks they agree)
+# the main job's steps in order (reproduction.job.STEP_NAMES; tests/test_cli.py checks they agree)
 STEP_NAMES = (
     "sinks",
     "heatmaps",
@@ -72,7 +72,9 @@ def verdict_line(claims: dict[str, dict]) -> str:
         >>> verdict_line({"a": {"holds": "yes"}, "b": {"holds": "no"}})
         '2 claims: 1 yes, 1 no, 0 inconclusive, 0 not measured'
     """
-    from cw_lens.core.claims import VERDICTS  # the report's own words (REPORT.md's column)
+    from cw_lens.reproduction.verdicts import (
+        VERDICTS,  # the report's own words (REPORT.md's column)
+    )
 
     verdicts = [c["holds"] for c in claims.values()]
     unknown = sorted(set(verdicts) - set(VERDICTS))
@@ -255,7 +257,7 @@ def figures(
     """The `figures` command (its help text is `FIGURES_HELP`)."""
     # Long: one typer option per job setting.
 
-    from cw_lens.reporting.job import JobConfig, run_figures
+    from cw_lens.reproduction.job import JobConfig, run_figures
 
     config = JobConfig.preset(
         preset,
@@ -318,8 +320,8 @@ def compare(
     "not comparable" without replicates (summary schemas 1 and 2) or a measured number.
     """
     from cw_lens.plots import save_figure
-    from cw_lens.reporting.run_comparison import compare_runs
-    from cw_lens.reporting.stored_steps import atomic_write_text
+    from cw_lens.reproduction.run_comparison import compare_runs
+    from cw_lens.reproduction.stored_steps import atomic_write_text
 
     names = None if labels is None else [s.strip() for s in labels.split(",")]
     comparison = compare_runs(runs, labels=names)

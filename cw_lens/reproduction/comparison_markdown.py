@@ -1,6 +1,6 @@
 """The Markdown of a run comparison: the cells of the checks table and the differences table.
 
-`cw_lens.reporting.run_comparison.RunComparisonResult.to_markdown` writes the table of every
+`cw_lens.reproduction.run_comparison.RunComparisonResult.to_markdown` writes the table of every
 check of every run with these cells, then (for two runs or more) `differences_markdown`.
 """
 
@@ -11,21 +11,45 @@ from typing import Any
 
 import pandas as pd
 
-from cw_lens.core.replicates import DIFFER, NOT_COMPARABLE
-from cw_lens.reporting.difference_tests import FAMILY_LEVEL
+from cw_lens.reproduction.difference_tests import FAMILY_LEVEL
+from cw_lens.reproduction.run_replicates import DIFFER, NOT_COMPARABLE
 
 
-def _cell(value: Any) -> str:
+def table_cell(value: Any) -> str:
+    """A Markdown table cell: `—` for None, pipes escaped.
+
+    Args:
+        value: What the cell shows.
+
+    Returns:
+        The cell's text.
+    """
     return "—" if value is None else str(value).replace("|", "\\|")
 
 
-def _bold(verdict: Any) -> str:
+def verdict_cell(verdict: Any) -> str:
+    """A verdict as a cell: `yes` plain, any other verdict bold, `—` for none.
+
+    Args:
+        verdict: The verdict (a string), or anything else for none.
+
+    Returns:
+        The cell's text.
+    """
     if not isinstance(verdict, str):
         return "—"
     return verdict if verdict == "yes" else f"**{verdict}**"
 
 
-def _value_cell(row: pd.Series) -> str:
+def value_cell(row: pd.Series) -> str:
+    """A number as a cell: its value, its interval where it has one, and its check's verdict.
+
+    Args:
+        row: A row with `value`, `low`, `high` and `check`.
+
+    Returns:
+        The cell's text.
+    """
     value = "n/a" if math.isnan(row["value"]) else f"{row['value']:.3g}"
     if not (math.isnan(row["low"]) and math.isnan(row["high"])):
         value += f" [{row['low']:.3g}, {row['high']:.3g}]"

@@ -9,7 +9,7 @@ conjunction of comparisons of one measured *headline number* with a fixed thresh
     Check("contribution_over_attention", 0.64, "<", 0.5)       # fails
 
 Each number may carry an `interval` (a 95% bootstrap interval over documents,
-`cw_lens.core.bootstrap`), and each check has a four-valued verdict `holds`
+`cw_lens.reproduction.bootstrap`), and each check has a four-valued verdict `holds`
 (docs/methods.md#claims):
 
 - `"not measured"`: the number is NaN (the run could not compute it: no sink heads, too few
@@ -36,7 +36,7 @@ same shape.
 
 Example:
 
-    from cw_lens.core.claims import Check, Claim
+    from cw_lens.reproduction.verdicts import Check, Claim
     claim = Claim(
         "retriever_share",
         paper="Retrievers are a minority, 5.8-17.2% of heads (P2)",
@@ -54,11 +54,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
+import pandas as pd
 
-from cw_lens.core.results import ClaimsTable
+from cw_lens.core.registry import saveable
 
 Op = Literal["<", ">", "in"]
 OPS = ("<", ">", "in")
@@ -96,8 +97,8 @@ class Check:
             None when no bootstrap was asked for (the point verdict).
         replicates: The bootstrap replicates the interval was read from (None: not kept).
         bias_to_se: The number's bootstrap `|bias| / SE` in this run
-            (`cw_lens.core.bootstrap.bias_to_se`; NaN when not computable or unknown).
-        interval_method: The interval method used (`cw_lens.core.bootstrap.METHODS`; None
+            (`cw_lens.reproduction.bootstrap.bias_to_se`; NaN when not computable or unknown).
+        interval_method: The interval method used (`cw_lens.reproduction.bootstrap.METHODS`; None
             when unknown or no bootstrap was asked for).
     """
 
@@ -236,6 +237,85 @@ class Claim:
         if self.per_layer is not None:
             out["per_layer"] = self.per_layer
         return out
+
+
+@saveable
+class ClaimsTable(dict):
+    """The claims of a result: `{claim id: claim dict}` (`paper`, `measured`, `holds`,
+    `criterion`, `checks`) that prints as a table.
+
+    It is a `dict`, so `claims["sink_anti_alignment"]["holds"]`, iteration, `json.dumps`
+    and `.update` work as before; `to_dataframe()` is one row per claim, `to_dict()` the
+    plain nested dict, and Jupyter renders it as a Markdown table.
+    """
+
+    stored_items: ClassVar[Any] = dict[str, dict[str, Any]]  # what a file stores of it
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The plain nested dict.
+
+        Returns:
+            `{claim id: claim dict}` (copies of the claims).
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.reproduction import claims
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            table = claims(cw_lens.head_taxonomy(model, corpus, progress=False))
+            table.to_dict()
+            ```
+        """
+        return {cid: dict(claim) for cid, claim in self.items()}
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """One row per claim.
+
+        Returns:
+            A DataFrame with `claim`, `holds`, `paper`, `criterion` and the claim's checked
+            numbers as `number=value` text.
+
+        Examples:
+            ```python
+            import cw_lens
+            from cw_lens.reproduction import claims
+
+            model = cw_lens.load_model("testing:tiny-llama")
+            corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model)
+            table = claims(cw_lens.head_taxonomy(model, corpus, progress=False))
+            table.to_dataframe()
+            ```
+        """
+        rows = [
+            {
+                "claim": cid,
+                "holds": claim.get("holds"),
+                "paper": claim.get("paper"),
+                "criterion": claim.get("criterion"),
+                "numbers": ", ".join(
+                    f"{c['number']}={c['value']:.3g}" for c in claim.get("checks", [])
+                ),
+            }
+            for cid, claim in self.items()
+        ]
+        return pd.DataFrame(rows, columns=["claim", "holds", "paper", "criterion", "numbers"])
+
+    def __repr__(self) -> str:
+        if not self:
+            return "ClaimsTable(no claims)"
+        df = self.to_dataframe()[["claim", "holds", "numbers"]]
+        return "ClaimsTable\n" + df.to_string(index=False, max_colwidth=70)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+    def _repr_markdown_(self) -> str:
+        lines = ["| claim | holds | paper | numbers |", "|---|---|---|---|"]
+        for row in self.to_dataframe().itertuples(index=False):
+            lines.append(f"| `{row.claim}` | {row.holds} | {row.paper} | {row.numbers} |")
+        return "\n".join(lines)
 
 
 class ClaimsDict(ClaimsTable):

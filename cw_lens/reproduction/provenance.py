@@ -21,7 +21,7 @@ them, so that a comparison can tell whether two runs resampled the same document
 Example:
 
     import cw_lens
-    from cw_lens.reporting.provenance import corpus_provenance, weights_provenance
+    from cw_lens.reproduction.provenance import corpus_provenance, weights_provenance
     model = cw_lens.load_model()
     weights_provenance(None, model, "float32")["quantisation"]     # "Q4_1"
     corpus_provenance(cw_lens.load_corpus(n_docs=4, model=model), model.tokenizer)
@@ -168,7 +168,7 @@ def provenance_markdown(provenance: dict[str, Any] | None) -> list[str]:
     return ["## Provenance", "", weights, "", corpus, ""]
 
 
-# how `cw_lens.reporting.state.causal_indices` draws the samples, recorded beside them
+# how `cw_lens.reproduction.state.causal_indices` draws the samples, recorded beside them
 CAUSAL_SAMPLE_METHOD = (
     "without replacement: the first n of one seeded random permutation of the corpus positions "
     "(a smaller sample within a larger one, equal counts the same documents), sorted"
@@ -184,7 +184,7 @@ def causal_sample_record(
 
     Args:
         corpus: The run's corpus.
-        samples: `{part: sorted positions}` (`cw_lens.reporting.state.causal_samples`).
+        samples: `{part: sorted positions}` (`cw_lens.reproduction.state.causal_samples`).
         seed: The samples' seed (`causal_seed`).
 
     Returns:

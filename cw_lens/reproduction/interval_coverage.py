@@ -4,25 +4,16 @@ run's report says about it.
 The table next to this module (`interval_coverage.json`, written by
 `python benchmarks/population.py package-table`; docs/coverage.md) gives, per claim number and
 studied document count, how often the number's shipped interval (the expanded percentile
-bootstrap; bias-corrected for the numbers `cw_lens.core.bootstrap.is_biased_plugin` names, the
-table's `biased_method`) contained the true value, and the coverage's one-sided
-Clopper-Pearson lower 95% bound (`lower`). Its rows come from two kinds of study (`source`):
-
-- `population`: the 13 numbers of the corpus analyses, 400 runs of 8, 32 and 256 documents
-  drawn without replacement from all 1,324 windows of 256 tokens of `pydoc+stdlib` (the truth:
-  the population's value); a row whose coverage lay within two binomial standard errors of 0.93
-  was studied a second time (400 more runs, other seeds) and is read on the pooled 800 runs
-  (its `studies` keep each study's counts);
-- `single_pool`: the 8 numbers the population cannot give, from with-replacement studies of one
-  pool (the truth: the pool's value, so optimistic): the six causal numbers (400 draws at 8, 16
-  and 32 documents from the committed gallery's 32 causal windows) and the drivers' two |rho|
-  (from the paper preset's 256 windows: 300 draws at 8 and 48 documents, 100 at 32 and 256);
-  here too a row within two binomial standard errors of 0.93 was studied a second time (400
-  more draws, other seeds) and is read on the pooled draws (`studies`).
+bootstrap; bias-corrected for the numbers `cw_lens.reproduction.bootstrap.is_biased_plugin` names,
+the table's `biased_method`) contained the true value, and the coverage's one-sided
+Clopper-Pearson lower 95% bound (`lower`). Each row's `source` says which study measured it
+(`population`: runs drawn from a population of windows; `single_pool`: draws with replacement
+from one pool, for the numbers the population cannot give); docs/coverage.md describes both
+studies, their sizes and their results.
 
 The interval method never depends on the run: a run's bootstrap |bias| / SE is recorded (each
-check's `bias_to_se`) and flagged above 0.25 (`cw_lens.core.bootstrap.bias_flagged`), not acted
-on (`cw_lens.core.bootstrap.needs_bias_correction` reads only the number's name).
+check's `bias_to_se`) and flagged above 0.25 (`cw_lens.reproduction.bootstrap.bias_flagged`), not
+acted on (`cw_lens.reproduction.bootstrap.needs_bias_correction` reads only the number's name).
 
 A row *certifies* (`certifies`) when its coverage is at least `TARGET` (0.93) and its lower bound
 at least `LOWER_TARGET` (0.91). A number is certified from the smallest studied count from which
@@ -48,7 +39,7 @@ that related pool.
 
 Example:
 
-    >>> from cw_lens.reporting.interval_coverage import certified_from, coverage_at
+    >>> from cw_lens.reproduction.interval_coverage import certified_from, coverage_at
     >>> coverage_at("delta_ppl", 32) >= 0.9
     True
     >>> [certified_from(k) for k in ("retriever_share", "median_cos_sink_tail_mixture")]
@@ -351,11 +342,11 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     claim's document count (`documents`) `inconclusive` — an interval not shown to cover
     cannot settle a criterion — recording `undecided_because` (and `coverage`, where
     measured) in the check, and recombine the claims' verdicts
-    (`cw_lens.core.claims.combine`). Changes `summary["claims"]` in place; returns the
+    (`cw_lens.reproduction.verdicts.combine`). Changes `summary["claims"]` in place; returns the
     changed claims. For a run the study does not speak for (another model or corpus), only
     the checks run on fewer documents than `smallest_studied` are made inconclusive; its
     report says that the coverage was not measured for it."""
-    from cw_lens.core.claims import combine
+    from cw_lens.reproduction.verdicts import combine
 
     speaks = studied(summary)
     for _, check, n, cover in _interval_checks(summary, documents):

@@ -15,12 +15,12 @@ Whether two runs differ is *tested*, never read off the verdict strings (two ver
 with no real difference — 0.06 [0.04, 0.09] against 0.10 — and agree across a real one — 4.84 [4.10,
 5.62] against 3.50 [3.2, 3.8]). Every number of every run is compared with the first run's
 ([`RunComparisonResult.differences`][cw_lens.RunComparisonResult.differences]) from the bootstrap
-replicates each schema-3 run keeps in `replicates.npz` (`cw_lens.core.replicates`): a paired
-bootstrap of the difference when both runs resampled the same documents (same token-id hashes,
-bootstrap seed and resamples), independent resamples otherwise. Each difference gets a p-value (the
-smallest level at which its expanded percentile interval excludes 0), and the p-values of all the
-numbers compared — every number of every run against the first — are adjusted together by Holm's
-step-down method: `"differ"` when the adjusted p-value is below 0.05, `"same within
+replicates each schema-3 run keeps in `replicates.npz` (`cw_lens.reproduction.run_replicates`): a
+paired bootstrap of the difference when both runs resampled the same documents (same token-id
+hashes, bootstrap seed and resamples), independent resamples otherwise. Each difference gets a
+p-value (the smallest level at which its expanded percentile interval excludes 0), and the p-values
+of all the numbers compared — every number of every run against the first — are adjusted together by
+Holm's step-down method: `"differ"` when the adjusted p-value is below 0.05, `"same within
 uncertainty"` otherwise, `"not comparable"` when a number is missing or not measured, a run kept
 no replicates (schemas 1 and 2), a biased number is compared across different document counts,
 or the number's interval is not certified at a run's document count.
@@ -32,17 +32,17 @@ change", which is a family-wise question (a false discovery rate would allow som
 adjusted p-value.
 
 Biased numbers: the numbers whose plug-in the code knows to be biased on few documents
-(`cw_lens.core.bootstrap.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any whose
-bootstrap bias is more than a quarter of its standard error in either run (`|mean(t*) - t| / sd(t*)
-> 0.25`, `cw_lens.core.bootstrap.bias_to_se`, `cw_lens.core.bootstrap.bias_flagged`: e.g. the
-Retriever share, a median of |rho| on few documents). Their bias depends on the document count, so
-runs of different counts are not compared on them (`"not comparable"`, the reason says why);
-runs of equal counts are compared from their replicates, where the bias is the same in both;
-the geometric means from bias-corrected replicates (`t* - 2b`, point `t - b`, as their
-`bias_corrected` interval).
+(`cw_lens.reproduction.bootstrap.is_biased_plugin`: `sink_lowers_fn`'s geometric means) and any
+whose bootstrap bias is more than a quarter of its standard error in either run (`|mean(t*) - t| /
+sd(t*) > 0.25`, `cw_lens.reproduction.bootstrap.bias_to_se`,
+`cw_lens.reproduction.bootstrap.bias_flagged`: e.g. the Retriever share, a median of |rho| on few
+documents). Their bias depends on the document count, so runs of different counts are not compared
+on them (`"not comparable"`, the reason says why); runs of equal counts are compared from their
+replicates, where the bias is the same in both; the geometric means from bias-corrected replicates
+(`t* - 2b`, point `t - b`, as their `bias_corrected` interval).
 
 Uncertified intervals: a difference is built from the replicates behind each run's interval,
-so where the coverage study (`cw_lens.reporting.interval_coverage`, docs/coverage.md) did not
+so where the coverage study (`cw_lens.reproduction.interval_coverage`, docs/coverage.md) did not
 certify that interval at the run's document count, the difference is not trusted either: such a
 number is `"not comparable"` (`not_certified_because`: for the studied model and corpus the
 verdicts' certificate; for any other run, fewer documents than the smallest studied count).
@@ -75,24 +75,24 @@ from typing import Any
 
 import pandas as pd
 
-from cw_lens.core.claims import VERDICTS, threshold_text
 from cw_lens.core.deprecation import keyword_only
 from cw_lens.core.errors import InputError
 from cw_lens.core.keywords import check_keywords
 from cw_lens.core.registry import saveable
-from cw_lens.core.replicates import DIFFER, RunReplicates, unpack
-from cw_lens.core.replicates import FILE as REPLICATES_FILE
 from cw_lens.core.results import Result
-from cw_lens.reporting.comparison_markdown import (
-    _bold,
-    _cell,
-    _value_cell,
+from cw_lens.reproduction.comparison_markdown import (
     differences_markdown,
+    table_cell,
+    value_cell,
+    verdict_cell,
 )
-from cw_lens.reporting.difference_tests import DIFFERENCE_COLUMNS as DIFFERENCE_COLUMNS
-from cw_lens.reporting.difference_tests import FAMILY_LEVEL as FAMILY_LEVEL
-from cw_lens.reporting.difference_tests import holm_results as holm_results
-from cw_lens.reporting.difference_tests import run_differences
+from cw_lens.reproduction.difference_tests import DIFFERENCE_COLUMNS as DIFFERENCE_COLUMNS
+from cw_lens.reproduction.difference_tests import FAMILY_LEVEL as FAMILY_LEVEL
+from cw_lens.reproduction.difference_tests import holm_results as holm_results
+from cw_lens.reproduction.difference_tests import run_differences
+from cw_lens.reproduction.run_replicates import DIFFER, RunReplicates, unpack
+from cw_lens.reproduction.run_replicates import FILE as REPLICATES_FILE
+from cw_lens.reproduction.verdicts import VERDICTS, threshold_text
 
 SCHEMAS = (1, 2, 3)
 # the verdicts each schema writes: 1 true/false, 2 three values, 3 four (docs/methods.md#claims)
@@ -167,13 +167,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             comparison.to_dataframe()
             ```
@@ -188,7 +189,7 @@ class RunComparisonResult(Result):
         `p_holm` (Holm-adjusted over every comparable number of the table),
         `bias_corrected` (a biased number compared from bias-corrected replicates),
         `result` (`"differ"` when `p_holm < 0.05` / `"same within uncertainty"` / `"not
-        comparable"`) and `reason` (module docstring; `cw_lens.core.replicates`).
+        comparable"`) and `reason` (module docstring; `cw_lens.reproduction.run_replicates`).
 
         Returns:
             A DataFrame, one row per (number, run other than the first).
@@ -196,13 +197,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             comparison.differences()
             ```
@@ -221,13 +223,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             comparison.disagreements()
             ```
@@ -248,13 +251,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             comparison.top(5)
             ```
@@ -273,13 +277,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             comparison.claim_verdicts()
             ```
@@ -300,13 +305,14 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             print(comparison.to_markdown())
             ```
@@ -318,7 +324,7 @@ class RunComparisonResult(Result):
         ]
         for r in self.runs:
             cells = [r.label, r.model, r.corpus, r.n_documents, r.n_tokens, r.seed, r.schema]
-            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("| " + " | ".join(table_cell(c) for c in cells) + " |")
         lines += [
             "",
             "| claim / number | check | " + " | ".join(labels) + " |",
@@ -326,7 +332,7 @@ class RunComparisonResult(Result):
         ]
         verdicts = self.claim_verdicts()
         for claim, per_run in verdicts.iterrows():
-            marks = [_bold(per_run[lab]) for lab in labels]
+            marks = [verdict_cell(per_run[lab]) for lab in labels]
             lines.append(f"| `{claim}` | claim | " + " | ".join(marks) + " |")
             checks = self.rows[(self.rows["claim"] == claim) & (self.rows["number"] != "")]
             for number in dict.fromkeys(checks["number"]):
@@ -335,7 +341,7 @@ class RunComparisonResult(Result):
                 check = " / ".join(
                     dict.fromkeys(map(threshold_text, rows["op"], rows["threshold"]))
                 )
-                cells = [_value_cell(rows.loc[lab]) if lab in rows.index else "—" for lab in labels]
+                cells = [value_cell(rows.loc[lab]) if lab in rows.index else "—" for lab in labels]
                 lines.append(f"| ↳ {number} | {check} | " + " | ".join(cells) + " |")
         if len(self.runs) > 1:
             lines += ["", *differences_markdown(self.differences(), labels[0])]
@@ -346,7 +352,8 @@ class RunComparisonResult(Result):
         interval), the threshold(s) as vertical lines, the check's verdict by colour.
 
         Args:
-            **kwargs: Passed to `cw_lens.plots.compare.plot_run_comparison` (`figsize`).
+            **kwargs: Passed to `cw_lens.reproduction.comparison_plots.plot_run_comparison`
+                (`figsize`).
 
         Returns:
             A matplotlib Figure.
@@ -354,18 +361,19 @@ class RunComparisonResult(Result):
         Examples:
             ```python
             import cw_lens
+            from cw_lens.reproduction import claims
 
             model = cw_lens.load_model("testing:tiny-llama")
             runs = []
             for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
                 corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
                 tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-                runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+                runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
             comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
             fig = comparison.plot()
             ```
         """
-        from cw_lens.plots.compare import plot_run_comparison
+        from cw_lens.reproduction.comparison_plots import plot_run_comparison
 
         return plot_run_comparison(self.rows, [r.label for r in self.runs], **kwargs)
 
@@ -392,13 +400,14 @@ def compare_runs(
     Examples:
         ```python
         import cw_lens
+        from cw_lens.reproduction import claims
 
         model = cw_lens.load_model("testing:tiny-llama")
         runs = []
         for seed in (0, 1):  # usually: cw_lens.compare_runs(["runs/a", "runs/b"])
             corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=model, seed=seed)
             tax = cw_lens.head_taxonomy(model, corpus, progress=False)
-            runs.append({"schema": 3, "model": "tiny-llama", "claims": tax.claims()})
+            runs.append({"schema": 3, "model": "tiny-llama", "claims": claims(tax)})
         comparison = cw_lens.compare_runs(runs, labels=["seed 0", "seed 1"])
         comparison.claim_verdicts()     # one row per claim, one column per run
         ```
@@ -492,7 +501,7 @@ def read_summary(path: Path) -> Any:
 def _attach_replicates(run: Run, summary: Mapping[str, Any], path: Path | None) -> None:
     """Read the run's `replicates.npz` (schema 3) if it is there; else say why not. The file
     the summary names must lie inside the run's folder; its size and SHA-256 are checked before
-    it is parsed (`cw_lens.core.replicates.read_checked`)."""
+    it is parsed (`cw_lens.reproduction.run_replicates.read_checked`)."""
     block = summary.get("replicates")
     if run.schema < 3:
         return

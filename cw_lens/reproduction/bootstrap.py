@@ -43,18 +43,13 @@ Which method a number gets (`needs_bias_correction`, the one rule): `Bootstrap.b
 (`is_biased_plugin`: `sink_lowers_fn`'s geometric means), `Bootstrap.method` (`"expanded"`)
 otherwise. Every number's bootstrap bias is measured and reported (`bias_to_se`:
 `|mean(t*) - t| / sd(t*)`, in `summary.json` and, above `BIAS_SE_LIMIT`, flagged in the
-report), but a large bias/SE in one run does not switch the method: the population study
-(docs/coverage.md) measured that switching (wherever a draw's bias/SE exceeded 0.25) lowers
-the coverage of the medians and shares (whose bootstrap "bias" comes from their discreteness)
-in 16 of their 18 rows (6 numbers at 8, 32 and 256 documents; at 256 from 0.93-1.00 to
-0.70-0.94; the other two rose by 4 and 5 draws of 400, within noise), and raises it clearly
-only for the geometric means. A bias/SE that cannot be computed (no
+report), but a large bias/SE in one run does not switch the method (docs/coverage.md gives
+the study behind this rule). A bias/SE that cannot be computed (no
 point value, fewer than two defined replicates, or replicates that are all equal) is NaN.
 `Bootstrap.pair` returns the interval with its bias/SE and the method used, which each check
 writes into `summary.json`.
 
-`benchmarks/coverage.py` measures each method's coverage on the embedded model
-(`docs/coverage.md`); the default is the one that covers. Quantiles interpolate linearly (as
+Quantiles interpolate linearly (as
 `numpy.quantile`). Replicates where the number is undefined (e.g. a resample without any sink
 head) are left out; when more of them are undefined than the tail the interval reads, the
 interval is `(nan, nan)`.
@@ -67,7 +62,7 @@ numbers come from the analyses' per-document records (each document's own sums, 
 Example:
 
     import torch
-    from cw_lens.core.bootstrap import Bootstrap
+    from cw_lens.reproduction.bootstrap import Bootstrap
     boot = Bootstrap(resamples=2000, seed=0)
     x = torch.randn(8, 2).double()                 # per-document sums and counts
     reps = boot.resample(x)                        # [2000 + 1 + 8, 2]
@@ -89,6 +84,9 @@ from torch import Tensor
 
 from cw_lens.core.devices import to_tensor
 from cw_lens.core.errors import InputError
+
+# One concept: the resampling of documents and the rule that turns its replicates into an
+# interval (the methods, their choice per number, the bias ratio) are read together.
 
 METHODS = ("expanded", "percentile", "bca", "basic", "bias_corrected")
 METHOD_TEXT = {
@@ -235,8 +233,23 @@ class Bootstrap:
         return drawn
 
     def indices(self, n_documents: int) -> Tensor:
-        """`[resamples, D]`: the record rows drawn by each resample (with replacement, `D`
-        the corpus's documents), from the seeded generator."""
+        """The record rows drawn by each resample, with replacement, from the seeded generator.
+
+        Args:
+            n_documents: The rows of the per-document record.
+
+        Returns:
+            `[resamples, D]` row indices (`D` the corpus's documents: `documents`, or all).
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            boot.indices(8).shape  # [200, 8]
+            ```
+        """
         drawn = self._drawn(n_documents)
         gen = torch.Generator().manual_seed(int(self.seed))
         return drawn[
@@ -244,9 +257,24 @@ class Bootstrap:
         ]
 
     def weights(self, n_documents: int) -> Float[Tensor, "row document"]:
-        """How often each document counts in each row (float64): `resamples` resamples (rows
-        sum to `D`), the corpus (every drawn document once), then the `D` leave-one-out
-        corpora."""
+        """How often each document counts in each row.
+
+        Args:
+            n_documents: The rows of the per-document record.
+
+        Returns:
+            `[resamples + 1 + D, n_documents]` float64: the `resamples` resamples (rows sum to
+            `D`), the corpus (every drawn document once), then the `D` leave-one-out corpora.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            boot.weights(8).shape  # [200 + 1 + 8, 8]
+            ```
+        """
         drawn = self._drawn(n_documents)
         idx = self.indices(n_documents)
         w = torch.zeros(self.resamples, n_documents, dtype=torch.float64, device="cpu")
@@ -259,10 +287,27 @@ class Bootstrap:
         return torch.cat([w, corpus[None], jack])
 
     def draw_weights(self, n_documents: int, n_draws: int) -> Float[Tensor, "row draw"]:
-        """How often each of `n_draws` random-control draws counts in each row of
-        `weights`: resampled with replacement in the `resamples` rows (jointly with the
-        documents; from the generator seeded `seed + 2**32`), every draw once in the corpus
-        and leave-one-out rows (the `draws` given, with their repeats, where set)."""
+        """How often each random-control draw counts in each row of `weights`.
+
+        Args:
+            n_documents: The rows of the per-document record.
+            n_draws: The random-control draws.
+
+        Returns:
+            `[rows, n_draws]` float64: resampled with replacement in the `resamples` rows
+            (jointly with the documents; from the generator seeded `seed + 2**32`), every draw
+            once in the corpus and leave-one-out rows (the `draws` given, with their repeats,
+            where set).
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            boot.draw_weights(8, 3).shape  # [200 + 1 + 8, 3]
+            ```
+        """
         if n_draws < 1:
             raise InputError("draw_weights needs at least one draw.")
         drawn = torch.arange(n_draws, device="cpu")
@@ -284,14 +329,48 @@ class Bootstrap:
         return w
 
     def resample(self, table: Float[Tensor, "document ..."]) -> Float[Tensor, "row ..."]:
-        """The sums over documents of `table` in every row of `weights`: `W @ table`
-        (float64)."""
+        """The sums over documents of `table` in every row of `weights`: `W @ table`.
+
+        Args:
+            table: Each document's sums `[document, ...]`.
+
+        Returns:
+            `[rows, ...]` float64 sums, one per row of `weights`.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            sums = boot.resample(torch.rand(8, 2))   # per-document sums and counts
+            ratios = sums[:, 0] / sums[:, 1]          # the ratio of sums in every row
+            ```
+        """
         table = to_tensor(table).double()
         return _weighted_sums(self.weights(table.shape[0]), table)
 
     def resample_each(self, tables: dict[Any, Tensor]) -> dict[Any, Tensor]:
-        """`resample` of every table of `tables` (the same documents), drawing the
-        weights once."""
+        """`resample` of every table of `tables`, drawing the weights once.
+
+        Args:
+            tables: Per-document tables of the same documents.
+
+        Returns:
+            Each table's sums in every row of `weights`, under the same keys.
+
+        Raises:
+            InputError: The tables hold different numbers of documents.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            sums = boot.resample_each({"a": torch.rand(8, 2), "b": torch.rand(8)})
+            ```
+        """
         if not tables:
             return {}
         w = self.weights(next(iter(tables.values())).shape[0])
@@ -320,6 +399,16 @@ class Bootstrap:
             The intervals `[2, ...]` (NaN where more replicates are NaN than the tail the
             method reads), each number's bootstrap `|bias| / SE` `[...]` (NaN where not
             computable) and the method each read (flat, in the numbers' order).
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            sums = boot.resample(torch.rand(8, 2))
+            bounds, bias_to_se, methods = boot.judged(sums[:, 0] / sums[:, 1])
+            ```
         """
         x = to_tensor(replicates).double()
         has_point = len(x) > self.resamples
@@ -349,6 +438,16 @@ class Bootstrap:
         Returns:
             `[low, high]` per number (`[2, ...]`); NaN where more replicates are NaN than the
             tail the method reads.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            sums = boot.resample(torch.rand(8, 2))
+            low, high = boot.interval(sums[:, 0] / sums[:, 1]).tolist()
+            ```
         """
         return self.judged(replicates, biased, number)[0]
 
@@ -364,6 +463,17 @@ class Bootstrap:
             An `Interval` `(low, high)` keeping the `[resamples]` bootstrap replicates (not
             the corpus and leave-one-out rows), the number's bootstrap `bias_to_se` and the
             `method` used.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            sums = boot.resample(torch.rand(8, 2))
+            interval = boot.pair(sums[:, 0] / sums[:, 1], number="ratio")
+            interval.method, tuple(interval)
+            ```
         """
         bounds, ratio, [method] = self.judged(replicates, biased, number)
         low, high = bounds.tolist()
@@ -371,7 +481,20 @@ class Bootstrap:
         return Interval(low, high, kept, float(ratio), method)
 
     def to_dict(self) -> dict[str, Any]:
-        """The `bootstrap` block of `summary.json`."""
+        """The `bootstrap` block of `summary.json`.
+
+        Returns:
+            The resamples, level, seed, unit and interval method, JSON-ready.
+
+        Examples:
+            ```python
+            import torch
+            from cw_lens.reproduction import Bootstrap
+
+            boot = Bootstrap(resamples=200, seed=0)
+            boot.to_dict()["resamples"]  # 200
+            ```
+        """
         return {
             "resamples": self.resamples,
             "level": self.level,

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cw_lens.plots._style import literal_text
+from cw_lens.plots.style import literal_text
 
 
 def plot_per_layer_intervals(claims: dict[str, dict[str, Any]]) -> Any:

@@ -1,13 +1,13 @@
 """Whether several runs differ: each headline number of each run tested against the first run's.
 
 The test of one number is a bootstrap of the difference from the replicates the two runs kept
-(`cw_lens.core.replicates.difference_test`): paired when both runs resampled the same documents,
-independent otherwise. A number is `"not comparable"` when it is missing or not measured, a run
-kept no replicates, its interval is not certified at a run's document count
-(`cw_lens.reporting.interval_coverage`), or it is biased and the runs' document counts differ;
+(`cw_lens.reproduction.run_replicates.difference_test`): paired when both runs resampled the same
+documents, independent otherwise. A number is `"not comparable"` when it is missing or not measured,
+a run kept no replicates, its interval is not certified at a run's document count
+(`cw_lens.reproduction.interval_coverage`), or it is biased and the runs' document counts differ;
 the known-biased plug-ins are compared from bias-corrected replicates. The p-values of all the
 comparable numbers are adjusted together by Holm's step-down method (`holm_results`).
-`cw_lens.reporting.run_comparison` explains the design; this module holds the tests.
+`cw_lens.reproduction.run_comparison` explains the design; this module holds the tests.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from cw_lens.core.bootstrap import (
+from cw_lens.reproduction.bootstrap import (
     BIAS_SE_LIMIT,
     bias_flagged,
     bias_to_se,
     is_biased_plugin,
 )
-from cw_lens.core.replicates import (
+from cw_lens.reproduction.interval_coverage import not_certified_because, studied
+from cw_lens.reproduction.run_replicates import (
     DIFFER,
     NOT_COMPARABLE,
     SAME,
@@ -34,11 +35,10 @@ from cw_lens.core.replicates import (
     difference_test,
     holm,
 )
-from cw_lens.reporting.interval_coverage import not_certified_because, studied
 
 
 class RunHeader(Protocol):
-    """What the tests read of a run: a `cw_lens.reporting.run_comparison.Run`."""
+    """What the tests read of a run: a `cw_lens.reproduction.run_comparison.Run`."""
 
     label: str
     model: str | None
@@ -114,7 +114,7 @@ def holm_results(table: pd.DataFrame, level: float = FAMILY_LEVEL) -> pd.DataFra
         level: The family-wise error to hold (0.05).
 
     Returns:
-        A copy with `p_holm` (`cw_lens.core.replicates.holm` of the comparable p-values)
+        A copy with `p_holm` (`cw_lens.reproduction.run_replicates.holm` of the comparable p-values)
         and `result` `"differ"` where `p_holm < level`, else `"same within uncertainty"`;
         the reason names the adjustment (and, for a number whose own interval excludes 0
         but whose adjusted p-value does not pass, says so).

@@ -7,7 +7,7 @@ The corpus steps (sinks, ablation, selection, taxonomy) share one streamed pass
 the others at once; each is still stored and loaded on its own, with its share of the time.
 
 The causal steps (faithfulness, pruning) run on a seeded random sample of the corpus windows
-when their document counts are smaller than the corpus (`cw_lens.reporting.state.causal_corpus`),
+when their document counts are smaller than the corpus (`cw_lens.reproduction.state.causal_corpus`),
 never on its first windows, which are the start of the text; the others on the whole corpus.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cw_lens.core.errors import InputError
-from cw_lens.reporting.state import causal_corpus
+from cw_lens.reproduction.state import causal_corpus
 
 if TYPE_CHECKING:
-    from cw_lens.reporting.state import Job
+    from cw_lens.reproduction.state import Job
 
 
 def on_corpus(job: Job, analysis: Callable[..., Any], corpus: Any = None, **settings: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Figure of several runs compared (`cw_lens.reporting.run_comparison`). Plotting only."""
+"""Figure of several runs compared (`cw_lens.reproduction.run_comparison`). Plotting only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from matplotlib.lines import Line2D
 
-from cw_lens.core.claims import threshold_text
-from cw_lens.plots._style import literal_text, plt
+from cw_lens.plots.style import literal_text, plt
+from cw_lens.reproduction.verdicts import threshold_text
 
 VERDICT_COLOURS = {
     "yes": "tab:green",

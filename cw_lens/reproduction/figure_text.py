@@ -2,8 +2,8 @@
 
 `FIGURE_CAPTIONS` says what each figure of the main job shows, one sentence each;
 `figure_readings` writes one line per figure from `summary.json`'s measured numbers, with
-`_fmt`, the report's compact text for a value. `cw_lens.reporting.markdown.build_report` puts
-both under each figure.
+`compact_text`, the report's compact text for a value. `cw_lens.reproduction.markdown.build_report`
+puts both under each figure.
 """
 
 from __future__ import annotations
@@ -11,17 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 
-def _fmt(value: Any, depth: int = 0) -> str:
-    """Compact text for the report: floats to 3 digits, dicts shortened."""
+def compact_text(value: Any, depth: int = 0) -> str:
+    """Compact text for the report: floats to 3 significant digits, at most 7 entries of a
+    dict and 8 of a list, nested dicts as `{...}`.
+
+    Args:
+        value: A number, dict, list or anything with a `str`.
+        depth: How deep inside a dict or list `value` is (nested dicts are cut at 1).
+
+    Returns:
+        The text.
+    """
     if isinstance(value, float):
         return f"{value:.3g}"
     if isinstance(value, dict):
         if depth >= 1:
             return "{...}"
-        inner = ", ".join(f"{k}: {_fmt(v, depth + 1)}" for k, v in list(value.items())[:7])
+        inner = ", ".join(f"{k}: {compact_text(v, depth + 1)}" for k, v in list(value.items())[:7])
         return "{" + inner + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_fmt(v, depth + 1) for v in value[:8]) + "]"
+        return "[" + ", ".join(compact_text(v, depth + 1) for v in value[:8]) + "]"
     return str(value)
 
 
@@ -31,8 +40,8 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
         return ""
     return (
         f" Random control over {int(comp['n_draws'])} draws (comprehensiveness, pairs): AOPC "
-        f"mean {_fmt(comp['mean'])}, sd {_fmt(comp['sd'])}, range "
-        f"[{_fmt(comp['min'])}, {_fmt(comp['max'])}]."
+        f"mean {compact_text(comp['mean'])}, sd {compact_text(comp['sd'])}, range "
+        f"[{compact_text(comp['min'])}, {compact_text(comp['max'])}]."
     )
 
 
@@ -135,60 +144,64 @@ def figure_readings(summary: dict[str, Any]) -> dict[str, str]:
     return {
         "sink_attention_vs_contribution": (
             f"Over {sink['n_sink_heads']} sink heads the sink takes "
-            f"{_fmt(sink['mean_sink_attention'])} of the attention and contributes "
-            f"{_fmt(sink['mean_sink_contribution_intra'])} of the head output (ratio "
-            f"{_fmt(sink['contribution_over_attention'])}): the claim "
+            f"{compact_text(sink['mean_sink_attention'])} of the attention and contributes "
+            f"{compact_text(sink['mean_sink_contribution_intra'])} of the head output (ratio "
+            f"{compact_text(sink['contribution_over_attention'])}): the claim "
             f"{held['sink_attention_vs_contribution']}."
         ),
         "sink_value_geometry": (
             f"Median norm ratio ||pv_j||/||pv_0|| over sink heads "
-            f"{_fmt(ratio['median_ratio_sink_heads'])}; median cos(pv_0, m_i) "
-            f"{_fmt(anti['median_cos_sink_tail_mixture'])}."
+            f"{compact_text(ratio['median_ratio_sink_heads'])}; median cos(pv_0, m_i) "
+            f"{compact_text(anti['median_cos_sink_tail_mixture'])}."
         ),
         "sink_contribution_drivers": (
             "Median over sink heads of |Spearman rho| of each factor with the sink's "
-            f"contribution: {_fmt(c['sink_contribution_drivers']['median_abs_rho_sink'])}; "
+            f"contribution: {compact_text(c['sink_contribution_drivers']['median_abs_rho_sink'])}; "
             f"the claim {held['sink_contribution_drivers']}."
         ),
         "convex_sink_curve": (
-            f"{_fmt(convex['share_judged_sink_heads_interior_median_s_star'])} of the "
+            f"{compact_text(convex['share_judged_sink_heads_interior_median_s_star'])} of the "
             f"{convex['n_sink_heads_judged']} sink heads with at least 16 counted queries have an "
-            f"interior median s* (median of medians {_fmt(convex['median_of_median_s_star'])})."
+            "interior median s* (median of medians "
+            f"{compact_text(convex['median_of_median_s_star'])})."
         ),
         "sink_cancels_drift": (
             f"The sink term opposes the weak-token drift in "
-            f"{_fmt(drift['share_sink_heads_negative_cosine'])} of sink heads; median cancelled "
-            f"share {_fmt(drift['median_cancelled_share'])}."
+            f"{compact_text(drift['share_sink_heads_negative_cosine'])} of sink heads; median "
+            f"cancelled share {compact_text(drift['median_cancelled_share'])}."
         ),
         "sink_ablation_cone": (
             "Removing the sink: low-norm heads' cone alignment "
-            f"{_fmt(cone['low_norm_cone_before'])} -> {_fmt(cone['low_norm_cone_after'])}, others "
-            f"{_fmt(cone['other_cone_before'])} -> {_fmt(cone['other_cone_after'])}; PPL "
-            f"{_fmt(cone['clean_ppl'])} -> {_fmt(cone['patched_ppl'])}."
+            f"{compact_text(cone['low_norm_cone_before'])} -> "
+            f"{compact_text(cone['low_norm_cone_after'])}, others "
+            f"{compact_text(cone['other_cone_before'])} -> "
+            f"{compact_text(cone['other_cone_after'])}; PPL "
+            f"{compact_text(cone['clean_ppl'])} -> {compact_text(cone['patched_ppl'])}."
         ),
         "faithfulness_order": (
-            f"Comprehensiveness AOPC (mean NLL change, pairs): {_fmt(comp)}; most faithful: "
-            f"{best}; P1's full ordering {held['faithfulness_order']}."
+            f"Comprehensiveness AOPC (mean NLL change, pairs): {compact_text(comp)}; most "
+            f"faithful: {best}; P1's full ordering {held['faithfulness_order']}."
             + _random_draws_text(c["faithfulness_order"].get("random_aopc_over_draws"))
         ),
         "faithfulness_task": (
             f"Comprehensiveness AOPC (answer log-probability change, pairs) on "
-            f"{task.get('n_items')} task items: {_fmt(task.get('aopc_comprehensiveness_pairs'))}."
+            f"{task.get('n_items')} task items: "
+            f"{compact_text(task.get('aopc_comprehensiveness_pairs'))}."
             if isinstance(task, dict)
             else ""
         ),
         "topn_beats_random": (
-            f"F_N of top-N over random: {_fmt(topn.get('top_over_random', {}))}; the largest gap "
-            f"is at N = {topn.get('n_with_largest_gap')}."
+            f"F_N of top-N over random: {compact_text(topn.get('top_over_random', {}))}; the "
+            f"largest gap is at N = {topn.get('n_with_largest_gap')}."
         ),
         "sink_lowers_fn": (
             "Median over heads of F_N without the sink / F_N with it: "
-            f"{_fmt(sink_fn['median_head_ratio'])}; share of heads at >= 2x (N = 2, 4): "
-            f"{_fmt(sink_fn['share_heads_at_least_2x'])}."
+            f"{compact_text(sink_fn['median_head_ratio'])}; share of heads at >= 2x (N = 2, 4): "
+            f"{compact_text(sink_fn['share_heads_at_least_2x'])}."
         ),
         "retriever_share": (
-            f"Regime shares {_fmt(tax['regime_shares'])}; Retrievers "
-            f"{_fmt(tax['retriever_share'])} of heads."
+            f"Regime shares {compact_text(tax['regime_shares'])}; Retrievers "
+            f"{compact_text(tax['retriever_share'])} of heads."
         ),
         "pruning_signal": (
             "ΔPPL per order and retention, the same share of heads removed in every layer "
