@@ -241,7 +241,9 @@ def e2e(n_layers: int, docs: int, n_tok: int) -> dict:
     batch = tokens(model, 8, 128)
     phase(
         "contributions_8x128",
-        lambda: cw_lens.stream_contributions(model, batch, all_fields, batch_size=None),
+        lambda: cw_lens.stream_contributions(
+            model, batch, all_fields, batch_size=None, reuse_buffers=True
+        ),
     )
     corpus = cw_lens.load_corpus(n_docs=docs, max_tokens=n_tok - 1, model=model)
     fused = getattr(cw_lens, "corpus_analyses", None)  # the fused entry point, where it exists
@@ -314,7 +316,7 @@ def child(job: str, n_layers: int, docs: int, n_tok: int, repeats: int) -> dict:
             "forward": lambda: model(batch),
             "forward_decoder_layers": decoder_only,
             "contributions": lambda: cw_lens.stream_contributions(
-                model, batch, all_fields, batch_size=None
+                model, batch, all_fields, batch_size=None, reuse_buffers=True
             ),
         }
         times: dict[str, list[float]] = {k: [] for k in fns}

@@ -104,7 +104,9 @@ def forward(model, tokens) -> None:
 def stream(model, tokens, layers=None, consumer=all_fields) -> None:
     import cw_lens
 
-    cw_lens.stream_contributions(model, tokens, consumer, layers=layers, batch_size=None)
+    cw_lens.stream_contributions(
+        model, tokens, consumer, layers=layers, batch_size=None, reuse_buffers=True
+    )
 
 
 def products_only(lc) -> None:

@@ -26,7 +26,9 @@ from bench_contributions import RESULTS, forward, setup, timed_pairs  # same mea
 def shares(model, tokens) -> None:
     import cw_lens
 
-    cw_lens.stream_shares(model, tokens, lambda ls: ls.token_rows(), batch_size=None)
+    cw_lens.stream_shares(
+        model, tokens, lambda ls: ls.token_rows(), batch_size=None, reuse_buffers=True
+    )
 
 
 def rollout(model, tokens) -> None:

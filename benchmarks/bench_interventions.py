@@ -129,6 +129,7 @@ def measure(model: Any, corpus: Any) -> dict[str, Any]:
             batch_size=None,
             attention_mask=local.mask.long(),
             progress=False,
+            reuse_buffers=True,
         )
     for granularity in ("pairs", "tokens"):
         record = _outcome_recorder(model, batch, len(corpus))

@@ -48,7 +48,7 @@ def child(job: str, n_tokens: int) -> None:
                 lc.relative_norm(kind)
             totals[lc.layer] += lc.weights("inter")[..., 0].nansum().item()
 
-        cw_lens.stream_contributions(model, corpus, fold)
+        cw_lens.stream_contributions(model, corpus, fold, reuse_buffers=True)
 
     def forward() -> None:
         from cw_lens.data.inputs import prepare_inputs

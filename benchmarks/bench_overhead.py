@@ -95,6 +95,7 @@ def cases(model, corpus, batches) -> dict:
             lambda lc: None,
             on_logits=(lambda batch, out: None) if logits else None,
             progress=False,
+            reuse_buffers=True,
         )
 
     fused = {  # absent before 0.4.1: the script also times older trees (PYTHONPATH)

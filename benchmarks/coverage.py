@@ -155,8 +155,12 @@ def replicate_numbers(
 def n_records(result: object) -> int:
     """How many documents the analysis's per-document record holds."""
     record = getattr(result, "per_document", None)
-    if record is None:  # sink statistics keep theirs in the accumulator
-        return int(result.acc.per_doc.table().shape[0])
+    if record is None:  # the sink statistics: `record` [document, layer, head, recorded]
+        record = getattr(result, "record", None)
+    if record is None:
+        raise SystemExit(
+            f"{type(result).__name__}: no per-document record (run it with per_document=True)."
+        )
     if isinstance(record, dict):  # pruning: one (NLL sum, count) table per condition
         record = next(iter(record.values()))
     elif isinstance(record, tuple):  # the first table of the record (faithfulness: names first)

@@ -25,15 +25,19 @@ smaller unsigned integer, stored as that: lossless):
 - ``documents``: the pool indices of its documents;
 - ``taxonomy.winners`` ``[doc, layer, head, 3]``: the head taxonomy's winner counts;
 - ``sinks.sums`` ``[doc, 14, layer, head]`` and ``sinks.share_hist`` ``[doc, layer, head,
-  26]``: the sink statistics' recorded sums and coarse cancelled-share histograms;
+  26]``: the sink statistics' per-document record (``SinkStatisticsResult.record``, its
+  ``record_names``: the 14 ``RECORDED_SUMS``, then the 26 coarse cancelled-share bins);
 - ``sinks.samples.index`` ``[entry, 5]`` (document, layer, head, query, key) and
-  ``sinks.samples.factors`` ``[entry, 4]``: the shard's sink-column factor samples whose
-  reservoir key (0.4's `row_keys`, a function of the entry and its document;
-  0.5 has no port of the shard builder yet) lies below ``RESERVOIR_FRACTION * 2**64``. A run
-  on the whole pool keeps, per
-  head, the 1,024 entries with the smallest keys; those are all below the cut (about 2,000
-  of the pool's entries per head are), so the merged shards give that reservoir exactly
-  (:func:`load_population` checks it);
+  ``sinks.samples.factors`` ``[entry, 4]``: the shard's sink-column factor samples
+  (``samples_table``'s sink group) whose reservoir key (``cw_lens.core.accumulators.
+  entry_keys(seed, layer, document, head, query, key)``, recomputed from what is stored: a
+  function of the entry and its pool index only) lies below ``RESERVOIR_FRACTION * 2**63``
+  (0.5's keys lie in ``[0, 2**63)``). A run on the whole pool keeps, per head, the 1,024
+  entries with the smallest keys; those are all below the cut (about 2,000 of the pool's
+  entries per head are), so the merged shards give that reservoir exactly
+  (:func:`load_population` checks it). Shards of format 1 (cw_lens 0.3/0.4) selected their
+  samples with 0.4's keys, which 0.5 does not compute: their sink statistics are refused
+  (the other analyses still load);
 - ``selection.f_and_count`` ``[doc, layer, rule, head, N, 2]``: F sums and scored queries;
 - ``ablation.heads`` ``[doc, 5, layer, head]``, ``ablation.nll`` ``[doc, 4]``,
   ``ablation.planned`` ``[layer, head]``;
@@ -80,11 +84,14 @@ BATCHES_PER_SHARD = 4  # 32 windows a shard
 ANALYSIS_SEED = 0  # the paper preset's seed (sinks' factor sampling, selection's random rankings)
 PAPER_DOCS = 256  # the paper preset's windows: load_corpus(n_docs=256, seed=0) of this pool
 ANALYSES = ("taxonomy", "sinks", "selection", "ablation")
-# a shard keeps the sink-column factor samples whose reservoir key is below this share of
-# 2**64: about 2x the share a whole-pool reservoir keeps (1,024 of ~339,000 entries per head)
+# a shard keeps the sink-column factor samples whose reservoir key (`entry_keys`, in
+# [0, 2**63)) is below this share of 2**63: about 2x the share a whole-pool reservoir keeps
+# (1,024 of ~339,000 entries per head)
 RESERVOIR_FRACTION = 0.006
-RESERVOIR_CUT = int(RESERVOIR_FRACTION * 2**64)
-FORMAT = 1  # the shard files' layout; bump when it changes
+RESERVOIR_CUT = int(RESERVOIR_FRACTION * 2**63)
+# the shard files' layout; bump when it changes. 2: cw_lens 0.5's record and entry_keys samples
+# (format 1: 0.4's per-document tables and reservoir keys, whose sink samples 0.5 cannot read)
+FORMAT = 2
 
 
 # --------------------------------------------------------------------------- the plan
@@ -119,6 +126,8 @@ def one_shard(shard: int, world: int) -> Iterator[None]:
     with (
         mock.patch("cw_lens.data.streaming.current_shard", lambda: value),
         mock.patch("cw_lens.data.scoring.current_shard", lambda: value),
+        # 0.5's pass sums its counts across ranks when sharded: this rank's own, here
+        mock.patch("cw_lens.data.streaming.StreamStats.all_reduce", lambda self: None),
     ):
         yield
 
@@ -237,17 +246,55 @@ def shard_path(folder: Path, shard: int, world: int) -> Path:
 # --------------------------------------------------------------------------- one shard
 
 
+def sample_keys(index: np.ndarray | torch.Tensor, seed: int = ANALYSIS_SEED) -> torch.Tensor:
+    """The reservoir keys of sink-column factor samples, ``index`` ``[entry, 5]`` (document,
+    layer, head, query, key; the document its pool index): the keys the sink statistics'
+    reservoir ranked them by, ``entry_keys(seed, layer, document, head, query, key)``
+    (``SinkStatisticsAccumulator._sample``)."""
+    from cw_lens.core.accumulators import entry_keys
+
+    index = torch.as_tensor(np.asarray(index), dtype=torch.int64).reshape(-1, 5)
+    keys = torch.empty(len(index), dtype=torch.int64)
+    for layer in index[:, 1].unique().tolist():
+        mine = index[:, 1] == layer
+        doc, _, head, query, key = index[mine].T
+        keys[mine] = entry_keys(seed, int(layer), doc, head, query, key)
+    return keys
+
+
 def sink_samples(result: Any, docs: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The sink column's factor samples of a shard's reservoir whose key is below the cut:
     ``index`` ``[entry, 5]`` (document, layer, head, query, key) and ``factors`` ``[entry,
-    4]``; checks that the reservoir dropped none of them and that the keys recompute from
-    what is stored."""
-    raise NotImplementedError(
-        "The population shards hold 0.4's per-document records and reservoir keys; cw_lens 0.5's "
-        "accumulators (float64 stacked sums, entry_keys samples) need the shards rebuilt with a "
-        "port of this function, which is not written yet. The committed coverage records were "
-        "computed with 0.4.1."
+    4]`` (``FACTOR_FIELDS``), from ``result.samples_table``'s sink group; checks that they
+    are the shard's documents' and that the reservoir dropped none of them (a head whose
+    reservoir is full holds only keys below the cut)."""
+    from cw_lens.analyses.sinks.statistics_layout import (
+        FACTOR_FIELDS,
+        GROUPS,
+        MAX_SAMPLES_PER_HEAD,
+        SAMPLE_COLUMNS,
     )
+
+    table = result.samples_table
+    table = table[table[:, 0] == GROUPS.index("sink"), 1:]
+    column = {c: i for i, c in enumerate(SAMPLE_COLUMNS)}
+    coords = ("document", "layer", "head", "query", "key")
+    index = table[:, [column[c] for c in coords]].double().long()  # whole numbers in float32
+    factors = table[:, [column[c] for c in FACTOR_FIELDS]].float()
+    if not set(index[:, 0].tolist()) <= set(docs):
+        raise RuntimeError("the sink samples hold documents the shard did not run.")
+    keys = sample_keys(index)
+    heads = index[:, 1] * result.n_heads + index[:, 2]  # layer number x head: one id per head
+    for head in heads.unique().tolist():
+        mine = keys[heads == head]
+        if len(mine) >= MAX_SAMPLES_PER_HEAD and int(mine.max()) < RESERVOIR_CUT:
+            raise RuntimeError(
+                f"the sink reservoir of head {divmod(head, result.n_heads)} (layer, head) is full "
+                "below the cut: it may have dropped entries the population needs; lower "
+                "RESERVOIR_FRACTION (a new --out)."
+            )
+    below = keys < RESERVOIR_CUT
+    return index[below].numpy(), factors[below].numpy()
 
 
 def run_analyses(model: Any, corpus: Any, analyses: Sequence[str] = ANALYSES) -> dict[str, Any]:
@@ -280,14 +327,9 @@ def records(results: dict[str, Any], docs: Sequence[int]) -> dict[str, np.ndarra
     if "taxonomy" in results:
         out["taxonomy.winners"] = results["taxonomy"].per_document.numpy()
     if "sinks" in results:
-        acc = results["sinks"].acc
-        if acc.per_doc.names != list(sink_sums()):
-            raise RuntimeError("the sink statistics record other sums than this job stores.")
-        out["sinks.sums"] = acc.per_doc.table().numpy()
-        out["sinks.share_hist"] = acc.share_hist.table("drift_share").numpy()
-        out["sinks.samples.index"], out["sinks.samples.factors"] = sink_samples(
-            results["sinks"], docs
-        )
+        stats = results["sinks"]
+        out["sinks.sums"], out["sinks.share_hist"] = sink_record_parts(stats)
+        out["sinks.samples.index"], out["sinks.samples.factors"] = sink_samples(stats, docs)
     if "selection" in results:
         out["selection.f_and_count"] = results["selection"].per_document.numpy()
     if "ablation" in results:
@@ -302,25 +344,36 @@ def records(results: dict[str, Any], docs: Sequence[int]) -> dict[str, np.ndarra
 
 
 def settings(results: dict[str, Any]) -> dict[str, Any]:
-    """What the result objects need beside the records (:func:`load_population`)."""
-    sel, abl, sinks = results["selection"], results["ablation"], results["sinks"]
-    return {
-        "selection": {
+    """What the result objects need beside the records (:func:`load_population`), for the
+    analyses in ``results``."""
+    out: dict[str, Any] = {}
+    if "selection" in results:
+        sel = results["selection"]
+        out["selection"] = {
             "n_grid": list(sel.n_grid),
             "query": sel.query,
             "n_random": sel.n_random,
             "sink_positions": list(sel.sink_positions),
             "distance": sel.distance,
-        },
-        "ablation": {
+        }
+    if "ablation" in results:
+        abl = results["ablation"]
+        out["ablation"] = {
             "layers": list(abl.layers),
             "scale": abl.scale,
             "mode": abl.mode,
             "effect": abl.effect,
             "low_norm_quantile": abl.low_norm_quantile,
-        },
-        "sinks": {"layers": list(sinks.layers), "min_query": sinks.min_query},
-    }
+        }
+    if "sinks" in results:
+        sinks = results["sinks"]
+        out["sinks"] = {
+            "layers": list(sinks.layers),
+            "min_query": sinks.min_query,
+            "sinks": sinks.sinks,
+            "threshold": sinks.threshold,
+        }
+    return out
 
 
 def sink_sums() -> tuple[str, ...]:
@@ -329,13 +382,38 @@ def sink_sums() -> tuple[str, ...]:
     return RECORDED_SUMS
 
 
+def sink_record_names() -> list[str]:
+    """The names of the sink statistics' per-document record this job stores, in order: the
+    recorded sums (``sinks.sums``), then the cancelled-share bins (``sinks.share_hist``)."""
+    from cw_lens.analyses.sinks.statistics_layout import SHARE_BIN_SUMS
+
+    return [*sink_sums(), *SHARE_BIN_SUMS]
+
+
+def sink_record_parts(stats: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A sink statistics result's per-document record (``record``, ``[doc, layer, head,
+    recorded]``) as the shards store it: the sums ``[doc, 14, layer, head]`` and the coarse
+    cancelled-share histograms ``[doc, layer, head, 26]``."""
+    if stats.record is None:
+        raise RuntimeError("the sink statistics were run without per_document=True.")
+    if list(stats.record_names) != sink_record_names():
+        raise RuntimeError("the sink statistics record other sums than this job stores.")
+    record = stats.record.float().numpy()
+    n_sums = len(sink_sums())
+    return (
+        np.ascontiguousarray(record[..., :n_sums].transpose(0, 3, 1, 2)),
+        np.ascontiguousarray(record[..., n_sums:]),
+    )
+
+
 def run_shard(model: Any, corpus: Any, shard: int, world: int, folder: Path, digest: str) -> dict:
     """Compute and store one shard; returns its meta."""
     docs = shard_documents(len(corpus), shard, world)
     start = time.perf_counter()
     with one_shard(shard, world):
         results = run_analyses(model, corpus)
-    if results["sinks"].acc.per_doc.seen.nonzero().flatten().tolist() != docs:
+    # the record holds the documents some block recorded, in pool order
+    if results["sinks"].record is None or results["sinks"].record.shape[0] != len(docs):
         raise RuntimeError(f"shard {shard}: the sink record holds other documents.")
     arrays = records(results, docs)
     meta = {
@@ -440,6 +518,16 @@ def load_population(
     exactly (``reservoir_exact``: every head has at least a reservoir's worth of entries below
     the cut, which holds once every shard is in)."""
     stored = json.loads((folder / "manifest.json").read_text())
+    if "sinks" in analyses:  # before reading any shard
+        if int(stored.get("format", 1)) < 2:
+            raise SystemExit(
+                f"{folder}: its shards are of format {stored.get('format', 1)} (cw_lens "
+                f"{stored.get('cw_lens')}): their sink samples were selected by 0.4's reservoir "
+                "keys, which cw_lens 0.5 does not compute (0.5 ranks them by entry_keys), so the "
+                "sink statistics' driver sample cannot be rebuilt from them. Compute the shards "
+                "again with `population.py run --out NEW` under this version, or study the other "
+                "analyses (--analyses taxonomy selection ablation)."
+            )
     digest, world = manifest_digest(stored), stored["world"]
     parts, metas = [], []
     for k in range(world):
@@ -464,6 +552,12 @@ def load_population(
     setting = metas[0]["settings"]
     if any(m["settings"] != setting for m in metas):
         raise SystemExit(f"{folder}: the shards were run with different analysis settings.")
+    first = {"taxonomy": "taxonomy.winners", "selection": "selection.f_and_count"}
+    first |= {"ablation": "ablation.heads", "sinks": "sinks.sums"}
+    missing = [a for a in analyses if any(first[a] not in p for p in parts)]
+    missing += [a for a in analyses if a != "taxonomy" and a not in setting and a not in missing]
+    if missing:
+        raise SystemExit(f"{folder}: the shards hold no records of {missing}.")
     if "taxonomy" in analyses:
         results["taxonomy"] = _taxonomy(stacked("taxonomy.winners"))
     if "selection" in analyses:
@@ -474,11 +568,18 @@ def load_population(
             stacked("ablation.heads"), stacked("ablation.nll"), planned, setting["ablation"]
         )
     if "sinks" in analyses:
-        position = {int(d): i for i, d in enumerate(docs[order].tolist())}
+        position = np.full(int(docs.max()) + 1, -1, np.int64)
+        position[docs[order]] = np.arange(len(docs))
         index = np.concatenate([p["sinks.samples.index"] for p in parts]).astype(np.int64)
         factors = np.concatenate([p["sinks.samples.factors"] for p in parts])
         results["sinks"], info["reservoir_exact"] = _sinks(
-            stacked("sinks.sums"), stacked("sinks.share_hist"), index, factors, position
+            stacked("sinks.sums"),
+            stacked("sinks.share_hist"),
+            index.reshape(-1, 5),
+            factors.reshape(-1, 4),
+            position,
+            setting["sinks"],
+            info["n_tokens"],
         )
     return results, info
 
@@ -533,17 +634,93 @@ def _sinks(
     share_hist: torch.Tensor,
     index: np.ndarray,
     factors: np.ndarray,
-    position: dict[int, int],
+    position: np.ndarray,
+    setting: dict[str, Any],
+    n_tokens: int = 0,
 ) -> tuple[Any, bool]:
-    """A :class:`SinkStatisticsResult` whose per-document record and sink-column reservoir
-    are the population's: the reservoir holds, per head, the ``max_samples`` stored entries
-    with the smallest keys (keys from each entry's pool index; documents re-indexed to rows
-    of the record)."""
-    raise NotImplementedError(
-        "The population shards hold 0.4's per-document records and reservoir keys; cw_lens 0.5's "
-        "accumulators (float64 stacked sums, entry_keys samples) need the shards rebuilt with a "
-        "port of this function, which is not written yet. The committed coverage records were "
-        "computed with 0.4.1."
+    """A :class:`SinkStatisticsResult` whose per-document record and sink-group factor sample
+    are the population's: the record rows in pool order; the sample, per head, the
+    ``MAX_SAMPLES_PER_HEAD`` stored entries with the smallest keys (``sample_keys``, from
+    each entry's pool index), their documents re-indexed to rows of the record (``position``:
+    row of each pool index, -1 where not loaded). Also whether that sample is the whole
+    pool's (that of a run on the loaded documents) exactly: every head has a reservoir's worth
+    of stored entries (all below the cut), or the cut keeps every entry."""
+    from cw_lens.analyses.sinks.statistics_layout import MAX_SAMPLES_PER_HEAD
+    from cw_lens.core.accumulators import EMPTY_KEY
+
+    record = torch.cat([sums.permute(0, 2, 3, 1), share_hist], -1).float().contiguous()
+    n_layers, n_heads = record.shape[1], record.shape[2]
+    layers = [int(layer) for layer in setting["layers"]]
+    if len(layers) != n_layers:
+        raise SystemExit(f"the sink record holds {n_layers} layers, the settings {layers}.")
+    keys = sample_keys(index).numpy()
+    order = np.lexsort((keys, index[:, 2], index[:, 1]))  # by layer, head, then key
+    index, factors, keys = index[order], np.asarray(factors)[order], keys[order]
+    head_id = index[:, 1] * n_heads + index[:, 2]
+    first = np.r_[True, head_id[1:] != head_id[:-1]] if len(head_id) else np.zeros(0, bool)
+    starts = np.maximum.accumulate(np.where(first, np.arange(len(head_id)), 0))
+    keep = np.arange(len(head_id)) - starts < MAX_SAMPLES_PER_HEAD  # each head's smallest keys
+    rows = position[index[keep, 0]]
+    if (rows < 0).any():
+        raise SystemExit("the sink samples hold documents no loaded shard recorded.")
+    counts = Counter(head_id[keep].tolist())
+    every_head = [a * n_heads + h for a in layers for h in range(n_heads)]
+    full = all(counts.get(head, 0) >= MAX_SAMPLES_PER_HEAD for head in every_head)
+    exact = full or RESERVOIR_CUT >= EMPTY_KEY  # keys lie below EMPTY_KEY
+    table = torch.cat(
+        [
+            torch.zeros(int(keep.sum()), 1),  # group 0: the sink entries
+            torch.from_numpy(index[keep, 1:].astype(np.float32)),  # layer, head, query, key
+            torch.from_numpy(factors[keep].astype(np.float32)),
+            torch.from_numpy(rows.astype(np.float32))[:, None],  # the record row
+        ],
+        1,
+    )
+    return sink_result(record, table, setting, n_tokens), bool(exact)
+
+
+def sink_result(
+    record: torch.Tensor, samples_table: torch.Tensor, setting: dict[str, Any], n_tokens: int = 0
+) -> Any:
+    """A :class:`SinkStatisticsResult` holding what its replicates read
+    (``cw_lens.reproduction.replicates``: the per-document ``record`` and the sink group's
+    ``samples_table``, documents as record rows) and nothing it does not know: the corpus
+    totals of the recorded sums are the record's, the other sums and the sink-rate curve are
+    NaN and the histograms (s*, drift) empty, so its tables (``heads``, ``claims``) are not
+    a run's; the population's numbers are its replicates."""
+    from cw_lens.analyses.sinks import SinkStatisticsResult
+    from cw_lens.analyses.sinks.detection import MIN_QUERY, SINK_RATE_THRESHOLD
+    from cw_lens.analyses.sinks.statistics_layout import (
+        DRIFT_SHARE_BINNING,
+        RATE_BINS,
+        SUM_NAMES,
+    )
+    from cw_lens.core.accumulators import Histogram
+
+    n_layers, n_heads = record.shape[1], record.shape[2]
+    names = sink_record_names()
+    sums = torch.full((n_layers, n_heads, len(SUM_NAMES)), math.nan, dtype=torch.float64)
+    totals = record.double().sum(0)
+    for i, name in enumerate(names):
+        sums[..., SUM_NAMES.index(name)] = totals[..., i]
+    shape = (n_layers, n_heads)
+    return SinkStatisticsResult(
+        layers=[int(layer) for layer in setting["layers"]],
+        n_heads=n_heads,
+        sinks=str(setting.get("sinks", "0")),
+        n_documents=int(record.shape[0]),
+        n_tokens=int(n_tokens),
+        sum_names=list(SUM_NAMES),
+        sums=sums,
+        curve_sums=torch.full((*shape, RATE_BINS, 2), math.nan, dtype=torch.float64),
+        s_star=Histogram(shape, 0.0, 1.0, 50),
+        drift_cos=Histogram(shape, -1.0, 1.0, 100),
+        drift_share=Histogram(shape, **DRIFT_SHARE_BINNING),
+        samples_table=samples_table,
+        record_names=names,
+        record=record,
+        min_query=int(setting.get("min_query", MIN_QUERY)),
+        threshold=float(setting.get("threshold", SINK_RATE_THRESHOLD)),
     )
 
 
@@ -1165,41 +1342,34 @@ def subset(result: Any, docs: Sequence[int]) -> Any:
 
 
 def _sink_subset(result: Any, docs: list[int], idx: torch.Tensor) -> Any:
-    """The sink statistics of the rows ``docs``: their per-document tables, and the
-    reservoir's kept sink-column entries of those documents (re-indexed to the new rows)."""
-    from cw_lens.analyses.sinks import SinkStatisticsResult
-    from cw_lens.analyses.sinks.accumulation import SinkAccumulator
-    from cw_lens.analyses.sinks.detection import SinkSpec
+    """The sink statistics of the rows ``docs``: their per-document record rows, and the
+    factor samples of those documents only (both groups; each sample carries its document,
+    the last column of ``samples_table``, re-indexed to the new rows), as ``sink_result``
+    builds a result from them (the corpus totals the record does not hold are not known)."""
+    from cw_lens.analyses.sinks.statistics_layout import SAMPLE_COLUMNS
 
-    held = getattr(result, "_population_held", None)
-    if held is None:  # the kept entries per sink group, once per population
-        reservoir = result.acc.samples
-        held = {g: reservoir._held(g) for g in reservoir.groups() if g.startswith("sink/")}
-        result._population_held = held
-    acc0 = result.acc
-    acc = SinkAccumulator(
-        result.layers,
-        result.n_heads,
-        SinkSpec((0,)),
-        min_query=result.min_query,
-        drift_k=acc0.drift_k,
-        samples_per_head=acc0.samples_per_head,
-        max_samples=acc0.samples.capacity,
-        seed=acc0.samples.seed,
-        n_documents=len(docs),
-    )
-    acc.per_doc.values[:] = acc0.per_doc.table()[idx]
-    acc.per_doc.seen[:] = True
-    acc.share_hist.values[:] = acc0.share_hist.table()[idx]
-    acc.share_hist.seen[:] = True
-    position = np.full(acc0.per_doc.values.shape[0], -1, np.int64)
-    position[np.asarray(docs)] = np.arange(len(docs))
-    for group, (rows, keys, owners) in held.items():
-        keep = position[owners] >= 0
-        acc.samples._offer(group, rows[keep], keys[keep], position[owners[keep]])
-    return SinkStatisticsResult(
-        result.layers, result.n_heads, result.sinks, len(docs), 0, acc, result.min_query
-    )
+    if result.record is None:
+        raise SystemExit("subset: the sink statistics were run without per_document=True.")
+    if list(result.record_names) != sink_record_names():
+        raise SystemExit(f"subset: the sink record holds {result.record_names}, not this job's.")
+    record = result.record
+    position = torch.full((record.shape[0],), -1, dtype=torch.long)
+    position[idx] = torch.arange(len(docs))
+    table = result.samples_table
+    column = 1 + SAMPLE_COLUMNS.index("document")  # after the group
+    owner = table[:, column].double().long()
+    if len(owner) and (owner.min() < 0 or owner.max() >= record.shape[0]):
+        raise SystemExit("subset: the sink samples' documents are not rows of the record.")
+    mine = position[owner] >= 0
+    samples = table[mine].clone()
+    samples[:, column] = position[owner[mine]].to(samples.dtype)
+    setting = {
+        "layers": list(result.layers),
+        "sinks": result.sinks,
+        "min_query": result.min_query,
+        "threshold": result.threshold,
+    }
+    return sink_result(record[idx].clone(), samples, setting)
 
 
 # --------------------------------------------------------------------------- CLI

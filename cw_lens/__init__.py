@@ -43,7 +43,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cw_lens.moved_modules import install as _install_moved_modules
 from cw_lens.version import __version__
+
+_install_moved_modules()  # the module paths of 0.4 that moved in 0.5 (until 0.6)
 
 # The public names, imported on first use (PEP 562): `import cw_lens`, `cw-lens --help` and
 # `cw-lens --version` load neither torch nor TransformerLens. This block is the one list of
@@ -221,6 +224,10 @@ def __getattr__(name: str):
     (`cw_lens.sink_patcher`) needs the optional `anywidget` (`pip install
     'cw_lens[widget]'`)."""
     global _EXPORTS
+    if name == "reproduction":  # the layer above the toolkit: `cw_lens.reproduction.claims(...)`
+        import importlib
+
+        return importlib.import_module("cw_lens.reproduction")
     if _EXPORTS is None:
         _EXPORTS = _exports()
     module = _EXPORTS.get(name)

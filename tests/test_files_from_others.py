@@ -793,8 +793,32 @@ def test_struct_helpers_agree_with_the_gguf_layout(gguf_file):
 
 def test_a_class_that_moved_loads_under_the_name_older_files_give_it():
     from cw_lens.core.registry import MOVED_CLASSES, registered_class
+    from cw_lens.reproduction.run_comparison import Run, RunComparisonResult
     from cw_lens.reproduction.verdicts import ClaimsTable
 
     assert registered_class("cw_lens.core.results:ClaimsTable") is ClaimsTable
+    assert registered_class("cw_lens.reporting.run_comparison:Run") is Run
+    assert registered_class("cw_lens.reporting.run_comparison:RunComparisonResult") is (
+        RunComparisonResult
+    )
     assert all(registered_class(new) is not None for new in MOVED_CLASSES.values())
     assert not any(registered_class(old) is None for old in MOVED_CLASSES)
+
+
+def test_reading_a_toolkit_result_imports_no_reproduction_module(tmp_path):
+    """The registry imports the module of each class a file names, from its fixed list: a
+    toolkit result's file imports nothing of the reproduction layer (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, cw_lens\n"
+        "from cw_lens.models.testing import tiny_llama\n"
+        "model = tiny_llama(seed=0, n_layers=1)\n"
+        f"path = {str(tmp_path / 'cw.safetensors')!r}\n"
+        "cw_lens.contribution_weights(model, 'The cat sat.').save(path)\n"
+        "loaded = cw_lens.load_result(path)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('cw_lens.reproduction')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -352,3 +352,81 @@ def test_every_mutant_names_a_snippet_that_occurs_once():
     assert stale == [], "\n".join(stale)
     tests = {t.split("::")[0] for mu in mutants.MUTANTS for t in mu.tests}
     assert all((PACKAGE.parent / t).exists() for t in tests), tests
+
+
+def test_the_reproduction_is_reached_from_the_package_in_a_fresh_process():
+    """`import cw_lens` then `cw_lens.reproduction.claims(...)`, as the docs write it, works
+    in any import order: the attribute is the function, every analysis's answer registered."""
+    import subprocess
+    import sys
+
+    code = (
+        "import cw_lens\n"
+        "claims = cw_lens.reproduction.claims\n"
+        "import cw_lens.reproduction.verdicts, cw_lens.reproduction.protocol\n"
+        "assert cw_lens.reproduction.claims is claims and callable(claims)\n"
+        "print(sorted(c.__name__ for c in claims.registry if c is not object))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "['FaithfulnessResult',",
+        "'HeadTaxonomyResult',",
+        "'PruningResult',",
+        "'SelectionGeometryResult',",
+        "'SinkAblationResult',",
+        "'SinkStatisticsResult']",
+    ]
+
+
+def test_the_module_paths_of_0_4_that_moved_still_import_with_a_warning():
+    """Each old path of `cw_lens.moved_modules.MOVED_MODULES` is no file any more, imports as
+    the new module itself (one object), and warns with the new path; a fresh process, so that
+    no earlier import has cached a path."""
+    import subprocess
+    import sys
+
+    from cw_lens.moved_modules import MOVED_MODULES
+
+    for old in MOVED_MODULES:
+        relative = Path(*old.split(".")[1:])
+        assert not (PACKAGE / f"{relative}.py").exists() and not (PACKAGE / relative).exists()
+    code = (
+        "import importlib, warnings\n"
+        "from cw_lens.moved_modules import MOVED_MODULES\n"
+        "for old, new in MOVED_MODULES.items():\n"
+        "    with warnings.catch_warnings(record=True) as seen:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module(old)\n"
+        "    assert module is importlib.import_module(new), old\n"
+        "    assert any(f'{old} is now {new}' in str(w.message) for w in seen), old\n"
+        "from cw_lens.reporting.job import JobConfig\n"
+        "from cw_lens.reproduction.job import JobConfig as New\n"
+        "assert JobConfig is New\n"
+        "print('ok', len(MOVED_MODULES))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.startswith("ok"), out.stdout + out.stderr
+    cli = subprocess.run(
+        [sys.executable, "-m", "cw_lens.reporting.cli", "--version"], capture_output=True, text=True
+    )
+    assert cli.stdout.strip() == f"cw_lens {cw_lens.__version__}", cli.stdout + cli.stderr
+
+
+MOVED_NAMES_0_5 = {
+    "cw_lens.analyses.sinks": ("sink_claims", "LAYER_NUMBERS", "MIN_S_STAR_QUERIES"),
+    "cw_lens.analyses.selection": ("selection_claims", "SINK_N", "SMALL_N"),
+    "cw_lens.analyses.faithfulness": ("faithfulness_claim",),
+    "cw_lens.analyses.pruning": ("pruning_claim",),
+    "cw_lens.plots": ("plot_per_layer_intervals",),
+}
+
+
+@pytest.mark.parametrize("package", sorted(MOVED_NAMES_0_5))
+def test_names_that_moved_to_the_reproduction_still_import_with_a_warning(package):
+    module = importlib.import_module(package)
+    for name in MOVED_NAMES_0_5[package]:
+        assert name not in module.__all__
+        vars(module).pop(name, None)  # a name asked for once is cached: ask afresh
+        with pytest.warns(DeprecationWarning, match=rf"{package}\.{name} is now cw_lens\.repro"):
+            value = getattr(module, name)
+        assert value is not None

@@ -515,3 +515,94 @@ def test_studies_of_one_population_merge_and_others_are_refused():
     other["meta"]["draws"] = 100
     with pytest.raises(SystemExit, match="different settings"):
         pop.merge_studies([study("sinks", True, 10.0), other])
+
+
+def test_the_sink_statistics_of_a_pool_go_through_shards_and_subsets_as_the_whole_pool(
+    tmp_path, monkeypatch
+):
+    """The ported sink path end to end on a tiny pool (6 windows of 16 tokens, 3 shards of one
+    batch of 2): each shard's record and sink samples are stored (`records`) and stacked back
+    (`load_population`) into the single run's record and sink sample; the samples' keys
+    recompute (`sample_keys`: what a smaller reservoir keeps); and a subset of 3 documents,
+    bootstrapped whole, gives the population's replicates with `Bootstrap(documents=...)` for
+    every sink number, the drivers' `median_abs_rho_*` included, bit for bit."""
+    import dataclasses
+
+    import cw_lens
+    from cw_lens.core.accumulators import EMPTY_KEY
+    from cw_lens.reproduction.bootstrap import Bootstrap
+
+    model = cw_lens.load_model("testing:tiny-llama")
+    corpus = cw_lens.load_corpus(n_docs=6, max_tokens=16, model=model)
+    monkeypatch.setattr(pop, "BATCH_SIZE", 2)
+    monkeypatch.setattr(pop, "RESERVOIR_CUT", EMPTY_KEY)  # a tiny pool: keep every entry
+    whole = pop.run_analyses(model, corpus, ("sinks",))["sinks"]
+    world = 3
+    stored = {"format": pop.FORMAT, "world": world, "n_windows": 6}
+    (tmp_path / "manifest.json").write_text(json.dumps(stored))
+    for k in range(world):
+        docs = pop.shard_documents(6, k, world, batch_size=2)
+        with pop.one_shard(k, world):
+            results = pop.run_analyses(model, corpus, ("sinks",))
+        arrays = pop.records(results, docs)
+        assert arrays["sinks.sums"].shape == (2, 14, 2, 4)
+        meta = {
+            "manifest": pop.manifest_digest(stored),
+            "n_tokens": int(results["sinks"].n_tokens),
+            "settings": pop.settings(results),
+        }
+        pop.save_shard(pop.shard_path(tmp_path, k, world), arrays, meta)
+    results, info = pop.load_population(tmp_path, ("sinks",))
+    population = results["sinks"]
+    assert info["documents"] == list(range(6)) and info["reservoir_exact"]
+    assert cov.n_records(population) == 6
+    assert torch.equal(population.record, whole.record)
+
+    def sink_rows(table: torch.Tensor) -> list[tuple]:
+        return sorted(map(tuple, table[table[:, 0] == 0].tolist()))
+
+    assert len(sink_rows(whole.samples_table)) > 0
+    assert sink_rows(population.samples_table) == sink_rows(whole.samples_table)
+
+    # the keys: a reservoir of 8 per head keeps the entries with the 8 smallest of them
+    small = cw_lens.sink_statistics(
+        model, corpus, batch_size=2, progress=False, seed=pop.ANALYSIS_SEED, max_samples=8
+    )
+
+    def per_head(table: torch.Tensor) -> dict[tuple, list[tuple]]:
+        index = table[table[:, 0] == 0][:, [9, 1, 2, 3, 4]].long()  # document, layer, head, ...
+        keys = pop.sample_keys(index)
+        out: dict[tuple, list[tuple]] = {}
+        for row, _ in sorted(zip(index.tolist(), keys.tolist(), strict=True), key=lambda x: x[1]):
+            out.setdefault((row[1], row[2]), []).append(tuple(row))
+        return out
+
+    kept, every = per_head(small.samples_table), per_head(whole.samples_table)
+    assert kept.keys() == every.keys()
+    assert all(sorted(kept[h]) == sorted(every[h][:8]) for h in every)
+
+    # no head of the tiny model reaches the 0.3 sink rate: judge at the median head's rate
+    rate = population.sink_rate.flatten().sort().values
+    population = dataclasses.replace(population, threshold=float(rate[len(rate) // 2]))
+    docs = [4, 1, 3]
+    numbers, _ = reproduction.replicates(
+        population, Bootstrap(resamples=200, seed=3, documents=docs)
+    )
+    part = pop.subset(population, docs)
+    assert part.record.shape[0] == 3 and part.threshold == population.threshold
+    assert set(part.samples_table[:, 9].long().tolist()) == {0, 1, 2}
+    assert len(part.samples_table) == sum(
+        int((population.samples_table[:, 9] == d).sum()) for d in docs
+    )
+    again, _ = reproduction.replicates(part, Bootstrap(resamples=200, seed=3))
+    assert set(again) == set(numbers)
+    assert {"median_abs_rho_cosine_minus_attention", "median_cancelled_share"} <= set(numbers)
+    for number, reps in numbers.items():
+        if reps.dim() != 1:
+            continue
+        assert reps[:200].isfinite().any(), number
+        torch.testing.assert_close(again[number], reps, rtol=0, atol=0, equal_nan=True)
+
+    # and the coverage study's draws run on it (without replacement, through subset)
+    rows = cov.study({"sinks": population}, [3], 2, 50, replace=False, subset=pop.subset)
+    assert {r["number"] for r in rows} >= {"median_abs_rho_relative_norm_minus_attention"}

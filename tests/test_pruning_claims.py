@@ -14,6 +14,7 @@ import torch
 import cw_lens
 from cw_lens import reproduction
 from cw_lens.analyses import pruning
+from cw_lens.core.errors import InputError
 from cw_lens.reproduction import Bootstrap
 
 
@@ -74,6 +75,10 @@ def test_the_variant_is_taken_by_keyword_and_in_the_deprecated_order():
         assert same(per_layer.claims(other_scope=global_, bootstrap=boot), with_boot)
     with pytest.warns(DeprecationWarning):
         assert same(per_layer.claims(None, boot), reproduction.claims(per_layer, boot))
+    with pytest.warns(DeprecationWarning):  # one by position, one by keyword, as 0.4 took them
+        assert same(per_layer.claims(global_, bootstrap=boot), with_boot)
+    with pytest.raises(InputError, match="other_scope="):  # the new order refuses a result
+        reproduction.claims(per_layer, global_)
 
 
 def test_intervals_are_those_the_claim_reports_and_need_enough_draws():

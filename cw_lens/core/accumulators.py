@@ -734,7 +734,8 @@ class Accumulator:
         """Fold one layer's block of query rows into the state.
 
         Args:
-            block: One layer's `LayerContributionsResult`.
+            block: One layer's `LayerContributionsResult`, a view valid during this call only
+                (its `detach_copy()` keeps it).
 
         Examples:
             ```python

@@ -108,7 +108,9 @@ def keyword_only(*names: str) -> Callable[[F], F]:
 REPRODUCTION_METHODS_REMOVED_IN = "0.6"
 
 
-def moved_to_reproduction(name: str) -> Callable[..., Any]:
+def moved_to_reproduction(
+    name: str, old_parameters: tuple[str, ...] | None = None
+) -> Callable[..., Any]:
     """A result method `name` (`claims`, `replicates` or `intervals`) that is now the function
     `cw_lens.reproduction.<name>(result, ...)`: it warns, then calls that function.
 
@@ -118,6 +120,9 @@ def moved_to_reproduction(name: str) -> Callable[..., Any]:
 
     Args:
         name: The method's name, which is also the function's.
+        old_parameters: The method's parameters in their old order, where the function takes
+            them in another: positional arguments bind to these names and go on by keyword
+            (`PruningResult.claims(other_scope, bootstrap)`).
 
     Returns:
         The method to set in the result class's body.
@@ -128,6 +133,19 @@ def moved_to_reproduction(name: str) -> Callable[..., Any]:
             f"{type(self).__name__}.{name}() is now cw_lens.reproduction.{name}(result, ...)",
             removed_in=REPRODUCTION_METHODS_REMOVED_IN,
         )
+        if old_parameters is not None:
+            if len(args) > len(old_parameters):
+                raise TypeError(
+                    f"{type(self).__name__}.{name}() takes at most {len(old_parameters)} "
+                    "positional arguments"
+                )
+            for parameter, value in zip(old_parameters, args, strict=False):
+                if parameter in kwargs:
+                    raise TypeError(
+                        f"{type(self).__name__}.{name}() got multiple values for {parameter!r}"
+                    )
+                kwargs[parameter] = value
+            args = ()
         import importlib
 
         function = getattr(importlib.import_module("cw_lens.reproduction"), name)
@@ -140,3 +158,34 @@ def moved_to_reproduction(name: str) -> Callable[..., Any]:
     )
     method.__moved_to__ = f"cw_lens.reproduction.{name}"  # type: ignore[attr-defined]
     return method
+
+
+def moved_attributes(package: str, moved: dict[str, str]) -> Callable[[str], Any]:
+    """A module `__getattr__` for names that moved to another module in 0.5 (the papers' claim
+    helpers, now in `cw_lens.reproduction`): it warns, then returns the name from its new home,
+    found by name when asked for (as `moved_to_reproduction` does).
+
+    Args:
+        package: The module whose `__getattr__` this is (for the messages).
+        moved: `{name: its new module}`.
+
+    Returns:
+        The module's `__getattr__`.
+    """
+
+    def __getattr__(name: str) -> Any:
+        target = moved.get(name)
+        if target is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        deprecated(
+            f"{package}.{name} is now {target}.{name}",
+            removed_in=REPRODUCTION_METHODS_REMOVED_IN,
+        )
+        import importlib
+        import sys
+
+        value = getattr(importlib.import_module(target), name)
+        vars(sys.modules[package])[name] = value  # warned once: `from x import y` asks twice
+        return value
+
+    return __getattr__

@@ -4,15 +4,17 @@ stored steps build objects from.
 A result file (and a stored step of the main job) is tensors plus JSON; the JSON names the
 class of each object in it as `module:qualname`. Loading looks that name up here, in a table
 of classes that cw_lens registered with [`saveable`][cw_lens.core.registry.saveable] where
-it defines them, and nowhere else: it never imports a module a file names and never walks
-attributes from one, so a file can build nothing but a cw_lens result and the values its
+it defines them, and nowhere else: it imports no module but those of a fixed list and never
+walks attributes from one, so a file can build nothing but a cw_lens result and the values its
 fields hold. A name that is not here is an [`InputError`][cw_lens.InputError] raised before
 any object is made.
 
 The modules that define registered classes are listed in `SAVEABLE_MODULES` (a test checks
-the list against the decorators), and imported, from this fixed list, the first time a file is
-read: the package imports its modules lazily, so a class is registered only once its module
-has been imported.
+the list against the decorators). The package imports its modules lazily, so a class is
+registered only once its module has been imported: looking a name up imports its module when
+that module is on the list (and only then), so that reading a toolkit result imports no module
+of the reproduction layer. A class that moved is found under the name older files give it
+(`MOVED_CLASSES`).
 
 Examples:
     >>> from cw_lens.core.registry import registered_class
@@ -60,8 +62,14 @@ SAVEABLE_MODULES = (
     "cw_lens.reproduction.run_comparison",
 )
 
-# classes that moved, by the name files written before the move give them
-MOVED_CLASSES = {"cw_lens.core.results:ClaimsTable": "cw_lens.reproduction.verdicts:ClaimsTable"}
+# classes that moved, by the name files written before the move give them (0.4 -> 0.5)
+MOVED_CLASSES = {
+    "cw_lens.core.results:ClaimsTable": "cw_lens.reproduction.verdicts:ClaimsTable",
+    "cw_lens.reporting.run_comparison:Run": "cw_lens.reproduction.run_comparison:Run",
+    "cw_lens.reporting.run_comparison:RunComparisonResult": (
+        "cw_lens.reproduction.run_comparison:RunComparisonResult"
+    ),
+}
 
 _CLASSES: dict[str, type] = {}
 _loaded = False
@@ -125,10 +133,13 @@ def registered_class(name: str) -> type | None:
     Returns:
         The class, or `None` where no cw_lens class is registered under that name.
     """
-    load_registry()
     if not isinstance(name, str):
         return None
-    return _CLASSES.get(MOVED_CLASSES.get(name, name))
+    name = MOVED_CLASSES.get(name, name)
+    module = name.partition(":")[0]
+    if module in SAVEABLE_MODULES:  # only its own module, from the fixed list: reading a
+        importlib.import_module(module)  # toolkit result imports no reproduction module
+    return _CLASSES.get(name)
 
 
 def registered_classes() -> dict[str, type]:

@@ -225,20 +225,6 @@ class NLLResult:
             return None
         return self.sums.document_table()
 
-    # TRANSITIONAL (for callers of 0.4.1's `result.per_doc.table()`, until they are ported to
-    # `document_table()`): this result when it keeps a record, else None
-    @property
-    def per_doc(self) -> NLLResult | None:
-        return None if self.sums.per_document is None else self
-
-    def table(self) -> Float[Tensor, "document 2"] | None:
-        """Same as `document_table()`.
-
-        Returns:
-            `[document, 2]` float64, or None without a per-document record.
-        """
-        return self.document_table()
-
     def merge(self, other: NLLResult) -> None:
         """Add another shard's sums.
 

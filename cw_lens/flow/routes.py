@@ -511,7 +511,13 @@ def routes(
         raise InputError(f"target must be a position in {-n}..{n - 1}, got {target!r}.")
     collector = RouteCollector(model.cfg.n_layers, threshold)
     stream_shares(
-        model, batch.tokens, collector, query_chunk=query_chunk, batch_size=None, progress=False
+        model,
+        batch.tokens,
+        collector,
+        query_chunk=query_chunk,
+        batch_size=None,
+        progress=False,
+        reuse_buffers=True,  # reduced inside the call
     )
     edges, nodes, sequential = collector.tables()
     return build_route_graph(

@@ -72,7 +72,7 @@ class Workspace:
     optional_fields: ClassVar[tuple[str, ...]] = ("generation",)  # files of 0.4 lack it
     generation: int = 0
 
-    def __init__(self, reuse: bool = True) -> None:
+    def __init__(self, reuse: bool = False) -> None:
         self.reuse = reuse
         self.generation = 0
         self._buffers: dict[str, Tensor] = {}

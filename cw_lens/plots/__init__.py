@@ -3,6 +3,7 @@ results and returns a `matplotlib.figure.Figure`; nothing here runs a model or c
 statistic. Figures are named after the claim they illustrate (docs/methods.md#claims).
 """
 
+from cw_lens.core.deprecation import moved_attributes
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
 from cw_lens.plots.flow import (
@@ -46,3 +47,12 @@ __all__ = [
     "plot_topn_beats_random",
     "save_figure",
 ]
+
+
+# names of 0.4 that moved to the reproduction layer in 0.5 (until 0.6; not in __all__)
+__getattr__ = moved_attributes(
+    "cw_lens.plots",
+    {
+        "plot_per_layer_intervals": "cw_lens.reproduction.claim_plots",
+    },
+)

@@ -218,7 +218,8 @@ def build_report(job: Job, summary: dict[str, Any], figures: dict[str, list[Path
 
 
 CORPUS_STEP_NAMES = {"sinks", "ablation", "selection", "taxonomy"}
-# how the corpus steps' times are split when one pass computes them (`reporting.steps.corpus_pass`)
+# how the corpus steps' times are split when one pass computes them
+# (`reproduction.steps.corpus_pass`)
 SHARED_PASS_NOTE = (
     "The corpus steps (sinks, ablation, selection, taxonomy) are computed together, in one "
     "pass over the corpus: each is charged its own accumulator's time and result's time plus "

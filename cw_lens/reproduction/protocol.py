@@ -41,10 +41,16 @@ from typing import Any
 from cw_lens.core.errors import InputError
 
 
-def _no_claims(result: Any, question: str) -> InputError:
-    known = sorted(cls.__name__ for cls in claims.registry if cls is not object and cls.__name__)
+def _no_claims(result: Any, question: Any) -> InputError:
+    known = sorted(cls.__name__ for cls in question.registry if cls is not object)
+    name = question.__name__
+    if not known:  # only this module was imported: no analysis has registered its answer
+        return InputError(
+            f"{name}(): no analysis's answer is registered yet; import the function from the "
+            f"package (`from cw_lens.reproduction import {name}`), which registers them all."
+        )
     return InputError(
-        f"{question}: a {type(result).__name__} bears on none of the papers' claims; the "
+        f"{name}(): a {type(result).__name__} bears on none of the papers' claims; the "
         f"results that do are {', '.join(known)}."
     )
 
@@ -80,7 +86,7 @@ def claims(result: Any, bootstrap: Any = None, **options: Any) -> Any:
         claims(taxonomy, Bootstrap(resamples=100))
         ```
     """
-    raise _no_claims(result, "claims()")
+    raise _no_claims(result, claims)
 
 
 @singledispatch
@@ -111,7 +117,7 @@ def replicates(result: Any, bootstrap: Any, **options: Any) -> Any:
         replicates(taxonomy, Bootstrap(resamples=100))["retriever_share"].shape  # [100 + 1 + 2]
         ```
     """
-    raise _no_claims(result, "replicates()")
+    raise _no_claims(result, replicates)
 
 
 @singledispatch
@@ -141,4 +147,4 @@ def intervals(result: Any, bootstrap: Any) -> Any:
         numbers["retriever_share"]  # (low, high)
         ```
     """
-    raise _no_claims(result, "intervals()")
+    raise _no_claims(result, intervals)

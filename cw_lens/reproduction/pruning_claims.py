@@ -96,6 +96,7 @@ def pruning_claim(result: PruningResult, variant: PruningResult | None = None) -
 def pruning_result_claims(
     result: PruningResult,
     bootstrap: Bootstrap | None = None,
+    *,
     other_scope: PruningResult | None = None,
 ) -> ClaimsDict:
     """P2's pruning claim (docs/methods.md#claims `pruning_signal`), measured.
@@ -112,15 +113,13 @@ def pruning_result_claims(
             over documents and random draws resampled together
             (`pruning_result_replicates`; the per-layer result needs `per_document=True`).
         other_scope: A result of the other scope (either way round), reported as the variant.
-            (In the deprecated method's order, `result.claims(other_scope, bootstrap)`, the
-            two are told apart by their types.)
 
     Returns:
         `{claim id: claim}` (`pruning_signal`), each claim a JSON-ready dict with its verdict
         and `measured` numbers.
 
     Raises:
-        InputError: Neither result ranks per layer.
+        InputError: Neither result ranks per layer, or `bootstrap` is not a `Bootstrap`.
 
     Examples:
         ```python
@@ -136,9 +135,11 @@ def pruning_result_claims(
         claims(pruned, Bootstrap(resamples=100))
         ```
     """
-    if isinstance(bootstrap, PruningResult) or isinstance(other_scope, Bootstrap):
-        # the deprecated method's order: result.claims(other_scope, bootstrap)
-        bootstrap, other_scope = other_scope, bootstrap
+    if bootstrap is not None and not isinstance(bootstrap, Bootstrap):
+        raise InputError(
+            f"bootstrap must be a cw_lens.reproduction.Bootstrap or None, got "
+            f"{type(bootstrap).__name__}; pass a result of the other scope as other_scope=."
+        )
     results = [r for r in (result, other_scope) if r is not None]
     per_layer = [r for r in results if r.scope == "layer"]
     if not per_layer:

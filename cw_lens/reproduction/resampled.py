@@ -15,7 +15,7 @@ What each interval is of, where the exact number cannot be recomputed from per-d
   head's median is exact, its size resolved to a factor of about 2.5). The claim's value is
   read from the same histograms summed over the corpus (`sink_claims.sink_statistics_claims`), not
   from the fine histogram of `heads()`' `drift_cancelled_median`, so the value and its interval
-  are one number's (on the gallery's 256 windows: 0.1788, where the fine histogram reads 0.1799).
+  are one number's (docs/methods.md#sinks says how far the two readings differ).
 - `median_abs_rho_*` (`sink_contribution_drivers`): per head, the Spearman rho over the
   kept factor samples, each counted as often as its document is drawn — the rho of the
   resampled corpus exactly when every entry was kept (the reservoirs' capacity not reached),

@@ -49,6 +49,7 @@ from cw_lens.analyses.faithfulness.ranking import (
     removal_mask,
     token_scores,
 )
+from cw_lens.core.deprecation import moved_attributes
 
 __all__ = [
     "ALL_METRICS",
@@ -63,3 +64,12 @@ __all__ = [
     "removal_mask",
     "token_scores",
 ]
+
+
+# names of 0.4 that moved to the reproduction layer in 0.5 (until 0.6; not in __all__)
+__getattr__ = moved_attributes(
+    "cw_lens.analyses.faithfulness",
+    {
+        "faithfulness_claim": "cw_lens.reproduction.faithfulness_claims",
+    },
+)

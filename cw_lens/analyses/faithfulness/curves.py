@@ -368,6 +368,7 @@ def faithfulness(
             attention_mask=local.mask.long(),
             on_logits=on_logits,
             progress=False,
+            reuse_buffers=True,  # ranked inside the call
         )
         bar.update(1)
         for config in configs:  # no reference to a pass's logits outlives its record

@@ -52,6 +52,7 @@ from cw_lens.analyses.pruning.prune import (
     PruningResult,
     prune_heads,
 )
+from cw_lens.core.deprecation import moved_attributes
 
 __all__ = [
     "AGGRESSIVE",
@@ -70,3 +71,12 @@ __all__ = [
     "removed_heads",
     "weight_magnitude",
 ]
+
+
+# names of 0.4 that moved to the reproduction layer in 0.5 (until 0.6; not in __all__)
+__getattr__ = moved_attributes(
+    "cw_lens.analyses.pruning",
+    {
+        "pruning_claim": "cw_lens.reproduction.pruning_claims",
+    },
+)

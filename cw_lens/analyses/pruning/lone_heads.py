@@ -94,10 +94,9 @@ def lone_head_costs(
     """ΔPPL of removing each head alone (zeroing its `hook_z`) on a small corpus.
 
     All documents go in one batch; `heads_per_pass` heads share a forward pass, each on its
-    own copy of the rows. With the defaults (2 documents x 32 tokens) the 270 heads of
-    SmolLM2-135M take about 25 s on two CPU cores; `max_tokens=64` doubles that and ranks the
-    heads more reliably. To re-measure a few candidates on a whole corpus, pass
-    `heads=[...], n_docs=None, max_tokens=None`.
+    own copy of the rows. The defaults (2 documents x 32 tokens) give a rough ranking;
+    `max_tokens=64` doubles the cost and ranks the heads more reliably. To re-measure a few
+    candidates on a whole corpus, pass `heads=[...], n_docs=None, max_tokens=None`.
 
     Args:
         model: A `TransformerBridge`.

@@ -202,7 +202,7 @@ class PruningResult(Result):
         return out
 
     # deprecated: cw_lens.reproduction.claims(result, bootstrap, other_scope=...)
-    claims = moved_to_reproduction("claims")
+    claims = moved_to_reproduction("claims", old_parameters=("other_scope", "bootstrap"))
     replicates = moved_to_reproduction("replicates")
 
     @property

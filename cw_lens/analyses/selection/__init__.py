@@ -64,6 +64,7 @@ from cw_lens.analyses.selection.prf import (
     selection_distances,
     top_order,
 )
+from cw_lens.core.deprecation import moved_attributes
 
 __all__ = [
     "COSINE_EPS",
@@ -90,3 +91,14 @@ __all__ = [
     "selection_geometry",
     "top_order",
 ]
+
+
+# names of 0.4 that moved to the reproduction layer in 0.5 (until 0.6; not in __all__)
+__getattr__ = moved_attributes(
+    "cw_lens.analyses.selection",
+    {
+        "selection_claims": "cw_lens.reproduction.selection_claims",
+        "SINK_N": "cw_lens.reproduction.selection_claims",
+        "SMALL_N": "cw_lens.reproduction.selection_claims",
+    },
+)

@@ -54,6 +54,7 @@ from cw_lens.analyses.sinks.statistics_layout import (
     SHARE_BINNING,
 )
 from cw_lens.analyses.sinks.statistics_pass import sink_statistics
+from cw_lens.core.deprecation import moved_attributes
 
 __all__ = [
     "ABLATION_SUMS",
@@ -81,3 +82,14 @@ __all__ = [
     "sink_rates",
     "sink_statistics",
 ]
+
+
+# names of 0.4 that moved to the reproduction layer in 0.5 (until 0.6; not in __all__)
+__getattr__ = moved_attributes(
+    "cw_lens.analyses.sinks",
+    {
+        "LAYER_NUMBERS": "cw_lens.reproduction.sink_claims",
+        "MIN_S_STAR_QUERIES": "cw_lens.reproduction.sink_claims",
+        "sink_claims": "cw_lens.reproduction.sink_claims",
+    },
+)

@@ -87,5 +87,6 @@ def sink_rates(
         layers=layer_list,
         attention_mask=batch.mask.long(),
         progress=False,
+        reuse_buffers=True,  # reduced inside the call
     )
     return out
