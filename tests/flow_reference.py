@@ -194,6 +194,8 @@ def dense_flow_reference(model, tokens, attention_mask=None):
         block_err = (x_in + attn_piece + mlp - y).abs().max().item()
         entry = _shares_into(pieces, pattern, {"residual": x_in, "bias": bias, "mlp": mlp}, y)
         entry["y"] = y
+        # the attention sub-layer's parts and whole as they enter the residual (ALTI's)
+        entry["pieces"], entry["x_in"], entry["attn_piece"] = pieces, x_in, attn_piece
         entry["errors"] = {"attn": attn_err, "pieces": piece_err, "block": block_err}
         entry["sequential"] = mid_path is not None
         if mid_path is not None:  # shares into m_l (the MLP's input, read from the HF module)

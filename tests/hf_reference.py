@@ -92,11 +92,11 @@ def _get(hf: Any, path: str) -> Any:
     return hf.get_submodule(path)
 
 
-def _forward(hf: Any, tokens: Tensor) -> Tensor:
+def _forward(hf: Any, tokens: Tensor, grad: bool = False) -> Tensor:
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # XGLM builds torch.full((), finfo(float64).min)
     try:
-        with torch.no_grad():
+        with torch.enable_grad() if grad else torch.no_grad():
             return hf(tokens, output_attentions=True, use_cache=False).logits
     finally:
         torch.set_default_dtype(default)
@@ -254,3 +254,28 @@ def remove_heads_logits(arch: Arch, hf: Any, tokens: Tensor, heads: dict[int, li
         return zero
 
     return run_with_z_edit(arch, hf, tokens, {layer: zeroer(hs) for layer, hs in heads.items()})
+
+
+def z_gradients(
+    arch: Arch, hf: Any, tokens: Tensor, loss: Callable[[Tensor], Tensor]
+) -> list[Tensor]:
+    """Per layer, ``dL/dz`` ``[batch, query, head, d_head]`` by autograd through the HF model: a
+    zero tensor that requires a gradient is added to the input of each HF output projection."""
+    heads = n_heads(hf)
+    leaves: list[Tensor] = []
+
+    def pre(_m: Any, args: Any) -> tuple:
+        leaf = torch.zeros_like(args[0], requires_grad=True)
+        leaves.append(leaf)
+        return (args[0] + leaf, *args[1:])
+
+    handles = [
+        _get(hf, arch.attn.format(layer)).get_submodule(arch.out).register_forward_pre_hook(pre)
+        for layer in range(n_layers(arch, hf))
+    ]
+    try:
+        grads = torch.autograd.grad(loss(_forward(hf, tokens, grad=True)), leaves)
+    finally:
+        for h in handles:
+            h.remove()
+    return [g.reshape(*g.shape[:-1], heads, -1) for g in grads]

@@ -454,3 +454,15 @@ def test_the_operation_count_table_is_the_records():
     docs = [f"{record['growth']['documents'][n]['selection']:,.0f}" for n in ("8", "16", "32")]
     assert f"the sink statistics: {heads[0]}, {heads[1]} and {heads[2]} with 4, 8" in page
     assert f"the selection: {docs[0]}, {docs[1]} and {docs[2]} with 8, 16" in page
+
+
+def test_the_faithfulness_metrics_costs_are_the_recorded_ones():
+    record = _record("bench_faithfulness_metrics")
+    guide = _flat("docs/guides/faithfulness.md")
+    batch = record["batch"]
+    assert f"8 documents × {batch[1]} tokens, two CPU threads (a forward pass: " in guide
+    assert f"a forward pass: {record['forward_s']:g} s)" in guide
+    rows = {"p1_metrics": "P1", "attribution_patching": "AP", "alti": "ALTI"}
+    for case in rows:
+        seconds, times = record["clean_pass_s"][case], record["x_forward"][case]
+        assert f"| {seconds:g} s ({times:g} ×" in guide, case

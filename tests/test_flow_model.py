@@ -90,3 +90,11 @@ def test_ioi_statistics_agree_with_single_routes(smollm):
         )
     total = stats.heads["io_items"].sum()
     assert total == sum(len(h) for h in stats.items["io_heads"])
+
+
+def test_alti_matches_the_dense_reference(smollm, ioi_tokens, reference):
+    """ALTI pair scores (the faithfulness metric `alti`) on every layer of SmolLM2."""
+    from test_alti import RTOL, alti_errors
+
+    for layer, err in enumerate(alti_errors(smollm, ioi_tokens, reference)):
+        assert err < RTOL, f"L{layer}: ALTI row-relative error {err:.2e}"

@@ -215,6 +215,7 @@ def run_layers(
     fwd_hooks: Sequence[Any] = (),
     need_logits: bool = False,
     weights: dict[int, LayerWeights] | None = None,
+    gradients: bool = False,
 ) -> Tensor | None:
     """One forward pass; `on_layer` is called with each requested layer's activations.
 
@@ -229,6 +230,8 @@ def run_layers(
             after the last requested layer's attention and `None` is returned.
         weights: A dict reused across calls to cache each layer's `W_O` and Gram matrices
             (not an offloaded layer's: its copy is read again in each pass).
+        gradients: Run with autograd on (the logits keep their graph); the activations handed
+            to `on_layer` are detached either way.
 
     Returns:
         The logits `[batch, pos, vocab]` (float32) when `need_logits`, else `None`.
@@ -252,7 +255,9 @@ def run_layers(
         w = weights[layer] if layer in weights else access.output_weights(layer)
         if not w.offloaded:  # an offloaded layer's copy is read again in the next pass, so
             weights[layer] = w  # that what is kept does not grow with the depth
-        pattern, values, z = got["pattern"].float(), got["values"].float(), got["z"].float()
+        pattern, values, z = (
+            (got[k].detach() if gradients else got[k]).float() for k in ("pattern", "values", "z")
+        )
         check_finite(layer, values, z)
         for edit in access.edits_at(layer):
             if edit.on_output:  # realised after hook_z: z still shows the unedited value
@@ -289,7 +294,8 @@ def run_layers(
                         finish(layer)
 
                 hooks.append((access.hook_name(kind, layer), keep))
-    with torch.inference_mode(), ExitStack() as stack:
+    with ExitStack() as stack:
+        stack.enter_context(torch.enable_grad() if gradients else torch.inference_mode())
         # interventions first, so captured activations are the intervened ones
         # (hook sets are entered as themselves, plain pairs through model.hooks)
         hook_sets = [h for h in fwd_hooks if hasattr(h, "__enter__")]

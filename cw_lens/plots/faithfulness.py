@@ -11,6 +11,8 @@ METRIC_COLOURS = {
     "value_norm": "tab:blue",
     "value_norm_output": "tab:green",
     "contribution": "tab:red",
+    "alti": "tab:purple",
+    "attribution_patching": "tab:orange",
     "random": "black",
 }
 

@@ -11,7 +11,7 @@ The protocol, its formulas, citations and a runnable example are in the package 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +24,7 @@ from cw_lens.analyses.faithfulness.ranking import (
     ALL_METRICS,
     FRACTIONS,
     GRANULARITIES,
+    KNOWN_METRICS,
     MODES,
     Ranks,
     random_draw_names,
@@ -36,10 +37,12 @@ from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
-from cw_lens.data.scoring import run_logits
+from cw_lens.data.scoring import run_logits, score_answers, token_nll
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
-from cw_lens.models.verify import require_verified
+from cw_lens.models.blocks import run_blocks
+from cw_lens.models.gradients import attention_output_gradients
+from cw_lens.models.verify import require_flow, require_verified
 
 
 @saveable
@@ -121,9 +124,9 @@ class FaithfulnessResult(Result):
         frame = self.curves.assign(value=values)
         table = frame.groupby(["granularity", "mode", "metric"])["value"].mean()
         present = list(frame["metric"].unique())
-        extra_draws = [m for m in present if m not in ALL_METRICS]
+        extra_draws = [m for m in present if m not in KNOWN_METRICS]
         return table.unstack("metric").reindex(
-            columns=[m for m in ALL_METRICS if m in present] + extra_draws
+            columns=[m for m in KNOWN_METRICS if m in present] + extra_draws
         )
 
     def random_spread(self, column: str | None = None) -> pd.DataFrame:
@@ -259,7 +262,11 @@ def faithfulness(
             task corpus (`load_corpus("ioi")`, items with `answer`) — measured by the answer
             log-probability and accuracy.
         metrics: Any of `attention`, `value_norm`, `value_norm_output`, `contribution`
-            (inter-head), `random`.
+            (inter-head), `random` (the default: all five), and two metrics of other tools
+            (docs/methods.md#faithfulness): `alti` (L1 proximity, as the LLM Transparency Tool
+            scores attention; one more clean pass per batch, on models the flow analyses
+            support) and `attribution_patching` (`-alpha dL/dalpha`, the first-order
+            prediction of the removal; one forward and one backward pass per batch).
         fractions: Shares of candidates removed (each in [0, 1]).
         modes: `comprehensiveness` (remove the top) and/or `sufficiency` (the bottom).
         ranking: `"abs"` ranks by `|score|`; `"signed"` by the score.
@@ -291,7 +298,8 @@ def faithfulness(
         and, with `per_document`, the per-document record.
 
     Cost: `1 + len(granularity) * len(metrics) * len(modes) * len(fractions)` forward passes
-    per batch (61 for one granularity with the defaults); ranks are kept as int16.
+    per batch (61 for one granularity with the defaults), one more with `alti` and one forward
+    and backward pass more with `attribution_patching`; ranks are kept as int16.
 
     Examples:
         ```python
@@ -313,6 +321,8 @@ def faithfulness(
     metrics, modes, grans, fractions = _checked_options(
         metrics, modes, granularity, ranking, fractions, first_query, n_random
     )
+    if "alti" in metrics:
+        require_flow(model)  # ALTI reads the residual stream: its hooks are checked
 
     docs = as_corpus(corpus)
     task = docs.is_task
@@ -370,6 +380,11 @@ def faithfulness(
             progress=False,
             reuse_buffers=True,  # ranked inside the call
         )
+        if "alti" in metrics:  # its own clean pass, every block checked (run_blocks)
+            run_blocks(model, local, ranks.update_block, layers=layers)
+        if "attribution_patching" in metrics:  # one forward and one backward pass
+            loss = _clean_loss(local, spans)
+            ranks.update_gradients(attention_output_gradients(model, local, loss, layers=layers))
         bar.update(1)
         for config in configs:  # no reference to a pass's logits outlives its record
             tag = "|".join(map(str, config))
@@ -389,6 +404,14 @@ def faithfulness(
     return result
 
 
+def _clean_loss(batch: TokenBatch, spans: list | None) -> Callable[[Tensor], Tensor]:
+    """The loss attribution patching differentiates: the batch's summed next-token NLL on text,
+    minus the summed answer log-probability on task items (the damage the removals measure)."""
+    if spans is None:
+        return lambda logits: token_nll(logits, batch.tokens, batch.mask).nansum()
+    return lambda logits: -score_answers(logits, batch.tokens, spans).logprob.sum()
+
+
 def _checked_options(
     metrics: str | Sequence[str],
     modes: str | Sequence[str],
@@ -405,8 +428,8 @@ def _checked_options(
     if isinstance(first_query, bool) or not isinstance(first_query, int) or first_query < 0:
         raise InputError(f"first_query must be a non-negative integer, got {first_query!r}.")
     for m in metrics:
-        if m not in ALL_METRICS:
-            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(ALL_METRICS)}.")
+        if m not in KNOWN_METRICS:
+            raise InputError(f"Unknown metric {m!r}; choose from {', '.join(KNOWN_METRICS)}.")
     if isinstance(n_random, bool) or not isinstance(n_random, int) or n_random < 1:
         raise InputError(f"n_random must be a positive integer, got {n_random!r}.")
     if n_random > 1:

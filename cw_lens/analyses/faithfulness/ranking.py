@@ -12,12 +12,22 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError
+from cw_lens.core.proximity import attention_proximity
 from cw_lens.data.inputs import TokenBatch
+from cw_lens.models.blocks import BlockActivations
+from cw_lens.models.gradients import LayerGradient
 from cw_lens.models.interventions import mask_attention
 from cw_lens.models.layer_contributions import METRICS, LayerContributionsResult
 
+# P1's metrics and its random control: the default set
 ALL_METRICS = (*METRICS, "random")
+# metrics from other tools, opt-in, each scored on a clean pass of its own: `alti` (L1
+# proximity, as the LLM Transparency Tool computes it) and `attribution_patching` (attention x
+# gradient, the first-order prediction of the removal itself; one backward pass)
+FIELD_METRICS = ("alti", "attribution_patching")
+KNOWN_METRICS = (*METRICS, *FIELD_METRICS, "random")
 MODES = ("comprehensiveness", "sufficiency")
 GRANULARITIES = ("pairs", "tokens")
 FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -115,6 +125,35 @@ def _random_scores(
 # --------------------------------------------------------------------------- clean-pass scores
 
 
+def alti_scores(
+    block: BlockActivations, valid: Bool[Tensor, "batch query key"]
+) -> Float[Tensor, "batch head query key"]:
+    """ALTI contribution of every (head, key) pair of one checked block (`cw_lens.core.proximity`).
+
+    The parts are `A_i(alpha_ij^h pv_j^h)` and `x_i`; the whole is `x_i + attn_out_i`, the
+    stream after the attention sub-layer as the model's hooks show it (`resid_mid` on a
+    sequential block), which `cw_lens.models.blocks.check_block` has checked against the parts.
+
+    Args:
+        block: The block's activations (`cw_lens.models.blocks.run_blocks`).
+        valid: The candidate pairs (`j <= i`, real tokens).
+
+    Returns:
+        The pairs' contributions, each query's valid pairs and residual summing to 1.
+    """
+    acts = block.acts
+    n_heads = acts.n_heads
+    values = acts.values.repeat_interleave(n_heads // acts.values.shape[2], dim=2)
+    pv = torch.einsum("bkhd,hdm->bhkm", values, acts.weights.W_O.to(values.device))
+    amap = block.attn_map
+    head_vectors = fg.apply_linear_map(pv, None, amap.gain, amap.centred)
+    whole = block.resid_pre + block.attn_out
+    pairs, _ = attention_proximity(
+        acts.pattern, head_vectors, amap.row_scale, block.resid_pre, whole, valid
+    )
+    return pairs
+
+
 class Ranks:
     """Per layer and metric, the ranks of one document batch (filled block by block).
 
@@ -170,21 +209,60 @@ class Ranks:
         return lc.metric(metric, kind="inter").float().cpu()
 
     def update(self, lc: LayerContributionsResult) -> None:
-        n_pos = self.batch.tokens.shape[1]
-        q = lc.queries
-        valid = self.valid_keys[:, q]  # [batch, query, key(all)]
+        """Rank one block of the streamed clean pass by every metric it scores.
+
+        Args:
+            lc: The block (`stream_contributions`).
+        """
         for metric in self.metrics:
-            scores = torch.zeros(lc.shape[0], lc.shape[1], lc.shape[2], n_pos, device="cpu")
-            scores[..., : lc.keys.stop] = self._scores(lc, metric)
-            if "pairs" in self.granularities:
-                flat = scores.permute(0, 2, 1, 3).reshape(lc.shape[0], lc.shape[2], -1)
-                pair_valid = valid[:, :, None, :].expand(-1, -1, self.n_heads, -1)
-                ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
-                heads_first = ranks.view(*ranks.shape[:2], self.n_heads, n_pos).permute(0, 2, 1, 3)
-                self.pairs[metric, lc.layer][:, :, q] = heads_first  # cast to the stored dtype
-            if "tokens" in self.granularities:
-                ranks = rank_candidates(token_scores(scores), valid, signed=self.signed)
-                self.tokens[metric, lc.layer][:, q] = ranks.to(self.tokens[metric, lc.layer].dtype)
+            if metric not in FIELD_METRICS:
+                self.store(lc.layer, metric, lc.queries, self._scores(lc, metric))
+
+    def update_block(self, block: BlockActivations) -> None:
+        """Rank one checked block (`run_blocks`) by the field metrics.
+
+        Args:
+            block: The block's residual-stream activations.
+        """
+        valid = self.valid_keys.to(block.resid_pre.device)
+        if "alti" in self.metrics:
+            scores = alti_scores(block, valid).cpu()
+            self.store(block.layer, "alti", slice(0, scores.shape[2]), scores)
+
+    def update_gradients(self, grads: dict[int, LayerGradient]) -> None:
+        """Rank every layer by attribution patching.
+
+        Args:
+            grads: Per layer, the activations and the loss's output gradient
+                (`cw_lens.models.gradients.attention_output_gradients`).
+        """
+        for layer, grad in grads.items():
+            scores = grad.attribution().cpu()
+            self.store(layer, "attribution_patching", slice(0, scores.shape[2]), scores)
+
+    def store(self, layer: int, metric: str, queries: slice, scores: Tensor) -> None:
+        """Rank the scores of the rows `queries` and keep the ranks.
+
+        Args:
+            layer: The layer.
+            metric: The metric's name.
+            queries: The query rows the scores cover.
+            scores: `[batch, head, query, key]` on the host, keys from 0.
+        """
+        n_pos = self.batch.tokens.shape[1]
+        b, h, q_len, k_len = scores.shape
+        valid = self.valid_keys[:, queries]  # [batch, query, key(all)]
+        full = torch.zeros(b, h, q_len, n_pos, device="cpu")
+        full[..., :k_len] = scores
+        if "pairs" in self.granularities:
+            flat = full.permute(0, 2, 1, 3).reshape(b, q_len, -1)
+            pair_valid = valid[:, :, None, :].expand(-1, -1, self.n_heads, -1)
+            ranks = rank_candidates(flat, pair_valid.reshape(flat.shape), signed=self.signed)
+            heads_first = ranks.view(b, q_len, self.n_heads, n_pos).permute(0, 2, 1, 3)
+            self.pairs[metric, layer][:, :, queries] = heads_first  # cast to the stored dtype
+        if "tokens" in self.granularities:
+            ranks = rank_candidates(token_scores(full), valid, signed=self.signed)
+            self.tokens[metric, layer][:, queries] = ranks.to(self.tokens[metric, layer].dtype)
 
     def hooks(
         self,
