@@ -17,7 +17,7 @@ probability follows without a hook on the pattern (whose edits some models ignor
 
 so attribution patching's first-order prediction of removing the pair, `-alpha_ij^h
 dL/dalpha_ij^h` (Nanda, "Attribution Patching", 2023; Syed et al., 2023), costs one forward and
-one backward pass for every pair of every layer (`attention_attribution`).
+one backward pass for every pair of every layer (`LayerGradient.attribution`).
 
 Example:
 
@@ -47,6 +47,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from cw_lens.core.errors import InputError, UnsupportedModelError
+from cw_lens.core.geometry import grouped_scores, project_into_heads
 from cw_lens.models.access import model_access
 from cw_lens.models.batch import TokenBatch
 from cw_lens.models.capture import (
@@ -79,11 +80,8 @@ class LayerGradient:
         Returns:
             The gradient of the loss with respect to every attention probability.
         """
-        acts = self.acts
-        W_O = acts.weights.W_O.to(self.output_grad.device)
-        u = torch.einsum("bqm,hdm->bhqd", self.output_grad, W_O)  # W_O^h g_i
-        values = acts.values.repeat_interleave(acts.n_heads // acts.values.shape[2], dim=2)
-        return torch.einsum("bhqd,bkhd->bhqk", u, values)
+        W_O = self.acts.weights.W_O.to(self.output_grad.device)
+        return grouped_scores(project_into_heads(self.output_grad, W_O), self.acts.values)
 
     def attribution(self) -> Float[Tensor, "batch head query key"]:
         """Attribution patching's prediction of how much removing each pair raises the loss:

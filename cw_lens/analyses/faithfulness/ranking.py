@@ -14,6 +14,7 @@ from torch import Tensor
 
 from cw_lens.core import flow_geometry as fg
 from cw_lens.core.errors import InputError
+from cw_lens.core.geometry import values_per_head
 from cw_lens.core.proximity import attention_proximity
 from cw_lens.data.inputs import TokenBatch
 from cw_lens.models.blocks import BlockActivations
@@ -142,9 +143,8 @@ def alti_scores(
         The pairs' contributions, each query's valid pairs and residual summing to 1.
     """
     acts = block.acts
-    n_heads = acts.n_heads
-    values = acts.values.repeat_interleave(n_heads // acts.values.shape[2], dim=2)
-    pv = torch.einsum("bkhd,hdm->bhkm", values, acts.weights.W_O.to(values.device))
+    values = values_per_head(acts.values, acts.n_heads)  # [batch, head, key, d_head]
+    pv = torch.einsum("bhkd,hdm->bhkm", values, acts.weights.W_O.to(values.device))
     amap = block.attn_map
     head_vectors = fg.apply_linear_map(pv, None, amap.gain, amap.centred)
     whole = block.resid_pre + block.attn_out
