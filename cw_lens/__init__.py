@@ -36,6 +36,8 @@ Public API (re-exports only; each function's module docstring states its formula
   [`stream_shares`][cw_lens.stream_shares], [`contribution_rollout`][cw_lens.contribution_rollout],
   [`attention_rollout`][cw_lens.attention_rollout], [`routes`][cw_lens.routes],
   [`rollout_deletion`][cw_lens.rollout_deletion],
+  [`input_deletion`][cw_lens.input_deletion] (every attribution method on one input-level
+  ERASER test),
   [`ioi_route_statistics`][cw_lens.ioi_route_statistics]
 """
 
@@ -104,6 +106,7 @@ if TYPE_CHECKING:
         ioi_route_statistics,
         rollout_deletion,
     )
+    from cw_lens.flow.input_deletion import InputDeletionResult, input_deletion
     from cw_lens.flow.rollout import RolloutResult, attention_rollout, contribution_rollout
     from cw_lens.flow.routes import RouteGraphResult, routes
     from cw_lens.flow.shares import (
@@ -140,6 +143,7 @@ __all__ = [
     "HeadTaxonomyResult",
     "HookSet",
     "IOIRouteStatisticsResult",
+    "InputDeletionResult",
     "InputError",
     "LayerContributionsResult",
     "LayerSharesResult",
@@ -176,6 +180,7 @@ __all__ = [
     "faithfulness",
     "geometric_prf",
     "head_taxonomy",
+    "input_deletion",
     "ioi_route_statistics",
     "load_corpus",
     "load_model",

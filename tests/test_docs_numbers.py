@@ -466,3 +466,32 @@ def test_the_faithfulness_metrics_costs_are_the_recorded_ones():
     for case in rows:
         seconds, times = record["clean_pass_s"][case], record["x_forward"][case]
         assert f"| {seconds:g} s ({times:g} ×" in guide, case
+
+
+def test_the_input_deletion_section_is_the_record():
+    """docs/guides/faithfulness.md's input-level section (its cost table, both corpora's tables,
+    the claim's intervals and every number of its prose) is what `bench_input_deletion.py`
+    recorded, rendered by that script's `guide_pieces`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cw_lens_bench_input_deletion", ROOT / "benchmarks" / "bench_input_deletion.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    pieces = bench.guide_pieces(_record("bench_input_deletion"))
+    guide = _read("docs/guides/faithfulness.md")
+    for name in ("cost_table", "ioi_table", "arith_table", "ioi_claim", "arith_claim"):
+        assert pieces[name] in guide, name
+    flat = _flat("docs/guides/faithfulness.md")
+    p = pieces
+    for fragment in (
+        f"one batch of {p['cost_batch']}, two CPU threads (a forward pass: {p['forward_s']} s)",
+        f"on 32 items took {p['ioi_s']} on IOI and {p['arith_s']} on `arithmetic`",
+        f"IOI ({p['ioi_candidates']} candidate tokens per item, median)",
+        f"`arithmetic` ({p['arith_candidates']} candidate tokens per item, median)",
+        f"it ranks {p['arith_rank']} of 8 methods on comprehensiveness",
+        f"the median deviation is {p['ioi_ig']} nats on IOI and {p['arith_ig']} on `arithmetic`",
+        f"reaches ({p['ioi_range']} and {p['arith_range']})",
+    ):
+        assert fragment in flat, fragment

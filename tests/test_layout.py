@@ -79,6 +79,7 @@ def test_public_names_are_those_of_0_2():
     added |= {"corpus_analyses"}
     added |= {"Accumulator", "SinkStatisticsAccumulator", "SelectionGeometryAccumulator"}
     added |= {"HeadTaxonomyAccumulator", "SinkAblationAccumulator"}
+    added |= {"input_deletion", "InputDeletionResult"}  # every attribution method, one test
     kept = {RENAMED_0_3.get(name, name) for name in PUBLIC_0_2} - set(DEPRECATED_0_5)
     now = sorted(kept | added)
     assert sorted(cw_lens.__all__) == now
@@ -371,6 +372,7 @@ def test_the_reproduction_is_reached_from_the_package_in_a_fresh_process():
     assert out.stdout.split() == [
         "['FaithfulnessResult',",
         "'HeadTaxonomyResult',",
+        "'InputDeletionResult',",
         "'PruningResult',",
         "'SelectionGeometryResult',",
         "'SinkAblationResult',",

@@ -139,6 +139,14 @@ def _deletion(model):
     return dataclasses.replace(result, corpus=HOSTILE[0]).plot(), [HOSTILE[0]]
 
 
+def _input_deletion(model):
+    result = cw_lens.input_deletion(
+        model, TEXTS, methods=("attention_rollout",), fractions=(0.5,), n_random=1,
+        normalise=False, progress=False,
+    )  # fmt: skip
+    return dataclasses.replace(result, corpus=HOSTILE[0]).plot(), [HOSTILE[0]]
+
+
 def _geometry(model):
     result = cw_lens.selection_geometry(model, TEXTS, n_random=2, progress=False)
     return dataclasses.replace(result, query=HOSTILE[1]).plot(), [HOSTILE[1]]
@@ -189,6 +197,7 @@ def _taxonomy(model):
 
 OTHER_PLOTS: dict[str, Callable] = {
     "RolloutDeletionResult": _deletion,
+    "InputDeletionResult": _input_deletion,
     "SelectionGeometryResult": _geometry,
     "PruningResult": _pruning,
     "FaithfulnessResult": _faithfulness,

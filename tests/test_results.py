@@ -33,7 +33,7 @@ RESULT_NAMES = [
     "ContributionResult", "LayerContributionsResult", "SinkStatisticsResult",
     "SinkAblationResult", "SelectionGeometryResult", "HeadTaxonomyResult", "PruningResult",
     "FaithfulnessResult", "ResidualSharesResult", "LayerSharesResult", "RolloutResult",
-    "RouteGraphResult", "RolloutDeletionResult", "IOIRouteStatisticsResult",
+    "RouteGraphResult", "RolloutDeletionResult", "InputDeletionResult", "IOIRouteStatisticsResult",
     "SinkPatchComparisonResult", "RunComparisonResult", "ModelVerificationResult",
 ]  # fmt: skip
 
@@ -65,6 +65,10 @@ def results(model):
         "RolloutResult": cw_lens.contribution_rollout(model, TEXTS),
         "RouteGraphResult": cw_lens.routes(model, TEXTS[0]),
         "RolloutDeletionResult": cw_lens.rollout_deletion(model, TEXTS, ks=(1,), n_random=1),
+        "InputDeletionResult": cw_lens.input_deletion(
+            model, TEXTS, methods=("contribution_rollout", "value_zeroing"), fractions=(0.5,),
+            n_random=1, progress=False,
+        ),
         "SinkPatchComparisonResult": cw_lens.compare_sink_patch(model, TEXTS[0], view_layers=[1]),
         "RunComparisonResult": cw_lens.compare_runs([RUNS / "run_a", RUNS / "run_b"]),
         "ModelVerificationResult": cw_lens.verify_model(model),

@@ -47,6 +47,7 @@ N_RANDOM_DEFAULTS = {
     "prune_heads": (3, "P2's count; each order costs a corpus pass per retention level"),
     "faithfulness": (1, "P1's single draw; each extra one costs 24 passes per batch"),
     "rollout_deletion": (5, "each ranking costs len(ks) passes per batch of short items"),
+    "input_deletion": (5, "a draw costs what a method's removals cost; five average the control"),
 }
 KIND_VALUES = ("intra", "inter")  # `kind` is the contribution normalisation, nothing else
 # positional parameters each public callable may take (default 2: the model and its input)

@@ -53,6 +53,7 @@ SAVEABLE_MODULES = (
     "cw_lens.analyses.sinks.statistics",
     "cw_lens.analyses.taxonomy",
     "cw_lens.flow.evaluation",
+    "cw_lens.flow.input_deletion",
     "cw_lens.flow.layer_shares",
     "cw_lens.flow.rollout",
     "cw_lens.flow.routes",

@@ -39,19 +39,72 @@ class AnswerScores:
     correct: Bool[Tensor, " item"]
 
 
+def answer_positions(
+    spans: Sequence[tuple[int, int]], device: torch.device | str
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Every answer token of a batch, flat: `(row, predicting position, token position)`.
+
+    Args:
+        spans: Per row, the answer's token span `[start, end)`.
+        device: Where the index tensors are made.
+
+    Returns:
+        Three int64 tensors of one entry per answer token.
+    """
+    rows = [r for r, (start, end) in enumerate(spans) for _ in range(start, end)]
+    token_at = [t for start, end in spans for t in range(start, end)]
+    row = torch.tensor(rows, dtype=torch.long, device=device)
+    at = torch.tensor(token_at, dtype=torch.long, device=device)
+    return row, at - 1, at
+
+
+def answer_logprobs(
+    logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, spans: Sequence[tuple[int, int]]
+) -> Float[Tensor, " batch"]:
+    """Teacher-forced log-probability of each row's answer, on the logits' device.
+
+    Differentiable, and one gather for the whole batch: `sum_t log p(a_t | prompt, a_<t)` over
+    the answer tokens `tokens[row, start:end]`, each predicted from the position before it.
+
+    Args:
+        logits: One forward pass's logits.
+        tokens: The batch's tokens `[batch, pos]`.
+        spans: Per row, the answer's token span `[start, end)` (`start >= 1`).
+
+    Returns:
+        The answers' log-probabilities (float32).
+
+    Examples:
+        ```python
+        import torch
+        from cw_lens.data.scoring import answer_logprobs
+
+        logits = torch.randn(2, 5, 11)
+        tokens = torch.randint(0, 11, (2, 5))
+        answer_logprobs(logits, tokens, [(3, 4), (2, 5)])  # one and three answer tokens
+        ```
+    """
+    row, pos, at = answer_positions(spans, logits.device)
+    picked = logits[row, pos].float()  # [answer tokens, vocab]
+    targets = tokens.to(logits.device)[row, at]
+    step = picked.gather(-1, targets[:, None])[:, 0] - torch.logsumexp(picked, dim=-1)
+    out = torch.zeros(len(spans), device=logits.device, dtype=step.dtype)
+    return out.index_add(0, row, step)
+
+
 def score_answers(
     logits: Float[Tensor, "batch pos vocab"], tokens: Tensor, spans: Sequence[tuple[int, int]]
 ) -> AnswerScores:
-    """Teacher-forced answer log-probability and greedy correctness from a forward's logits."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    lp, ok = [], []
-    for row, (start, end) in enumerate(spans):
-        positions = torch.arange(start - 1, end - 1, device=logits.device)
-        targets = tokens[row, start:end].to(logits.device)
-        step = logprobs[row, positions, targets]
-        lp.append(step.sum())
-        ok.append(bool((logits[row, positions].argmax(-1) == targets).all()))
-    return AnswerScores(torch.stack(lp).cpu(), torch.tensor(ok, device="cpu"))
+    """Teacher-forced answer log-probability and greedy correctness from a forward's logits
+    (one gather and one transfer per batch)."""
+    row, pos, at = answer_positions(spans, logits.device)
+    targets = tokens.to(logits.device)[row, at]
+    wrong = (logits[row, pos].argmax(-1) != targets).long()
+    n_wrong = torch.zeros(len(spans), dtype=torch.long, device=logits.device).index_add(
+        0, row, wrong
+    )
+    logprob = answer_logprobs(logits, tokens, spans)
+    return AnswerScores(logprob.cpu(), (n_wrong == 0).cpu())
 
 
 def answer_scores(

@@ -7,6 +7,7 @@ from cw_lens.core.deprecation import moved_attributes
 from cw_lens.plots.contributions import plot_attention_vs_contribution
 from cw_lens.plots.faithfulness import plot_faithfulness_curves
 from cw_lens.plots.flow import (
+    plot_input_deletion,
     plot_residual_shares,
     plot_rollout,
     plot_rollout_deletion,
@@ -32,6 +33,7 @@ __all__ = [
     "plot_attention_vs_contribution",
     "plot_convex_sink_curve",
     "plot_faithfulness_curves",
+    "plot_input_deletion",
     "plot_pruning_signal",
     "plot_residual_shares",
     "plot_retriever_share",

@@ -142,3 +142,42 @@ def plot_rollout_deletion(result: Any, *, figsize=(6.5, 4)) -> Any:
     ax.set_title(f"rollout deletion test ({result.corpus})")
     ax.legend(fontsize=8)
     return literal_text(fig)
+
+
+def plot_input_deletion(result: Any, *, figsize: tuple[float, float] = (10, 4)) -> Any:
+    """Every method's mean drop against the share of input tokens removed: comprehensiveness
+    (the top removed; higher is more faithful) beside sufficiency (the bottom; lower is).
+
+    Args:
+        result: An `InputDeletionResult`.
+        figsize: The figure's size in inches.
+
+    Returns:
+        A matplotlib Figure, one panel per mode (error bars: the standard error over items).
+    """
+    summary = result.summary()
+    modes = [m for m in ("comprehensiveness", "sufficiency") if m in set(summary["mode"])]
+    fig, axes = plt.subplots(1, len(modes), figsize=figsize, constrained_layout=True, squeeze=False)
+    methods = list(dict.fromkeys([*result.methods, "random"]))
+    # tab10 without its grey, which the controls wear
+    palette = [plt.get_cmap("tab10")(i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
+    for ax, mode in zip(axes[0], modes, strict=True):
+        for n, method in enumerate(methods):
+            df = summary[(summary["mode"] == mode) & (summary["method"] == method)]
+            if df.empty:
+                continue
+            style = {}
+            if method in ("random", "recency"):  # the controls
+                style = {"color": "#7f7f7f", "linestyle": "--" if method == "random" else ":"}
+            if method in ("contribution", "contribution_rollout"):
+                style = {"linewidth": 2.4}
+            ax.errorbar(
+                100 * df["fraction"], df["mean_drop"], yerr=df["sem"], marker="o", capsize=2,
+                label=method, **({"color": palette[n % len(palette)]} | style),
+            )  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlabel("input tokens removed (%)")
+        ax.set_ylabel("drop of the answer log-probability")
+        ax.set_title(f"{mode} ({result.corpus})")
+    axes[0][0].legend(fontsize=7)
+    return literal_text(fig)

@@ -12,8 +12,9 @@ runs (`cw-lens compare`). The toolkit never imports it.
 - [`Bootstrap`][cw_lens.reproduction.Bootstrap]: the resampling of documents and the interval
   rule (`bootstrap`).
 - The claims of each analysis, as pure functions of its result: `sink_claims`,
-  `selection_claims`, `taxonomy_claims`, `faithfulness_claims`, `pruning_claims`; their
-  criteria are built from `verdicts.Check` and `verdicts.Claim`.
+  `selection_claims`, `taxonomy_claims`, `faithfulness_claims`, `pruning_claims`, and one
+  beyond the papers, `field_claims` (`contribution_vs_field`: cw_lens against the field's
+  attribution methods); their criteria are built from `verdicts.Check` and `verdicts.Claim`.
 - `job` (`cw-lens figures`; its settings and state in `state`, its steps in `steps`),
   `run_comparison` ([`cw_lens.compare_runs`][cw_lens.compare_runs]), `interval_coverage`
   (the certificates), `cli` (the `cw-lens` console script).
@@ -61,6 +62,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'cw_lens.reproduction' has no attribute {name!r}")
     from cw_lens.reproduction import (  # noqa: F401  (their registrations)
         faithfulness_claims,
+        field_claims,
         pruning_claims,
         selection_claims,
         sink_claims,

@@ -17,6 +17,12 @@ from cw_lens.analyses.faithfulness.ranking import MODES
 from cw_lens.core.errors import InputError
 from cw_lens.models.layer_contributions import METRICS
 from cw_lens.reproduction.bootstrap import Bootstrap, require_record
+from cw_lens.reproduction.field_comparison import (
+    has_field_metrics,
+    pair_aopc,
+    pair_claim,
+    pair_numbers,
+)
 from cw_lens.reproduction.protocol import claims, intervals, replicates
 from cw_lens.reproduction.resampled import aopc_numbers, faithfulness_numbers
 from cw_lens.reproduction.verdicts import Check, Claim, ClaimsDict, claims_dict, with_intervals
@@ -126,14 +132,16 @@ def faithfulness_result_claims(
             f"{mode}_{g}": {k: float(v) for k, v in row.items()}
             for (g, mode), row in spread.iterrows()
         }
+    judged = [claim]
+    if has_field_metrics(result):  # beyond the papers: the metrics of other tools
+        judged.append(pair_claim(result))
     if bootstrap is None:
-        return claims_dict([claim])
+        return claims_dict(judged)
     aopc = aopc_replicates(result, bootstrap)
     for (g, mode, metric), reps in aopc.items():
         key = f"aopc_interval_{mode}_{g}"
         claim.measured.setdefault(key, {})[metric] = list(bootstrap.pair(reps, number=key))
-    claim = with_intervals([claim], _number_intervals(aopc, bootstrap))[0]
-    return claims_dict([claim])
+    return claims_dict(with_intervals(judged, _number_intervals(result, aopc, bootstrap)))
 
 
 @replicates.register(FaithfulnessResult)
@@ -149,7 +157,8 @@ def faithfulness_result_replicates(
     Returns:
         `{number: tensor of one value per row}`: the differences of pairs-granularity AOPCs
         that `faithfulness_order` reads (`comprehensiveness_<b>_minus_<a>`,
-        `sufficiency_lowest_other_minus_contribution`).
+        `sufficiency_lowest_other_minus_contribution`) and, when the result has the metrics
+        of other tools, those of `contribution_vs_field_pairs`.
 
     Examples:
         ```python
@@ -164,7 +173,7 @@ def faithfulness_result_replicates(
         reps = replicates(faith, Bootstrap(resamples=100))
         ```
     """
-    return faithfulness_numbers(aopc_replicates(result, bootstrap), METRICS)
+    return _numbers(result, aopc_replicates(result, bootstrap))
 
 
 @intervals.register(FaithfulnessResult)
@@ -193,7 +202,7 @@ def faithfulness_result_intervals(
         numbers, _ = intervals(faith, Bootstrap(resamples=100))
         ```
     """
-    return _number_intervals(aopc_replicates(result, bootstrap), bootstrap), {}
+    return _number_intervals(result, aopc_replicates(result, bootstrap), bootstrap), {}
 
 
 def aopc_replicates(
@@ -229,9 +238,19 @@ def aopc_replicates(
     return aopc_numbers(bootstrap.resample(table), names, configs, result.task)
 
 
-def _number_intervals(
-    aopc: dict[tuple[str, str, str], Tensor], bootstrap: Bootstrap
-) -> dict[str, tuple[float, float]]:
-    """The intervals of `faithfulness_order`'s numbers from the AOPC replicates."""
+def _numbers(
+    result: FaithfulnessResult, aopc: dict[tuple[str, str, str], Tensor]
+) -> dict[str, Tensor]:
+    """The claims' numbers from the AOPC replicates: `faithfulness_order`'s and, with the
+    metrics of other tools, `contribution_vs_field_pairs`'s."""
     numbers = faithfulness_numbers(aopc, METRICS)
-    return {k: bootstrap.pair(v, number=k) for k, v in numbers.items()}
+    if has_field_metrics(result):
+        numbers.update(pair_numbers(aopc, pair_aopc(result)))
+    return numbers
+
+
+def _number_intervals(
+    result: FaithfulnessResult, aopc: dict[tuple[str, str, str], Tensor], bootstrap: Bootstrap
+) -> dict[str, tuple[float, float]]:
+    """The intervals of the claims' numbers from the AOPC replicates."""
+    return {k: bootstrap.pair(v, number=k) for k, v in _numbers(result, aopc).items()}

@@ -37,7 +37,7 @@ from cw_lens.core.results import Result
 from cw_lens.data.distributed import current_shard
 from cw_lens.data.documents import as_corpus
 from cw_lens.data.inputs import TokenBatch, answer_spans, iter_batches, prepare_inputs
-from cw_lens.data.scoring import run_logits, score_answers, token_nll
+from cw_lens.data.scoring import answer_logprobs, run_logits, token_nll
 from cw_lens.data.streaming import stream_contributions
 from cw_lens.models.access import Model
 from cw_lens.models.blocks import run_blocks
@@ -409,7 +409,7 @@ def _clean_loss(batch: TokenBatch, spans: list | None) -> Callable[[Tensor], Ten
     minus the summed answer log-probability on task items (the damage the removals measure)."""
     if spans is None:
         return lambda logits: token_nll(logits, batch.tokens, batch.mask).nansum()
-    return lambda logits: -score_answers(logits, batch.tokens, spans).logprob.sum()
+    return lambda logits: -answer_logprobs(logits, batch.tokens, spans).sum()
 
 
 def _checked_options(
