@@ -495,3 +495,21 @@ def test_the_input_deletion_section_is_the_record():
         f"reaches ({p['ioi_range']} and {p['arith_range']})",
     ):
         assert fragment in flat, fragment
+
+
+def test_the_pairs_claim_table_is_the_record():
+    """The guide's table of `contribution_vs_field_pairs` is what `bench_field_pairs.py`
+    recorded, rendered by that script's `claim_table`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "cw_lens_bench_field_pairs", ROOT / "benchmarks" / "bench_field_pairs.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    record = _record("bench_field_pairs")
+    assert bench.claim_table(record) in _read("docs/guides/faithfulness.md")
+    prose = record["prose"]
+    sizes = f"{prose['n_documents']} windows × {prose['tokens']} tokens of prose and "
+    guide = _flat("docs/guides/faithfulness.md")
+    assert f"{sizes}{record['ioi']['n_documents']} IOI items" in guide

@@ -79,6 +79,15 @@ ROWS = {
         }
     ),
     "head_taxonomy": Row(QUIET),
+    "input_deletion": Row(
+        {
+            "methods": ("contribution_rollout",),
+            "fractions": (0.5,),
+            "n_random": 1,
+            "normalise": False,
+            **QUIET,
+        }
+    ),
     "ioi_route_statistics": Row(ioi=True),
     "lone_head_costs": Row({"heads": [(0, 0), (1, 3)], **QUIET}),
     "prune_heads": Row(
