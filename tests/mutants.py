@@ -133,7 +133,7 @@ MUTANTS = [
     ),
     m(
         "histogram: asinh bins mapped back without the unit",
-        "cw_lens/core/accumulators.py",
+        "cw_lens/core/histograms.py",
         '        return torch.sinh(t) * self.unit if self.scale == "asinh" else t',
         '        return torch.sinh(t) if self.scale == "asinh" else t',
         HISTOGRAM,

@@ -6,6 +6,7 @@ one process."""
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import sys
 from fractions import Fraction
@@ -22,13 +23,13 @@ from hypothesis import strategies as st
 from cw_lens.core.accumulators import (
     EMPTY_KEY,
     Accumulator,
-    Histogram,
     SampleReservoir,
     StackedSums,
     document_rows,
     entry_keys,
 )
 from cw_lens.core.errors import InputError
+from cw_lens.core.histograms import Histogram, bin_indices, fill_histograms
 
 # float64 sums of n terms: |error| <= n * eps * sum |x| (eps = 2^-53); the tests' bound
 SUM_TOLERANCE = 64 * 2.0**-53
@@ -192,6 +193,53 @@ def test_asinh_histogram_edges_merge_and_errors():
         hist.merge(Histogram((2,), -100.0, 100.0, 40))  # same range, linear bins
     with pytest.raises(InputError, match="scale"):
         Histogram((), -1.0, 1.0, 10, scale="log")
+
+
+def _reference_bin(value: float, hist: Histogram) -> int:
+    """One value's bin, by the definition: edge bins at or beyond lo / hi, else which of the
+    equal bins on the (linear or asinh) axis holds it."""
+    if value <= hist.lo:
+        return 0
+    if value >= hist.hi:
+        return hist.n_bins + 1
+    axis = (lambda x: math.asinh(x / hist.unit)) if hist.scale == "asinh" else (lambda x: x)
+    lo, hi = axis(hist.lo), axis(hist.hi)
+    return min(max(math.floor((axis(value) - lo) * (hist.n_bins / (hi - lo))) + 1, 1), hist.n_bins)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-3e9, 3e9, allow_nan=False), min_size=3, max_size=3 * 40))
+def test_histograms_filled_together_equal_each_by_the_definition(values):
+    """Three binnings (linear, asinh and a narrow linear one) binned in one chain and filled in
+    one call count exactly what the definition counts, value by value, group by group."""
+    n = len(values) // 3 * 3
+    if n == 0:
+        return
+    binnings = [
+        dict(lo=0.0, hi=1.0, n_bins=50),
+        dict(lo=-1e9, hi=1e9, n_bins=3000, scale="asinh", unit=1e-3),
+        dict(lo=-10.0, hi=10.0, n_bins=24, scale="asinh", unit=1e-3),
+    ]
+    hists = [Histogram((1,), **b) for b in binnings]
+    data = torch.tensor(values[:n], dtype=torch.float64).reshape(3, 1, -1)
+    data[0, 0, 0] = float("nan")  # not counted
+    fill_histograms(hists, data)
+    for i, hist in enumerate(hists):
+        expected = torch.zeros(hist.n_bins + 2, dtype=torch.int64)
+        for v in data[i, 0].tolist():
+            if not math.isnan(v):
+                expected[_reference_bin(v, hist)] += 1
+        assert hist.counts[0].tolist() == expected.tolist(), hist.binning
+    bins = bin_indices(hists, data.nan_to_num(0.5))
+    assert bins[1, 0].tolist() == [_reference_bin(v, hists[1]) for v in data[1, 0].tolist()]
+
+
+def test_fill_histograms_names_its_errors():
+    a, b = Histogram((2,), 0.0, 1.0, 4), Histogram((3,), 0.0, 1.0, 4)
+    with pytest.raises(InputError, match="same group axes"):
+        fill_histograms([a, b], torch.zeros(2, 2, 1))
+    with pytest.raises(InputError, match="one slice of values per histogram"):
+        bin_indices([a, b], torch.zeros(3, 1))
 
 
 class _Blocks(Accumulator):

@@ -259,7 +259,7 @@ def test_deep_nesting_is_refused_not_a_recursion_error(tmp_path_factory, depth, 
         elif kind == "dict":
             value = {TYPE: "dict", "items": [["k", value]]}
         else:
-            value = {TYPE: "object", "class": "cw_lens.core.accumulators:Histogram", "id": 0,
+            value = {TYPE: "object", "class": "cw_lens.core.histograms:Histogram", "id": 0,
                      "state": {"x": value}}  # fmt: skip
     path = tmp_path_factory.mktemp("deep") / "deep.safetensors"
     _write_result(path, value, {}, "cw_lens.core.results:Result")

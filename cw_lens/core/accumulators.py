@@ -16,7 +16,8 @@ The building blocks every analysis shares:
   `per_document[d, ..., s] = sum over the rows of document d`. Sums are float64 whatever the
   inputs, so a total over a corpus matches a float64 reference to about `1e-12` relative
   (the order of addition, which batching and sharding change, moves only the last bits).
-- `Histogram`: integer counts over fixed bins, per group; integer sums are exact in any order.
+- `Histogram` (`cw_lens.core.histograms`): integer counts over fixed bins, per group; integer
+  sums are exact in any order. Several are binned and filled at once with `fill_histograms`.
 - `SampleReservoir`: per group, the `capacity` rows with the smallest keys. A key is a hash of
   the row's coordinates (`entry_keys`: seed, document, layer, head, query, key), so the kept rows
   are the same whatever the batching, the query blocks or the sharding: a uniform random sample
@@ -65,17 +66,16 @@ results["mean_sink_attention"]  # [layer, head]
 # each block is a few tensors with the same three operations (add, merge, all_reduce).
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from jaxtyping import Bool, Float, Int, Integer
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from cw_lens.core.collectives import process_group
 from cw_lens.core.errors import InputError
-from cw_lens.core.registry import saveable
-from cw_lens.core.schema import Count
+from cw_lens.core.histograms import Histogram
 
 # --------------------------------------------------------------------------- documents
 
@@ -107,15 +107,6 @@ def document_rows(documents: Sequence[int], device: torch.device | str) -> Int[T
             _ROWS[key] = torch.tensor(key[0], dtype=torch.long, device=device)
         _LARGEST[id(_ROWS[key])] = max(key[0], default=-1)
     return _ROWS[key]
-
-
-def _process_group() -> Any:
-    """`torch.distributed` when a process group of 2+ ranks is up, else None."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist
-    return None
 
 
 # --------------------------------------------------------------------------- sums
@@ -226,7 +217,7 @@ class StackedSums:
 
     def all_reduce(self) -> None:
         """Sum every rank's state in place (a no-op outside a process group of 2+ ranks)."""
-        dist = _process_group()
+        dist = process_group()
         if dist is None:
             return
         dist.all_reduce(self.total)
@@ -277,201 +268,6 @@ class StackedSums:
         if name not in self._column:
             raise InputError(f"Unknown statistic {name!r}; these sums keep {self.names}.")
         return self._column[name]
-
-
-# --------------------------------------------------------------------------- histograms
-
-
-@saveable
-class Histogram:
-    """Counts of values over `n_bins` bins on `(lo, hi)` per group, plus two edge bins:
-    values `<= lo` and values `>= hi` (so clamped values are counted exactly).
-
-    `scale="linear"`: equal bins. `scale="asinh"`: bins equal in `asinh(v / unit)`, i.e.
-    about `unit`-wide near 0 and of equal *relative* width for `|v| >> unit` — for values
-    without a natural range (a quantile of a ratio that can be far from 0) over a very wide
-    `(lo, hi)` without clipping them. `counts` is `[*shape, n_bins + 2]` int64 on the values'
-    device; NaN values are not counted. A value within rounding of a bin edge may fall in
-    either bin on different devices.
-
-    Examples:
-        >>> import torch
-        >>> hist = Histogram((), 0.0, 1.0, 4)
-        >>> hist.add(torch.tensor([0.1, 0.3, 0.35, 2.0, float("nan")]))
-        >>> hist.counts.tolist()
-        [0, 1, 2, 0, 0, 1]
-        >>> round(float(hist.quantile(0.5)), 3)
-        0.375
-
-    Args:
-        shape: The group axes.
-        lo: The lower edge (values at or below it count in the first edge bin).
-        hi: The upper edge (values at or above it count in the last edge bin).
-        n_bins: Inner bins.
-        scale: `"linear"` or `"asinh"`.
-        unit: The asinh scale's unit.
-        device: Where the counts live.
-    """
-
-    stored_fields: ClassVar[dict[str, Any]] = {
-        "lo": float,
-        "hi": float,
-        "n_bins": Annotated[int, Count()],
-        "scale": Literal["linear", "asinh"],
-        "unit": float,
-        "counts": Integer[Tensor, "*shape bin"],
-    }
-
-    def __init__(
-        self,
-        shape: Sequence[int],
-        lo: float,
-        hi: float,
-        n_bins: int,
-        *,
-        scale: Literal["linear", "asinh"] = "linear",
-        unit: float = 1.0,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        if not hi > lo or n_bins < 1:
-            raise InputError("Histogram needs hi > lo and at least one bin.")
-        if scale not in ("linear", "asinh") or not unit > 0:
-            raise InputError("Histogram scale must be 'linear' or 'asinh' (with a unit > 0).")
-        self.lo, self.hi, self.n_bins = float(lo), float(hi), int(n_bins)
-        self.scale, self.unit = scale, float(unit)
-        with torch.inference_mode(False):
-            self.counts = torch.zeros((*shape, n_bins + 2), dtype=torch.int64, device=device)
-
-    def _forward(self, v: Tensor) -> Tensor:
-        """Value -> the axis on which the bins are equal."""
-        return torch.asinh(v / self.unit) if self.scale == "asinh" else v
-
-    def _inverse(self, t: Tensor) -> Tensor:
-        return torch.sinh(t) * self.unit if self.scale == "asinh" else t
-
-    def _axis(self) -> tuple[float, float]:
-        if self.scale == "asinh":
-            return math.asinh(self.lo / self.unit), math.asinh(self.hi / self.unit)
-        return self.lo, self.hi
-
-    @property
-    def binning(self) -> tuple:
-        return (self.lo, self.hi, self.n_bins, self.scale, self.unit)
-
-    @property
-    def edges(self) -> Float[Tensor, " edge"]:
-        lo, hi = self._axis()
-        return self._inverse(
-            torch.linspace(lo, hi, self.n_bins + 1, dtype=torch.float64, device="cpu")
-        )
-
-    def bin_index(self, values: Tensor) -> Int[Tensor, "..."]:
-        """Each value's bin.
-
-        Args:
-            values: The values.
-
-        Returns:
-            0 for `<= lo`, `n_bins + 1` for `>= hi`, else `1..n_bins` (int64).
-        """
-        v = values.double()
-        lo, hi = self._axis()
-        inner = ((self._forward(v) - lo) * (self.n_bins / (hi - lo))).floor_().long()
-        inner = inner.add_(1).clamp_(1, self.n_bins)
-        return inner.masked_fill_(v <= self.lo, 0).masked_fill_(v >= self.hi, self.n_bins + 1)
-
-    def add(self, values: Tensor, index: int | tuple | None = None) -> None:
-        """Count `values` `[*groups, n]` into `counts[index]` (all groups when None).
-
-        Args:
-            values: The group axes of `counts[index]` followed by one axis of samples.
-            index: The part of the counts to fill, or None for all.
-        """
-        target = self.counts if index is None else self.counts[index]
-        shape = target.shape[:-1]
-        values = values.detach().reshape(*shape, -1)
-        ok, width = ~values.isnan(), self.n_bins + 2
-        bins = self.bin_index(values.nan_to_num(self.lo))
-        bins += torch.arange(math.prod(shape), device=values.device).reshape(*shape, 1) * width
-        # a NaN adds 0 (no selection of the valid values: that would wait for the device)
-        flat = target.view(-1) if target.is_contiguous() else None
-        if flat is None:  # a part of the counts that is not one stretch of memory
-            counted = torch.zeros_like(target).view(-1)
-            counted.index_add_(0, bins.reshape(-1), ok.reshape(-1).long())
-            target += counted.view(target.shape)
-        else:
-            flat.index_add_(0, bins.reshape(-1), ok.reshape(-1).long())
-
-    def merge(self, other: Histogram) -> None:
-        if other.counts.shape != self.counts.shape or other.binning != self.binning:
-            raise InputError("Cannot merge histograms with different bins.")
-        self.counts += other.counts.to(self.counts.device)
-
-    def all_reduce(self) -> None:
-        """Sum every rank's counts in place (a no-op outside a process group of 2+ ranks)."""
-        dist = _process_group()
-        if dist is not None:
-            dist.all_reduce(self.counts)
-
-    def to_host(self) -> Histogram:
-        """Move the counts to the CPU, in place.
-
-        Returns:
-            This histogram.
-        """
-        self.counts = self.counts.cpu()
-        return self
-
-    def __getstate__(self) -> dict:
-        # what a file stores: counts as int32 when they fit (most bins are small), else int64
-        counts = self.counts.cpu()
-        if counts.numel() and int(counts.max()) <= torch.iinfo(torch.int32).max:
-            counts = counts.to(torch.int32)
-        return {**self.__dict__, "counts": counts}
-
-    def __setstate__(self, state: dict) -> None:
-        counts = state.get("counts")
-        if not isinstance(counts, Tensor) or counts.is_floating_point() or counts.is_complex():
-            raise InputError("A histogram's counts must be whole numbers; the file is damaged.")
-        self.__dict__.update({**state, "counts": counts.to(torch.int64)})
-
-    @property
-    def total(self) -> Int[Tensor, "..."]:
-        return self.counts.sum(-1)
-
-    def share_at_or_below_lo(self) -> Float[Tensor, "..."]:
-        return self.counts[..., 0] / self.total.clamp_min(1)
-
-    def share_at_or_above_hi(self) -> Float[Tensor, "..."]:
-        return self.counts[..., -1] / self.total.clamp_min(1)
-
-    def quantile(self, q: float) -> Float[Tensor, "..."]:
-        """Quantile with linear interpolation inside a bin (on the binning axis); edge bins map
-        to `lo`/`hi`.
-
-        Args:
-            q: The quantile, in [0, 1].
-
-        Returns:
-            Per group the quantile (float64); NaN for empty groups. Resolution is one bin
-            (relative, for `scale="asinh"`).
-        """
-        counts = self.counts.double()
-        total = counts.sum(-1, keepdim=True)
-        cum = counts.cumsum(-1)
-        target = q * total
-        idx = torch.searchsorted(cum.contiguous(), target.contiguous()).clamp_max(self.n_bins + 1)[
-            ..., 0
-        ]
-        prev = torch.where(idx > 0, cum.gather(-1, (idx - 1).clamp_min(0)[..., None])[..., 0], 0.0)
-        in_bin = counts.gather(-1, idx[..., None])[..., 0]
-        frac = ((target[..., 0] - prev) / in_bin.clamp_min(1)).clamp(0, 1)
-        lo, hi = self._axis()
-        width = (hi - lo) / self.n_bins
-        value = self._inverse(lo + (idx - 1).double() * width + frac * width)
-        value = torch.where(idx == 0, self.lo, value)  # float64 scalars: a float64 result
-        value = torch.where(idx == self.n_bins + 1, self.hi, value)
-        return torch.where(total[..., 0] > 0, value, math.nan)
 
 
 # --------------------------------------------------------------------------- samples
@@ -627,7 +423,7 @@ class SampleReservoir:
 
     def all_reduce(self) -> None:
         """Every rank's rows merged in place (gathered with `all_gather`)."""
-        dist = _process_group()
+        dist = process_group()
         if dist is None:
             return
         world = dist.get_world_size()

@@ -173,6 +173,33 @@ def gram_inner(
     return (apply_gram(a, gram) * b).sum(-1).transpose(1, 2)
 
 
+def gram_products(
+    vectors: Float[Tensor, "batch pos head vector d_head"],
+    gram: Float[Tensor, "head d_head d_head"],
+) -> Float[Tensor, "batch head pos vector vector"]:
+    """Every pair's `<a W_O^h, b W_O^h> = a G^h b^T` among several vectors per (batch,
+    position, head): one product with the Gram matrices and one batched product, whatever the
+    number of vectors (`gram_inner` of each pair would repeat both per pair).
+
+    Args:
+        vectors: `n` value-space vectors per (batch, position, head).
+        gram: `G^h = W_O^h W_O^h^T` per head.
+
+    Returns:
+        `[batch, head, pos, n, n]`: entry `(a, b)` is `<vectors[a] W_O^h, vectors[b] W_O^h>`.
+
+    Examples:
+        >>> import torch
+        >>> vectors, gram = torch.randn(2, 3, 4, 2, 5), torch.eye(5).expand(4, 5, 5)
+        >>> products = gram_products(vectors, gram)
+        >>> a, b = vectors[..., 0, :], vectors[..., 1, :]
+        >>> bool(torch.allclose(products[..., 0, 1], gram_inner(a, b, gram), atol=1e-5))
+        True
+    """
+    applied = torch.einsum("bphnd,hde->bphne", vectors, gram)
+    return (applied @ vectors.transpose(-1, -2)).transpose(1, 2)
+
+
 def values_per_head(
     values: Float[Tensor, "batch key kv_head d_head"], n_heads: int
 ) -> Float[Tensor, "batch head key d_head"]:
@@ -232,10 +259,27 @@ def counterfactual_sink_rate(
     the (attention-weighted) sink value, both in value space. NaN where `m = pv_0`.
     """
     u = tail_mixture - sink_value
-    num = gram_inner(tail_mixture, u, gram)
-    den = gram_inner(u, u, gram)
-    s_star = num / den
-    return torch.where(den > 0, s_star.clamp(0.0, 1.0), torch.full_like(s_star, float("nan")))
+    return curve_minimiser(gram_inner(tail_mixture, u, gram), gram_inner(u, u, gram))
+
+
+def curve_minimiser(
+    mixture_dot_difference: Float[Tensor, "*rows"], difference_norm2: Float[Tensor, "*rows"]
+) -> Float[Tensor, "*rows"]:
+    """`s* = clamp(<m, m - pv_0> / ||m - pv_0||^2, 0, 1)` from its two inner products
+    (`counterfactual_sink_rate` computes them; a caller with every inner product at hand
+    passes them).
+
+    Args:
+        mixture_dot_difference: `<m, m - pv_0>` (in the model's output space).
+        difference_norm2: `||m - pv_0||^2`.
+
+    Returns:
+        `s*`, NaN where `||m - pv_0|| = 0`.
+    """
+    s_star = mixture_dot_difference / difference_norm2
+    return torch.where(
+        difference_norm2 > 0, s_star.clamp(0.0, 1.0), torch.full_like(s_star, float("nan"))
+    )
 
 
 def weak_tail(

@@ -18,7 +18,7 @@ of the reproduction layer. A class that moved is found under the name older file
 
 Examples:
     >>> from cw_lens.core.registry import registered_class
-    >>> registered_class("cw_lens.core.accumulators:Histogram").__name__
+    >>> registered_class("cw_lens.core.histograms:Histogram").__name__
     'Histogram'
     >>> registered_class("os:system") is None
     True
@@ -36,7 +36,7 @@ T = TypeVar("T", bound=type)
 # Every module that defines a class decorated with `saveable` (kept equal to the decorators by
 # tests/test_saving_security.py). Importing them registers their classes.
 SAVEABLE_MODULES = (
-    "cw_lens.core.accumulators",
+    "cw_lens.core.histograms",
     "cw_lens.models.access",
     "cw_lens.models.batch",
     "cw_lens.models.blocks",
@@ -65,6 +65,7 @@ SAVEABLE_MODULES = (
 
 # classes that moved, by the name files written before the move give them (0.4 -> 0.5)
 MOVED_CLASSES = {
+    "cw_lens.core.accumulators:Histogram": "cw_lens.core.histograms:Histogram",
     "cw_lens.core.results:ClaimsTable": "cw_lens.reproduction.verdicts:ClaimsTable",
     "cw_lens.reporting.run_comparison:Run": "cw_lens.reproduction.run_comparison:Run",
     "cw_lens.reporting.run_comparison:RunComparisonResult": (

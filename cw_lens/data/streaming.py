@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -38,13 +39,23 @@ from cw_lens.models.layer_contributions import KINDS, LayerContributionsResult, 
 from cw_lens.models.verify import require_verified
 
 # Bytes the streamed query blocks may use. A fixed number, not a share of the momentary free
-# memory: the block plan changes the float rounding of per-block reductions (and the factor
-# samples of the sink analysis), so a plan that followed MemAvailable would make results depend
-# on what else the machine was doing, and could differ between torchrun ranks. 1.5 GB is the cap
+# memory: the block plan changes the float rounding of per-block reductions, so a plan that
+# followed MemAvailable would make results depend on what else the machine was doing in their
+# last bits, and could differ between torchrun ranks. 1.5 GB is the cap
 # the old rule (a tenth of MemAvailable) reached on any machine with 15 GB free: the plan every
 # benchmark in docs/benchmarks.md used. Batches of 8 x 256 tokens use 4 blocks of 65 rows
 # under any budget above 48 MB (causality caps them); an 8,192-token window uses 17 blocks.
 BLOCK_BUDGET_BYTES = 1.5e9
+
+
+# The fewest blocks of query rows a batch is cut into, by device type (others: 1). Each block
+# repeats every per-block operation of the capture and of each analysis, and saves the share of
+# the `query x key` work that causality makes zero (`(1 - 1/blocks) / 2`). On a CPU the
+# arithmetic is the cost: the embedded model's sink statistics on 16 windows of 256 tokens took
+# 20-23 s with 4 blocks and 41-47 s with one. On an accelerator every operation is a kernel
+# launch, which costs about as much as the element-wise work of a block at these sizes, so a
+# batch is cut only where memory requires it.
+CAUSAL_BLOCKS: dict[str, int] = {"cpu": 4}
 
 
 def auto_query_chunk(
@@ -53,16 +64,38 @@ def auto_query_chunk(
     n_keys: int,
     budget_bytes: float = BLOCK_BUDGET_BYTES,
     temporaries: int = 10,
-    min_blocks: int = 4,
+    min_blocks: int | None = None,
+    *,
+    device_type: str = "cpu",
 ) -> int:
-    """Query rows per block: a function of the batch shape alone (no free-memory probe).
+    """Query rows per block: a function of the batch shape and the device type alone (no
+    free-memory probe).
 
     At most what lets `temporaries` float32 `[batch, head, rows, keys]` tensors fit in
     `budget_bytes` (`BLOCK_BUDGET_BYTES`, 1.5 GB), and at most `n_keys / min_blocks`:
     block `b` only needs the keys up to its last row, so `min_blocks` blocks skip about
     `(1 - 1/min_blocks) / 2` of the `query x key` work that causality makes zero. At least
-    32 rows (and never more than `n_keys`).
+    32 rows (and never more than `n_keys`). `min_blocks` defaults to `CAUSAL_BLOCKS` of the
+    device type: 4 on a CPU, 1 (blocks only for memory) on an accelerator.
+
+    Args:
+        n_batch: Documents in the batch.
+        n_heads: Query heads.
+        n_keys: Positions of the batch (its keys, and its query rows).
+        budget_bytes: Bytes the block temporaries may use.
+        temporaries: How many float32 `[batch, head, rows, keys]` tensors a block holds.
+        min_blocks: The fewest blocks; `None`: `CAUSAL_BLOCKS` of `device_type`.
+        device_type: The device type of the activations (`"cpu"`, `"cuda"`, ...).
+
+    Returns:
+        Query rows per block.
+
+    Examples:
+        >>> auto_query_chunk(8, 9, 256), auto_query_chunk(8, 9, 256, device_type="cuda")
+        (64, 256)
     """
+    if min_blocks is None:
+        min_blocks = CAUSAL_BLOCKS.get(device_type, 1)
     per_row = n_batch * n_heads * n_keys * 4 * temporaries
     by_memory = int(budget_bytes // max(per_row, 1))
     by_causality = math.ceil(n_keys / min_blocks)
@@ -128,9 +161,10 @@ def document_batches(
         rank, world = shard
         batches = batches[rank::world]
     label = progress if isinstance(progress, str) else None
+    kind = torch.device(getattr(model.cfg, "device", None) or "cpu").type
     for batch in tqdm(batches, desc=label, disable=not progress, leave=False):
         n_batch, n_pos = batch.tokens.shape
-        yield batch, query_chunk or auto_query_chunk(n_batch, n_heads, n_pos)
+        yield batch, query_chunk or auto_query_chunk(n_batch, n_heads, n_pos, device_type=kind)
 
 
 def query_blocks(n_pos: int, chunk: int) -> Iterator[slice]:

@@ -46,7 +46,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from cw_lens.core.accumulators import Histogram
+from cw_lens.core.histograms import Histogram
 from cw_lens.reproduction.bootstrap import is_biased_plugin as is_biased_plugin  # re-exported
 from cw_lens.reproduction.bootstrap import masked_mean, masked_median, ratio
 

@@ -37,13 +37,13 @@ from cw_lens.core import geometry as geo
 from cw_lens.core.accumulators import (
     EMPTY_KEY,
     Accumulator,
-    Histogram,
     SampleReservoir,
     StackedSums,
     document_rows,
     entry_keys,
 )
 from cw_lens.core.errors import InputError
+from cw_lens.core.histograms import Histogram, bin_indices, count_bins
 from cw_lens.core.keywords import check_keywords
 from cw_lens.data.documents import as_corpus
 from cw_lens.models.access import Model
@@ -236,22 +236,6 @@ class SinkStatisticsAccumulator(Accumulator):
         vq = valid_q[:, None, :].expand_as(s)
         late = vq & (qpos >= self.min_query)
 
-        # tail mixture and sink direction
-        has_sink = vq & (s > 1e-6)
-        has_tail = has_sink & (s <= 0.999)
-        nt2 = geo.gram_inner(tail, tail, gram)
-        ns2 = geo.gram_inner(st, st, gram)
-        cross = geo.gram_inner(st, tail, gram)
-        ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
-        cos_mix = torch.where(ok_mix, cross / (nt2 * ns2).clamp_min(1e-30).sqrt(), 0.0)
-
-        # counterfactual minimiser s* of the convex curve
-        s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
-        m = tail / (1 - s_t).clamp_min(1e-12)
-        p = st / s_t.clamp_min(1e-12)
-        s_star = geo.counterfactual_sink_rate(m, p, gram).masked_fill(~has_tail, math.nan)
-        counted = ~s_star.isnan()
-
         # semantic drift of the weak tokens
         keys = torch.arange(n_keys, device=att.device)
         causal = keys <= qpos[:, None]  # [q, k]
@@ -260,17 +244,40 @@ class SinkStatisticsAccumulator(Accumulator):
         drift, has_weak = geo.weak_tail(
             att, values, tail_entries[:, None].expand_as(att), self.drift_k
         )
-        nd2 = geo.gram_inner(drift, drift, gram)
-        sd = geo.gram_inner(st, drift, gram)
+
+        # every inner product the statistics read, from one product with the Gram matrices:
+        # the sink term, the tail, the drift, the tail mixture m and m - pv_0 (the sink value)
+        s_t = s.transpose(1, 2)[..., None]  # [b, q, h, 1]
+        m = tail / (1 - s_t).clamp_min(1e-12)
+        p = st / s_t.clamp_min(1e-12)
+        g = geo.gram_products(torch.stack([st, tail, drift, m, m - p], -2), gram)
+        ns2, nt2, nd2 = g[..., 0, 0], g[..., 1, 1], g[..., 2, 2]  # [b, h, q]
+        cross, sd = g[..., 0, 1], g[..., 0, 2]
+
+        # tail mixture and sink direction
+        has_sink = vq & (s > 1e-6)
+        has_tail = has_sink & (s <= 0.999)
+        ok_mix = has_tail & (nt2 > 0) & (ns2 > 0)
+        cos_mix = torch.where(ok_mix, cross / (nt2 * ns2).clamp_min(1e-30).sqrt(), 0.0)
+
+        # counterfactual minimiser s* of the convex curve: <m, m - p> / ||m - p||^2
+        s_star = geo.curve_minimiser(g[..., 3, 4], g[..., 4, 4]).masked_fill(~has_tail, math.nan)
+        counted = ~s_star.isnan()
+
         ok_drift = has_sink & has_weak & (nd2 > 0) & (ns2 > 0)
         cos_drift = (sd / (nd2 * ns2).clamp_min(1e-30).sqrt()).masked_fill(~ok_drift, math.nan)
         share = (-sd / nd2.clamp_min(1e-30)).masked_fill(~ok_drift, math.nan)
-        for hist, v in (
-            (self.s_star, s_star),
-            (self.drift_cos, cos_drift),
-            (self.drift_share, share),
-        ):
-            hist.add(v.transpose(0, 1).contiguous(), index=li)  # (add views it flat)
+        # the three histograms and the record's share bins, binned in one chain
+        binned = torch.stack([s_star, cos_drift, share, share])  # [histogram, b, h, q]
+        bins = bin_indices(
+            [self.s_star, self.drift_cos, self.drift_share, _SHARE_BINS], binned.nan_to_num(0.0)
+        )
+        count_bins(  # (grouped by head: [histogram, h, b * q])
+            [self.s_star, self.drift_cos, self.drift_share],
+            bins[:3].transpose(1, 2),
+            ~binned[:3].isnan().transpose(1, 2),
+            index=li,
+        )
 
         # per-query statistics, summed over the block's queries in one reduction
         o_norm = lc.head_output_norm
@@ -291,7 +298,7 @@ class SinkStatisticsAccumulator(Accumulator):
             ],
             -1,
         ).sum(2, dtype=torch.float32)  # [b, h, statistic]
-        share_bins = _SHARE_BINS.bin_index(share.nan_to_num(0.0))  # [b, h, q]
+        share_bins = bins[3]  # [b, h, q]
         share_counts = torch.zeros((*s.shape[:2], len(SHARE_BIN_SUMS)), device=s.device)
         share_counts.scatter_add_(2, share_bins, ok_drift.float())
 

@@ -29,9 +29,9 @@ from cw_lens.analyses.sinks.statistics_layout import (
     RATE_BINS,
     SAMPLE_COLUMNS,
 )
-from cw_lens.core.accumulators import Histogram
 from cw_lens.core.deprecation import keyword_only, moved_to_reproduction
 from cw_lens.core.errors import InputError
+from cw_lens.core.histograms import Histogram
 from cw_lens.core.registry import saveable
 from cw_lens.core.results import Result
 
