@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -26,6 +27,9 @@ import torch
 
 import cw_lens
 from cw_lens.reproduction import Bootstrap, claims
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_input_deletion import claim_record  # one record of a claim for both scripts
 
 RECORD = Path(__file__).parent / "records" / "bench_field_pairs.json"
 METRICS = (
@@ -56,21 +60,7 @@ def measure(model, corpus) -> dict:
             mode: {m: round(float(v), 4) for m, v in aopc.loc[("pairs", mode)].items()}
             for mode in ("comprehensiveness", "sufficiency")
         },
-        "claim": {
-            "holds": claim["holds"],
-            "best_other": claim["measured"]["best_other"],
-            "best_control": claim["measured"]["best_control"],
-            "rank_of_subject": claim["measured"]["rank_of_subject"],
-            "order": claim["measured"]["order"],
-            "checks": {
-                c["number"]: {
-                    "value": round(c["value"], 4),
-                    "interval": [round(x, 4) for x in c["interval"]],
-                    "holds": c["holds"],
-                }
-                for c in claim["checks"]
-            },
-        },
+        "claim": claim_record(claim),
     }
 
 

@@ -105,7 +105,7 @@ MUTANTS = [
         "sinks: cos(pv_0, o) instead of cos(pv_0, m)",
         "cw_lens/analyses/sinks/accumulation.py",
         "        cos_mix = torch.where(ok_mix, cross / (nt2 * ns2).clamp_min(1e-30).sqrt(), 0.0)",
-        "        cos_mix = torch.where(ok_mix, geo.gram_inner(st, z, gram) / "
+        "        z = acts.z[:, q]; cos_mix = torch.where(ok_mix, geo.gram_inner(st, z, gram) / "
         "(geo.gram_inner(z, z, gram) * ns2).clamp_min(1e-30).sqrt(), 0.0)",
         SINK_REF,
     ),
@@ -129,6 +129,20 @@ MUTANTS = [
         "cw_lens/analyses/sinks/accumulation.py",
         "        self.drift_share = Histogram((n, h), **DRIFT_SHARE_BINNING, device=device)",
         "        self.drift_share = Histogram((n, h), -2.0, 2.0, 200, device=device)",
+        SINK_REF,
+    ),
+    m(
+        "histogram: asinh bins found without the unit",
+        "cw_lens/core/histograms.py",
+        "        t = torch.where(is_asinh, torch.asinh(v / unit), v)",
+        "        t = torch.where(is_asinh, torch.asinh(v), v)",
+        HISTOGRAM,
+    ),
+    m(
+        "sinks: inner products with the Gram matrix applied twice",
+        "cw_lens/core/geometry.py",
+        "    return (applied @ vectors.transpose(-1, -2)).transpose(1, 2)",
+        "    return (applied @ applied.transpose(-1, -2)).transpose(1, 2)",
         SINK_REF,
     ),
     m(
