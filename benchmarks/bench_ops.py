@@ -196,37 +196,26 @@ def _measure(model: Any, corpus: Any, cases: tuple[str, ...]) -> dict:
 
 
 def growth(tokens: int = 64) -> dict:
-    """The streamed analyses' counts per layer and batch, with documents per batch and heads."""
-    from cw_lens.models.testing import tiny_llama
-
-    out: dict[str, Any] = {"documents": {}, "heads": {}}
-    with block_plan("accelerator"):
-        _growth(out, tokens, tiny_llama)
-    return out
-
-
-def _growth(out: dict, tokens: int, tiny_llama: Any) -> None:
+    """The streamed analyses' counts per layer and batch, with documents per batch and heads
+    (the accelerator's block plan: one block per batch, so a count that grows is a loop)."""
     import cw_lens
+    from cw_lens.models.testing import tiny_llama
     from cw_lens.models.verify import require_verified
 
-    model = tiny_llama()
-    require_verified(model)  # once per model, before anything is counted
-    for n_docs in (8, 16, 32):
+    def per_layer(model: Any, n_docs: int) -> dict[str, float]:
+        require_verified(model)  # before anything is counted (the first case would pay it)
         corpus = cw_lens.load_corpus(n_docs=n_docs, max_tokens=tokens, model=model, progress=False)
         calls = analysis_calls(model, corpus, batch_size=n_docs)
-        out["documents"][n_docs] = {
+        return {
             case: sum(count_operations(calls[case]).values()) / model.cfg.n_layers
             for case in GROWTH
         }
-    for n_heads in (4, 8, 16):
-        model = tiny_llama(n_heads=n_heads)
-        require_verified(model)
-        corpus = cw_lens.load_corpus(n_docs=BATCH, max_tokens=tokens, model=model, progress=False)
-        calls = analysis_calls(model, corpus)
-        out["heads"][n_heads] = {
-            case: sum(count_operations(calls[case]).values()) / model.cfg.n_layers
-            for case in GROWTH
-        }
+
+    with block_plan("accelerator"):
+        model = tiny_llama()
+        documents = {n_docs: per_layer(model, n_docs) for n_docs in (8, 16, 32)}
+        heads = {n_heads: per_layer(tiny_llama(n_heads=n_heads), BATCH) for n_heads in (4, 8, 16)}
+    return {"documents": documents, "heads": heads}
 
 
 def load(workload: str) -> tuple[Any, Any]:
@@ -244,7 +233,12 @@ def over_goal(case: str, row: dict) -> bool | None:
     fused pass need two: the floor is two forward passes); None for a case without a goal."""
     if case not in GOALS_CASES:
         return None
-    return row["ratio_per_pass"] > GOALS["fused" if case == "fused" else "analysis"]
+    return row["ratio_per_pass"] > goal_of(case)
+
+
+def goal_of(case: str) -> float:
+    """A goal case's goal, × the forward pass's operations per pass."""
+    return GOALS["fused" if case == "fused" else "analysis"]
 
 
 def print_table(workload: str, cases: dict) -> None:
@@ -255,8 +249,7 @@ def print_table(workload: str, cases: dict) -> None:
     )
     for case, row in cases.items():
         over = over_goal(case, row)
-        goal = "" if over is None else GOALS["fused" if case == "fused" else "analysis"]
-        mark = "" if over is None else f"{goal:6.0f}" + ("  over" if over else "")
+        mark = "" if over is None else f"{goal_of(case):6.0f}" + ("  over" if over else "")
         per_pass = row.get("ratio_per_pass", row["ratio"])
         count, ratio = row["per_layer_batch"], row["ratio"]
         print(f"{case:22s} {count:17,.0f} {ratio:10.1f} {per_pass:9.1f} {mark}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,18 @@ def test_the_quickstart_timings_are_the_recorded_ones():
         text = _read(notebook)
         assert f"# {_span(idle['load_model_s'], 's')} on two idle cores once" in text, notebook
         assert "~2 s" not in text, notebook
+
+
+def _benchmark(name: str) -> Any:
+    """The benchmark script `benchmarks/<name>.py`, imported as a module (its table printers)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"cw_lens_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 def test_the_paper_presets_time_is_the_recorded_range():
@@ -417,13 +430,7 @@ def test_the_quick_presets_profile_is_its_latest_run():
 def test_the_overhead_table_is_the_records():
     """docs/performance.md's "Ratios now" table is what `bench_overhead.py --docs-table` prints
     from the committed record."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "cw_lens_bench_overhead", ROOT / "benchmarks" / "bench_overhead.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_overhead")
     record = _record("bench_overhead")
     assert bench.docs_table(record) in _read("docs/performance.md")
     share = {}
@@ -440,13 +447,7 @@ def test_the_overhead_table_is_the_records():
 def test_the_operation_count_table_is_the_records():
     """docs/performance.md's "Operations per layer and batch" table and its growth figures are
     what `bench_ops.py` recorded."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "cw_lens_bench_ops", ROOT / "benchmarks" / "bench_ops.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_ops")
     record = _record("bench_ops")
     page = _flat("docs/performance.md")
     assert bench.docs_table(record) in _read("docs/performance.md")
@@ -472,13 +473,7 @@ def test_the_input_deletion_section_is_the_record():
     """docs/guides/faithfulness.md's input-level section (its cost table, both corpora's tables,
     the claim's intervals and every number of its prose) is what `bench_input_deletion.py`
     recorded, rendered by that script's `guide_pieces`."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "cw_lens_bench_input_deletion", ROOT / "benchmarks" / "bench_input_deletion.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_input_deletion")
     pieces = bench.guide_pieces(_record("bench_input_deletion"))
     guide = _read("docs/guides/faithfulness.md")
     for name in ("cost_table", "ioi_table", "arith_table", "ioi_claim", "arith_claim"):
@@ -500,13 +495,7 @@ def test_the_input_deletion_section_is_the_record():
 def test_the_pairs_claim_table_is_the_record():
     """The guide's table of `contribution_vs_field_pairs` is what `bench_field_pairs.py`
     recorded, rendered by that script's `claim_table`."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "cw_lens_bench_field_pairs", ROOT / "benchmarks" / "bench_field_pairs.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _benchmark("bench_field_pairs")
     record = _record("bench_field_pairs")
     assert bench.claim_table(record) in _read("docs/guides/faithfulness.md")
     prose = record["prose"]
