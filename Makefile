@@ -24,7 +24,7 @@ WHEEL_VENV ?= .venv-wheel
 CHROMIUM ?= /usr/bin/chromium
 SUDO    = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install test test-compat figures gallery docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants package
+.PHONY: install test test-compat figures gallery gallery-field docs lint bench bench-scaling clean browser-deps notebooks screenshots mutants package
 
 install: $(STAMP)
 
@@ -88,6 +88,11 @@ figures: $(STAMP)
 # regenerated (43-75 min on two cores: docs/reproducing.md; a rerun with the same version reuses its steps)
 gallery: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --preset paper --out figures $(FIGURE_ARGS)
+
+# the comparison with other tools' attribution methods (figures/field/: the field preset's run,
+# which the README's claims table and the faithfulness guide show; about 35 min on two cores)
+gallery-field: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/cw-lens figures --preset field --out figures/field $(FIGURE_ARGS)
 
 # curated wrong formulas, each applied to a copy and run against the fast tests that cover it
 # (tests/mutants.py); every one must be killed. Not part of `make test`: about 20 minutes.

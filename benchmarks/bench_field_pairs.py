@@ -27,27 +27,20 @@ import torch
 
 import cw_lens
 from cw_lens.reproduction import Bootstrap, claims
+from cw_lens.reproduction.field_comparison import FIELD_PAIR_METRICS, FIELD_RANDOM_DRAWS
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_input_deletion import claim_record  # one record of a claim for both scripts
 
 RECORD = Path(__file__).parent / "records" / "bench_field_pairs.json"
-METRICS = (
-    "attention",
-    "value_norm",
-    "value_norm_output",
-    "contribution",
-    "alti",
-    "attribution_patching",
-    "random",
-)
 
 
 def measure(model, corpus) -> dict:
     """The pair-level test with every metric on one corpus, and the claim on it."""
     start = time.perf_counter()
     result = cw_lens.faithfulness(
-        model, corpus, metrics=METRICS, granularity="pairs", per_document=True, n_random=3,
+        model, corpus, metrics=FIELD_PAIR_METRICS, granularity="pairs", per_document=True,
+        n_random=FIELD_RANDOM_DRAWS,
         progress=False,
     )  # fmt: skip
     seconds = time.perf_counter() - start

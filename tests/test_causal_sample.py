@@ -146,6 +146,21 @@ def test_the_record_and_its_report_line():
     assert blank == "" and "drawn at random (causal seed 0)" in line
     assert "from the corpus's 20 windows" in line and "`pruning_signal` on 5" in line
     assert causal_sample_markdown(None) == []  # a summary written before the record
+    # the field comparison's sample is listed after pruning's lone-head costs, which keep theirs
+    samples |= {"lone_costs": causal_indices(20, 2, 0), "field": causal_indices(20, 8, 0)}
+    [line, _] = causal_sample_markdown(causal_sample_record(corpus, samples, seed=0))
+    assert (
+        "pruning's lone-head costs on 2 of pruning's and `contribution_vs_field_pairs` on 8;"
+        in line
+    )
+
+
+def test_the_field_comparison_has_a_sample_only_when_it_runs(tmp_path):
+    """`field_docs` 0 (quick, paper): no `field` sample, so the causal record is as before;
+    with it, its own nested draw."""
+    assert "field" not in causal_samples(job_on(windows(20), tmp_path))
+    job = job_on(windows(20), tmp_path, field_docs=5)
+    assert causal_samples(job)["field"] == causal_indices(20, 5, 0)
 
 
 def test_replicates_pair_causal_claims_only_on_the_same_sample(tmp_path):

@@ -127,6 +127,8 @@ def test_step_selection_adds_what_a_step_needs_and_names_unknown_steps():
         "ablation",
         "selection",
         "taxonomy",
+        "field_pairs",
+        "field_inputs",
     )
     with pytest.raises(InputError, match=r"Unknown step.*'sink'.*the steps are sinks"):
         select_steps(["sink"])
@@ -161,3 +163,20 @@ def test_the_entry_point_does_not_import_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]", out
+
+
+def test_the_cli_guide_lists_every_option_of_the_main_job():
+    """docs/guides/cli.md's options table names every option `cw-lens figures` takes, and no
+    option it does not take."""
+    command = typer.main.get_command(app).commands["figures"]
+    options = {
+        name
+        for param in command.params
+        if param.param_type_name == "option"
+        for name in (*param.opts, *param.secondary_opts)
+        if name.startswith("--") and name != "--help"
+    }
+    guide = (Path(__file__).parents[1] / "docs" / "guides" / "cli.md").read_text()
+    table = guide.split("Every option of the job:")[1].split("\n\n")[1]
+    listed = {name for row in table.splitlines()[2:] for name in re.findall(r"`(--[a-z-]+)`", row)}
+    assert listed == options, (sorted(options - listed), sorted(listed - options))

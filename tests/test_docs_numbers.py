@@ -296,17 +296,13 @@ def _agrees(written: str, value: float | None) -> bool:
     return value is not None and round(value, _decimals(written)) == _value(written)
 
 
-def test_the_readme_claims_table_is_the_gallerys():
-    """Each row of the README's claims table (in the order of figures/summary.json's claims)
-    has its claim's verdict, and every "number [low, high]" in it is one of that claim's
-    checks, the value and both ends rounded as written; the caption under the headline figure
-    and the docs' home page quote the same gallery."""
-    summary = json.loads(_read("figures/summary.json"))
-    claims = list(summary["claims"].values())
-    readme = _read("README.md")
-    table = readme.split("| claim (paper) | number [95% interval] | verdict |")[1]
-    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-    rows = rows[: next((i for i, r in enumerate(rows) if not r.strip()), len(rows))]
+def _claims_table_is(readme: str, header: str, summaries: list[dict]) -> None:
+    """The README's claims table under `header` has one row per claim of `summaries`, in
+    order, with its verdict and only numbers [low, high] that are its checks, rounded as
+    written."""
+    claims = [claim for summary in summaries for claim in summary["claims"].values()]
+    lines = readme.split(f"{header} number [95% interval] | verdict |")[1].splitlines()[2:]
+    rows = lines[: next((i for i, r in enumerate(lines) if not r.startswith("|")), len(lines))]
     assert len(rows) == len(claims)
     for row, claim in zip(rows, claims, strict=True):
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row)[1:-1]]
@@ -320,6 +316,18 @@ def test_the_readme_claims_table_is_the_gallerys():
                 and _agrees(high, c["interval"][1])
                 for c in claim["checks"]
             ), (row, value, low, high)
+
+
+def test_the_readme_claims_table_is_the_gallerys():
+    """Each row of the README's claims table (in the order of figures/summary.json's claims,
+    then figures/field/summary.json's) has its claim's verdict, and every "number [low, high]"
+    in it is one of that claim's checks, the value and both ends rounded as written; the caption
+    under the headline figure and the docs' home page quote the same gallery."""
+    summary = json.loads(_read("figures/summary.json"))
+    readme = _read("README.md")
+    # the papers' claims, then the comparison with other tools' methods (figures/field/)
+    field = json.loads(_read("figures/field/summary.json"))
+    _claims_table_is(readme, "| claim (paper) |", [summary, field])
     sink = summary["claims"]["sink_attention_vs_contribution"]["measured"]
     caption = " ".join(readme.split("![Attention (left)")[1].split("## Install")[0].split())
     assert f"Over the {sink['n_sink_heads']} sink heads" in caption

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cw_lens.reproduction.bootstrap import Bootstrap
-from cw_lens.reproduction.job import CLAIM_ORDER, STEPS, JobConfig, run_figures
+from cw_lens.reproduction.job import CLAIM_ORDER, FIELD_CLAIMS, STEPS, JobConfig, run_figures
 from cw_lens.reproduction.markdown import size_limits
 from cw_lens.reproduction.verdicts import VERDICTS, combine
 
@@ -49,7 +49,8 @@ def tiny_run(tmp_path_factory):
 
 def test_job_writes_every_figure_claim_and_report(tiny_run):
     out, summary = tiny_run
-    assert list(summary["claims"]) == list(CLAIM_ORDER)
+    # the comparison with other tools runs only when asked (field_docs, field_items)
+    assert list(summary["claims"]) == [c for c in CLAIM_ORDER if c not in FIELD_CLAIMS]
     for key in ("model", "corpus", "n_documents", "n_tokens", "seed", "versions"):
         assert key in summary
     assert summary["n_documents"] == 4 and summary["n_tokens"] == 4 * 25
@@ -146,7 +147,7 @@ def test_job_writes_every_figure_claim_and_report(tiny_run):
     assert kept["bytes"] < 250_000
     assert (out / "per_layer_intervals.png").stat().st_size > 1000
     for cid in CLAIM_ORDER:
-        assert f"`{cid}`" in report
+        assert (f"`{cid}`" in report) == (cid not in FIELD_CLAIMS)
     assert not list(out.rglob(".*.tmp*"))
 
 
@@ -258,7 +259,7 @@ def test_torchrun_two_processes_merge_to_the_single_process_numbers(tmp_path):
     assert one["n_documents"] == two["n_documents"] == 4
 
 
-def test_random_draws_change_the_fingerprint_only_when_used():
+def test_random_draws_and_the_field_comparison_change_the_fingerprint_only_when_used():
     import hashlib
 
     from cw_lens.version import __version__
@@ -266,12 +267,23 @@ def test_random_draws_change_the_fingerprint_only_when_used():
     keys = {
         k: v
         for k, v in JobConfig().__dict__.items()
-        if k not in ("device", "api", "random_draws", "n_resamples", "bootstrap_seed")
+        if k
+        not in (
+            "device",
+            "api",
+            "random_draws",
+            "n_resamples",
+            "bootstrap_seed",
+            "field_docs",
+            "field_items",
+        )
     }
     keys["version"] = __version__
     before = hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
-    assert JobConfig().fingerprint() == before  # runs stored before the option still resume
+    assert JobConfig().fingerprint() == before  # runs stored before the options still resume
     assert JobConfig(random_draws=2).fingerprint() != before
+    assert JobConfig(field_docs=2).fingerprint() != before
+    assert JobConfig(field_items=2).fingerprint() != JobConfig(field_docs=2).fingerprint()
 
 
 def test_report_reads_the_random_controls_spread():
@@ -298,6 +310,8 @@ def test_steps_run_alone_report_only_their_claims(tmp_path):
         "faithfulness",
         "task_faithfulness",
         "selection",
+        "field_pairs",
+        "field_inputs",
     ]
     written = {p.stem for p in out.glob("*.png")}
     assert {"retriever_share", "pruning_signal", "pruning_signal_global"} <= written

@@ -29,6 +29,8 @@ STEP_NAMES = (
     "selection",
     "taxonomy",
     "pruning",
+    "field_pairs",
+    "field_inputs",
 )
 # the default output folder of `cw-lens figures`: never the committed gallery `figures/`
 DEFAULT_OUT = Path("runs") / "default"
@@ -184,9 +186,11 @@ def figures(
     model: str | None = typer.Option(None, help="Model name or .gguf path (default: embedded)."),
     preset: str = typer.Option(
         "quick",
-        help="Sizes: quick (8 x 128 tokens of pydoc, about 7 min) or paper (256 x 256 tokens of "
+        help="Sizes: quick (8 x 128 tokens of pydoc, about 7 min), paper (256 x 256 tokens of "
         "pydoc+stdlib, causal analyses on 32 of them drawn at random, 20 random pruning orders; "
-        "43-75 min on two cores). The options below override it.",
+        "43-75 min on two cores) or field (only the comparison with other tools' attribution "
+        "methods: 16 x 128 tokens of pydoc for the pair-level test, 32 items each of ioi and "
+        "arithmetic for the input-level test). The options below override it.",
     ),
     corpus: str | None = typer.Option(
         None, help="Corpus: pydoc (default), stdlib, pydoc+stdlib, a .txt/.jsonl path or hf:NAME."
@@ -251,13 +255,23 @@ def figures(
         "--global-ranking/--no-global-ranking",
         help="Also prune with one global ranking, the variant (quick yes, paper no).",
     ),
+    field_docs: int | None = typer.Option(
+        None,
+        help="Windows of the pair-level comparison with other tools' metrics, drawn at random "
+        "(quick and paper 0: left out; field 16).",
+    ),
+    field_items: int | None = typer.Option(
+        None,
+        help="Items per task corpus (ioi, arithmetic) of the input-level comparison (quick and "
+        "paper 0: left out; field 32).",
+    ),
     force: bool = typer.Option(False, "--force", help="Recompute every step."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress output."),
 ) -> None:
     """The `figures` command (its help text is `FIGURES_HELP`)."""
     # Long: one typer option per job setting.
 
-    from cw_lens.reproduction.job import JobConfig, run_figures
+    from cw_lens.reproduction.job import PRESET_STEPS, JobConfig, run_figures
 
     config = JobConfig.preset(
         preset,
@@ -283,11 +297,18 @@ def figures(
         pruning_draws_everywhere=pruning_draws_everywhere,
         global_ranking=global_ranking,
         causal_seed=causal_seed,
+        field_docs=field_docs,
+        field_items=field_items,
     )
     if task.lower() == "none":
         config.task = None
     summary = run_figures(
-        config, out, force=force, progress=not quiet, steps=_names(steps), skip=_names(skip)
+        config,
+        out,
+        force=force,
+        progress=not quiet,
+        steps=_names(steps) or PRESET_STEPS.get(preset),
+        skip=_names(skip),
     )
     from cw_lens.data.distributed import is_main_process
 

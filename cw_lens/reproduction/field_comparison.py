@@ -32,7 +32,7 @@ import pandas as pd
 from torch import Tensor
 
 from cw_lens.analyses.faithfulness.curves import FaithfulnessResult
-from cw_lens.analyses.faithfulness.ranking import FIELD_METRICS, MODES
+from cw_lens.analyses.faithfulness.ranking import FIELD_METRICS, METRICS, MODES
 from cw_lens.core.errors import InputError
 from cw_lens.reproduction.verdicts import Check, Claim
 
@@ -41,6 +41,11 @@ PAIR_SUBJECT = "contribution"
 # the rankings that are no method's: random draws (`random`, `random#2`, ... on pairs) and, on
 # inputs, the nearest token first
 CONTROLS = ("random", "recency")
+
+# the pair-level comparison's metrics (P1's, the two of other tools, the random control) and
+# its random draws, in the main job (`field` preset) and the benchmark
+FIELD_PAIR_METRICS = (*METRICS, *FIELD_METRICS, "random")
+FIELD_RANDOM_DRAWS = 3
 
 
 def is_control(method: str) -> bool:

@@ -47,6 +47,12 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
 
 # What each figure of the main job shows, one sentence each (REPORT.md's captions); the
 # readings below it (`figure_readings`) say what the run's numbers are.
+# the input-level deletion figures' curves
+_INPUT_CURVES = (
+    "comprehensiveness (most important first, left) and sufficiency (least important first, "
+    "right), against random rankings and the recency baseline."
+)
+
 FIGURE_CAPTIONS = {
     "contribution_heatmap_1": (
         "Attention (left) and intra-head contribution weight (right), a row per query and a "
@@ -110,6 +116,18 @@ FIGURE_CAPTIONS = {
     ),
     "pruning_signal_global": (
         "The same with one global ranking of all heads instead of one ranking per layer."
+    ),
+    "contribution_vs_field_pairs": (
+        "The pair-level test with other tools' metrics beside P1's: the NLL change as more "
+        "(query, key) pairs are removed, ranked by each metric (ALTI-style L1 proximity and "
+        "attribution patching among them), comprehensiveness (left) and sufficiency (right)."
+    ),
+    "contribution_vs_field_inputs_ioi": (
+        "The input-level deletion test on IOI items: the drop of the answer's log-probability "
+        f"as more input tokens are removed, ranked by each method, {_INPUT_CURVES}"
+    ),
+    "contribution_vs_field_inputs_arithmetic": (
+        "The same on arithmetic word problems (the answer is the number that ends the equation)."
     ),
     "per_layer_intervals": (
         "Each claim about layers, layer by layer: the layer's number (dot), its bootstrap "

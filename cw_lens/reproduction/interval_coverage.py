@@ -219,8 +219,9 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         studied_run: Whether the coverage study speaks for the run (`studied`).
 
     Returns:
-        The reason, or None when the interval is certified at that count, the study did not
-        measure the number, or (for another model or corpus) the run is large enough.
+        The reason (also for a number the study never measured: no interval of it is shown
+        to cover), or None when the interval is certified at that count or (for another model
+        or corpus) the run is large enough.
 
     Examples:
         >>> not_certified_because("median_cos_sink_tail_mixture", 32)[:57]
@@ -228,6 +229,8 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         >>> not_certified_because("retriever_share", 8) is None
         True
     """
+    if number not in _rows():  # no study: nothing shows that its interval covers
+        return "its interval's coverage was never studied, on any model or size"
     if not studied_run:
         fewest = smallest_studied()
         if n_documents >= fewest:
@@ -236,8 +239,6 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
             f"no interval's coverage was studied at fewer than {fewest} documents, on any "
             f"model; this run has {n_documents}"
         )
-    if number not in _rows():
-        return None
     if certified_at(number, n_documents) is False:
         return (
             f"its interval has {coverage_text(number, n_documents)}, short of a certificate "
@@ -369,6 +370,31 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     return changed
 
 
+def never_studied_line(summary: dict[str, Any]) -> list[str]:
+    """REPORT.md's line on the claims whose numbers' coverage no study measured (none: no line).
+
+    Args:
+        summary: A run's `summary.json` content.
+
+    Returns:
+        One Markdown list item naming those claims, or nothing.
+    """
+    claims = [
+        f"`{cid}`"
+        for cid, claim in summary["claims"].items()
+        if any(
+            c.get("interval") is not None and c["number"] not in _rows()
+            for c in claim.get("checks", [])
+        )
+    ]
+    if not claims:
+        return []
+    return [
+        "- Intervals whose coverage no study has measured (docs/coverage.md), so their checks "
+        "are inconclusive whatever the numbers: " + ", ".join(claims) + "."
+    ]
+
+
 def coverage_limits(
     summary: dict[str, Any],
     documents: dict[str, int],
@@ -393,22 +419,28 @@ def coverage_limits(
                 if n < smallest_studied()
             }
         )
-        return [
-            "- Every interval: the coverage study (docs/coverage.md) measured the embedded "
-            "model on pydoc+stdlib only; for this model or corpus the intervals' coverage is "
-            "not measured, so the verdicts are indicative."
-        ] + (
-            [
-                f"- Checks run on fewer than {smallest_studied()} documents, where no study "
-                "shows an interval covers, are inconclusive: " + "; ".join(few) + "."
+        return (
+            never_studied_line(summary)
+            + [
+                "- Every interval: the coverage study (docs/coverage.md) measured the embedded "
+                "model on pydoc+stdlib only; for this model or corpus the intervals' coverage is "
+                "not measured, so the verdicts are indicative."
             ]
-            if few
-            else []
+            + (
+                [
+                    f"- Checks run on fewer than {smallest_studied()} documents, where no study "
+                    "shows an interval covers, are inconclusive: " + "; ".join(few) + "."
+                ]
+                if few
+                else []
+            )
         )
     short: list[str] = []
     below: list[str] = []
     unmeasured: dict[str, list[str]] = {}
     for cid, check, n, cover in _interval_checks(summary, documents):
+        if check["number"] not in _rows():
+            continue  # never studied: `never_studied_line`
         if cover is not None and not certified_at(check["number"], n):
             number = check["number"]
             short.append(f"`{cid}`: {name(number)}, {coverage_text(number, n)}")
@@ -419,7 +451,7 @@ def coverage_limits(
             )
         elif cover is None:
             unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(name(check["number"]))
-    lines = []
+    lines = never_studied_line(summary)
     if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(
             f"- The coverage figures below were measured on windows of {STUDIED_POOL[1]} tokens "

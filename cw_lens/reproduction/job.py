@@ -39,12 +39,15 @@ from cw_lens.reproduction.markdown import build_report
 from cw_lens.reproduction.run_replicates import FILE as REPLICATES_FILE
 from cw_lens.reproduction.state import (
     CAUSAL_PARTS,
+    FIELD_TASKS,
     MIN_RESAMPLES,
+    PRESET_STEPS,
     PRESETS,
     Job,
     JobConfig,
     causal_samples,
     claim_documents,
+    item_resampled_claims,
 )
 from cw_lens.reproduction.steps import (
     STEP_NAMES,
@@ -66,6 +69,7 @@ from cw_lens.reproduction.verdicts import ClaimsDict
 __all__ = [
     "MIN_RESAMPLES",
     "PRESETS",
+    "PRESET_STEPS",
     "STEPS",
     "STEP_NAMES",
     "STEP_NEEDS",
@@ -87,6 +91,12 @@ __all__ = [
 # when read
 SCHEMA = 3
 
+# the claims of the comparison with other tools' attribution methods: one on pairs, one per task
+# corpus of the input-level test
+FIELD_CLAIMS = (
+    "contribution_vs_field_pairs",
+    *(f"contribution_vs_field_inputs_{task}" for task in FIELD_TASKS),
+)
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",
     "faithfulness_order",
@@ -100,6 +110,9 @@ CLAIM_ORDER = (
     "sink_lowers_fn",
     "retriever_share",
     "pruning_signal",
+    # beyond the papers: the comparison with other tools' attribution methods (the `field`
+    # preset; a run measures them only with `field_docs` / `field_items`)
+    *FIELD_CLAIMS,
 )
 CLAIM_FIGURES = {
     "sink_attention_vs_contribution": "sink_attention_vs_contribution",
@@ -114,6 +127,7 @@ CLAIM_FIGURES = {
     "sink_lowers_fn": "sink_lowers_fn",
     "retriever_share": "retriever_share",
     "pruning_signal": "pruning_signal",
+    **{cid: cid for cid in FIELD_CLAIMS},
 }
 
 
@@ -175,6 +189,22 @@ def run_provenance(job: Job) -> dict[str, Any]:
     }
 
 
+def expected_claims(job: Job) -> list[str]:
+    """The claims a run of every step measures: the papers' and those of the comparison with
+    other tools that its settings ask for (`field_docs`, `field_items`).
+
+    Args:
+        job: The running job.
+
+    Returns:
+        Claim ids, in `CLAIM_ORDER`.
+    """
+    field = {"contribution_vs_field_pairs"} if job.config.field_docs else set()
+    if job.config.field_items:
+        field |= {f"contribution_vs_field_inputs_{task}" for task in FIELD_TASKS}
+    return [c for c in CLAIM_ORDER if c not in FIELD_CLAIMS or c in field]
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -220,7 +250,13 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
         figures["pruning_signal"] = r["pruning"]["result"].plot()
         if r["pruning"]["global"] is not None:
             figures["pruning_signal_global"] = r["pruning"]["global"].plot()
-    if summary is not None and summary["claims"]:
+    if r.get("field_pairs"):
+        figures["contribution_vs_field_pairs"] = plots.plot_faithfulness_curves(
+            r["field_pairs"]["result"]
+        )
+    for task, result in (r.get("field_inputs") or {}).items():
+        figures[f"contribution_vs_field_inputs_{task}"] = result.plot()
+    if summary is not None and any(c.get("per_layer") for c in summary["claims"].values()):
         figures["per_layer_intervals"] = plot_per_layer_intervals(summary["claims"])
     written = {}
     for name, fig in figures.items():
@@ -292,9 +328,22 @@ def collect_claims(job: Job) -> ClaimsDict:
     if "pruning" in r:
         pruning = r["pruning"]["result"]
         add(reproduction.claims(pruning, boot, other_scope=r["pruning"]["global"]))
+    if r.get("field_pairs"):
+        part = reproduction.claims(r["field_pairs"]["result"], boot)
+        cid = "contribution_vs_field_pairs"  # its faithfulness_order is not the run's
+        claims[cid] = part[cid]
+        claims.replicates.update({k: v for k, v in part.replicates.items() if k[0] == cid})
+    for task, result in (r.get("field_inputs") or {}).items():
+        # one claim per task corpus, named after it
+        part, general = reproduction.claims(result, boot), "contribution_vs_field_inputs"
+        cid = f"{general}_{task}"
+        claims[cid] = {**part[general], "measured": {**part[general]["measured"], "task": task}}
+        claims.replicates.update(
+            {(cid, number): v for (c, number), v in part.replicates.items() if c == general}
+        )
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"
-    missing = [c for c in CLAIM_ORDER if c not in claims]
+    missing = [c for c in expected_claims(job) if c not in claims]
     if missing and runs_every_step(job):
         raise RuntimeError(f"claims not measured: {missing}")
     ordered = ClaimsDict((cid, claims[cid]) for cid in CLAIM_ORDER if cid in claims)
@@ -303,18 +352,26 @@ def collect_claims(job: Job) -> ClaimsDict:
 
 
 # the causal claims and the sample (`causal_samples`) each resamples
-CAUSAL_CLAIMS = {"faithfulness_order": "faithfulness", "pruning_signal": "pruning"}
+CAUSAL_CLAIMS = {
+    "faithfulness_order": "faithfulness",
+    "pruning_signal": "pruning",
+    "contribution_vs_field_pairs": "field",
+}
 
 
 def replicates_file(job: Job, claims: ClaimsDict) -> bytes:
     """`replicates.npz` of the run (`cw_lens.reproduction.run_replicates`): the claims' replicates,
     the documents' token-id hashes, how many documents each claim resampled and which ones for
     the causal claims (their random samples), so that a comparison pairs two runs' causal
-    claims only when both resampled the same documents."""
+    claims only when both resampled the same documents (and never pairs the claims that
+    resample task items)."""
     from cw_lens.reproduction.provenance import document_hashes
     from cw_lens.reproduction.run_replicates import pack
 
-    per_claim = claim_documents(job, claims)
+    # the input-level comparisons resample task items, not corpus documents: recorded with no
+    # documents, so a comparison of two runs never pairs their replicates
+    items = item_resampled_claims(job)
+    per_claim = {c: n for c, n in claim_documents(job, claims).items() if c not in items}
     samples = causal_samples(job)
     sampled = {cid: samples[part] for cid, part in CAUSAL_CLAIMS.items() if cid in claims}
     documents = document_hashes(job.corpus, job.model.tokenizer)

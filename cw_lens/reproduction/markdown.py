@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from cw_lens.reproduction.state import Job, JobConfig
 
 
+# the comparison with other tools: each protocol's subject, and what it is measured against
+FIELD_SUBJECTS = (
+    ("inputs", "contribution_rollout", "contribution rollout"),
+    ("pairs", "contribution", "contribution"),
+)
+FIELD_RIVALS = (("best_other", "best other method"), ("best_control", "best control"))
+
 # The plain name of every check's number: the report writes these, and its glossary maps each
 # back to its key in summary.json (`claims.<claim>.checks[].number`; docs/methods.md#criteria).
 NUMBER_NAMES = {
@@ -53,6 +60,20 @@ NUMBER_NAMES = {
     "retriever_share": "share of Retriever heads",
     "random_minus_taxonomy_delta_ppl_at_0.9": "ΔPPL, random − taxonomy order, 90% of heads kept",
     "random_minus_taxonomy_delta_ppl_at_0.75": "ΔPPL, random − taxonomy order, 75% of heads kept",
+    **{
+        f"{protocol}_comprehensiveness_{subject}_minus_{against}": (
+            f"{protocol} comprehensiveness AOPC, {subject_words} − the {against_words}"
+        )
+        for protocol, subject, subject_words in FIELD_SUBJECTS
+        for against, against_words in FIELD_RIVALS
+    },
+    **{
+        f"{protocol}_sufficiency_{against}_minus_{subject}": (
+            f"{protocol} sufficiency AOPC, the {against_words} − {subject_words}"
+        )
+        for protocol, subject, subject_words in FIELD_SUBJECTS
+        for against, against_words in FIELD_RIVALS
+    },
 }
 
 

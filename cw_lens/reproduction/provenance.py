@@ -221,6 +221,7 @@ def causal_sample_markdown(record: dict[str, Any] | None) -> list[str]:
         "faithfulness": "`faithfulness_order` on ",
         "pruning": "`pruning_signal` on ",
         "lone_costs": "pruning's lone-head costs on ",
+        "field": "`contribution_vs_field_pairs` on ",
     }
     parts = [p for p in labels if p in record]
     if not parts:
@@ -230,7 +231,7 @@ def causal_sample_markdown(record: dict[str, Any] | None) -> list[str]:
         labels[p] + ("all" if n == n_corpus else str(n)) for p, n in zip(parts, counts, strict=True)
     ]
     if "lone_costs" in parts:
-        items[-1] += " of pruning's"
+        items[parts.index("lone_costs")] += " of pruning's"
     listed = ", ".join(items[:-1]) + (" and " if len(items) > 1 else "") + items[-1]
     if all(n == n_corpus for n in counts):
         head = f"The causal claims rest on the whole corpus, {n_corpus} windows: {listed}."

@@ -68,6 +68,11 @@ class JobConfig:
     # seed of the random sample of corpus windows the causal analyses (faithfulness, pruning and
     # its lone-head costs) run on: `causal_indices`
     causal_seed: int = 0
+    # the comparison with other tools' attribution methods (`contribution_vs_field`, the `field`
+    # preset): windows of the corpus for the pair-level test (a random sample, `causal_indices`)
+    # and items per task corpus (`FIELD_TASKS`) for the input-level test; 0 leaves each out
+    field_docs: int = 0
+    field_items: int = 0
 
     def __post_init__(self) -> None:
         if self.n_resamples < MIN_RESAMPLES:
@@ -106,6 +111,9 @@ class JobConfig:
         keys = {k: v for k, v in self.__dict__.items() if k not in skip}
         if self.random_draws == 1:  # the default: the fingerprint is as without the option
             del keys["random_draws"]
+        for key in ("field_docs", "field_items"):  # likewise when the comparison is left out
+            if not keys[key]:
+                del keys[key]
         if resolve_api(self.api) == "hooked":  # a HookedTransformer run never resumes a bridge's
             keys["api"] = "hooked"
         keys["version"] = __version__
@@ -128,8 +136,14 @@ class JobConfig:
 # (`causal_seed`; the same 32 for both, never the first 32, which would be the start of the
 # text): faithfulness at pairs granularity (the claim's), pruning with 20 random orders (3 of
 # them at 50% and 25% too) and no global variant; the IOI task on 24 items.
+#
+# `field`: only the comparison with the attribution methods of other tools
+# (`contribution_vs_field`, `PRESET_STEPS`): the pair-level test on 16 windows of 128 tokens of
+# pydoc with every pair metric and 3 random draws, the input-level test on 32 items of each task
+# corpus of `FIELD_TASKS` that the model answers correctly.
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {},
+    "field": {"n_docs": 16, "max_tokens": 128, "field_docs": 16, "field_items": 32},
     "paper": {
         "corpus": "pydoc+stdlib",
         "n_docs": 256,
@@ -142,6 +156,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "global_ranking": False,
     },
 }
+
+
+# the steps a preset runs when no steps are named (default: every step)
+PRESET_STEPS: dict[str, tuple[str, ...]] = {"field": ("field_pairs", "field_inputs")}
+
+# the task corpora of the input-level comparison (`field_items` items of each)
+FIELD_TASKS = ("ioi", "arithmetic")
 
 
 @dataclass
@@ -380,28 +401,34 @@ CAUSAL_PARTS = {  # the step that runs each causal sample
     "faithfulness": "faithfulness",
     "pruning": "pruning",
     "lone_costs": "pruning",
+    "field": "field_pairs",
 }
 
 
 def causal_samples(job: Job) -> dict[str, list[int]]:
     """The corpus positions each causal part of the job runs on (`causal_indices`):
-    `faithfulness` its `faithfulness_docs`, `pruning` its `pruning_docs`, and `lone_costs`
-    (pruning's lone-head costs) `lone_docs` of pruning's documents.
+    `faithfulness` its `faithfulness_docs`, `pruning` its `pruning_docs`, `lone_costs`
+    (pruning's lone-head costs) `lone_docs` of pruning's documents, and `field` (the pair-level
+    comparison with other tools' metrics) its `field_docs`.
 
     Args:
         job: The running job (its corpus loaded).
 
     Returns:
-        `{part: sorted positions}` for every part of `CAUSAL_PARTS`.
+        `{part: sorted positions}` for every part of `CAUSAL_PARTS` (`field` only with
+        `field_docs`).
     """
     cfg, n_corpus = job.config, len(job.corpus)
     pruning = causal_indices(n_corpus, cfg.pruning_docs, cfg.causal_seed)
     lone = min(cfg.lone_docs or len(pruning), len(pruning))  # nested: within pruning's
-    return {
+    samples = {
         "faithfulness": causal_indices(n_corpus, cfg.faithfulness_docs, cfg.causal_seed),
         "pruning": pruning,
         "lone_costs": causal_indices(n_corpus, lone, cfg.causal_seed),
     }
+    if cfg.field_docs:  # 0: the run has no pair-level comparison
+        samples["field"] = causal_indices(n_corpus, cfg.field_docs, cfg.causal_seed)
+    return samples
 
 
 def causal_corpus(job: Job, part: str) -> Any:
@@ -409,7 +436,7 @@ def causal_corpus(job: Job, part: str) -> Any:
 
     Args:
         job: The running job (its corpus loaded).
-        part: `"faithfulness"`, `"pruning"` or `"lone_costs"`.
+        part: `"faithfulness"`, `"pruning"`, `"lone_costs"` or `"field"`.
 
     Returns:
         A [`Corpus`][cw_lens.Corpus] of those documents, in corpus order.
@@ -418,12 +445,36 @@ def causal_corpus(job: Job, part: str) -> Any:
 
 
 def claim_documents(job: Job, claims: Iterable[str]) -> dict[str, int]:
-    """How many documents each claim's numbers come from: faithfulness its random sample of
-    `faithfulness_docs`, pruning its sample of `pruning_docs` (`causal_samples`), every
-    other claim the corpus."""
+    """How many documents (or task items) each claim's numbers come from: faithfulness its
+    random sample of `faithfulness_docs`, pruning its sample of `pruning_docs`
+    (`causal_samples`), the pair-level comparison its `field_docs`, each input-level comparison
+    the items of its task (`item_resampled_claims`), every other claim the corpus."""
     n_docs = len(job.corpus)
     wanted = {
         "faithfulness_order": job.config.faithfulness_docs,
         "pruning_signal": job.config.pruning_docs,
+        "contribution_vs_field_pairs": job.config.field_docs,
     }
-    return {cid: min(wanted.get(cid) or n_docs, n_docs) for cid in claims}
+    items = item_resampled_claims(job)
+    return {
+        cid: items[cid] if cid in items else min(wanted.get(cid) or n_docs, n_docs)
+        for cid in claims
+    }
+
+
+def item_resampled_claims(job: Job) -> dict[str, int]:
+    """The claims whose numbers resample task items, not corpus documents (the input-level
+    comparison on each task of `FIELD_TASKS`), and how many items each has.
+
+    Args:
+        job: The running job.
+
+    Returns:
+        `{claim id: items}` for the input-level tests the run has.
+    """
+    ran = job.results.get("field_inputs") or {}
+    return {
+        f"contribution_vs_field_inputs_{task}": len(result.item_aopc().dropna())
+        for task, result in ran.items()
+        if result is not None
+    }

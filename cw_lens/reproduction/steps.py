@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cw_lens.core.errors import InputError
-from cw_lens.reproduction.state import causal_corpus
+from cw_lens.reproduction.state import FIELD_TASKS, causal_corpus
 
 if TYPE_CHECKING:
     from cw_lens.reproduction.state import Job
@@ -211,6 +211,65 @@ def step_pruning(job: Job) -> dict[str, Any]:
     return {"result": result, "global": global_ranking}
 
 
+def step_field_pairs(job: Job) -> dict[str, Any] | None:
+    """The pair-level comparison with other tools' metrics (`contribution_vs_field_pairs`):
+    faithfulness at pairs granularity with every pair metric (`FIELD_PAIR_METRICS`) and 3
+    random draws, on the random sample of `field_docs` windows.
+
+    Args:
+        job: The running job.
+
+    Returns:
+        `{"result": FaithfulnessResult}`, or None when `field_docs` is 0.
+    """
+    from cw_lens.analyses.faithfulness import faithfulness
+    from cw_lens.reproduction.field_comparison import FIELD_PAIR_METRICS, FIELD_RANDOM_DRAWS
+
+    if not job.config.field_docs:
+        return None
+    result = on_corpus(
+        job,
+        faithfulness,
+        causal_corpus(job, "field"),
+        metrics=FIELD_PAIR_METRICS,
+        granularity=("pairs",),
+        seed=job.config.seed,
+        n_random=FIELD_RANDOM_DRAWS,
+    )
+    return {"result": result}
+
+
+def step_field_inputs(job: Job) -> dict[str, Any] | None:
+    """The input-level comparison with other tools' attribution methods
+    (`contribution_vs_field_inputs_<task>`): every method of the input deletion test on
+    `field_items` items of each task corpus of `FIELD_TASKS` that the model answers correctly.
+
+    Args:
+        job: The running job.
+
+    Returns:
+        `{task: InputDeletionResult}`, or None when `field_items` is 0.
+    """
+    from cw_lens.data.corpora import load_corpus
+    from cw_lens.flow.input_deletion import input_deletion
+
+    if not job.config.field_items:
+        return None
+    out = {}
+    for task in FIELD_TASKS:
+        items = load_corpus(
+            task,
+            n_docs=job.config.field_items,
+            model=job.model,
+            only_correct=True,
+            seed=job.config.seed,
+        )
+        out[task] = input_deletion(
+            job.model, items, seed=job.config.seed, batch_size=16, progress=job.progress
+        )
+    return out
+
+
 STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
     ("sinks", step_sinks),
     ("heatmaps", step_heatmaps),
@@ -220,6 +279,8 @@ STEPS: tuple[tuple[str, Callable[[Job], Any]], ...] = (
     ("selection", step_selection),
     ("taxonomy", step_taxonomy),
     ("pruning", step_pruning),
+    ("field_pairs", step_field_pairs),
+    ("field_inputs", step_field_inputs),
 )
 STEP_NAMES = tuple(name for name, _ in STEPS)
 # a step that reads another's result: selecting it selects that one too
@@ -241,7 +302,11 @@ STORED_FIELDS: dict[str, dict[str, tuple[str | None, ...]]] = {
     "selection": {"result": ("SelectionGeometryResult",)},
     "taxonomy": {"result": ("HeadTaxonomyResult",)},
     "pruning": {"result": ("PruningResult",), "global": ("PruningResult", None)},
+    "field_pairs": {"result": ("FaithfulnessResult",)},
+    "field_inputs": {task: ("InputDeletionResult",) for task in FIELD_TASKS},
 }
+# the steps whose value is None when the run leaves them out (no task, no comparison)
+OPTIONAL_STEPS = ("task_faithfulness", "field_pairs", "field_inputs")
 
 
 def _is_count(value: Any) -> bool:
@@ -260,8 +325,10 @@ def result_classes() -> dict[str, type]:
     from cw_lens.analyses.selection import SelectionGeometryResult
     from cw_lens.analyses.sinks import SinkAblationResult, SinkStatisticsResult
     from cw_lens.analyses.taxonomy import HeadTaxonomyResult
+    from cw_lens.flow.input_deletion import InputDeletionResult
 
     classes = (
+        InputDeletionResult,
         ContributionResult,
         FaithfulnessResult,
         PruningResult,
@@ -303,7 +370,7 @@ def stored_value_problem(name: str, value: Any) -> str | None:
         "expected the keys ['stats'], got []"
     """
     fields = STORED_FIELDS[name]
-    if name == "task_faithfulness" and value is None:  # the run has no task
+    if name in OPTIONAL_STEPS and value is None:  # the run has no task or no comparison
         return None
     if not isinstance(value, dict):
         return f"expected an object with the keys {sorted(fields)}, got a {type(value).__name__}"
