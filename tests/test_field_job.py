@@ -104,6 +104,8 @@ def test_no_interval_of_the_comparison_settles_a_verdict_without_a_coverage_stud
     for cid in FIELD_CLAIMS:
         assert f"`{cid}`" in report and f"### {cid}\n" in report
     assert "Steps not run (--steps/--skip)" in report
+    # nothing about steps that did not run, or about coverage figures no check here has
+    assert "random orders" not in report and "a related pool" not in report
 
 
 def test_replicates_pair_the_pair_claim_by_its_windows_and_never_the_item_claims(field_run):

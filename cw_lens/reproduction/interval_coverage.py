@@ -452,7 +452,10 @@ def coverage_limits(
         elif cover is None:
             unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(name(check["number"]))
     lines = never_studied_line(summary)
-    if (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
+    studied_numbers = any(
+        check["number"] in _rows() for _, check, _, _ in _interval_checks(summary, documents)
+    )
+    if studied_numbers and (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(
             f"- The coverage figures below were measured on windows of {STUDIED_POOL[1]} tokens "
             f"of {STUDIED_POOL[0]} (docs/coverage.md); this run reads windows of "

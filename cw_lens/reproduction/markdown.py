@@ -303,12 +303,12 @@ def glossary(summary: dict[str, Any]) -> list[str]:
 def size_limits(config: JobConfig, summary: dict[str, Any], documents: dict[str, int]) -> list[str]:
     """REPORT.md lines on the verdicts a run of this size cannot settle (none: no lines):
     intervals not shown to cover at the claims' document counts (`documents`;
-    `interval_coverage`), pruning with too few random orders."""
+    `interval_coverage`), pruning (when it ran) with too few random orders."""
     from cw_lens.analyses.pruning import MIN_RANDOM_DRAWS
     from cw_lens.reproduction.interval_coverage import coverage_limits
 
     limits = coverage_limits(summary, documents, name=number_name)
-    if config.pruning_draws < MIN_RANDOM_DRAWS:
+    if "pruning_signal" in summary["claims"] and config.pruning_draws < MIN_RANDOM_DRAWS:
         limits.append(
             f"- `pruning_signal`: {config.pruning_draws} random orders, fewer than the "
             f"{MIN_RANDOM_DRAWS} its verdict compares with: the control's spread is not known, "
