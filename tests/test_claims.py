@@ -841,8 +841,11 @@ def test_a_run_below_the_smallest_certified_count_is_inconclusive():
     assert at_paper_size["claims"]["retriever_share"]["holds"] == "yes"
     at_quick_size = run(8)
     assert settle_by_coverage(at_quick_size, {}) == []
-    unstudied = run(2, number="a_number_never_studied")
-    assert settle_by_coverage(unstudied, {}) == []
+    # a number no study measured: nothing shows its interval covers, at any size
+    unstudied = run(256, number="a_number_never_studied")
+    assert settle_by_coverage(unstudied, {}) == ["retriever_share"]
+    reason = unstudied["claims"]["retriever_share"]["checks"][0]["undecided_because"]
+    assert "coverage was never studied" in reason, reason
     # between certified counts: the cosine at 32 documents has coverage 0.855, not certified
     between = run(32, number=cosine)
     assert settle_by_coverage(between, {}) == ["retriever_share"]

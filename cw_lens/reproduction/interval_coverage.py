@@ -219,9 +219,9 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         studied_run: Whether the coverage study speaks for the run (`studied`).
 
     Returns:
-        The reason (also for a number the study never measured: no interval of it is shown
-        to cover), or None when the interval is certified at that count or (for another model
-        or corpus) the run is large enough.
+        The reason, or None when the interval is certified at that count, the study did not
+        measure the number (`never_studied_because` says why the main job still leaves it
+        undecided), or (for another model or corpus) the run is large enough.
 
     Examples:
         >>> not_certified_because("median_cos_sink_tail_mixture", 32)[:57]
@@ -229,8 +229,6 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
         >>> not_certified_because("retriever_share", 8) is None
         True
     """
-    if number not in _rows():  # no study: nothing shows that its interval covers
-        return "its interval's coverage was never studied, on any model or size"
     if not studied_run:
         fewest = smallest_studied()
         if n_documents >= fewest:
@@ -239,6 +237,8 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
             f"no interval's coverage was studied at fewer than {fewest} documents, on any "
             f"model; this run has {n_documents}"
         )
+    if number not in _rows():
+        return None
     if certified_at(number, n_documents) is False:
         return (
             f"its interval has {coverage_text(number, n_documents)}, short of a certificate "
@@ -247,6 +247,24 @@ def not_certified_because(number: str, n_documents: int, *, studied_run: bool = 
     if below_certified(number, n_documents):
         return f"its interval's coverage was {certified_text(number)}; this run has {n_documents}"
     return None
+
+
+def never_studied_because(number: str) -> str | None:
+    """Why the main job leaves a check undecided whose number no coverage study measured.
+
+    Args:
+        number: A claim number.
+
+    Returns:
+        The reason, or None when the number was studied (`not_certified_because` decides).
+
+    Examples:
+        >>> never_studied_because("retriever_share") is None
+        True
+    """
+    if number in _rows():
+        return None
+    return "its interval's coverage was never studied, on any model or size"
 
 
 def certified_text(number: str) -> str:
@@ -353,7 +371,9 @@ def settle_by_coverage(summary: dict[str, Any], documents: dict[str, int]) -> li
     for _, check, n, cover in _interval_checks(summary, documents):
         if check.get("holds") not in ("yes", "no"):
             continue
-        why = not_certified_because(check["number"], n, studied_run=speaks)
+        why = never_studied_because(check["number"]) or not_certified_because(
+            check["number"], n, studied_run=speaks
+        )
         if why is None:
             continue
         check["undecided_because"] = f"was {check['holds']}, but {why} (docs/coverage.md)"
