@@ -45,14 +45,14 @@ def _random_draws_text(spread: dict[str, dict[str, float]] | None) -> str:
     )
 
 
-# What each figure of the main job shows, one sentence each (REPORT.md's captions); the
-# readings below it (`figure_readings`) say what the run's numbers are.
 # the input-level deletion figures' curves
 _INPUT_CURVES = (
     "comprehensiveness (most important first, left) and sufficiency (least important first, "
     "right), against random rankings and the recency baseline."
 )
 
+# What each figure of the main job shows, one sentence each (REPORT.md's captions); the
+# readings below it (`figure_readings`) say what the run's numbers are.
 FIGURE_CAPTIONS = {
     "contribution_heatmap_1": (
         "Attention (left) and intra-head contribution weight (right), a row per query and a "

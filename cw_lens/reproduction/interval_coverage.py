@@ -403,7 +403,7 @@ def never_studied_line(summary: dict[str, Any]) -> list[str]:
         f"`{cid}`"
         for cid, claim in summary["claims"].items()
         if any(
-            c.get("interval") is not None and c["number"] not in _rows()
+            c.get("interval") is not None and never_studied_because(c["number"])
             for c in claim.get("checks", [])
         )
     ]
@@ -459,8 +459,8 @@ def coverage_limits(
     below: list[str] = []
     unmeasured: dict[str, list[str]] = {}
     for cid, check, n, cover in _interval_checks(summary, documents):
-        if check["number"] not in _rows():
-            continue  # never studied: `never_studied_line`
+        if never_studied_because(check["number"]):
+            continue  # `never_studied_line` names it
         if cover is not None and not certified_at(check["number"], n):
             number = check["number"]
             short.append(f"`{cid}`: {name(number)}, {coverage_text(number, n)}")
@@ -473,7 +473,8 @@ def coverage_limits(
             unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(name(check["number"]))
     lines = never_studied_line(summary)
     studied_numbers = any(
-        check["number"] in _rows() for _, check, _, _ in _interval_checks(summary, documents)
+        not never_studied_because(check["number"])
+        for _, check, _, _ in _interval_checks(summary, documents)
     )
     if studied_numbers and (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
         lines.append(

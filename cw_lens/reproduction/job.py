@@ -47,6 +47,7 @@ from cw_lens.reproduction.state import (
     JobConfig,
     causal_samples,
     claim_documents,
+    field_input_claim,
     item_resampled_claims,
 )
 from cw_lens.reproduction.steps import (
@@ -95,7 +96,7 @@ SCHEMA = 3
 # corpus of the input-level test
 FIELD_CLAIMS = (
     "contribution_vs_field_pairs",
-    *(f"contribution_vs_field_inputs_{task}" for task in FIELD_TASKS),
+    *(field_input_claim(task) for task in FIELD_TASKS),
 )
 CLAIM_ORDER = (
     "sink_attention_vs_contribution",
@@ -201,7 +202,7 @@ def expected_claims(job: Job) -> list[str]:
     """
     field = {"contribution_vs_field_pairs"} if job.config.field_docs else set()
     if job.config.field_items:
-        field |= {f"contribution_vs_field_inputs_{task}" for task in FIELD_TASKS}
+        field |= {field_input_claim(task) for task in FIELD_TASKS}
     return [c for c in CLAIM_ORDER if c not in FIELD_CLAIMS or c in field]
 
 
@@ -255,7 +256,7 @@ def make_figures(job: Job, summary: dict[str, Any] | None = None) -> dict[str, l
             r["field_pairs"]["result"]
         )
     for task, result in (r.get("field_inputs") or {}).items():
-        figures[f"contribution_vs_field_inputs_{task}"] = result.plot()
+        figures[field_input_claim(task)] = result.plot()
     if summary is not None and any(c.get("per_layer") for c in summary["claims"].values()):
         figures["per_layer_intervals"] = plot_per_layer_intervals(summary["claims"])
     written = {}
@@ -336,7 +337,7 @@ def collect_claims(job: Job) -> ClaimsDict:
     for task, result in (r.get("field_inputs") or {}).items():
         # one claim per task corpus, named after it
         part, general = reproduction.claims(result, boot), "contribution_vs_field_inputs"
-        cid = f"{general}_{task}"
+        cid = field_input_claim(task)
         claims[cid] = {**part[general], "measured": {**part[general]["measured"], "task": task}}
         claims.replicates.update(
             {(cid, number): v for (c, number), v in part.replicates.items() if c == general}

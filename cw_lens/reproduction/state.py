@@ -165,6 +165,18 @@ PRESET_STEPS: dict[str, tuple[str, ...]] = {"field": ("field_pairs", "field_inpu
 FIELD_TASKS = ("ioi", "arithmetic")
 
 
+def field_input_claim(task: str) -> str:
+    """The id of the input-level comparison's claim on one task corpus (and of its figure).
+
+    Args:
+        task: A task corpus of `FIELD_TASKS`.
+
+    Returns:
+        `contribution_vs_field_inputs_<task>`.
+    """
+    return f"contribution_vs_field_inputs_{task}"
+
+
 @dataclass
 class Job:
     """A running job: config, model, corpus, output folder and stored step results."""
@@ -474,7 +486,7 @@ def item_resampled_claims(job: Job) -> dict[str, int]:
     """
     ran = job.results.get("field_inputs") or {}
     return {
-        f"contribution_vs_field_inputs_{task}": len(result.item_aopc().dropna())
+        field_input_claim(task): len(result.item_aopc().dropna())
         for task, result in ran.items()
         if result is not None
     }
