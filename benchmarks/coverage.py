@@ -31,6 +31,14 @@ windows drawn at random in the paper preset; ``--sizes 8 16 32``); pruning's ran
 part of the population too, so each draw also takes as many orders as the run has from its
 orders, with replacement. Their rankings (the taxonomy's, cross-fitted) stay the run's: the
 study measures the intervals given them.
+
+The comparison with other tools (``--run figures/field --analyses field_pairs`` with ``--sizes
+8 16``, ``field_inputs_ioi field_inputs_arithmetic`` with ``--sizes 8 16 32``): the pool is
+the ``field`` preset's own sample (16 windows; 32 task items each). Its numbers are the
+subject's difference from the best rival, and each draw picks that rival on its own AOPCs, as
+a run does (``field_comparison.field_numbers``); the truth is the difference from the whole
+sample's best rival. The input-level numbers are named after their task, as the main job
+names them (``job_numbers``).
 """
 
 from __future__ import annotations
@@ -50,8 +58,12 @@ from cw_lens import reproduction
 
 RESULTS = Path(__file__).parent / "results"
 METHODS = ("percentile", "bca", "expanded", "basic", "bias_corrected")
-ANALYSES = ("taxonomy", "sinks", "ablation", "selection", "faithfulness", "pruning")
-CAUSAL = ("faithfulness", "pruning")  # only from a run (--run): their pool costs hours
+# the comparison with other tools (`cw-lens figures --preset field`): its pair-level test and
+# its input-level test on each task corpus
+FIELD = ("field_pairs", "field_inputs_ioi", "field_inputs_arithmetic")
+ANALYSES = ("taxonomy", "sinks", "ablation", "selection", "faithfulness", "pruning", *FIELD)
+# only from a run (--run): their pool costs hours
+CAUSAL = ("faithfulness", "pruning", *FIELD)
 
 
 def cw_lens_load_result(path: Path) -> object:
@@ -106,6 +118,9 @@ JOB_STEPS = {
     "taxonomy": ("taxonomy", "result"),
     "faithfulness": ("faithfulness", "result"),
     "pruning": ("pruning", "result"),
+    "field_pairs": ("field_pairs", "result"),
+    "field_inputs_ioi": ("field_inputs", "ioi"),
+    "field_inputs_arithmetic": ("field_inputs", "arithmetic"),
 }
 
 
@@ -152,8 +167,26 @@ def replicate_numbers(
     return {k: v for k, v in reps.items() if v.dim() == 1}
 
 
+def job_numbers(analysis: str, numbers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The numbers under the names the main job gives them: an input-level test's after its
+    task (``state.field_input_number``); of the pair-level test's faithfulness result only the
+    comparison's (``pairs_...``: its ``faithfulness_order`` numbers are not the run's)."""
+    from cw_lens.reproduction.state import field_input_number
+
+    if analysis.startswith("field_inputs_"):
+        task = analysis.removeprefix("field_inputs_")
+        return {field_input_number(task, k): v for k, v in numbers.items()}
+    if analysis == "field_pairs":
+        return {k: v for k, v in numbers.items() if k.startswith("pairs_")}
+    return numbers
+
+
 def n_records(result: object) -> int:
-    """How many documents the analysis's per-document record holds."""
+    """How many documents (task items) the analysis's per-document record holds."""
+    from cw_lens import InputDeletionResult
+
+    if isinstance(result, InputDeletionResult):  # one row of AOPCs per item that has them
+        return len(result.item_aopc().dropna())
     record = getattr(result, "per_document", None)
     if record is None:  # the sink statistics: `record` [document, layer, head, recorded]
         record = getattr(result, "record", None)
@@ -224,7 +257,7 @@ def study(
         whole = Bootstrap(resamples=1, documents=None if pool is None else members)
         truth = {
             k: float(v[1])  # the corpus row of a one-resample bootstrap
-            for k, v in replicate_numbers(result, whole, drivers).items()
+            for k, v in job_numbers(name, replicate_numbers(result, whole, drivers)).items()
             if numbers is None or k in numbers
         }
         for n in sizes:
@@ -253,7 +286,8 @@ def study(
                         resamples=resamples, seed=d + boot_seed_offset, documents=docs, draws=picked
                     )
                     target = result
-                for k, reps in replicate_numbers(target, boot, drivers).items():
+                drawn = job_numbers(name, replicate_numbers(target, boot, drivers))
+                for k, reps in drawn.items():
                     if k not in truth:
                         continue
                     bias[k].append(bias_to_se(reps, resamples))

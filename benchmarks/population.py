@@ -1444,8 +1444,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p_table.add_argument(
         "--single-pool",
         type=Path,
-        help="coverage.py's results (benchmarks/results/coverage.json): their rows replace the "
-        "table's single-pool rows of the numbers they measure",
+        nargs="+",
+        help="coverage.py's results (benchmarks/results/coverage.json; one file per study of "
+        "other numbers): their rows replace the table's single-pool rows of the numbers they "
+        "measure",
     )
     p_merge.add_argument("--result", type=Path, required=True)
     for p in (p_study, p_compare, p_optimism):
@@ -1495,7 +1497,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         merged = merge_draw_parts([json.loads(path.read_text()) for path in args.parts])
         atomic_write(args.result, (json.dumps(merged, indent=1) + "\n").encode())
     elif args.command == "package-table":
-        single = json.loads(args.single_pool.read_text())["rows"] if args.single_pool else None
+        single = (
+            [r for path in args.single_pool for r in json.loads(path.read_text())["rows"]]
+            if args.single_pool
+            else None
+        )
         body = package_table(
             json.loads(STUDY_OUT.read_text()),
             json.loads(PACKAGE_TABLE.read_text()),

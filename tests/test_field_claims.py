@@ -184,3 +184,24 @@ def test_pairs_claim_with_the_metrics_of_other_tools(model):
     # without the metrics of other tools only P1's claim is judged
     plain = cw_lens.faithfulness(model, texts, fractions=(0.5,), progress=False)
     assert set(claims(plain)) == {"faithfulness_order"}
+
+
+def test_a_drawn_sub_corpus_meets_its_own_best_rival(inputs):
+    """As a run does, replicates restricted to some items (`Bootstrap(documents=...)`, the
+    coverage study's draws) compare the subject with the rival best on those items, not with
+    the whole result's best: value zeroing leads on two items, the attention rollout on the
+    other three, so the whole result's best is value zeroing and the three items' is not."""
+    records = inputs.records.copy()
+    comp = records["mode"] == "comprehensiveness"
+    first = records["item"].isin([0, 1])
+    records.loc[comp & first & (records["method"] == "value_zeroing"), "drop"] += 100.0
+    records.loc[comp & ~first & (records["method"] == "attention_rollout"), "drop"] += 60.0
+    rigged = dataclasses.replace(inputs, records=records)
+    assert best_others(rigged.aopc(), INPUT_SUBJECT)["comprehensiveness"] == "value_zeroing"
+    boot = Bootstrap(resamples=50, seed=0, documents=[2, 3, 4])
+    name = f"inputs_comprehensiveness_{INPUT_SUBJECT}_minus_best_other"
+    reps = replicates(rigged, boot)[name]
+    per_item = rigged.item_aopc().dropna().iloc[[2, 3, 4]].mean()
+    want = per_item["comprehensiveness", INPUT_SUBJECT]
+    want -= per_item["comprehensiveness", "attention_rollout"]
+    assert math.isclose(float(reps[boot.resamples]), want, rel_tol=1e-9)

@@ -5,6 +5,7 @@ record of what each claim resampled, and the verdicts its unstudied intervals ca
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,15 +15,16 @@ import cw_lens
 import cw_lens.data.corpora as corpora
 from cw_lens.reproduction import Bootstrap, claims
 from cw_lens.reproduction.field_comparison import FIELD_PAIR_METRICS, FIELD_RANDOM_DRAWS
-from cw_lens.reproduction.interval_coverage import never_studied_because
+from cw_lens.reproduction.interval_coverage import certified_from, never_studied_because
 from cw_lens.reproduction.job import FIELD_CLAIMS, PRESET_STEPS, JobConfig, run_figures
-from cw_lens.reproduction.state import FIELD_TASKS
+from cw_lens.reproduction.state import FIELD_TASKS, field_input_number
 from cw_lens.reproduction.steps import stored_value_problem
 
 pytestmark = pytest.mark.slow
 
 SETTINGS = dict(model="testing:tiny-llama", n_docs=4, max_tokens=24, task=None, batch_size=2)
 FIELD = dict(field_docs=2, field_items=4)
+ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,13 @@ def test_the_field_claims_are_the_claims_of_the_same_results_computed_directly(f
     for cid, claim in summary["claims"].items():
         general = cid if cid == "contribution_vs_field_pairs" else "contribution_vs_field_inputs"
         expected = direct[cid][general]
-        assert [c["number"] for c in claim["checks"]] == [c["number"] for c in expected["checks"]]
+        task = claim["measured"].get("task")  # the input-level numbers are named after it
+        names = [c["number"] for c in expected["checks"]]
+        if task is not None:
+            names = [field_input_number(task, n) for n in names]
+            assert all(claim["measured"][n] == pytest.approx(c["value"], rel=1e-5, abs=1e-6)
+                       for n, c in zip(names, expected["checks"], strict=True))  # fmt: skip
+        assert [c["number"] for c in claim["checks"]] == names
         for got, want in zip(claim["checks"], expected["checks"], strict=True):
             assert got["value"] == pytest.approx(want["value"], rel=1e-5, abs=1e-6), cid
             assert got["interval"] == pytest.approx(want["interval"], rel=1e-5, abs=1e-6), cid
@@ -86,9 +94,13 @@ def test_the_field_claims_are_the_claims_of_the_same_results_computed_directly(f
     assert not (out / "per_layer_intervals.png").exists()  # no claim about layers ran
 
 
-def test_no_interval_of_the_comparison_settles_a_verdict_without_a_coverage_study(field_run):
-    """The study never measured these numbers' coverage, so every decisive check becomes
-    inconclusive, saying why, and REPORT.md names the claims."""
+def test_every_number_of_the_comparison_has_its_coverage_and_a_small_run_cannot_settle(
+    field_run,
+):
+    """Each number the job reports (the input-level ones named after their task) is a row
+    of the coverage table; a number no study measured could settle nothing. This run (another
+    model, 2 windows and 4 items) is below the smallest studied size, so every decisive check
+    is inconclusive, saying why, and REPORT.md says it."""
     out, summary = field_run
     assert never_studied_because("inputs_comprehensiveness_x_minus_best_other") == (
         "its interval's coverage was never studied, on any model or size"
@@ -96,16 +108,43 @@ def test_no_interval_of_the_comparison_settles_a_verdict_without_a_coverage_stud
     for claim in summary["claims"].values():
         assert claim["holds"] in ("inconclusive", "not measured")
         for check in claim["checks"]:
+            assert never_studied_because(check["number"]) is None, check["number"]
+            assert certified_from(check["number"]) is not None or check["number"] == (
+                "pairs_sufficiency_best_other_minus_contribution"  # not certified at any size
+            )
             assert check["holds"] in ("inconclusive", "not measured")
             if "undecided_because" in check:
-                assert "coverage was never studied" in check["undecided_because"]
+                assert "studied at fewer than 8 documents" in check["undecided_because"]
     report = (out / "REPORT.md").read_text()
-    assert "Intervals whose coverage no study has measured" in report
+    assert "Intervals whose coverage no study has measured" not in report
+    assert "Checks run on fewer than 8 documents" in report
     for cid in FIELD_CLAIMS:
         assert f"`{cid}`" in report and f"### {cid}\n" in report
     assert "Steps not run (--steps/--skip)" in report
-    # nothing about steps that did not run, or about coverage figures no check here has
-    assert "random orders" not in report and "a related pool" not in report
+    # nothing about steps that did not run
+    assert "random orders" not in report
+
+
+def test_the_committed_field_run_reads_its_own_studys_pool():
+    """figures/field/: its numbers were studied on its own windows and items, so REPORT.md
+    tells it of no related pool, and the one uncertified number is named with its coverage."""
+    from cw_lens.reproduction.interval_coverage import coverage_limits, study_pool
+    from cw_lens.reproduction.markdown import number_name
+
+    summary = json.loads((ROOT / "figures/field/summary.json").read_text())
+    documents = {cid: 32 for cid in FIELD_CLAIMS[1:]} | {FIELD_CLAIMS[0]: 16}
+    assert study_pool("pairs_comprehensiveness_contribution_minus_best_other") == ("pydoc", 128)
+    assert study_pool("inputs_ioi_sufficiency_best_other_minus_contribution_rollout") is None
+    assert study_pool("delta_ppl") == ("pydoc+stdlib", 256)
+    lines = coverage_limits(summary, documents, name=number_name)
+    assert not any("a related pool" in line for line in lines), lines
+    assert len(lines) == 1 and "coverage 0.818 at this size (16 documents" in lines[0], lines
+    verdicts = {cid: c["holds"] for cid, c in summary["claims"].items()}
+    assert verdicts == {
+        "contribution_vs_field_pairs": "inconclusive",
+        "contribution_vs_field_inputs_ioi": "yes",
+        "contribution_vs_field_inputs_arithmetic": "no",
+    }
 
 
 def test_replicates_pair_the_pair_claim_by_its_windows_and_never_the_item_claims(field_run):

@@ -606,3 +606,32 @@ def test_the_sink_statistics_of_a_pool_go_through_shards_and_subsets_as_the_whol
     # and the coverage study's draws run on it (without replacement, through subset)
     rows = cov.study({"sinks": population}, [3], 2, 50, replace=False, subset=pop.subset)
     assert {r["number"] for r in rows} >= {"median_abs_rho_relative_norm_minus_attention"}
+
+
+@pytest.mark.slow
+def test_the_coverage_study_measures_every_analysis_under_the_main_jobs_names():
+    """Two analyses in one study each get their rows (the first's numbers do not filter the
+    second's), an input-level test's numbers are named after its task as the main job names
+    them, and of the pair-level test's numbers only the comparison's are kept."""
+
+    class Inputs(MeanOf):
+        def replicates(self, bootstrap, drivers: bool = True) -> dict[str, torch.Tensor]:
+            return {f"inputs_{k}": v for k, v in super().replicates(bootstrap).items()}
+
+    class Pairs(MeanOf):
+        def replicates(self, bootstrap, drivers: bool = True) -> dict[str, torch.Tensor]:
+            mean = super().replicates(bootstrap)["mean"]
+            return {"pairs_mean": mean, "comprehensiveness_value_norm_minus_attention": mean}
+
+    results = {
+        "field_pairs": Pairs(population(16, seed=1)),
+        "field_inputs_ioi": Inputs(population(32, seed=2)),
+        "field_inputs_arithmetic": Inputs(population(32, seed=3)),
+    }
+    rows = cov.study(results, [8], 20, 100)
+    names = {(r["analysis"], r["number"]) for r in rows}
+    assert names == {
+        ("field_pairs", "pairs_mean"),
+        ("field_inputs_ioi", "inputs_ioi_mean"),
+        ("field_inputs_arithmetic", "inputs_arithmetic_mean"),
+    }

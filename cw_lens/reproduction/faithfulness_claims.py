@@ -19,7 +19,6 @@ from cw_lens.models.layer_contributions import METRICS
 from cw_lens.reproduction.bootstrap import Bootstrap, require_record
 from cw_lens.reproduction.field_comparison import (
     has_field_metrics,
-    pair_aopc,
     pair_claim,
     pair_numbers,
 )
@@ -173,7 +172,7 @@ def faithfulness_result_replicates(
         reps = replicates(faith, Bootstrap(resamples=100))
         ```
     """
-    return _numbers(result, aopc_replicates(result, bootstrap))
+    return _numbers(result, aopc_replicates(result, bootstrap), bootstrap)
 
 
 @intervals.register(FaithfulnessResult)
@@ -239,13 +238,13 @@ def aopc_replicates(
 
 
 def _numbers(
-    result: FaithfulnessResult, aopc: dict[tuple[str, str, str], Tensor]
+    result: FaithfulnessResult, aopc: dict[tuple[str, str, str], Tensor], bootstrap: Bootstrap
 ) -> dict[str, Tensor]:
     """The claims' numbers from the AOPC replicates: `faithfulness_order`'s and, with the
     metrics of other tools, `contribution_vs_field_pairs`'s."""
     numbers = faithfulness_numbers(aopc, METRICS)
     if has_field_metrics(result):
-        numbers.update(pair_numbers(aopc, pair_aopc(result)))
+        numbers.update(pair_numbers(aopc, bootstrap.resamples))
     return numbers
 
 
@@ -253,4 +252,4 @@ def _number_intervals(
     result: FaithfulnessResult, aopc: dict[tuple[str, str, str], Tensor], bootstrap: Bootstrap
 ) -> dict[str, tuple[float, float]]:
     """The intervals of the claims' numbers from the AOPC replicates."""
-    return {k: bootstrap.pair(v, number=k) for k, v in _numbers(result, aopc).items()}
+    return {k: bootstrap.pair(v, number=k) for k, v in _numbers(result, aopc, bootstrap).items()}

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from cw_lens.flow.input_deletion import InputDeletionResult
 from cw_lens.reproduction.bootstrap import Bootstrap
-from cw_lens.reproduction.field_comparison import INPUT_SUBJECT, comparisons, field_claim
+from cw_lens.reproduction.field_comparison import INPUT_SUBJECT, field_claim, field_numbers
 from cw_lens.reproduction.protocol import claims, intervals, replicates
 from cw_lens.reproduction.verdicts import ClaimsDict, claims_dict, with_intervals
 
@@ -41,11 +41,8 @@ def input_replicates(result: InputDeletionResult, bootstrap: Bootstrap) -> dict[
     table, columns = _input_table(result)
     sums = bootstrap.resample(table)
     means = sums[:, :-1] / sums[:, -1:]
-    at = {column: i for i, column in enumerate(columns)}
-    return {
-        name: means[:, at[mode, a]] - means[:, at[mode, b]]
-        for name, (mode, a, b) in comparisons("inputs", result.aopc(), INPUT_SUBJECT).items()
-    }
+    aopc = {(mode, method): means[:, i] for i, (mode, method) in enumerate(columns)}
+    return field_numbers("inputs", aopc, INPUT_SUBJECT, bootstrap.resamples)
 
 
 @claims.register(InputDeletionResult)

@@ -219,20 +219,54 @@ def pair_claim(result: FaithfulnessResult) -> Claim:
     return field_claim("pairs", pair_aopc(result), PAIR_SUBJECT)
 
 
-def pair_numbers(
-    aopc: dict[tuple[str, str, str], Tensor], point: pd.DataFrame
-) -> dict[str, Tensor]:
-    """The pair claim's numbers from AOPC replicates (`aopc_replicates`), with the methods they
-    compare taken from the point AOPCs.
+def point_table(aopc: dict[tuple[str, str], Tensor], row: int) -> pd.DataFrame:
+    """One row of AOPC replicates as methods (rows) by modes (columns).
 
     Args:
-        aopc: `{(granularity, mode, metric): replicates}`.
-        point: `pair_aopc` of the result.
+        aopc: `{(mode, method): replicates}`.
+        row: The row to read (a bootstrap's corpus row, `Bootstrap.resamples`).
+
+    Returns:
+        The table `comparisons` reads.
+    """
+    methods = list(dict.fromkeys(method for _, method in aopc))
+    return pd.DataFrame(
+        {mode: [float(aopc[mode, m][row]) for m in methods] for mode in MODES}, index=methods
+    )
+
+
+def field_numbers(
+    protocol: str, aopc: dict[tuple[str, str], Tensor], subject: str, corpus_row: int
+) -> dict[str, Tensor]:
+    """The claim's numbers from AOPC replicates, against the rivals that are best in the
+    replicates' corpus row: a run's own AOPCs in a run, a drawn sub-corpus's in the coverage
+    study (so the study measures the interval with its rivals chosen as a run chooses them).
+
+    Args:
+        protocol: `inputs` or `pairs`.
+        aopc: `{(mode, method): replicates}`.
+        subject: cw_lens's method on this protocol.
+        corpus_row: The replicates' corpus row (`Bootstrap.resamples`).
 
     Returns:
         `{number: replicates}`.
     """
+    point = point_table(aopc, corpus_row)
     return {
-        name: aopc["pairs", mode, a] - aopc["pairs", mode, b]
-        for name, (mode, a, b) in comparisons("pairs", point, PAIR_SUBJECT).items()
+        name: aopc[mode, a] - aopc[mode, b]
+        for name, (mode, a, b) in comparisons(protocol, point, subject).items()
     }
+
+
+def pair_numbers(aopc: dict[tuple[str, str, str], Tensor], corpus_row: int) -> dict[str, Tensor]:
+    """The pair claim's numbers from AOPC replicates (`aopc_replicates`).
+
+    Args:
+        aopc: `{(granularity, mode, metric): replicates}`.
+        corpus_row: The replicates' corpus row (`Bootstrap.resamples`).
+
+    Returns:
+        `{number: replicates}`.
+    """
+    pairs = {(mode, metric): v for (g, mode, metric), v in aopc.items() if g == "pairs"}
+    return field_numbers("pairs", pairs, PAIR_SUBJECT, corpus_row)

@@ -29,7 +29,11 @@ the embedded model on pydoc text), a check with an interval on `n` documents is:
   studied count, e.g. 2 documents, the smallest studied being 8). The sink-tail cosine,
   certified only from 256 documents, is inconclusive in any smaller run, and so is the median
   cancelled share;
-- for a number the study never measured: judged on its interval, its coverage not shown.
+- for a number no study measured: `inconclusive` in the main job (`never_studied_because`),
+  while `cw-lens compare` judges it on its interval, its coverage not shown.
+
+The numbers of the comparison with other tools (`contribution_vs_field_*`) were studied on the
+field preset's own sample (`OWN_SAMPLE_POOLS`, `study_pool`): its windows and its task items.
 
 For another model or corpus only the floor applies: a check on fewer than `smallest_studied`
 (8) documents is inconclusive, and the report says the coverage was not measured for that run.
@@ -61,6 +65,13 @@ TABLE = Path(__file__).with_name("interval_coverage.json")
 STUDIED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the embedded model's name in summaries
 STUDIED_CORPORA = ("pydoc", "pydoc+stdlib")
 STUDIED_POOL = ("pydoc+stdlib", 256)  # the study's pool: windows of this corpus and length
+# the comparison with other tools was studied on the field preset's own sample (its `analysis`
+# in the table): 16 windows of 128 tokens of pydoc, and task items, which no window describes
+OWN_SAMPLE_POOLS: dict[str, tuple[str, int] | None] = {
+    "field_pairs": ("pydoc", 128),
+    "field_inputs_ioi": None,
+    "field_inputs_arithmetic": None,
+}
 
 
 LOWER_TARGET = 0.91  # the coverage's lower 95% bound a certificate needs besides TARGET
@@ -84,6 +95,23 @@ def _studied_count(number: str, n_documents: int) -> int | None:
     """The largest studied document count `<= n_documents` for `number` (None if none)."""
     counts = [k for k in _rows().get(number, {}) if k <= n_documents]
     return max(counts) if counts else None
+
+
+def study_pool(number: str) -> tuple[str, int] | None:
+    """The windows a studied number's coverage was measured on.
+
+    Args:
+        number: A claim number the table has.
+
+    Returns:
+        `(corpus, window length)`, or None for a number that resamples task items.
+
+    Examples:
+        >>> study_pool("delta_ppl")
+        ('pydoc+stdlib', 256)
+    """
+    analysis = next(iter(_rows()[number].values()))["analysis"]
+    return OWN_SAMPLE_POOLS.get(analysis, STUDIED_POOL)
 
 
 def coverage_at(number: str, n_documents: int) -> float | None:
@@ -472,14 +500,16 @@ def coverage_limits(
         elif cover is None:
             unmeasured.setdefault(f"`{cid}` at {n} documents", []).append(name(check["number"]))
     lines = never_studied_line(summary)
-    studied_numbers = any(
-        not never_studied_because(check["number"])
+    pools = {
+        study_pool(check["number"])
         for _, check, _, _ in _interval_checks(summary, documents)
-    )
-    if studied_numbers and (summary.get("corpus"), summary.get("max_tokens")) != STUDIED_POOL:
+        if not never_studied_because(check["number"])
+    }
+    run_pool = (summary.get("corpus"), summary.get("max_tokens"))
+    for corpus, length in sorted(p for p in pools if p is not None and p != run_pool):
         lines.append(
-            f"- The coverage figures below were measured on windows of {STUDIED_POOL[1]} tokens "
-            f"of {STUDIED_POOL[0]} (docs/coverage.md); this run reads windows of "
+            f"- The coverage figures below were measured on windows of {length} tokens "
+            f"of {corpus} (docs/coverage.md); this run reads windows of "
             f"{summary.get('max_tokens')} tokens of {summary.get('corpus')}, a related pool: "
             "they describe its intervals approximately."
         )

@@ -48,6 +48,7 @@ from cw_lens.reproduction.state import (
     causal_samples,
     claim_documents,
     field_input_claim,
+    field_input_number,
     item_resampled_claims,
 )
 from cw_lens.reproduction.steps import (
@@ -337,10 +338,17 @@ def collect_claims(job: Job) -> ClaimsDict:
     for task, result in (r.get("field_inputs") or {}).items():
         # one claim per task corpus, named after it
         part, general = reproduction.claims(result, boot), "contribution_vs_field_inputs"
-        cid = field_input_claim(task)
-        claims[cid] = {**part[general], "measured": {**part[general]["measured"], "task": task}}
+        cid, claim = field_input_claim(task), part[general]
+        # and its numbers after it too: each task's have their own coverage
+        numbers = {c["number"]: field_input_number(task, c["number"]) for c in claim["checks"]}
+        claims[cid] = {
+            **claim,
+            "measured": {numbers.get(k, k): v for k, v in claim["measured"].items()}
+            | {"task": task},
+            "checks": [{**c, "number": numbers[c["number"]]} for c in claim["checks"]],
+        }
         claims.replicates.update(
-            {(cid, number): v for (c, number), v in part.replicates.items() if c == general}
+            {(cid, numbers[n]): v for (c, n), v in part.replicates.items() if c == general}
         )
     for cid, claim in claims.items():
         claim["figure"] = f"{CLAIM_FIGURES.get(cid, cid)}.png"

@@ -12,15 +12,26 @@ import pandas as pd
 
 from cw_lens.reproduction.bootstrap import BIAS_SE_LIMIT, bias_flagged
 from cw_lens.reproduction.figure_text import FIGURE_CAPTIONS, compact_text, figure_readings
+from cw_lens.reproduction.state import FIELD_TASKS
 
 if TYPE_CHECKING:
     from cw_lens.reproduction.state import Job, JobConfig
 
 
 # the comparison with other tools: each protocol's subject, and what it is measured against
+# (the main job names the input-level numbers after their task: `state.field_input_number`)
 FIELD_SUBJECTS = (
-    ("inputs", "contribution_rollout", "contribution rollout"),
-    ("pairs", "contribution", "contribution"),
+    ("inputs", "inputs", "contribution_rollout", "contribution rollout"),
+    *(
+        (
+            f"inputs_{task}",
+            f"inputs ({task.upper() if task == 'ioi' else task})",
+            "contribution_rollout",
+            "contribution rollout",
+        )
+        for task in FIELD_TASKS
+    ),
+    ("pairs", "pairs", "contribution", "contribution"),
 )
 FIELD_RIVALS = (("best_other", "best other method"), ("best_control", "best control"))
 
@@ -62,16 +73,16 @@ NUMBER_NAMES = {
     "random_minus_taxonomy_delta_ppl_at_0.75": "ΔPPL, random − taxonomy order, 75% of heads kept",
     **{
         f"{protocol}_comprehensiveness_{subject}_minus_{against}": (
-            f"{protocol} comprehensiveness AOPC, {subject_words} − the {against_words}"
+            f"{words} comprehensiveness AOPC, {subject_words} − the {against_words}"
         )
-        for protocol, subject, subject_words in FIELD_SUBJECTS
+        for protocol, words, subject, subject_words in FIELD_SUBJECTS
         for against, against_words in FIELD_RIVALS
     },
     **{
         f"{protocol}_sufficiency_{against}_minus_{subject}": (
-            f"{protocol} sufficiency AOPC, the {against_words} − {subject_words}"
+            f"{words} sufficiency AOPC, the {against_words} − {subject_words}"
         )
-        for protocol, subject, subject_words in FIELD_SUBJECTS
+        for protocol, words, subject, subject_words in FIELD_SUBJECTS
         for against, against_words in FIELD_RIVALS
     },
 }

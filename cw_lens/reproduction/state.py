@@ -177,6 +177,26 @@ def field_input_claim(task: str) -> str:
     return f"contribution_vs_field_inputs_{task}"
 
 
+def field_input_number(task: str, number: str) -> str:
+    """The main job's name of an input-level comparison's number on one task corpus: each
+    task's numbers are quantities of their own, with their own coverage (docs/coverage.md).
+
+    Args:
+        task: A task corpus of `FIELD_TASKS`.
+        number: The number as `claims` of an input deletion result names it (`inputs_...`).
+
+    Returns:
+        `inputs_<task>_...`.
+
+    Examples:
+        >>> field_input_number("ioi", "inputs_sufficiency_best_other_minus_contribution_rollout")
+        'inputs_ioi_sufficiency_best_other_minus_contribution_rollout'
+    """
+    if not number.startswith("inputs_"):
+        raise ValueError(f"{number!r} is not an input-level comparison's number (inputs_...).")
+    return f"inputs_{task}_{number.removeprefix('inputs_')}"
+
+
 @dataclass
 class Job:
     """A running job: config, model, corpus, output folder and stored step results."""
