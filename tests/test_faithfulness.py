@@ -311,3 +311,32 @@ def test_single_string_arguments_and_first_query(llama):
         llama, TEXTS, metrics=("attention",), fractions=(1.0,), first_query=10**6, progress=False
     )
     assert (skip.curves["delta_nll"] == 0).all()  # no query left to intervene on
+
+
+def test_a_crowded_figure_keeps_its_legends_off_the_curves(llama):
+    """With the comparison's metrics (more than `CROWDED` lines a panel), each legend sits under
+    its panel, not over the curves, and its AOPCs keep three significant digits."""
+    from cw_lens.analyses.faithfulness.ranking import FIELD_METRICS, METRICS
+    from cw_lens.plots.faithfulness import CROWDED
+
+    corpus = cw_lens.load_corpus(n_docs=2, max_tokens=16, model=llama)
+    result = cw_lens.faithfulness(
+        llama,
+        corpus,
+        metrics=(*METRICS, *FIELD_METRICS, "random"),
+        granularity=("pairs",),
+        fractions=(0.1, 0.5),
+        n_random=2,
+        progress=False,
+    )
+    assert result.curves["metric"].nunique() > CROWDED
+    fig = result.plot()
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    aopc = result.aopc()
+    for ax, mode in zip(fig.axes, ("comprehensiveness", "sufficiency"), strict=True):
+        legend, panel = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend.y1 < panel.y0, "the legend overlaps its panel"
+        labels = {t.get_text() for t in ax.get_legend().get_texts()}
+        row = aopc.loc[("pairs", mode)]
+        assert labels == {f"{metric} ({value:.3g})" for metric, value in row.items()}
