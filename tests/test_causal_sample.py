@@ -81,7 +81,9 @@ def test_the_causal_steps_receive_exactly_the_sampled_documents(tmp_path, monkey
     monkeypatch.setattr(faithfulness_module, "faithfulness", fake_faithfulness)
     monkeypatch.setattr(pruning_module, "prune_heads", fake_prune)
     corpus = windows(20)
-    job = job_on(corpus, tmp_path, faithfulness_docs=5, pruning_docs=5, lone_docs=2)
+    job = job_on(
+        corpus, tmp_path, faithfulness_docs=5, pruning_docs=5, lone_docs=2, global_ranking=True
+    )
     assert step_faithfulness(job) == {"result": "faithfulness result"}
     step_pruning(job)
     sample = causal_indices(20, 5, seed=0)

@@ -20,7 +20,16 @@ from cw_lens.reproduction.verdicts import VERDICTS, combine
 pytestmark = pytest.mark.slow
 
 # the same job as CLI_ARGS (defaults elsewhere), so CLI runs and in-process runs compare
-TINY = dict(model="testing:tiny-llama", n_docs=4, max_tokens=24, task=None, batch_size=2)
+# every option of the job: both faithfulness granularities and the global pruning variant
+TINY = dict(
+    model="testing:tiny-llama",
+    n_docs=4,
+    max_tokens=24,
+    task=None,
+    batch_size=2,
+    faithfulness_granularity=("pairs", "tokens"),
+    global_ranking=True,
+)
 CLI_ARGS = [
     "--model",
     "testing:tiny-llama",
@@ -32,6 +41,9 @@ CLI_ARGS = [
     "none",
     "--batch-size",
     "2",
+    "--faithfulness-granularity",
+    "pairs,tokens",
+    "--global-ranking",
     "--quiet",
 ]
 
@@ -330,7 +342,9 @@ def test_presets_and_what_a_quick_run_cannot_settle():
     paper = JobConfig.preset("paper")
     assert (paper.corpus, paper.n_docs, paper.max_tokens) == ("pydoc+stdlib", 256, 256)
     assert paper.faithfulness_docs == paper.pruning_docs == 32 and paper.pruning_draws == 20
+    # quick: the defaults, with the paper preset's choices of what to run
     assert JobConfig.preset("quick") == JobConfig()
+    assert (JobConfig().faithfulness_granularity, JobConfig().global_ranking) == (("pairs",), False)
     assert JobConfig.preset("paper", n_docs=64, corpus=None).n_docs == 64  # None: the preset's
     assert JobConfig.preset("paper", corpus=None).corpus == "pydoc+stdlib"
     from cw_lens.reproduction.interval_coverage import (

@@ -233,7 +233,7 @@ def figures(
     faithfulness_granularity: str | None = typer.Option(
         None,
         "--faithfulness-granularity",
-        help="Faithfulness granularities: pairs, tokens or both (quick both; paper pairs).",
+        help="Faithfulness granularities: pairs, tokens or both (quick and paper: pairs).",
     ),
     pruning_docs: int | None = typer.Option(
         None,
@@ -253,7 +253,7 @@ def figures(
     global_ranking: bool | None = typer.Option(
         None,
         "--global-ranking/--no-global-ranking",
-        help="Also prune with one global ranking, the variant (quick yes, paper no).",
+        help="Also prune with one global ranking, the variant (quick and paper: no).",
     ),
     field_docs: int | None = typer.Option(
         None,
