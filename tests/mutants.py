@@ -266,17 +266,19 @@ MUTANTS = [
     ),
     # ---------------------------------------------------------------- sink ablation
     m(
+        # the accumulator `sink_ablation` runs (`ConeStatistics`)
         "ablation: cone axis including the sink",
         "cw_lens/analyses/sinks/cone.py",
-        "    tail = (acts.mask & ~sink_full).to(acts.values.dtype)",
-        "    tail = acts.mask.to(acts.values.dtype)",
+        "            tail = (real & ~sink_full).to(block.acts.values.dtype)",
+        "            tail = real.to(block.acts.values.dtype)",
         ABLATION,
     ),
     m(
-        "ablation: cone cosine taken before W_O",
+        "ablation: cone cosine normalised before W_O",
         "cw_lens/analyses/sinks/cone.py",
-        "    cos = za / (zz * aa).clamp_min(1e-30).sqrt()",
-        "    cos = torch.nn.functional.cosine_similarity(z, axis, dim=-1).transpose(1, 2)",
+        '        cos = along * (sq * shared["axis_sq"]).clamp_min(1e-30).rsqrt() * counted',
+        '        cos = along * ((outputs * outputs).sum(-1) * shared["axis_sq"])'
+        ".clamp_min(1e-30).rsqrt() * counted",
         ABLATION,
     ),
     m(
@@ -530,6 +532,10 @@ def make_copy(dest: Path) -> None:
             ignore=shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc"),
         )
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    # the benchmark scripts some tests load by path (their records stay out: 49 MB)
+    (dest / "benchmarks").mkdir()
+    for script in (ROOT / "benchmarks").glob("*.py"):
+        shutil.copy2(script, dest / "benchmarks" / script.name)
 
 
 def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, str]:

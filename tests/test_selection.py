@@ -102,6 +102,14 @@ def test_ties_at_rho_max_and_rho_min_by_hand():
         attention[:, None] * values, order, torch.ones(4, dtype=torch.bool), [2]
     )
     assert (float(p[0]), float(r[0]), float(f[0])) == expected
+    # the corpus path: several rankings of a row, the whole grid at once
+    prf = sel.prf_of_rankings(
+        (attention[:, None] * values)[None],
+        order[None, None],
+        torch.ones(1, 1, 4, dtype=torch.bool),
+        [2],
+    )
+    assert tuple(prf[0, 0, 0].tolist()) == expected
 
 
 def test_separable_selection_scores_one():
