@@ -33,6 +33,8 @@ def plot_faithfulness_curves(
     aopc = result.aopc(column)
     crowded = curves["metric"].nunique() > CROWDED
     digits = ".3g" if crowded else ".2f"
+    # crowded: each legend under its panel, in two columns
+    placement = dict(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2) if crowded else {}
     fig, axes = plt.subplots(
         len(grans),
         len(modes),
@@ -66,17 +68,7 @@ def plot_faithfulness_curves(
             ax.set_ylabel(column)
             ax.set_title(f"{mode} — {g}", fontsize=10)
             ax.axhline(0, color="k", lw=0.5)
-            if crowded:  # under the panel, in columns
-                ax.legend(
-                    fontsize=7,
-                    title="metric (AOPC)",
-                    title_fontsize=7,
-                    loc="upper center",
-                    bbox_to_anchor=(0.5, -0.22),
-                    ncol=2,
-                )
-            else:
-                ax.legend(fontsize=7, title="metric (AOPC)", title_fontsize=7)
+            ax.legend(fontsize=7, title="metric (AOPC)", title_fontsize=7, **placement)
     clean = ", ".join(f"{k} {v:.3g}" for k, v in result.clean.items())
     fig.suptitle(f"Faithfulness ({result.n_documents} documents; clean {clean})", fontsize=10)
     return literal_text(fig)
